@@ -1,0 +1,141 @@
+"""Bytes per device: sharded tensors, and the training state of a parameter set under ZeRO stages 0–3.
+
+Input: shapes or element counts, dtypes or item sizes, shard counts; for training state, the parameter count
+Ψ, a :class:`StateRecipe` (bytes per parameter of weights, gradients and optimizer state) and the ZeRO stage
+over N_d data-parallel ranks.
+Output: bytes (ints for tensors, floats for the averaged training state).
+
+ZeRO (Rajbhandari et al., SC'20) shards more of the state over the N_d data-parallel ranks at each stage:
+
+=====  ==========================  ===============================
+stage  sharded over N_d            mixed-precision Adam, bytes
+=====  ==========================  ===============================
+0      nothing                     2Ψ + 2Ψ + 12Ψ = 16Ψ
+1      optimizer state             4Ψ + 12Ψ/N_d
+2      + gradients                 2Ψ + 14Ψ/N_d
+3      + weights (FSDP)            16Ψ/N_d
+=====  ==========================  ===============================
+
+Example (REFERENCE.md, Ψ = 7.5e9, N_d = 64; decimal GB)::
+
+    >>> [training_state_bytes(7.5e9, MIXED_PRECISION_ADAM, s, 64).total / 1e9 for s in range(4)]
+    [120.0, 31.40625, 16.640625, 1.875]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cost_models.profile import canonical_dtype
+
+__all__ = [
+    "FP32_ADAM",
+    "ITEMSIZE",
+    "MIXED_PRECISION_ADAM",
+    "StateBytes",
+    "StateRecipe",
+    "itemsize",
+    "local_shard_bytes",
+    "sharded_bytes",
+    "training_state_bytes",
+]
+
+ITEMSIZE: dict[str, int] = {
+    "float64": 8, "float32": 4, "tf32": 4, "bfloat16": 2, "float16": 2, "float8": 1,
+    "complex128": 16, "complex64": 8,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+
+def itemsize(dtype: object) -> int:
+    """Bytes per element of ``dtype`` (a name such as ``"bf16"`` or a ``torch.dtype``)."""
+    name = canonical_dtype(dtype)
+    try:
+        return ITEMSIZE[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}: expected one of {sorted(ITEMSIZE)}") from None
+
+
+def sharded_bytes(numel: float, itemsize: int, shards: int = 1) -> float:
+    """Average bytes per device of a tensor split into ``shards`` equal parts: numel · itemsize / shards."""
+    if numel < 0 or itemsize < 1 or shards < 1:
+        raise ValueError(
+            f"sharded_bytes needs numel >= 0, itemsize >= 1, shards >= 1; got {numel}, {itemsize}, {shards}"
+        )
+    return numel * itemsize / shards
+
+
+def local_shard_bytes(
+    shape: Sequence[int], itemsize: int, shards_per_dim: Sequence[int] | None = None
+) -> int:
+    """Bytes of the largest local shard when dim ``d`` is split into ``shards_per_dim[d]`` chunks.
+
+    Chunks follow ``torch.chunk`` (as DTensor does): the first chunks hold ceil(size / shards) elements, so an
+    uneven split is priced by its largest piece, the one that sets the memory peak.
+    """
+    shards = tuple(shards_per_dim) if shards_per_dim is not None else (1,) * len(shape)
+    if len(shards) != len(shape):
+        raise ValueError(f"shards_per_dim {shards} needs one entry per dim of shape {tuple(shape)}")
+    if any(s < 1 for s in shards) or any(d < 0 for d in shape):
+        raise ValueError(f"need dims >= 0 and shard counts >= 1, got shape {tuple(shape)}, shards {shards}")
+    return itemsize * math.prod(-(-d // s) for d, s in zip(shape, shards, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecipe:
+    """Bytes per parameter of each part of the training state."""
+
+    name: str
+    weights: int
+    gradients: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        """Bytes per parameter, everything replicated."""
+        return self.weights + self.gradients + self.optimizer
+
+
+# bf16 weights and gradients; fp32 master weights, Adam m and v (4 + 4 + 4).
+MIXED_PRECISION_ADAM = StateRecipe("mixed-precision Adam", weights=2, gradients=2, optimizer=12)
+# fp32 weights and gradients; Adam m and v (4 + 4).
+FP32_ADAM = StateRecipe("fp32 Adam", weights=4, gradients=4, optimizer=8)
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per device of each part of the training state."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def training_state_bytes(
+    num_params: float, recipe: StateRecipe, zero_stage: int, dp_degree: int
+) -> StateBytes:
+    """Bytes per device of weights, gradients and optimizer state of ``num_params`` parameters.
+
+    ``zero_stage`` 0–3 says how much is sharded over the ``dp_degree`` data-parallel ranks (module docstring).
+    ``num_params`` is what one data-parallel replica holds: divide by tensor/pipeline parallelism first.
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    if dp_degree < 1 or num_params < 0:
+        raise ValueError(f"need dp_degree >= 1 and num_params >= 0, got {dp_degree}, {num_params}")
+
+    def part(bytes_per_param: int, sharded_from_stage: int) -> float:
+        divisor = dp_degree if zero_stage >= sharded_from_stage else 1
+        return bytes_per_param * num_params / divisor
+
+    return StateBytes(
+        weights=part(recipe.weights, 3),
+        gradients=part(recipe.gradients, 2),
+        optimizer=part(recipe.optimizer, 1),
+    )
