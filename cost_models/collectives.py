@@ -145,13 +145,24 @@ def alpha_beta(kind: str, group: CollectiveGroup, profile: HardwareProfile) -> t
             f"unknown collective kind {kind!r}: expected one of {[*COLLECTIVE_KINDS, *LOCAL_KINDS]}"
         )
     if kind == "all_to_all":
-        return (_pairwise_all_to_all(group, profile),)
+        return (_launched(_pairwise_all_to_all(group, profile), 1, profile),)
     if not group.crosses_nodes:
-        return (_ring_in_node(kind, group.size, profile),)
-    ring = _ring_across_nodes(kind, group, profile)
+        return (_launched(_ring_in_node(kind, group.size, profile), 1, profile),)
+    ring = _launched(_ring_across_nodes(kind, group, profile), 1, profile)
     if group.members_per_node == 1:  # nothing to do inside a node: hierarchical is the ring
         return (ring,)
-    return (ring, _hierarchical(kind, group, profile))
+    phases = 3 if kind == "all_reduce" else 2
+    return (ring, _launched(_hierarchical(kind, group, profile), phases, profile))
+
+
+def _launched(ab: AlphaBeta, launches: int, profile: HardwareProfile) -> AlphaBeta:
+    """Every collective is at least one kernel launch: a fixed cost on top of the link latency.
+
+    The host launches each collective like any kernel (the profile's launch floor), so one all-reduce costs
+    less than the reduce-scatter + all-gather pair that moves the same volume; without it the two tie and
+    the planner would pick between data parallel and FSDP by accident.
+    """
+    return AlphaBeta(ab.algorithm, ab.latency + launches * profile.compute.launch_floor, ab.seconds_per_byte)
 
 
 def _volume_factor(kind: str, n: int) -> float:
