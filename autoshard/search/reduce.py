@@ -1,0 +1,342 @@
+"""Exact preprocessing: shrink a search problem without changing its optimum.
+
+Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a :class:`Reduction`, holding a smaller
+problem (no masks, one edge per node pair) and the map back: :meth:`Reduction.expand` turns a choice of the
+reduced problem into a choice of the original one with the same objective (up to ``cost_offset``) and the same
+memory (up to ``memory_offset``).
+
+Steps, each exact:
+
+1. **Arc consistency** (:func:`prune_domains`): drop a strategy with ``inf`` node cost, outside its mask, or
+   with no finite-cost partner left at some neighbour; repeat to a fixpoint.  An emptied domain proves that no
+   finite plan exists; the error names the nodes that caused it (annotated ones first).
+2. **Parallel edges** are summed; an edge whose matrix is separable, ``F[s, t] = r[s] + c[t]`` (all zeros,
+   say), is folded into the two node costs and disappears.
+3. **Fixed nodes** (one strategy left) fold their edge rows into their neighbours' node costs.
+4. **Free nodes** of degree <= 2 (no memory term under a budget: memory constant over their domain) are
+   eliminated exactly, as variable elimination does, keeping an argmin table for back-substitution.  This is
+   what the "follower" merge of XLA and Alpa does, generalised: chains collapse, and the CP-SAT model keeps
+   only the nodes whose memory matters.
+
+Example::
+
+    >>> import numpy as np
+    >>> from autoshard.search.problem import Edge, SearchProblem, evaluate
+    >>> p = SearchProblem((np.array([0.0, 1.0]), np.array([1.0, 0.0])),
+    ...                   (Edge(0, 1, np.array([[0.0, 5.0], [5.0, 0.0]])),), ("a", "b"))
+    >>> r = reduce_problem(p)
+    >>> r.problem.num_nodes, r.expand(()), r.cost_offset
+    (0, (0, 0), 1.0)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.errors import InfeasibleError
+from autoshard.search.problem import (
+    AnnotationConflictError,
+    Edge,
+    PairwiseForm,
+    SearchProblem,
+    format_bytes,
+    pairwise_form,
+)
+
+__all__ = ["Reduction", "prune_domains", "reduce_problem"]
+
+#: Degree-2 elimination builds an ``S_a x S_b x S_v`` table; above this it is left to the solver.
+_MAX_FOLD_TABLE = 1_000_000
+
+
+def _annotated(problem: SearchProblem, i: int) -> bool:
+    mask = None if problem.allowed is None else problem.allowed[i]
+    return mask is not None and not mask.all()
+
+
+def _name_list(problem: SearchProblem, nodes: Sequence[int], limit: int = 12) -> str:
+    shown = ", ".join(problem.names[i] for i in nodes[:limit])
+    return shown + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
+
+
+def _wipeout_error(problem: SearchProblem, node: int, cause: Sequence[set[int]]) -> InfeasibleError:
+    """Error for an emptied domain at ``node``: the causal closure of the prunings that emptied it."""
+    closure, stack = {node}, [node]
+    while stack:
+        for y in cause[stack.pop()]:
+            if y not in closure:
+                closure.add(y)
+                stack.append(y)
+    involved = sorted(closure)
+    pinned = [i for i in involved if _annotated(problem, i)]
+    where = f"node {problem.names[node]} has no strategy left"
+    if pinned:
+        return AnnotationConflictError(
+            f"the annotations on {_name_list(problem, pinned)} conflict: {where} that is compatible with all "
+            f"of them at finite cost (nodes involved: {_name_list(problem, involved)}). Fix: change or drop "
+            "one of these annotations, or check the mesh axes they name."
+        )
+    return InfeasibleError(
+        f"no finite-cost plan exists: {where} (nodes involved: {_name_list(problem, involved)}); every "
+        "combination of their strategies has infinite cost (non-dividing shards or impossible conversions). "
+        "Fix: a mesh whose axis sizes divide these tensors' dims, or strategies that allow replication."
+    )
+
+
+def _constrained_arcs(form: PairwiseForm) -> list[list[tuple[int, np.ndarray]]]:
+    """``arcs[x]`` lists ``(y, finite[s_y, s_x])`` for every neighbour ``y`` whose edge forbids a pair."""
+    arcs: list[list[tuple[int, np.ndarray]]] = [[] for _ in form.unary]
+    for (a, b), mat in form.pairs.items():
+        finite = np.isfinite(mat)
+        if not finite.all():
+            arcs[a].append((b, finite.T))
+            arcs[b].append((a, finite))
+    return arcs
+
+
+def prune_domains(problem: SearchProblem, form: PairwiseForm | None = None) -> list[np.ndarray]:
+    """Arc-consistent domains: per node the bool mask of strategies that can still be part of a finite plan.
+
+    Raises :class:`InfeasibleError` (an :class:`AnnotationConflictError` when annotated nodes are involved)
+    naming the nodes behind an emptied domain.
+    """
+    form = pairwise_form(problem) if form is None else form
+    live = [np.isfinite(u) for u in form.unary]
+    cause: list[set[int]] = [set() for _ in live]
+    for i, dom in enumerate(live):
+        if not dom.any():
+            raise _wipeout_error(problem, i, cause)
+    arcs = _constrained_arcs(form)
+    queue = deque(i for i in range(len(live)) if arcs[i])
+    queued = [bool(a) for a in arcs]
+    while queue:
+        x = queue.popleft()
+        queued[x] = False
+        for y, finite in arcs[x]:
+            keep = live[y] & finite[:, live[x]].any(axis=1)
+            if keep.sum() == live[y].sum():
+                continue
+            live[y] = keep
+            cause[y].add(x)
+            if not keep.any():
+                raise _wipeout_error(problem, y, cause)
+            if not queued[y]:
+                queued[y] = True
+                queue.append(y)
+    return live
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Fold:
+    """Node ``node`` was eliminated; its local strategy is ``table[local choices of nbrs]``."""
+
+    node: int
+    nbrs: tuple[int, ...]
+    table: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Reduction:
+    """A reduced problem and the map from its choices back to the original nodes and strategies.
+
+    Attributes:
+        problem: the reduced problem; its node ``k`` is original node ``kept[k]``, its strategy ``s`` is
+            original strategy ``domains[kept[k]][s]``; no masks, one edge per node pair.
+        kept: original index of every reduced node.
+        domains: per original node, the original strategies that survived arc consistency.
+        folds: eliminated nodes, in elimination order.
+        cost_offset: objective(original, expand(c)) = objective(reduced, c) + cost_offset.
+        memory_offset: memory(original, expand(c)) = memory(reduced, c) + memory_offset when the problem
+            has a budget (without one, eliminated nodes may have any memory: it is not modelled then).
+        log: one line per step, for the solver log.
+    """
+
+    problem: SearchProblem
+    kept: tuple[int, ...]
+    domains: tuple[np.ndarray, ...]
+    folds: tuple[_Fold, ...]
+    cost_offset: float
+    memory_offset: float
+    log: tuple[str, ...]
+
+    def expand(self, choice: Sequence[int]) -> tuple[int, ...]:
+        """Choice on the original problem for a choice on the reduced one."""
+        local = np.zeros(len(self.domains), dtype=np.int64)
+        local[list(self.kept)] = np.asarray(choice, dtype=np.int64)
+        for fold in reversed(self.folds):
+            local[fold.node] = fold.table[tuple(local[w] for w in fold.nbrs)]
+        return tuple(int(dom[s]) for dom, s in zip(self.domains, local, strict=True))
+
+    def restrict(self, choice: Sequence[int]) -> list[int | None]:
+        """Reduced-problem strategies of an original choice (None where that strategy was pruned)."""
+        out: list[int | None] = []
+        for i in self.kept:
+            hit = np.flatnonzero(self.domains[i] == choice[i])
+            out.append(int(hit[0]) if hit.size else None)
+        return out
+
+
+def _separable(mat: np.ndarray) -> bool:
+    """``mat[s, t] == r[s] + c[t]`` for all entries, none infinite (to 1e-12 of the largest entry)."""
+    if not np.isfinite(mat).all():
+        return False
+    tol = 1e-12 * max(1.0, float(mat.max()))
+    if mat.shape[0] > 1 and float(np.abs(mat[1] - mat[1, 0] - mat[0] + mat[0, 0]).max()) > tol:
+        return False  # cheap rejection on two rows before the full check
+    return float(np.abs(mat - mat[:, :1] - mat[:1, :] + mat[0, 0]).max()) <= tol
+
+
+class _Reducer:
+    """Mutable working state of :func:`reduce_problem`; all arrays are over the pruned (local) domains."""
+
+    def __init__(self, problem: SearchProblem, eliminate_free: bool) -> None:
+        form = pairwise_form(problem)
+        live = prune_domains(problem, form)
+        self.problem = problem
+        self.eliminate_free = eliminate_free
+        self.dom = [np.flatnonzero(m) for m in live]
+        full = [d.size == u.size for d, u in zip(self.dom, form.unary, strict=True)]
+        self.unary = {i: u if full[i] else u[self.dom[i]] for i, u in enumerate(form.unary)}
+        self.mem = (
+            None if problem.memory is None else {i: m[self.dom[i]] for i, m in enumerate(problem.memory)}
+        )
+        self.adj: dict[int, set[int]] = {i: set() for i in self.unary}
+        self.pairs: dict[tuple[int, int], np.ndarray] = {}
+        for (a, b), mat in form.pairs.items():
+            self._add_pair(a, b, mat if full[a] and full[b] else mat[np.ix_(self.dom[a], self.dom[b])])
+        self.cost_offset = 0.0
+        self.memory_offset = 0.0
+        self.folds: list[_Fold] = []
+        self.counts = {"pruned": sum(int((~m).sum()) for m in live), "separable": 0, "fixed": 0, "free": 0}
+
+    def pair(self, a: int, b: int) -> np.ndarray:
+        """Cost matrix indexed ``[s_a, s_b]``."""
+        return self.pairs[(a, b)] if a < b else self.pairs[(b, a)].T
+
+    def _add_pair(self, a: int, b: int, mat: np.ndarray) -> None:
+        key, mat = ((a, b), mat) if a < b else ((b, a), mat.T)
+        self.pairs[key] = self.pairs[key] + mat if key in self.pairs else mat
+        self.adj[a].add(b)
+        self.adj[b].add(a)
+
+    def _drop_pair(self, a: int, b: int) -> None:
+        del self.pairs[(min(a, b), max(a, b))]
+        self.adj[a].discard(b)
+        self.adj[b].discard(a)
+
+    def fold_separable(self) -> None:
+        for (a, b), mat in list(self.pairs.items()):
+            if _separable(mat):
+                # mat[s, t] = min_t' mat[s, t'] + (mat[0, t] - min_t' mat[0, t']), both parts >= 0
+                self.unary[a] = self.unary[a] + mat.min(axis=1)
+                self.unary[b] = self.unary[b] + np.maximum(mat[0, :] - mat[0, :].min(), 0.0)
+                self._drop_pair(a, b)
+                self.counts["separable"] += 1
+
+    def _is_free(self, v: int) -> bool:
+        if not self.eliminate_free:
+            return False
+        return self.problem.memory_limit is None or self.mem is None or bool(np.ptp(self.mem[v]) == 0)
+
+    def _retire(self, v: int, nbrs: tuple[int, ...], table: np.ndarray, cost: float) -> None:
+        self.cost_offset += cost
+        if self.mem is not None:
+            self.memory_offset += float(self.mem[v][int(table.flat[0])])
+        self.folds.append(_Fold(v, nbrs, table))
+        del self.unary[v], self.adj[v]
+
+    def try_eliminate(self, v: int) -> bool:
+        """Fold ``v`` away if it is fixed, or free with degree <= 2; True when it went."""
+        nbrs = tuple(sorted(self.adj[v]))
+        u = self.unary[v]
+        if u.size == 1:
+            for w in nbrs:
+                self.unary[w] = self.unary[w] + self.pair(w, v)[:, 0]
+                self._drop_pair(w, v)
+            self.counts["fixed"] += 1
+            self._retire(v, (), np.zeros((), dtype=np.int64), float(u[0]))
+            return True
+        if len(nbrs) > 2 or not self._is_free(v):
+            return False
+        if u.size * np.prod([self.unary[w].size for w in nbrs]) > _MAX_FOLD_TABLE:
+            return False
+        table = u.reshape((1,) * len(nbrs) + (-1,))
+        for k, w in enumerate(nbrs):
+            shape = [1] * (len(nbrs) + 1)
+            shape[k], shape[-1] = self.unary[w].size, u.size
+            table = table + self.pair(w, v).reshape(shape)  # (S_nbr0, [S_nbr1,] S_v)
+        arg = np.asarray(np.argmin(table, axis=-1))
+        best = table.min(axis=-1)
+        for w in nbrs:
+            self._drop_pair(w, v)
+        if len(nbrs) == 2:
+            self._add_pair(nbrs[0], nbrs[1], best)
+        elif len(nbrs) == 1:
+            self.unary[nbrs[0]] = self.unary[nbrs[0]] + best
+        self.counts["free"] += 1
+        self._retire(v, nbrs, arg, float(best) if not nbrs else 0.0)
+        return True
+
+    def run(self) -> None:
+        self.fold_separable()
+        queue = deque(sorted(self.unary))
+        queued = dict.fromkeys(self.unary, True)
+        while queue:
+            v = queue.popleft()
+            queued[v] = False
+            if v not in self.unary:
+                continue
+            nbrs = list(self.adj[v])
+            if self.try_eliminate(v):
+                for w in sorted(nbrs):
+                    if not queued[w]:
+                        queued[w] = True
+                        queue.append(w)
+
+
+def _reduced_limit(problem: SearchProblem, offset: float, mem: dict[int, np.ndarray] | None) -> float | None:
+    if problem.memory_limit is None:
+        return None
+    left = problem.memory_limit - offset
+    if left < 0:
+        floor = offset + sum(float(m.min()) for m in (mem or {}).values())
+        raise InfeasibleError(
+            f"no plan fits the memory budget of {format_bytes(problem.memory_limit)} per device: the nodes "
+            f"left with a single possible strategy already need {format_bytes(offset)} and any plan at least "
+            f"{format_bytes(floor)}. Fix: raise the memory limit, use more devices, or relax annotations."
+        )
+    return left
+
+
+def reduce_problem(problem: SearchProblem, *, eliminate_free: bool = True) -> Reduction:
+    """Shrink ``problem`` exactly (see the module docstring); ``eliminate_free`` enables step 4."""
+    red = _Reducer(problem, eliminate_free)
+    red.run()
+    kept = tuple(sorted(red.unary))
+    local = {v: k for k, v in enumerate(kept)}
+    edges = tuple(Edge(local[a], local[b], mat) for (a, b), mat in sorted(red.pairs.items()))
+    labels = problem.strategy_labels
+    reduced = SearchProblem(
+        node_costs=tuple(red.unary[v] for v in kept),
+        edges=edges,
+        names=tuple(problem.names[v] for v in kept),
+        memory=None if red.mem is None else tuple(red.mem[v] for v in kept),
+        memory_limit=_reduced_limit(problem, red.memory_offset, red.mem),
+        strategy_labels=None
+        if labels is None
+        else tuple(tuple(labels[v][s] for s in red.dom[v]) for v in kept),
+    )
+    c = red.counts
+    line = (
+        f"reduce: {problem.num_nodes} nodes / {len(problem.edges)} edges -> "
+        f"{reduced.num_nodes} / {len(edges)} "
+        f"(pruned {c['pruned']} strategies, folded {c['fixed']} fixed and {c['free']} free nodes, "
+        f"{c['separable']} separable edges)"
+    )
+    return Reduction(
+        reduced, kept, tuple(red.dom), tuple(red.folds), red.cost_offset, red.memory_offset, (line,)
+    )
