@@ -79,14 +79,27 @@ class _Spread:
         return self.form.pairs[(a, b)] if a < b else self.form.pairs[(b, a)].T
 
     def assign(self, v: int) -> None:
-        """Cheapest strategy of ``v`` given its assigned neighbours; at a dead end, fewest ``inf`` terms."""
+        """Cheapest strategy of ``v`` given its assigned neighbours, looking one step ahead.
+
+        Each unassigned neighbour contributes its cheapest completion (its best strategy given ``v``'s), so a
+        choice that merely postpones a redistribution (a row-split layer whose partial output the next op must
+        reduce) loses to one that avoids it.  At a dead end: fewest ``inf`` terms.
+        """
         cost = self.unary[v].copy()
+        ahead = np.zeros(cost.size)
         broken = np.zeros(cost.size)
         for w in self.adj[v]:
+            pair = self._pair(v, w)
             if self.choice[w] >= 0:
-                col = self._pair(v, w)[:, self.choice[w]]
+                col = pair[:, self.choice[w]]
                 cost += col
                 broken += np.isinf(col)
+            else:
+                ahead += np.min(pair + self.unary[w][None, :], axis=1)
+        looking = cost + ahead
+        if np.isfinite(looking).any():
+            self.choice[v] = int(np.argmin(looking))
+            return
         if np.isfinite(cost).any():
             self.choice[v] = int(np.argmin(cost))
             return

@@ -1,0 +1,78 @@
+"""``aten.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)``.
+
+Dim map, with ``q (..., H, L, E)``, ``k (..., Hkv, S, E)``, ``v (..., Hkv, S, Ev)`` and ``out (..., H, L, Ev)``:
+leading dims (batch ``b``, heads ``h``) are shared by q, k, v, the mask and the output; ``q`` and the mask share
+the query length ``l``; k, v and the mask share the key length ``s``.
+
+- **batch** and **head** splits are free (Megatron attention splits heads).  With GQA (``enable_gqa``) the q
+  and kv heads are both split into contiguous blocks, so head block ``j`` of q still reads kv block ``j``: the
+  divisibility filter demands both ``H`` and ``Hkv`` divide.
+- **query-length** split: q and the mask split along ``l``, k and v whole -- exact without ``is_causal``
+  (an explicit mask is split with the queries, as HF models pass); with ``is_causal`` the implicit mask would
+  be wrong per piece, so it is forbidden.
+- the **key length** ``s`` and head dims ``E``/``Ev`` never split: softmax needs every key (ring attention
+  would, and is not modelled); splitting ``Ev`` is valid but never better than a head split, so omitted.
+- Partial passes through ``v`` (the output is linear in it) when there is no dropout.
+
+A mask dim of size 1 (broadcast) stays whole.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from autoshard.strategies.dimmap import DimMap, Letters, fresh_letters, strategies_from_map
+from autoshard.strategies.local import bind
+from autoshard.strategies.registry import register
+from autoshard.strategies.strategy import OpStrategy, tensor_meta
+
+aten = torch.ops.aten
+
+
+def _shape(node: object) -> tuple[int, ...]:
+    val = tensor_meta(node) if isinstance(node, fx.Node) else None
+    assert val is not None, f"{node} must be a tensor"
+    return tuple(int(s) for s in val.shape)
+
+
+def _lead(shape: tuple[int, ...], lead: Letters, full: tuple[int, ...], enable_gqa: bool) -> Letters:
+    """Letters of a tensor's leading dims against the query's (right-aligned; heads may differ under GQA)."""
+    offset = len(full) - len(shape)
+    out: list[str | None] = []
+    for d, size in enumerate(shape):
+        ref = full[offset + d]
+        is_head = offset + d == len(full) - 1
+        same = size == ref or (enable_gqa and is_head and size > 1 and ref % size == 0)
+        out.append(lead[offset + d] if same else None)
+    return tuple(out)
+
+
+@register(aten.scaled_dot_product_attention.default)
+def sdpa(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
+    b = bind(node.target, node.args, node.kwargs)
+    q, k, v, mask = b["query"], b["key"], b["value"], b["attn_mask"]
+    qs = _shape(q)
+    gqa = bool(b["enable_gqa"])
+    lead_shape = qs[:-2]
+    lead = tuple(fresh_letters(len(lead_shape), avoid="lsde"))
+    q_l: Letters = (*lead, "l", "d")
+    k_l: Letters = (*_lead(_shape(k)[:-2], lead, lead_shape, gqa), "s", "d")
+    v_l: Letters = (*_lead(_shape(v)[:-2], lead, lead_shape, gqa), "s", "e")
+    out_l: Letters = (*lead, "l", "e")
+    mask_l: Letters | None = None
+    if isinstance(mask, fx.Node):
+        full = (*lead_shape, qs[-2], _shape(k)[-2])
+        ms = _shape(mask)
+        mask_l = tuple(
+            (*lead, "l", "s")[len(full) - len(ms) + d] if size == full[len(full) - len(ms) + d] else None
+            for d, size in enumerate(ms)
+        )
+    whole = "sde" + ("l" if b["is_causal"] else "")
+    dm = DimMap(
+        (q_l, k_l, v_l, mask_l),
+        (out_l,),
+        unsplittable=frozenset(whole),
+        linear_in=(frozenset({2}),) if not b["dropout_p"] else (),
+    )
+    return strategies_from_map(node, (q, k, v, mask if isinstance(mask, fx.Node) else None), dm, mesh_shape)

@@ -1,0 +1,439 @@
+"""The numeric harness: proves every strategy of a rule on a simulated mesh, forward and backward.
+
+For each strategy that :func:`~autoshard.strategies.registry.strategies_for` yields for a node (with
+``drop_dominated=False``, so Partial inputs are checked too):
+
+1. split each input per its spec with :func:`autoshard.local_mesh.distribute` (Partial inputs become random
+   addends, so a rule that wrongly passes Partial through a nonlinear op fails);
+2. run, on every device, what :func:`~autoshard.strategies.registry.local_call` says (the rule's
+   ``local_args`` hook: localised sizes, masked lookups) on that device's pieces;
+3. assemble each output per its spec and compare with the op on the whole inputs (replicated axes must
+   agree across devices);
+4. backward: feed each device the output gradient in the output's dual spec (``S -> S``, ``R -> R``,
+   ``P -> R``), differentiate locally, assemble each input's gradient per ``input_grads`` and compare with the
+   whole op's gradient.
+
+Use float64 inputs for tight tolerances (float32 is checked looser).  Ops that draw random numbers (dropout
+with ``p > 0``) cannot match and should be checked with ``p = 0``.
+
+Example::
+
+    >>> import torch
+    >>> report = check_rule(torch.ops.aten.mm.default, (torch.randn(4, 6, dtype=torch.float64),
+    ...                     torch.randn(6, 2, dtype=torch.float64)), (2,))
+    >>> report.ok, len(report.checks)
+    (True, 6)
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.fx.node import map_arg
+
+from autoshard.local_mesh import Coord, assemble, coords, distribute, replicas_agree
+from autoshard.placement import Partial, Replicate, ShardingSpec
+from autoshard.strategies.registry import local_call, strategies_for
+from autoshard.strategies.strategy import OpStrategy
+
+__all__ = ["RuleReport", "StrategyCheck", "build_node", "check_rule", "check_strategy"]
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyCheck:
+    """The verdict on one strategy; ``backward_ok`` is None when no gradient was checked."""
+
+    strategy: str
+    forward_ok: bool
+    backward_ok: bool | None
+    max_error: float
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.forward_ok and self.backward_ok is not False
+
+
+@dataclass(frozen=True, slots=True)
+class RuleReport:
+    """All checks of one node on one mesh; ``n_strategies`` counts strategies before any sampling."""
+
+    op: str
+    mesh_shape: tuple[int, ...]
+    n_strategies: int
+    checks: tuple[StrategyCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> tuple[StrategyCheck, ...]:
+        return tuple(c for c in self.checks if not c.ok)
+
+    def __str__(self) -> str:
+        passed = sum(c.ok for c in self.checks)
+        head = f"{self.op} on mesh {self.mesh_shape}: {passed}/{len(self.checks)} checked strategies pass"
+        head += f" ({self.n_strategies} in all)"
+        lines = [f"  FAIL {c.strategy}: {c.message}" for c in self.failures]
+        return "\n".join([head, *lines])
+
+
+# -- building a one-op graph -------------------------------------------------------------------------------------
+
+
+def build_node(
+    op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None = None
+) -> tuple[fx.Node, dict[fx.Node, Any]]:
+    """A graph with one placeholder per distinct example tensor and one ``call_function`` node of ``op``.
+
+    Returns the node and the value of each input node.  ``meta["val"]`` holds real tensors (rules read only
+    their shapes and dtypes).
+    """
+    graph = fx.Graph()
+    values: dict[fx.Node, Any] = {}
+    by_id: dict[int, fx.Node] = {}
+
+    def lift(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            if id(v) not in by_id:
+                ph = graph.placeholder(f"in{len(by_id)}")
+                ph.meta["val"] = v
+                by_id[id(v)] = ph
+                values[ph] = v
+            return by_id[id(v)]
+        if isinstance(v, list | tuple):
+            return type(v)(lift(x) for x in v)
+        return v
+
+    node_args = lift(tuple(args))
+    node_kwargs = {k: lift(v) for k, v in (kwargs or {}).items()}
+    node = graph.call_function(op, node_args, node_kwargs)
+    node.meta["val"] = _run_whole(node, values)
+    graph.output(node)
+    return node, values
+
+
+def _clone(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, list | tuple):
+        return type(v)(_clone(x) for x in v)
+    return v
+
+
+def _run_whole(
+    node: fx.Node, values: dict[fx.Node, Any], leaves: dict[fx.Node, torch.Tensor] | None = None
+) -> Any:
+    def value(n: fx.Node) -> Any:
+        if leaves is not None and n in leaves:
+            return leaves[n].clone()
+        return _clone(values[n])
+
+    assert callable(node.target)
+    return node.target(*map_arg(node.args, value), **map_arg(node.kwargs, value))
+
+
+def _as_tuple(v: Any) -> tuple[Any, ...]:
+    return tuple(v) if isinstance(v, tuple | list) else (v,)
+
+
+# -- the check -------------------------------------------------------------------------------------------------------
+
+
+def check_rule(
+    node_or_op: fx.Node | Callable[..., Any],
+    example_inputs: Sequence[Any],
+    mesh_shape: Sequence[int],
+    *,
+    kwargs: dict[str, Any] | None = None,
+    backward: bool = True,
+    max_strategies: int | None = None,
+    seed: int = 0,
+) -> RuleReport:
+    """Check every strategy of a rule numerically (module doc).
+
+    ``node_or_op`` is an op (then ``example_inputs`` are its positional args, ``kwargs`` its keyword args) or a
+    node of a captured graph (then ``example_inputs`` are the values of ``node.all_input_nodes``).
+    ``max_strategies`` checks an evenly spaced sample, first and last included.
+    """
+    mesh = tuple(int(n) for n in mesh_shape)
+    if isinstance(node_or_op, fx.Node):
+        node = node_or_op
+        values = dict(zip(node.all_input_nodes, example_inputs, strict=True))
+    else:
+        node, values = build_node(node_or_op, example_inputs, kwargs)
+    strategies = strategies_for(node, mesh, drop_dominated=False)
+    chosen = _sample(strategies, max_strategies)
+    whole = _Whole(node, values, seed)
+    checks = tuple(_check_one(node, values, s, mesh, seed + i, backward, whole) for i, s in enumerate(chosen))
+    return RuleReport(str(node.target), mesh, len(strategies), checks)
+
+
+def check_strategy(
+    node: fx.Node,
+    values: dict[fx.Node, Any],
+    strategy: OpStrategy,
+    mesh_shape: Sequence[int],
+    *,
+    backward: bool = True,
+    seed: int = 0,
+) -> StrategyCheck:
+    """Check one strategy of ``node`` (``values``: the value of each input node), e.g. a hand-written one."""
+    return _check_one(node, values, strategy, tuple(int(n) for n in mesh_shape), seed, backward)
+
+
+def _sample(strategies: list[OpStrategy], k: int | None) -> list[OpStrategy]:
+    n = len(strategies)
+    if k is None or n <= k:
+        return strategies
+    if k <= 1:
+        return strategies[:1]
+    picks = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+    return [strategies[i] for i in picks]
+
+
+def _tolerance(tensors: Sequence[object]) -> tuple[float, float]:
+    """``(rtol, atol)`` for the least precise floating dtype among ``tensors`` (inputs and outputs of an op:
+    Partial addends of a float32 input carry float32 rounding even into a float64 output)."""
+    floats = [t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if all(d == torch.float64 for d in floats):
+        return 1e-7, 1e-9
+    if all(d in (torch.float64, torch.float32) for d in floats):
+        return 1e-4, 1e-4  # Partial addends of magnitude ~1 carry float32 rounding into every piece
+    return 2e-2, 2e-2
+
+
+_UNDEFINED_VALUES = frozenset(
+    {
+        "aten.empty.memory_format",
+        "aten.new_empty.default",
+        "aten.empty_like.default",
+        "aten.empty_strided.default",
+    }
+)
+"""Ops whose output values are undefined: only shapes and dtypes are compared."""
+
+
+def _compare(
+    got: Any, want: Any, tol: tuple[float, float], shape_only: bool = False
+) -> tuple[bool, float, str]:
+    if not isinstance(want, torch.Tensor):
+        return True, 0.0, ""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+        shape = getattr(got, "shape", type(got).__name__)
+        return (
+            False,
+            float("inf"),
+            f"shape {tuple(shape)} / {getattr(got, 'dtype', '')} != {tuple(want.shape)} / {want.dtype}",
+        )
+    if shape_only:
+        return True, 0.0, ""
+    if not (want.is_floating_point() or want.is_complex()):
+        same = torch.equal(got, want)
+        return same, 0.0 if same else float("inf"), "" if same else "integer values differ"
+    rtol, atol = tol
+    err = float((got.detach() - want.detach()).abs().max()) if want.numel() else 0.0
+    ok = torch.allclose(got.detach(), want.detach(), rtol=rtol, atol=atol, equal_nan=True)
+    return ok, err, "" if ok else f"max error {err:.3g}"
+
+
+def _pieces(
+    node: fx.Node, values: dict[fx.Node, Any], strategy: OpStrategy, mesh: tuple[int, ...], seed: int
+) -> dict[fx.Node, dict[Coord, Any]]:
+    """Every input's value on every device."""
+    result: dict[fx.Node, dict[Coord, Any]] = {}
+    for i, (inp, spec) in enumerate(zip(node.all_input_nodes, strategy.inputs, strict=True)):
+        v = values[inp]
+        if spec is not None and isinstance(v, torch.Tensor):
+            result[inp] = _distribute(v, spec, mesh, seed * 31 + i)
+        elif spec is not None and isinstance(v, tuple | list) and node.target is operator.getitem:
+            index = node.args[1]
+            assert isinstance(index, int)
+            split = _distribute(v[index], spec, mesh, seed * 31 + i)
+            result[inp] = {c: tuple(split[c] if j == index else x for j, x in enumerate(v)) for c in split}
+        else:
+            result[inp] = {c: v for c in coords(mesh)}
+    return result
+
+
+def _distribute(
+    v: torch.Tensor, spec: ShardingSpec, mesh: tuple[int, ...], seed: int
+) -> dict[Coord, torch.Tensor]:
+    """:func:`distribute`, with replicas made identical: ``distribute`` draws a Partial axis's addends afresh
+    for each replica group, so under ``(R, P)`` the devices along the replicated axis would disagree."""
+    pieces = distribute(v, spec, mesh, seed=seed)
+    replicated = [a for a, p in enumerate(spec.placements) if isinstance(p, Replicate)]
+    if not spec.partial_axes() or not replicated:
+        return pieces
+    return {c: pieces[tuple(0 if a in replicated else i for a, i in enumerate(c))] for c in pieces}
+
+
+def _piece_of(pieces: dict[fx.Node, dict[Coord, Any]], coord: Coord) -> Callable[[fx.Node], Any]:
+    """A fresh copy of device ``coord``'s piece of each input (in-place ops must not touch the originals)."""
+    return lambda n: _clone(pieces[n][coord])
+
+
+def _run_local(
+    node: fx.Node,
+    strategy: OpStrategy,
+    mesh: tuple[int, ...],
+    coord: Coord,
+    value: Callable[[fx.Node], Any],
+) -> tuple[Any, ...]:
+    args = map_arg(node.args, value)
+    kwargs = map_arg(node.kwargs, value)
+    return _as_tuple(local_call(node, strategy, mesh, coord, args, kwargs).run())
+
+
+class _Whole:
+    """The op on whole inputs: its outputs and, per set of differentiated inputs, its gradients (computed once
+    per node, shared by every strategy's check)."""
+
+    def __init__(self, node: fx.Node, values: dict[fx.Node, Any], seed: int) -> None:
+        self.node, self.values, self.seed = node, values, seed
+        self.outputs = _as_tuple(_run_whole(node, values))
+        flat = [x for v in values.values() for x in (v if isinstance(v, tuple | list) else (v,))]
+        self.tol = _tolerance([*flat, *self.outputs])
+        self._grads: dict[tuple[fx.Node, ...], _Grads | None] = {}
+
+    def grads(self, diff: tuple[fx.Node, ...]) -> _Grads | None:
+        """Output gradients (random, fixed per node) and the input gradients they give; None if no backward."""
+        if diff not in self._grads:
+            self._grads[diff] = self._backward(diff)
+        return self._grads[diff]
+
+    def _backward(self, diff: tuple[fx.Node, ...]) -> _Grads | None:
+        leaves = {inp: self.values[inp].detach().clone().requires_grad_() for inp in diff}
+        gen = torch.Generator().manual_seed(self.seed + 7)
+        try:
+            outs = _as_tuple(_run_whole(self.node, self.values, leaves))
+            live = tuple(j for j, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad)
+            if not live:
+                return None
+            grads_out = {j: torch.randn(outs[j].shape, generator=gen, dtype=outs[j].dtype) for j in live}
+            want = torch.autograd.grad([outs[j] for j in live], list(leaves.values()),
+                                       [grads_out[j] for j in live], allow_unused=True)  # fmt: skip
+        except RuntimeError as e:
+            if "derivative" in str(e) or "not differentiable" in str(e):
+                return None  # the op itself has no backward: nothing to check
+            raise
+        expected = {
+            inp: g if g is not None else torch.zeros_like(leaves[inp])
+            for inp, g in zip(diff, want, strict=True)
+        }
+        return _Grads(live, grads_out, expected)
+
+
+@dataclass(frozen=True, slots=True)
+class _Grads:
+    live: tuple[int, ...]
+    grads_out: dict[int, torch.Tensor]
+    expected: dict[fx.Node, torch.Tensor]
+
+
+def _check_one(
+    node: fx.Node,
+    values: dict[fx.Node, Any],
+    strategy: OpStrategy,
+    mesh: tuple[int, ...],
+    seed: int,
+    backward: bool,
+    whole: _Whole | None = None,
+) -> StrategyCheck:
+    name = str(strategy)
+    try:
+        whole = whole if whole is not None else _Whole(node, values, seed)
+        pieces = _pieces(node, values, strategy, mesh, seed)
+        local = {c: _run_local(node, strategy, mesh, c, _piece_of(pieces, c)) for c in coords(mesh)}
+        shape_only = str(node.target) in _UNDEFINED_VALUES
+        ok, err, msg = _check_outputs(local, whole.outputs, strategy.outputs, mesh, whole.tol, shape_only)
+        if not ok:
+            return StrategyCheck(name, False, None, err, f"forward: {msg}")
+        if not backward:
+            return StrategyCheck(name, True, None, err)
+        b_ok, b_err, b_msg = _check_backward(node, strategy, mesh, pieces, whole)
+        return StrategyCheck(name, True, b_ok, max(err, b_err), f"backward: {b_msg}" if b_ok is False else "")
+    except Exception as e:  # a rule that crashes on its own strategy is a failed check, not a crashed harness
+        return StrategyCheck(name, False, None, float("inf"), f"{type(e).__name__}: {e}")
+
+
+def _check_outputs(
+    local: dict[Coord, tuple[Any, ...]],
+    want: tuple[Any, ...],
+    specs: tuple[ShardingSpec | None, ...],
+    mesh: tuple[int, ...],
+    tol: tuple[float, float],
+    shape_only: bool,
+) -> tuple[bool, float, str]:
+    worst = 0.0
+    for j, spec in enumerate(specs):
+        if spec is None or not isinstance(want[j], torch.Tensor):
+            continue
+        per_device = {c: out[j] for c, out in local.items()}
+        if not shape_only and not replicas_agree(per_device, spec, mesh, atol=1e-6):
+            return False, float("inf"), f"output {j}: replicated pieces differ across devices under {spec}"
+        ok, err, msg = _compare(assemble(per_device, spec, mesh), want[j], tol, shape_only)
+        worst = max(worst, err)
+        if not ok:
+            return False, err, f"output {j} under {spec}: {msg}"
+    return True, worst, ""
+
+
+def _dual(spec: ShardingSpec) -> ShardingSpec:
+    """The layout of an output's gradient: ``S -> S``, ``R -> R``, ``P -> R``."""
+    return ShardingSpec(tuple(Replicate() if isinstance(p, Partial) else p for p in spec.placements))
+
+
+def _local_grads(
+    outs: list[torch.Tensor], leaves: dict[fx.Node, torch.Tensor], grads_out: list[torch.Tensor]
+) -> Sequence[torch.Tensor | None]:
+    if not outs:
+        return [None] * len(leaves)
+    return torch.autograd.grad(outs, list(leaves.values()), grads_out, allow_unused=True)
+
+
+def _check_backward(
+    node: fx.Node,
+    strategy: OpStrategy,
+    mesh: tuple[int, ...],
+    pieces: dict[fx.Node, dict[Coord, Any]],
+    whole: _Whole,
+) -> tuple[bool | None, float, str]:
+    inputs = node.all_input_nodes
+    diff = tuple(inp for inp, g in zip(inputs, strategy.input_grads, strict=True) if g is not None)
+    if not diff or node.target is operator.getitem:  # getitem: the identity on one element
+        return None, 0.0, ""
+    ref = whole.grads(diff)
+    if ref is None:
+        return None, 0.0, ""
+    live = [j for j in ref.live if strategy.outputs[j] is not None]
+    dual = {j: _distribute(ref.grads_out[j], _dual(strategy.outputs[j]), mesh, 0) for j in live}  # type: ignore[arg-type]
+    local_grads: dict[fx.Node, dict[Coord, torch.Tensor]] = {inp: {} for inp in diff}
+    for c in coords(mesh):
+        local_leaves = {inp: pieces[inp][c].detach().clone().requires_grad_() for inp in diff}
+
+        def value(n: fx.Node, c: Coord = c, lv: dict[fx.Node, torch.Tensor] = local_leaves) -> Any:
+            return lv[n].clone() if n in lv else _clone(pieces[n][c])
+
+        outs_local = _run_local(node, strategy, mesh, c, value)
+        used = [j for j in live if outs_local[j].requires_grad]
+        grads = _local_grads([outs_local[j] for j in used], local_leaves, [dual[j][c] for j in used])
+        for inp, g in zip(diff, grads, strict=True):
+            local_grads[inp][c] = g if g is not None else torch.zeros_like(local_leaves[inp])
+    worst = 0.0
+    for inp in diff:
+        spec = strategy.input_grads[inputs.index(inp)]
+        assert spec is not None
+        if not replicas_agree(local_grads[inp], spec, mesh, atol=1e-6):
+            return False, float("inf"), f"grad of {inp.name}: replicated pieces differ under {spec}"
+        ok, err, msg = _compare(assemble(local_grads[inp], spec, mesh), ref.expected[inp], whole.tol)
+        worst = max(worst, err)
+        if not ok:
+            return False, err, f"grad of {inp.name} under {spec}: {msg}"
+    return True, worst, ""
