@@ -66,7 +66,7 @@ def distribute(
         for c in coords(mesh_shape):
             if c[axis] != 0:
                 continue
-            group = [c[:axis] + (i,) + c[axis + 1 :] for i in range(mesh_shape[axis])]
+            group = [(*c[:axis], i, *c[axis + 1 :]) for i in range(mesh_shape[axis])]
             total = pieces[c]
             addends = [torch.randn(total.shape, generator=gen, dtype=total.dtype) for _ in group[1:]]
             pieces[group[0]] = total - sum(addends, torch.zeros_like(total))
@@ -75,7 +75,9 @@ def distribute(
     return pieces
 
 
-def assemble(pieces: dict[Coord, torch.Tensor], spec: ShardingSpec, mesh_shape: Sequence[int]) -> torch.Tensor:
+def assemble(
+    pieces: dict[Coord, torch.Tensor], spec: ShardingSpec, mesh_shape: Sequence[int]
+) -> torch.Tensor:
     """Rebuild the global tensor from every device's piece (inverse of :func:`distribute`).
 
     Partial axes are summed; replicated axes take the piece at index 0 of that axis (the caller checks that
@@ -88,7 +90,7 @@ def assemble(pieces: dict[Coord, torch.Tensor], spec: ShardingSpec, mesh_shape: 
         reduced: dict[Coord, torch.Tensor] = {}
         for c in current:
             if c[axis] == 0:
-                group = [c[:axis] + (i,) + c[axis + 1 :] for i in range(mesh_shape[axis])]
+                group = [(*c[:axis], i, *c[axis + 1 :]) for i in range(mesh_shape[axis])]
                 reduced[c] = sum((current[g] for g in group[1:]), current[group[0]].clone())
         current = reduced
     for axis in reversed(range(len(mesh_shape))):
@@ -98,7 +100,7 @@ def assemble(pieces: dict[Coord, torch.Tensor], spec: ShardingSpec, mesh_shape: 
             if c[axis] != 0:
                 continue
             if isinstance(p, Shard):
-                group = [c[:axis] + (i,) + c[axis + 1 :] for i in range(mesh_shape[axis])]
+                group = [(*c[:axis], i, *c[axis + 1 :]) for i in range(mesh_shape[axis])]
                 merged[c] = torch.cat([current[g] for g in group], dim=p.dim)
             else:
                 assert isinstance(p, Replicate | Partial)
@@ -116,7 +118,7 @@ def replicas_agree(
         if not isinstance(p, Replicate):
             continue
         for c, piece in pieces.items():
-            ref = pieces[c[:axis] + (0,) + c[axis + 1 :]]
+            ref = pieces[(*c[:axis], 0, *c[axis + 1 :])]
             if not torch.allclose(piece, ref, atol=atol):
                 return False
     return True

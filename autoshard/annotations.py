@@ -1,0 +1,188 @@
+"""User annotations: pin the strategy of a few parameters or operators; the planner does the rest.
+
+An annotation maps a *target* to a *choice*:
+
+- target: a module path (``"fc1"``, ``"model.layers.0.mlp.down_proj"``), a parameter or buffer name
+  (``"fc1.weight"``), a model input by its argument name (``"input_ids"``), or a glob over any of them
+  (``"*.mlp.down_proj"``).  In a model whose repeated layers are solved once, an
+  annotation on any layer applies to all of them (they share one decision).
+- choice, one of:
+  - a named pattern for a linear-like module: ``"column"`` (weight split over output features, ``S(0)``),
+    ``"row"`` (over input features, ``S(1)``), ``"vocab"`` (an embedding split over the vocabulary, ``S(0)``),
+    ``"replicate"`` (data parallel: weights replicated).  A pattern constrains the tensor-parallel axis, the
+    last mesh axis, unless written ``"column@0"``; the other axes stay free for the planner;
+  - placements of a parameter: ``("S(0)",)``, ``"(R, S(1))"``, or a :class:`~autoshard.placement.ShardingSpec`;
+  - a MindSpore-style strategy tuple for the op a module runs, one split tuple per tensor input:
+    ``((2, 1), (1, 4))`` splits the input's dim 0 in 2 and the weight's dim 1 in 4 (weight in the op's own
+    layout: ``[out, in]`` for ``aten.linear``).
+
+Output: ``dict[node name, bool mask over that node's strategies]`` for the solver.  Errors name the annotation,
+what it matched (or that it matched nothing, with close candidates) and how to fix it.
+
+Example::
+
+    autoshard.plan(model, cluster, (x,), annotations={"fc1": "column", "fc2": "row"})
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autoshard.errors import AnnotationError, ShardingError
+from autoshard.placement import Replicate, Shard, ShardingSpec, from_strategy_tuple
+from autoshard.problem.graph import NodeInfo
+from autoshard.strategies import OpStrategy
+
+__all__ = ["Annotation", "resolve_annotations"]
+
+_PATTERNS = {"column": Shard(0), "row": Shard(1), "vocab": Shard(0), "replicate": Replicate()}
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    target: str
+    choice: Any
+
+
+def resolve_annotations(
+    annotations: Mapping[str, Any] | Sequence[Annotation] | None,
+    infos: Mapping[str, NodeInfo],
+    strategies: Mapping[str, Sequence[OpStrategy]],
+    template: Mapping[str, str],
+    mesh_shape: tuple[int, ...],
+    block_prefix: str | None = None,
+) -> dict[str, np.ndarray]:
+    """Masks of allowed strategies for every node an annotation pins."""
+    if not annotations:
+        return {}
+    items = (
+        [Annotation(k, v) for k, v in annotations.items()]
+        if isinstance(annotations, Mapping)
+        else list(annotations)
+    )
+    masks: dict[str, np.ndarray] = {}
+    for ann in items:
+        for node, mask in _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix).items():
+            masks[node] = mask if node not in masks else masks[node] & mask
+            if not masks[node].any():
+                raise AnnotationError(
+                    f"annotation {ann.target!r} = {ann.choice!r} conflicts with an earlier annotation on "
+                    f"{infos[node].fqn or infos[node].module or node}: no strategy satisfies both; drop one"
+                )
+    return masks
+
+
+def _normalise_target(target: str, block_prefix: str | None) -> str:
+    # layers beyond the captured two share layer 0's decision
+    if block_prefix and "*" not in target:
+        target = re.sub(rf"^{re.escape(block_prefix)}\.\d+", f"{block_prefix}.0", target)
+    return target
+
+
+def _matches(pattern: str, name: str) -> bool:
+    return bool(name) and (fnmatch.fnmatchcase(name, pattern) or name == pattern)
+
+
+def _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix) -> dict[str, np.ndarray]:
+    target = _normalise_target(ann.target, block_prefix)
+    params = [i for i in infos.values() if i.kind == "parameter" and template[i.name] == i.name]
+    leaves = [i for i in infos.values() if i.kind != "op" and template[i.name] == i.name]
+    by_param = [i for i in leaves if _matches(target, i.fqn or i.name)]
+    by_module = [i for i in params if _matches(target, i.fqn.rsplit(".", 1)[0])]
+    if isinstance(ann.choice, tuple) and ann.choice and isinstance(ann.choice[0], tuple):
+        ops = [
+            i
+            for i in infos.values()
+            if i.kind == "op" and template[i.name] == i.name and _matches(target, i.module)
+        ]
+        ops = [i for i in ops if i.op in ("linear", "mm", "matmul", "bmm", "addmm", "embedding")]
+        if not ops:
+            raise AnnotationError(_no_match(ann, infos, "an operator (linear, matmul, embedding) in module"))
+        return {i.name: _tuple_mask(ann, i, strategies[i.name], mesh_shape) for i in ops}
+    if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
+        if not by_module:
+            raise AnnotationError(_no_match(ann, infos, "a module with parameters"))
+        return {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape) for i in by_module}
+    if not by_param:
+        raise AnnotationError(_no_match(ann, infos, "a parameter, buffer or input"))
+    spec = _parse_spec(ann, mesh_shape)
+    return {i.name: _spec_mask(ann, i, strategies[i.name], spec) for i in by_param}
+
+
+def _parse_spec(ann: Annotation, mesh_shape: tuple[int, ...]) -> ShardingSpec:
+    choice = ann.choice
+    try:
+        spec = choice if isinstance(choice, ShardingSpec) else ShardingSpec.parse(choice)
+    except (ShardingError, TypeError) as e:
+        raise AnnotationError(
+            f"annotation {ann.target!r}: cannot read {choice!r} as placements ({e}); write e.g. ('S(0)',) or "
+            f"a pattern {sorted(_PATTERNS)}"
+        ) from e
+    if spec.mesh_ndim != len(mesh_shape):
+        raise AnnotationError(
+            f"annotation {ann.target!r}: {spec} has {spec.mesh_ndim} placements but the mesh {mesh_shape} has "
+            f"{len(mesh_shape)} axes; give one placement per axis"
+        )
+    return spec
+
+
+def _spec_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], spec: ShardingSpec) -> np.ndarray:
+    mask = np.array([s.outputs[0] == spec for s in options], dtype=bool)
+    if not mask.any():
+        raise AnnotationError(
+            f"annotation {ann.target!r}: {info.fqn or info.name} cannot be placed {spec} (shape "
+            f"{info.outputs[0].shape if info.outputs[0] else '?'}; a sharded dim must divide by its axis size)"
+        )
+    return mask
+
+
+def _pattern_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape) -> np.ndarray:
+    name, _, axis_text = str(ann.choice).partition("@")
+    axis = int(axis_text) if axis_text else len(mesh_shape) - 1
+    want = _PATTERNS[name]
+    is_bias = info.fqn.endswith("bias") or (info.outputs[0] is not None and len(info.outputs[0].shape) == 1)
+    if is_bias and name != "column":
+        want = Replicate()  # a row-split (or replicated) linear's bias is whole on every device
+    if is_bias and name == "column":
+        want = Shard(0)
+    mask = np.array([s.outputs[0] is not None and s.outputs[0].placements[axis] == want for s in options])
+    if not mask.any():
+        raise AnnotationError(
+            f"annotation {ann.target!r} = {ann.choice!r}: {info.fqn} of shape "
+            f"{info.outputs[0].shape if info.outputs[0] else '?'} cannot be split that way on axis {axis} "
+            f"(size {mesh_shape[axis]}); check divisibility or choose another pattern"
+        )
+    return mask
+
+
+def _tuple_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape) -> np.ndarray:
+    try:
+        specs = [from_strategy_tuple(t, mesh_shape) for t in ann.choice]
+    except ShardingError as e:
+        raise AnnotationError(f"annotation {ann.target!r}: {e}") from e
+    mask = np.array([all(s.inputs[k] == spec for k, spec in enumerate(specs)) for s in options], dtype=bool)
+    if not mask.any():
+        raise AnnotationError(
+            f"annotation {ann.target!r} = {ann.choice!r} ({', '.join(map(str, specs))}) is not a valid strategy "
+            f"of {info.target} at {info.module}; valid ones include "
+            f"{', '.join(str(s) for s in list(options)[:6])}"
+        )
+    return mask
+
+
+def _no_match(ann: Annotation, infos: Mapping[str, NodeInfo], what: str) -> str:
+    names = sorted(
+        {i.fqn for i in infos.values() if i.fqn}
+        | {i.module for i in infos.values() if i.module}
+        | {i.name for i in infos.values() if i.kind == "user_input"}
+    )
+    close = difflib.get_close_matches(ann.target, names, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; targets are module paths or parameter names"
+    return f"annotation {ann.target!r} matches no {what}{hint}"

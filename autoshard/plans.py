@@ -1,0 +1,233 @@
+"""The plan record: what autoshard decided, what it costs, and how it was proven.
+
+A :class:`Plan` is immutable and self-contained: it names every parameter's placement per mesh axis, every
+node's chosen strategy, every collective of one training step (forward and backward), the predicted step time
+split into compute and communication, the memory per device, and the solver's optimality certificate.
+It saves to versioned JSON (never pickle) and loads back equal.
+
+(The module is ``plans`` rather than ``plan`` so that importing it never shadows the ``autoshard.plan()``
+function.)
+
+Example::
+
+    plan = autoshard.plan(model, cluster, (ids,))
+    plan.param_placements["fc1.weight"]      # ("S(0)",)
+    plan.save("plan.json"); autoshard.load_plan("plan.json") == plan   # True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from autoshard.errors import PlanFileError
+
+__all__ = ["Collective", "NodePlan", "Plan", "SolverReport", "load_plan"]
+
+FORMAT = "autoshard-plan"
+VERSION = 1
+
+Phase = Literal["forward", "backward"]
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective of one training step.  Gradient synchronisation counts as ``backward``."""
+
+    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all
+    nbytes: int  # the full buffer of the group (nccl-tests convention)
+    phase: str  # forward | backward
+    mesh_axis: int
+    node: str  # the node it serves (the consumer, or the parameter whose gradient it synchronises)
+    tensor: str  # the node whose output (or its gradient) is moved
+    module: str  # user-module path of the node it serves
+    seconds: float
+    layer: int | None = None  # repeated-layer index, when the node belongs to one
+
+    def __str__(self) -> str:
+        return f"{self.phase} {self.kind}(axis={self.mesh_axis}, {_bytes(self.nbytes)}) for {self.node}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlan:
+    """The chosen strategy of one node of the captured graph (one row of the per-node table)."""
+
+    name: str
+    key: str  # stable across captures: "block:<position>" in a repeated layer, "outside:<index>" elsewhere
+    target: str
+    module: str
+    strategy: str  # "(S(0), R), R -> S(0)"
+    count: int  # how many nodes of the full model share this decision (repeated layers)
+    compute_seconds: float  # forward + backward + optimizer, all copies
+    memory_bytes: float  # per device, all copies
+
+
+@dataclass(frozen=True, slots=True)
+class SolverReport:
+    method: str
+    objective: float
+    lower_bound: float
+    gap: float
+    optimal: bool
+    seconds: float
+    log: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sharding plan.  Treat the mappings as read-only."""
+
+    model: str
+    cluster: dict[str, Any]  # profile, nodes, mesh_shape, axis_names, devices
+    mesh_shape: tuple[int, ...]
+    training: bool
+    param_placements: dict[str, tuple[str, ...]]
+    input_placements: dict[str, tuple[str, ...]]
+    output_placements: tuple[tuple[str, ...], ...]
+    nodes: tuple[NodePlan, ...]
+    collectives: tuple[Collective, ...]
+    predicted_step_time: float
+    compute_time: float
+    communication_time: float
+    memory_per_device: float
+    device_memory: float
+    solver: SolverReport
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    version: int = VERSION
+
+    # -- people -----------------------------------------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        n = 1
+        for s in self.mesh_shape:
+            n *= s
+        return n
+
+    def collective_counts(self, phase: str | None = None) -> Counter[str]:
+        return Counter(c.kind for c in self.collectives if phase is None or c.phase == phase)
+
+    def summary(self, width: int = 100) -> str:
+        """A short report: cluster, time split, memory, solver certificate, placements, collectives."""
+        lines = [
+            f"autoshard plan for {self.model} on {self.cluster.get('description', self.cluster)}",
+            f"mesh {self.mesh_shape} ({self.num_devices} devices), {'training' if self.training else 'inference'}",
+            f"predicted step time {_seconds(self.predicted_step_time)} "
+            f"(compute {_seconds(self.compute_time)}, communication {_seconds(self.communication_time)})",
+            f"memory per device {_bytes(self.memory_per_device)} of {_bytes(self.device_memory)}",
+            f"solver {self.solver.method}: {'optimal' if self.solver.optimal else 'not proven optimal'}, "
+            f"gap {self.solver.gap:.2%}, {self.solver.seconds:.2f} s",
+            "",
+            "parameter placements (per mesh axis):",
+        ]
+        for pattern, placement, count in _collapse_layers(self.param_placements):
+            entry = f"  {pattern:<{max(10, width - 30)}} {'(' + ', '.join(placement) + ')'}"
+            lines.append(entry + (f"  x{count}" if count > 1 else ""))
+        lines.append("")
+        lines.append("collectives per step:")
+        groups: dict[tuple[str, str, int], list[Collective]] = defaultdict(list)
+        for c in self.collectives:
+            groups[(c.phase, c.kind, c.mesh_axis)].append(c)
+        for (phase, kind, axis), items in sorted(groups.items()):
+            total = sum(c.nbytes for c in items)
+            secs = sum(c.seconds for c in items)
+            lines.append(
+                f"  {phase:<8} {kind:<15} axis {axis}: {len(items):>5} x, {_bytes(total)}, {_seconds(secs)}"
+            )
+        if not self.collectives:
+            lines.append("  none")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(line[:width] for line in lines)
+
+    # -- files ------------------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["format"] = FORMAT
+        return data
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str = "<dict>") -> Plan:
+        if data.get("format") != FORMAT:
+            raise PlanFileError(f"{source}: not an autoshard plan (field 'format' is {data.get('format')!r})")
+        if data.get("version") != VERSION:
+            raise PlanFileError(
+                f"{source}: plan version {data.get('version')!r} is not supported (this autoshard reads "
+                f"version {VERSION}); re-create it with `autoshard search ... --out`"
+            )
+        try:
+            return cls(
+                model=data["model"],
+                cluster=data["cluster"],
+                mesh_shape=tuple(data["mesh_shape"]),
+                training=bool(data["training"]),
+                param_placements={k: tuple(v) for k, v in data["param_placements"].items()},
+                input_placements={k: tuple(v) for k, v in data["input_placements"].items()},
+                output_placements=tuple(tuple(v) for v in data["output_placements"]),
+                nodes=tuple(NodePlan(**n) for n in data["nodes"]),
+                collectives=tuple(Collective(**c) for c in data["collectives"]),
+                predicted_step_time=float(data["predicted_step_time"]),
+                compute_time=float(data["compute_time"]),
+                communication_time=float(data["communication_time"]),
+                memory_per_device=float(data["memory_per_device"]),
+                device_memory=float(data["device_memory"]),
+                solver=SolverReport(**{**data["solver"], "log": tuple(data["solver"].get("log", ()))}),
+                timings=dict(data.get("timings", {})),
+                notes=tuple(data.get("notes", ())),
+                version=int(data["version"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise PlanFileError(
+                f"{source}: malformed plan ({type(e).__name__}: {e}); re-create the file"
+            ) from e
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Load a plan saved by :meth:`Plan.save`; errors name the file and what is wrong."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise PlanFileError(f"cannot read plan file {p}: {e.strerror}; check the path") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanFileError(f"{p}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    if not isinstance(data, dict):
+        raise PlanFileError(f"{p}: expected a JSON object at the top level")
+    return Plan.from_json(data, source=str(p))
+
+
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+def _collapse_layers(placements: dict[str, tuple[str, ...]]) -> list[tuple[str, tuple[str, ...], int]]:
+    """Group ``layers.0.x``, ``layers.1.x`` … with equal placements into one ``layers.*.x`` row."""
+    groups: dict[tuple[str, tuple[str, ...]], int] = {}
+    for fqn, placement in placements.items():
+        key = (_LAYER.sub(".*.", fqn, count=1), placement)
+        groups[key] = groups.get(key, 0) + 1
+    return [(pattern, placement, count) for (pattern, placement), count in groups.items()]
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"

@@ -1,0 +1,300 @@
+"""Turn a captured graph, its strategies and a cluster into the solver's plain arrays.
+
+Input: a :class:`~autoshard.capture.Captured`, a :class:`~autoshard.cluster.Cluster`, :class:`CostOptions`.
+Output: a :class:`BuiltProblem`: the :class:`~autoshard.search.SearchProblem` (node cost vectors, edge cost
+matrices, memory vectors; no torch inside) plus the index maps that turn the solver's choice back into a plan.
+
+Repeated layers are solved once.  When capture cut a stack of N identical blocks to two (``BlockInfo``), every
+node of block 1 shares the solver variable of the node at the same position in block 0, and each cost is
+weighted by how often it occurs in the full N-layer model:
+
+====================================  ===========  ==========================================
+term                                  weight       why
+====================================  ===========  ==========================================
+a block node, an edge inside a block  N            every layer has it
+edge block 0 → block 1                N − 1        one per pair of consecutive layers
+edge into both blocks from outside    N            a tensor every layer reads (mask, RoPE)
+edge into one block from outside      1            only the first (or last) layer reads it
+edge out of both blocks               N            every layer feeds it
+edge out of one block                 1            only the last layer's output leaves
+anything else                         1
+====================================  ===========  ==========================================
+
+The optimum is then exact among plans that give identical layers identical strategies (the plans people
+write); ``tests/problem`` checks it against solving the un-collapsed graph.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch.fx as fx
+
+from autoshard.capture import Captured
+from autoshard.cluster import Cluster
+from autoshard.problem.costs import (
+    MEMORY_TIE_BREAK,
+    CostOptions,
+    Recompute,
+    StepCache,
+    dual_spec,
+    node_compute,
+    node_memory,
+    optimizer_time,
+    output_fix_steps,
+    steps_time,
+)
+from autoshard.problem.graph import NodeInfo, describe
+from autoshard.search import Edge, SearchProblem
+from autoshard.strategies import OpStrategy, strategies_for
+
+__all__ = ["BuiltProblem", "EdgeUse", "build_problem", "edge_matrix"]
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeUse:
+    """One producer → consumer use in the captured graph, with its weight in the full model."""
+
+    producer: str
+    consumer: str
+    which: int  # which output of the producer
+    position: int  # which input of the consumer
+    weight: int
+
+
+@dataclass(frozen=True)
+class BuiltProblem:
+    problem: SearchProblem
+    variables: tuple[str, ...]  # solver variable i is the node named variables[i]
+    infos: dict[str, NodeInfo]  # every node of the captured graph
+    strategies: dict[str, tuple[OpStrategy, ...]]  # per variable node
+    template: dict[str, str]  # node → the variable node it shares a strategy with
+    multiplicity: dict[str, int]  # variable node → how many nodes of the full model it stands for
+    edges: tuple[EdgeUse, ...]
+    num_blocks: int  # N of the repeated stack (1 when none was collapsed)
+    cluster: Cluster
+    options: CostOptions
+    cache: StepCache
+    seconds: float
+    keeps: dict[str, bool] = field(default_factory=dict)
+
+    def index(self, name: str) -> int:
+        return self.variables.index(self.template[name])
+
+
+def _templates(infos: tuple[NodeInfo, ...], captured: Captured) -> tuple[dict[str, str], int]:
+    blocks = captured.blocks
+    identity = {i.name: i.name for i in infos}
+    if blocks is None or blocks.captured_blocks != 2 or blocks.num_blocks < 2:
+        return identity, 1
+    first = {i.block[1]: i.name for i in infos if i.block is not None and i.block[0] == 0}
+    template = dict(identity)
+    for info in infos:
+        if info.block is not None and info.block[0] == 1:
+            template[info.name] = first[info.block[1]]
+    return template, blocks.num_blocks
+
+
+def _edge_weights(infos: dict[str, NodeInfo], template: dict[str, str], n: int) -> list[EdgeUse]:
+    """Weight of every edge of the captured graph in the N-layer model (table in the module docstring)."""
+    uses: list[tuple[NodeInfo, NodeInfo, int, int]] = []
+    for consumer in infos.values():
+        for pos, (src, which) in enumerate(zip(consumer.inputs, consumer.input_outputs, strict=True)):
+            uses.append((infos[src], consumer, which, pos))
+    # which block copies of an outside↔block edge exist, keyed by its template form
+    copies: dict[tuple[str, str, int, int], set[int]] = defaultdict(set)
+    for u, v, which, pos in uses:
+        b = (u.block or v.block) if (u.block is None) != (v.block is None) else None
+        if b is not None:
+            copies[(template[u.name], template[v.name], which, pos)].add(b[0])
+    out: list[EdgeUse] = []
+    for u, v, which, pos in uses:
+        weight = _weight(u, v, n, copies[(template[u.name], template[v.name], which, pos)])
+        if weight:
+            out.append(EdgeUse(u.name, v.name, which, pos, weight))
+    return out
+
+
+def _weight(u: NodeInfo, v: NodeInfo, n: int, copies: set[int]) -> int:
+    if n == 1:
+        return 1
+    bu, bv = (u.block[0] if u.block else None), (v.block[0] if v.block else None)
+    if bu is not None and bv is not None:
+        if bu == bv:
+            return n if bu == 0 else 0  # block 1's inner edges repeat block 0's
+        return n - 1 if (bu, bv) == (0, 1) else 0
+    if bu is None and bv is None:
+        return 1
+    both = copies >= {0, 1}
+    block = bv if bu is None else bu
+    inward = bu is None
+    if not both:
+        return 1
+    # the copy on the common side stands for one layer, the other for the remaining n - 1
+    single = 0 if inward else 1
+    return 1 if block == single else n - 1
+
+
+def _keeps(infos: dict[str, NodeInfo], opts: CostOptions) -> dict[str, bool]:
+    """Whether backward keeps each node's output (full recompute keeps only what leaves a block)."""
+    if opts.recompute is Recompute.NONE:
+        return {name: True for name in infos}
+    leaves: dict[str, bool] = {name: info.block is None for name, info in infos.items()}
+    for consumer in infos.values():
+        for src in consumer.inputs:
+            producer = infos[src]
+            crosses = consumer.block is None or consumer.block[0] != (producer.block or (None,))[0]
+            if producer.block is not None and crosses:
+                leaves[src] = True
+    return leaves
+
+
+def build_problem(
+    captured: Captured,
+    cluster: Cluster,
+    opts: CostOptions,
+    *,
+    allowed: dict[str, np.ndarray] | None = None,
+    memory_limit: float | None = None,
+) -> BuiltProblem:
+    """Price every strategy of every variable node and every strategy pair of every edge."""
+    start = time.perf_counter()
+    gm = captured.graph_module
+    nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
+    ordered = describe(gm)
+    infos = {i.name: i for i in ordered}
+    template, n_blocks = _templates(ordered, captured)
+    variables = tuple(i.name for i in ordered if template[i.name] == i.name)
+    index = {name: k for k, name in enumerate(variables)}
+    mesh = cluster.mesh_shape
+    strategies = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
+    mult = {name: 0 for name in variables}
+    for info in ordered:
+        mult[template[info.name]] += 1
+    if n_blocks > 1:
+        mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
+    cache = StepCache(cluster)
+    keeps = _keeps(infos, opts)
+    node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
+    uses = _edge_weights(infos, template, n_blocks)
+    edges = _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cache)
+    problem = SearchProblem(
+        node_costs=tuple(node_costs),
+        edges=tuple(edges),
+        memory=tuple(memory),
+        memory_limit=memory_limit,
+        allowed=_allowed(variables, template, allowed),
+        names=tuple(_display_name(infos[v]) for v in variables),
+        strategy_labels=tuple(tuple(str(s) for s in strategies[v]) for v in variables),
+    )
+    return BuiltProblem(
+        problem=problem,
+        variables=variables,
+        infos=infos,
+        strategies=strategies,
+        template=template,
+        multiplicity=mult,
+        edges=tuple(uses),
+        num_blocks=n_blocks,
+        cluster=cluster,
+        options=opts,
+        cache=cache,
+        seconds=time.perf_counter() - start,
+        keeps=keeps,
+    )
+
+
+def _display_name(info: NodeInfo) -> str:
+    where = info.fqn or info.module
+    return f"{info.name} ({info.target}{' in ' + where if where else ''})"
+
+
+def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache):
+    node_costs: list[np.ndarray] = []
+    memory: list[np.ndarray] = []
+    for name in variables:
+        info = infos[name]
+        inputs = tuple(infos[s] for s in info.inputs)
+        cost = np.empty(len(strategies[name]))
+        mem = np.empty(len(strategies[name]))
+        for k, strat in enumerate(strategies[name]):
+            fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
+            extra = optimizer_time(info, strat, cluster, opts)
+            if info.is_output:
+                extra += steps_time(output_fix_steps(info, strat, cache), cluster)
+            mem[k] = node_memory(info, strat, cluster, opts, keeps[name]) * mult[name]
+            cost[k] = (fwd + bwd + extra) * mult[name] + MEMORY_TIE_BREAK * mem[k]
+        node_costs.append(cost)
+        memory.append(mem)
+    return node_costs, memory
+
+
+def _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cache) -> list[Edge]:
+    weights: dict[tuple[str, str, int, int], int] = defaultdict(int)
+    for use in uses:
+        weights[(template[use.producer], template[use.consumer], use.which, use.position)] += use.weight
+    edges: list[Edge] = []
+    for (tu, tv, which, pos), weight in weights.items():
+        matrix = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, opts, cache) * weight
+        if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
+            node_costs[index[tu]] += np.diag(matrix)
+            continue
+        edges.append(Edge(index[tu], index[tv], matrix))
+    return edges
+
+
+def edge_matrix(
+    producer: NodeInfo,
+    which: int,
+    src_list: tuple[OpStrategy, ...],
+    dst_list: tuple[OpStrategy, ...],
+    pos: int,
+    opts: CostOptions,
+    cache: StepCache,
+) -> np.ndarray:
+    """``M[a, b]``: seconds of redistribution on this edge when producer runs ``a`` and consumer ``b``.
+
+    The same rule as :func:`~autoshard.problem.costs.edge_steps`, priced over the few distinct specs on
+    each side and spread over all strategy pairs with numpy indexing.
+    """
+    meta = producer.outputs[which] if which < len(producer.outputs) else None
+    if meta is None:
+        return np.zeros((len(src_list), len(dst_list)))
+    have = np.array([cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in src_list])
+    want = np.array([cache.intern(s.inputs[pos]) for s in dst_list])
+    matrix = _pairwise(have, want, meta.shape, meta.itemsize, cache)
+    if opts.training and producer.requires_grad:
+        duals = np.array(
+            [
+                cache.intern(dual_spec(s.outputs[which]) if s.outputs[which] is not None else None)
+                for s in src_list
+            ]
+        )
+        grads = np.array([cache.intern(s.input_grads[pos]) for s in dst_list])
+        # a consumer that needs the value but yields no gradient (None) costs nothing backward
+        matrix = matrix + _pairwise(grads, duals, meta.shape, meta.itemsize, cache).T
+    return matrix
+
+
+def _pairwise(src: np.ndarray, dst: np.ndarray, shape, itemsize: int, cache: StepCache) -> np.ndarray:
+    """``T[i, j]`` = time(src[i] → dst[j]), evaluated once per distinct pair."""
+    us, si = np.unique(src, return_inverse=True)
+    ud, di = np.unique(dst, return_inverse=True)
+    table = np.array([[cache.time(int(a), int(b), shape, itemsize) for b in ud] for a in us]).reshape(
+        len(us), len(ud)
+    )
+    return table[si][:, di]
+
+
+def _allowed(variables, template, allowed) -> tuple[np.ndarray | None, ...] | None:
+    if not allowed:
+        return None
+    masks: list[np.ndarray | None] = [None] * len(variables)
+    position = {name: k for k, name in enumerate(variables)}
+    for name, mask in allowed.items():
+        k = position[template[name]]
+        masks[k] = mask if masks[k] is None else (masks[k] & mask)
+    return tuple(masks)

@@ -1,0 +1,280 @@
+"""Training-aware costs of one node's strategy and of one edge's spec change.
+
+Input: :class:`~autoshard.problem.graph.NodeInfo` records, their :class:`~autoshard.strategies.OpStrategy`
+lists, a :class:`~autoshard.cluster.Cluster` and :class:`CostOptions`.
+Output: seconds and bytes as plain floats; the builder turns them into the solver's arrays, and the plan
+report itemises the chosen ones with the same functions (one source of truth for every figure).
+
+The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Training"):
+
+- compute: a matmul-like op's backward costs twice its forward (a gradient for each operand), any other op
+  that carries gradients once; ``recompute="full"`` adds the forward of every repeated-block node again;
+- communication on an edge ``u → v``: forward, ``u``'s output spec is redistributed to the spec ``v``'s
+  strategy wants; backward, the gradient ``v``'s strategy yields (``OpStrategy.input_grads``) is redistributed
+  to the dual of ``u``'s output spec (``S(d) → S(d)``, ``P → R``, ``R → R``).  Gradient synchronisation of
+  replicated parameters is this rule on the parameter's edges: a batch-split consumer yields a ``P`` gradient
+  and the parameter's dual spec is ``R``, hence one all-reduce; an ``S(0)`` (ZeRO-3/FSDP) parameter gets a
+  reduce-scatter instead;
+- memory per device: each parameter's shard and its gradient (2 × the parameter's itemsize per element), its
+  Adam state (fp32 master + two moments, 12 bytes per element, for 16-bit parameters; two moments, 8 bytes,
+  for fp32 ones), plus the activations backward keeps (outputs of non-view ops that carry gradients; under
+  full recomputation only the tensors that leave a repeated block);
+- optimizer: with ``shard_optimizer`` (the default, as Megatron's distributed optimizer and ZeRO-1 do), the
+  Adam state and its update are split over every device, whatever the parameter's placement: a replicated
+  parameter's gradient is reduce-scattered and the updated shard all-gathered, which moves exactly the
+  volume of the all-reduce the edge already pays, so only memory and update time change.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from autoshard.cluster import Cluster
+from autoshard.errors import AutoshardError
+from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
+from autoshard.problem.graph import NodeInfo
+from autoshard.redistribute import Step, plan_redistribute
+from autoshard.strategies import OpStrategy
+
+__all__ = [
+    "MEMORY_TIE_BREAK",
+    "CostOptions",
+    "EdgeSteps",
+    "Recompute",
+    "dual_spec",
+    "edge_steps",
+    "node_compute",
+    "node_memory",
+    "output_fix_steps",
+    "steps_time",
+]
+
+
+MEMORY_TIE_BREAK = 1e-18
+"""Seconds charged per byte of memory per device, only to break ties between plans of equal time in favour
+of the one that holds less (a sharded input over a replicated one that is sliced on arrival).  1 GiB costs
+a nanosecond: it never outweighs a real difference in time."""
+
+
+class Recompute(str, Enum):
+    """Activation recomputation policy."""
+
+    NONE = "none"  # keep every activation backward needs
+    FULL = "full"  # keep only each repeated block's inputs; recompute the block in backward
+
+
+@dataclass(frozen=True, slots=True)
+class CostOptions:
+    """Knobs of the cost model that are not hardware."""
+
+    training: bool = True
+    recompute: Recompute = Recompute.NONE
+    shard_optimizer: bool = True  # ZeRO-1 / distributed optimizer: Adam state split over all devices
+
+    def adam_bytes(self, itemsize: int) -> int:
+        """Adam state per element: fp32 master + m + v for 16-bit parameters, m + v for fp32 ones."""
+        return 12 if itemsize <= 2 else 8
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeSteps:
+    """The redistribution an edge needs under one (producer, consumer) strategy pair."""
+
+    forward: tuple[Step, ...]
+    backward: tuple[Step, ...]
+    feasible: bool = True
+
+
+_INFEASIBLE = EdgeSteps((), (), feasible=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def dual_spec(spec: ShardingSpec) -> ShardingSpec:
+    """The spec a tensor's gradient must reach: shards stay, ``P`` becomes ``R``, ``R`` stays ``R``."""
+    return ShardingSpec(tuple(Replicate() if isinstance(p, Partial) else p for p in spec.placements))
+
+
+def _local_bytes(nbytes: int, spec: ShardingSpec | None, mesh_shape: tuple[int, ...]) -> float:
+    if spec is None:
+        return float(nbytes)
+    shards = 1
+    for p, size in zip(spec.placements, mesh_shape, strict=True):
+        if isinstance(p, Shard):
+            shards *= size
+    return nbytes / shards
+
+
+def node_compute(
+    info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions, inputs: tuple[NodeInfo, ...]
+) -> tuple[float, float]:
+    """(forward seconds, backward seconds) of ``info`` under ``strategy`` on one device."""
+    if info.kind != "op":
+        return 0.0, 0.0
+    mesh = cluster.mesh_shape
+    moved = 0.0
+    for src, which, spec in zip(inputs, info.input_outputs, strategy.inputs, strict=True):
+        meta = src.outputs[which] if which < len(src.outputs) else None
+        if meta is not None:
+            moved += _local_bytes(meta.nbytes, spec, mesh)
+    for meta, spec in zip(info.outputs, strategy.outputs, strict=False):
+        if meta is not None:
+            moved += _local_bytes(meta.nbytes, spec, mesh)
+    dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
+    if info.is_view:
+        return 0.0, 0.0
+    fwd = cluster.compute_time(info.flops / strategy.work_divisor, moved, dtype)
+    if not (opts.training and info.requires_grad):
+        return fwd, 0.0
+    bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
+    if opts.recompute is Recompute.FULL and info.block is not None:
+        bwd += fwd
+    return fwd, bwd
+
+
+def node_memory(
+    info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions, keeps: bool
+) -> float:
+    """Bytes one device holds for this node: parameter state, buffers, or saved activations.
+
+    ``keeps`` says whether backward keeps this node's output (decided by the builder from the recompute
+    policy and the graph around the node).
+    """
+    mesh = cluster.mesh_shape
+    meta = info.outputs[0]
+    if meta is None:
+        return 0.0
+    spec = strategy.outputs[0]
+    local = _local_bytes(meta.nbytes, spec, mesh)
+    if info.kind == "parameter":
+        if not opts.training:
+            return local
+        return 2 * local + _optimizer_elements(meta.numel, spec, cluster, opts) * opts.adam_bytes(
+            meta.itemsize
+        )
+    if info.kind in ("buffer", "constant", "user_input"):
+        return local
+    if opts.training and keeps and info.requires_grad and not info.is_view:
+        return local
+    return 0.0
+
+
+def optimizer_time(info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions) -> float:
+    """Seconds of the optimizer update of a parameter shard: memory-bound over its state."""
+    if not (opts.training and info.kind == "parameter" and info.outputs[0] is not None):
+        return 0.0
+    meta = info.outputs[0]
+    numel = _optimizer_elements(meta.numel, strategy.outputs[0], cluster, opts)
+    state = numel * (opts.adam_bytes(meta.itemsize) + 2 * meta.itemsize)  # read and write state, param, grad
+    return cluster.compute_time(numel * 10, 2 * state, "float32")
+
+
+def _optimizer_elements(numel: int, spec: ShardingSpec | None, cluster: Cluster, opts: CostOptions) -> float:
+    if opts.shard_optimizer:
+        return numel / cluster.num_devices
+    return _local_bytes(numel, spec, cluster.mesh_shape)
+
+
+class StepCache:
+    """Memoised redistribution plans and their times, keyed by (src, dst, shape, itemsize).
+
+    Specs are interned to small integers once, so the hot loop of the cost builder hashes ints, not
+    placement objects; many edges of a transformer share shapes and spec pairs and so share entries.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.mesh_shape = cluster.mesh_shape
+        self._ids: dict[ShardingSpec, int] = {}
+        self._specs: list[ShardingSpec] = []
+        self._steps: dict[tuple, tuple[Step, ...] | None] = {}
+        self._times: dict[tuple, float] = {}
+
+    def intern(self, spec: ShardingSpec | None) -> int:
+        """A small integer naming ``spec`` (-1 for None)."""
+        if spec is None:
+            return -1
+        found = self._ids.get(spec)
+        if found is None:
+            found = self._ids[spec] = len(self._specs)
+            self._specs.append(spec)
+        return found
+
+    def get(self, src: ShardingSpec, dst: ShardingSpec, shape: tuple[int, ...], itemsize: int):
+        """The steps turning ``src`` into ``dst``, or None when no plan exists (the pair is forbidden)."""
+        key = (self.intern(src), self.intern(dst), shape, itemsize)
+        if key not in self._steps:
+            try:
+                # priced with the cluster: the cheapest path differs from the fewest bytes on mixed links
+                self._steps[key] = plan_redistribute(
+                    src, dst, shape, itemsize, self.mesh_shape, cluster=self.cluster
+                )
+            except AutoshardError:
+                self._steps[key] = None
+        return self._steps[key]
+
+    def time(self, src_id: int, dst_id: int, shape: tuple[int, ...], itemsize: int) -> float:
+        """Seconds of the redistribution between two interned specs; inf when impossible, 0 for None."""
+        if src_id < 0 or dst_id < 0:
+            return 0.0
+        key = (src_id, dst_id, shape, itemsize)
+        found = self._times.get(key)
+        if found is None:
+            steps = self.get(self._specs[src_id], self._specs[dst_id], shape, itemsize)
+            found = self._times[key] = math.inf if steps is None else steps_time(steps, self.cluster)
+        return found
+
+
+def edge_steps(
+    producer: NodeInfo,
+    which: int,
+    src: OpStrategy,
+    dst: OpStrategy,
+    position: int,
+    opts: CostOptions,
+    cache: StepCache,
+) -> EdgeSteps:
+    """Forward and backward redistribution on the edge ``producer → consumer`` (consumer input ``position``)."""
+    meta = producer.outputs[which] if which < len(producer.outputs) else None
+    have = src.outputs[which] if which < len(src.outputs) else None
+    want = dst.inputs[position]
+    if meta is None or have is None or want is None:
+        return EdgeSteps((), ())
+    fwd = cache.get(have, want, meta.shape, meta.itemsize)
+    if fwd is None:
+        return _INFEASIBLE
+    if not (opts.training and producer.requires_grad):
+        return EdgeSteps(fwd, ())
+    grad = dst.input_grads[position]
+    if grad is None:
+        return EdgeSteps(fwd, ())
+    bwd = cache.get(grad, dual_spec(have), meta.shape, meta.itemsize)
+    if bwd is None:
+        return _INFEASIBLE
+    return EdgeSteps(fwd, bwd)
+
+
+def output_fix_steps(info: NodeInfo, strategy: OpStrategy, cache: StepCache) -> tuple[Step, ...]:
+    """A model output left ``Partial`` is reduced before it is returned (``P → R`` on those axes)."""
+    fixed: list[Step] = []
+    for meta, spec in zip(info.outputs, strategy.outputs, strict=False):
+        if meta is None or spec is None or not spec.partial_axes():
+            continue
+        target = dual_spec(spec)
+        steps = cache.get(spec, target, meta.shape, meta.itemsize)
+        fixed.extend(steps or ())
+    return tuple(fixed)
+
+
+COLLECTIVE_KINDS = frozenset({"all_gather", "all_reduce", "reduce_scatter", "all_to_all"})
+
+
+def steps_time(steps: tuple[Step, ...], cluster: Cluster) -> float:
+    """Seconds of a step list; local steps (slices, zeroing) are free."""
+    return math.fsum(
+        cluster.collective_time(s.kind, s.nbytes, axis=s.mesh_axis)
+        for s in steps
+        if s.kind in COLLECTIVE_KINDS
+    )

@@ -1,0 +1,231 @@
+"""Turn the solver's choice back into a :class:`~autoshard.plans.Plan`.
+
+Input: a :class:`~autoshard.problem.build.BuiltProblem` and a :class:`~autoshard.search.Solution`.
+Output: a :class:`~autoshard.plans.Plan` whose figures are recomputed from the same cost functions the solver
+was fed (``autoshard.problem.costs``), so the plan's predicted step time equals the solver's objective.
+
+Repeated layers are expanded: every layer's parameters get their placement, and every collective is listed
+once per layer it occurs in (``Collective.layer``), so counts in the plan are counts in the full model.
+"""
+
+from __future__ import annotations
+
+import re
+
+from autoshard.placement import ShardingSpec
+from autoshard.plans import Collective, NodePlan, Plan, SolverReport
+from autoshard.problem.build import BuiltProblem, EdgeUse
+from autoshard.problem.costs import (
+    COLLECTIVE_KINDS,
+    dual_spec,
+    edge_steps,
+    node_compute,
+    node_memory,
+    optimizer_time,
+    output_fix_steps,
+)
+from autoshard.redistribute import Step
+from autoshard.search import Solution
+from autoshard.strategies import OpStrategy
+
+__all__ = ["extract_plan"]
+
+
+def extract_plan(
+    built: BuiltProblem,
+    solution: Solution,
+    *,
+    model: str,
+    block_prefix: str | None,
+    output_order: tuple[str, ...],
+    timings: dict[str, float],
+    notes: tuple[str, ...] = (),
+) -> Plan:
+    chosen = {
+        name: built.strategies[name][k] for name, k in zip(built.variables, solution.choice, strict=True)
+    }
+    pick = {name: chosen[built.template[name]] for name in built.infos}
+    layer_of = _LayerNamer(built, block_prefix)
+    nodes, compute, memory = _node_table(built, chosen)
+    collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
+    comm = sum(c.seconds for c in collectives)
+    cluster = built.cluster
+    return Plan(
+        model=model,
+        cluster={
+            "profile": cluster.profile.name,
+            "nodes": cluster.nodes,
+            "mesh_shape": list(cluster.mesh_shape),
+            "axis_names": list(cluster.axis_names),
+            "devices": cluster.num_devices,
+            "description": cluster.describe(),
+        },
+        mesh_shape=tuple(cluster.mesh_shape),
+        training=built.options.training,
+        param_placements=_param_placements(built, pick, layer_of),
+        input_placements={
+            info.name: _strings(pick[info.name].outputs[0])
+            for info in built.infos.values()
+            if info.kind == "user_input" and pick[info.name].outputs[0] is not None
+        },
+        output_placements=tuple(_strings(dual_spec(pick[name].outputs[0])) for name in output_order),
+        nodes=nodes,
+        collectives=tuple(collectives),
+        predicted_step_time=compute + comm,
+        compute_time=compute,
+        communication_time=comm,
+        memory_per_device=memory,
+        device_memory=float(cluster.device_memory),
+        solver=SolverReport(
+            method=solution.method,
+            objective=solution.objective,
+            lower_bound=solution.lower_bound,
+            gap=solution.gap,
+            optimal=solution.optimal,
+            seconds=solution.seconds,
+            log=tuple(solution.log),
+        ),
+        timings=dict(timings),
+        notes=notes,
+    )
+
+
+def _strings(spec: ShardingSpec | None) -> tuple[str, ...]:
+    return spec.as_strings() if spec is not None else ()
+
+
+class _LayerNamer:
+    """Which layers a captured-graph element stands for, and its module path in each."""
+
+    def __init__(self, built: BuiltProblem, prefix: str | None) -> None:
+        self.n = built.num_blocks
+        self.prefix = prefix
+        self.infos = built.infos
+
+    def layers_of_edge(self, use: EdgeUse) -> list[int | None]:
+        u, v = self.infos[use.producer], self.infos[use.consumer]
+        if self.n == 1:
+            block = v.block or u.block
+            return [block[0] if block else None]
+        if v.block is not None:
+            return self._span(v.block[0], use.weight, inward=True)
+        if u.block is not None:
+            return self._span(u.block[0], use.weight, inward=False)
+        return [None]
+
+    def layers_of_node(self, name: str) -> list[int | None]:
+        info = self.infos[name]
+        if info.block is None:
+            return [None]
+        return list(range(self.n)) if self.n > 1 else [info.block[0]]
+
+    def _span(self, block: int, weight: int, *, inward: bool) -> list[int | None]:
+        n = self.n
+        if weight == n:
+            return list(range(n))
+        if weight == n - 1 and n > 1:
+            return list(range(1, n)) if inward else list(range(0, n - 1))
+        return [0 if block == 0 else n - 1]
+
+    def module(self, path: str, layer: int | None) -> str:
+        if layer is None or not self.prefix:
+            return path
+        return re.sub(rf"^{re.escape(self.prefix)}\.\d+", f"{self.prefix}.{layer}", path)
+
+
+def _node_table(
+    built: BuiltProblem, chosen: dict[str, OpStrategy]
+) -> tuple[tuple[NodePlan, ...], float, float]:
+    rows: list[NodePlan] = []
+    total_compute = total_memory = 0.0
+    outside = 0
+    for name in built.variables:
+        info, strat, count = built.infos[name], chosen[name], built.multiplicity[name]
+        if info.block is not None and built.num_blocks > 1:  # one decision for every layer
+            key = f"block:{info.block[1]}"
+        else:
+            key, outside = f"outside:{outside}", outside + 1
+        inputs = tuple(built.infos[s] for s in info.inputs)
+        fwd, bwd = node_compute(info, strat, built.cluster, built.options, inputs)
+        compute = (fwd + bwd + optimizer_time(info, strat, built.cluster, built.options)) * count
+        memory = node_memory(info, strat, built.cluster, built.options, built.keeps.get(name, True)) * count
+        total_compute += compute
+        total_memory += memory
+        rows.append(
+            NodePlan(name, key, info.target, info.fqn or info.module, str(strat), count, compute, memory)
+        )
+    return tuple(rows), total_compute, total_memory
+
+
+def _records(
+    steps: tuple[Step, ...], phase: str, use_node: str, tensor: str, layers, built
+) -> list[Collective]:
+    out: list[Collective] = []
+    for step in steps:
+        if step.kind not in COLLECTIVE_KINDS:
+            continue
+        seconds = built.cluster.collective_time(step.kind, step.nbytes, axis=step.mesh_axis)
+        for layer, path in layers:
+            out.append(
+                Collective(
+                    step.kind, step.nbytes, phase, step.mesh_axis, use_node, tensor, path, seconds, layer
+                )
+            )
+    return out
+
+
+def _edge_collectives(
+    built: BuiltProblem, pick: dict[str, OpStrategy], namer: _LayerNamer
+) -> list[Collective]:
+    out: list[Collective] = []
+    for use in built.edges:
+        producer, consumer = built.infos[use.producer], built.infos[use.consumer]
+        steps = edge_steps(
+            producer,
+            use.which,
+            pick[use.producer],
+            pick[use.consumer],
+            use.position,
+            built.options,
+            built.cache,
+        )
+        # a parameter's gradient synchronisation serves the parameter; everything else serves the consumer
+        layers = [(layer, namer.module(consumer.module, layer)) for layer in namer.layers_of_edge(use)]
+        out += _records(steps.forward, "forward", consumer.name, producer.name, layers, built)
+        grad_node = producer.fqn or consumer.name
+        out += _records(steps.backward, "backward", grad_node, producer.name, layers, built)
+    return out
+
+
+def _output_collectives(
+    built: BuiltProblem, chosen: dict[str, OpStrategy], namer: _LayerNamer
+) -> list[Collective]:
+    out: list[Collective] = []
+    for name in built.variables:
+        info = built.infos[name]
+        if not info.is_output:
+            continue
+        steps = output_fix_steps(info, chosen[name], built.cache)
+        layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
+        out += _records(steps, "forward", "output", name, layers, built)
+    return out
+
+
+def _param_placements(
+    built: BuiltProblem, pick: dict[str, OpStrategy], namer: _LayerNamer
+) -> dict[str, tuple[str, ...]]:
+    placements: dict[str, tuple[str, ...]] = {}
+    for info in built.infos.values():
+        if info.kind != "parameter" or not info.fqn:
+            continue
+        spec = _strings(pick[info.name].outputs[0])
+        if info.block is None or namer.n == 1:
+            placements[info.fqn] = spec
+            continue
+        for layer in range(namer.n):
+            placements[namer.module(info.fqn, layer)] = spec
+    return dict(sorted(placements.items(), key=lambda kv: _natural(kv[0])))
+
+
+def _natural(text: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
