@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
@@ -74,8 +74,18 @@ class ShardingSpec:
     """
 
     placements: tuple[Placement, ...]
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        # torch's placements hash in Python; specs key every cache of the planner, so hash once
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[ShardingSpec], tuple[tuple[Placement, ...]]]:
+        # rebuild on unpickling: string hashes differ between processes, so the cached hash must too
+        return (ShardingSpec, (self.placements,))
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(self.placements))
         if not self.placements:
             raise ShardingError("a sharding spec needs one placement per mesh axis; got none")
         for p in self.placements:

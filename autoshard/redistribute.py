@@ -300,10 +300,11 @@ def _edges(layout: _Layout, table: dict[_Layout, tuple[_Edge, ...]], graph: _Gra
 
 
 @lru_cache(maxsize=1 << 12)
-def _shortest_tree(start: _Layout, graph: _Graph) -> _Tree:
-    """Cheapest paths from ``start`` to every layout (Dijkstra), shared by all targets of one source.
+def _shortest_tree(start: _Layout, graph: _Graph) -> tuple[_Tree, dict[_Layout, _Key]]:
+    """Cheapest paths from ``start`` to every layout (Dijkstra), shared by all targets of one source,
+    with each layout's price (its first component is the path's time when a cluster prices the moves).
 
-    The returned dict is cached: read it, never change it.
+    The returned dicts are cached: read them, never change them.
     """
     table = _edge_table(graph)
     best: dict[_Layout, _Key] = {start: (0.0, 0, 0)}
@@ -320,7 +321,7 @@ def _shortest_tree(start: _Layout, graph: _Graph) -> _Tree:
                 best[nxt], came_from[nxt] = new_key, (layout, axis, move)
                 heapq.heappush(frontier, (new_key, pushed, nxt))
                 pushed += 1
-    return came_from
+    return came_from, best
 
 
 def _shortest_plan(
@@ -332,7 +333,7 @@ def _shortest_plan(
     cluster: CollectiveCost | None,
 ) -> tuple[Step, ...]:
     targets = _targets(goal, len(shape), mesh_shape)
-    came_from = _shortest_tree(start, _Graph(shape, itemsize, mesh_shape, targets, cluster))
+    came_from, _ = _shortest_tree(start, _Graph(shape, itemsize, mesh_shape, targets, cluster))
     assert goal in came_from, "every layout reaches every other through the fully replicated one"
     steps: list[Step] = []
     while goal != start:
@@ -369,22 +370,38 @@ def _plan_cached(
     mesh_shape: tuple[int, ...],
     cluster: CollectiveCost | None,
 ) -> tuple[Step, ...]:
-    where = f"redistributing {src} -> {dst} for shape {shape} on mesh {mesh_shape}"
+    ends = _endpoints(src, dst, shape, itemsize, mesh_shape)
+    if ends is None:
+        return ()
+    return _shortest_plan(*ends, shape, itemsize, mesh_shape, cluster)
+
+
+def _endpoints(
+    src: ShardingSpec, dst: ShardingSpec, shape: tuple[int, ...], itemsize: int, mesh_shape: tuple[int, ...]
+) -> tuple[_Layout, _Layout] | None:
+    """The search's start and goal layouts after checking the request; None when nothing has to move."""
+
+    def where() -> str:  # formatted only on error: the planner calls this ~10^4 times
+        return f"redistributing {src} -> {dst} for shape {shape} on mesh {mesh_shape}"
+
     if any(n < 1 for n in mesh_shape) or itemsize < 1:
-        raise ShardingError(f"{where}: mesh axes and itemsize (bytes per element) must be >= 1")
+        raise ShardingError(f"{where()}: mesh axes and itemsize (bytes per element) must be >= 1")
     try:
         start, goal = _layout(src, shape, mesh_shape, "source"), _layout(dst, shape, mesh_shape, "target")
     except ShardingError as e:
-        raise ShardingError(f"{where}: {e}") from e
+        raise ShardingError(f"{where()}: {e}") from e
     if src == dst:  # a non-sum partial may stay as it is
-        return ()
+        return None
     for spec in (src, dst):
-        for p in spec.placements:
-            if isinstance(p, Partial) and p.reduce_op != "sum":
-                raise ShardingError(f"{where}: only sum-partials can be redistributed, {spec} holds {p}")
-    if start == goal:
-        return ()
-    return _shortest_plan(start, goal, shape, itemsize, mesh_shape, cluster)
+        bad = _non_sum_partial(spec)
+        if bad is not None:
+            raise ShardingError(f"{where()}: only sum-partials can be redistributed, {spec} holds {bad}")
+    return None if start == goal else (start, goal)
+
+
+@lru_cache(maxsize=1 << 12)
+def _non_sum_partial(spec: ShardingSpec) -> Placement | None:
+    return next((p for p in spec.placements if isinstance(p, Partial) and p.reduce_op != "sum"), None)
 
 
 @lru_cache(maxsize=1 << 12)
@@ -405,8 +422,16 @@ def redistribute_time(
 def _time_cached(
     src: ShardingSpec, dst: ShardingSpec, shape: tuple[int, ...], itemsize: int, cluster: CollectiveCost
 ) -> float:
-    steps = plan_redistribute(src, dst, shape, itemsize, cluster.mesh_shape, cluster=cluster)
-    return sum(cluster.collective_time(s.kind, s.nbytes, axis=s.mesh_axis) for s in steps if s.is_collective)
+    # Read the price straight off the cached search tree: it is the sum of the path's collective times,
+    # so no Step objects are built and no collective is priced twice (the planner asks this ~10^4 times).
+    mesh_shape = tuple(cluster.mesh_shape)
+    ends = _endpoints(src, dst, shape, itemsize, mesh_shape)
+    if ends is None:
+        return 0.0
+    start, goal = ends
+    targets = _targets(goal, len(shape), mesh_shape)
+    _, best = _shortest_tree(start, _Graph(shape, itemsize, mesh_shape, targets, cluster))
+    return float(best[goal][0])
 
 
 def count_kinds(steps: Iterable[Step]) -> dict[StepKind, int]:

@@ -165,6 +165,21 @@ def _mlp_deep(o: _Options) -> ModelCase:
     return ModelCase("mlp-deep", model, (x,), {}, f"{depth} x Linear(256, 256) + ReLU")
 
 
+class MissingDependencyError(AutoshardError, ImportError):
+    """A zoo model needs an optional package that is not installed."""
+
+
+def _require_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as e:
+        raise MissingDependencyError(
+            "this zoo model is built with Hugging Face transformers, which is not installed: "
+            "pip install 'autoshard[models]' (or pip install transformers)"
+        ) from e
+    return transformers
+
+
 def _hf_common(vocab: int) -> dict[str, Any]:
     # bos/eos ids inside the vocabulary: transformers warns about tiny vocabularies otherwise.
     return {"use_cache": False, "attn_implementation": "sdpa", "bos_token_id": 0, "eos_token_id": vocab - 1}
@@ -174,7 +189,7 @@ def _gpt2(
     name: str, hidden: int, layers: int, heads: int, vocab: int = 50257, positions: int = 1024
 ) -> Builder:
     def build(o: _Options) -> ModelCase:
-        import transformers
+        transformers = _require_transformers()
 
         n = o.layers or layers
         config: dict[str, Any] = {
@@ -198,7 +213,7 @@ def _llama(
     name: str, hidden: int, layers: int, heads: int, kv: int, ffn: int, vocab: int = 128256
 ) -> Builder:
     def build(o: _Options) -> ModelCase:
-        import transformers
+        transformers = _require_transformers()
 
         n = o.layers or layers
         config: dict[str, Any] = {
@@ -223,7 +238,7 @@ def _llama(
 
 def _bert(name: str, hidden: int, layers: int, heads: int, ffn: int, vocab: int = 30522) -> Builder:
     def build(o: _Options) -> ModelCase:
-        import transformers
+        transformers = _require_transformers()
 
         n = o.layers or layers
         config: dict[str, Any] = {
@@ -249,7 +264,7 @@ def _mixtral(
     name: str, hidden: int, layers: int, heads: int, kv: int, ffn: int, experts: int, vocab: int
 ) -> Builder:
     def build(o: _Options) -> ModelCase:
-        import transformers
+        transformers = _require_transformers()
 
         n = o.layers or layers
         config: dict[str, Any] = {

@@ -36,7 +36,7 @@ from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.problem.graph import NodeInfo
-from autoshard.redistribute import Step, plan_redistribute
+from autoshard.redistribute import Step, plan_redistribute, redistribute_time
 from autoshard.strategies import OpStrategy
 
 __all__ = [
@@ -222,8 +222,13 @@ class StepCache:
         key = (src_id, dst_id, shape, itemsize)
         found = self._times.get(key)
         if found is None:
-            steps = self.get(self._specs[src_id], self._specs[dst_id], shape, itemsize)
-            found = self._times[key] = math.inf if steps is None else steps_time(steps, self.cluster)
+            try:
+                found = redistribute_time(
+                    self._specs[src_id], self._specs[dst_id], shape, itemsize, self.cluster
+                )
+            except AutoshardError:
+                found = math.inf  # this conversion cannot be done: the pair is forbidden
+            self._times[key] = found
         return found
 
 
