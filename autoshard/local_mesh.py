@@ -59,11 +59,19 @@ def distribute(
     """
     spec.check_fits(tuple(value.shape), mesh_shape)
     gen = torch.Generator().manual_seed(seed)
-    pieces = {c: value[_slice_for(c, spec, value.shape, mesh_shape)].clone() for c in coords(mesh_shape)}
+    # Devices that differ only along replicated axes hold the same piece: draw the addends once, on the
+    # devices whose replicated coordinates are 0, and copy them along the replicated axes afterwards.
+    replicated = [i for i, p in enumerate(spec.placements) if isinstance(p, Replicate)]
+
+    def canonical(c: Coord) -> Coord:
+        return tuple(0 if i in replicated else x for i, x in enumerate(c))
+
+    owners = [c for c in coords(mesh_shape) if canonical(c) == c]
+    pieces = {c: value[_slice_for(c, spec, value.shape, mesh_shape)].clone() for c in owners}
     for axis in spec.partial_axes():
         if value.is_floating_point() is False:
             raise ValueError(f"a {value.dtype} tensor cannot be Partial: only floating tensors are summed")
-        for c in coords(mesh_shape):
+        for c in owners:
             if c[axis] != 0:
                 continue
             group = [(*c[:axis], i, *c[axis + 1 :]) for i in range(mesh_shape[axis])]
@@ -72,7 +80,7 @@ def distribute(
             pieces[group[0]] = total - sum(addends, torch.zeros_like(total))
             for member, addend in zip(group[1:], addends, strict=True):
                 pieces[member] = addend
-    return pieces
+    return {c: pieces[canonical(c)].clone() for c in coords(mesh_shape)}
 
 
 def assemble(

@@ -148,9 +148,7 @@ def test_nested_sharding_on_a_cube_mesh() -> None:
 
 
 @pytest.mark.slow
-def test_every_pair_on_a_cube_mesh(request: pytest.FixtureRequest) -> None:
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("all 15,376 pairs take 30-45 s: run with -m slow")
+def test_every_pair_on_a_cube_mesh() -> None:
     for src, dst in pairs((2, 2, 2)):
         check_pair(src, dst, SHAPE, (2, 2, 2))
 

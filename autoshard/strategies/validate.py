@@ -413,7 +413,8 @@ def _check_backward(
     if ref is None:
         return None, 0.0, ""
     live = [j for j in ref.live if strategy.outputs[j] is not None]
-    dual = {j: _distribute(ref.grads_out[j], _dual(strategy.outputs[j]), mesh, 0) for j in live}  # type: ignore[arg-type]
+    out_specs = {j: spec for j in live if (spec := strategy.outputs[j]) is not None}
+    dual = {j: _distribute(ref.grads_out[j], _dual(out_specs[j]), mesh, 0) for j in live}
     local_grads: dict[fx.Node, dict[Coord, torch.Tensor]] = {inp: {} for inp in diff}
     for c in coords(mesh):
         local_leaves = {inp: pieces[inp][c].detach().clone().requires_grad_() for inp in diff}

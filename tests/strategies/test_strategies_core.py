@@ -262,7 +262,7 @@ def test_getitem_follows_its_producer() -> None:
 def _local(
     op: Any, args: tuple[Any, ...], strategy: str, mesh: tuple[int, ...], coord: tuple[int, ...]
 ) -> Any:
-    node, values = build_node(op, args)
+    node, _values = build_node(op, args)
     (s,) = [s for s in strategies_for(node, mesh, drop_dominated=False) if str(s) == strategy]
     local_args = fx.node.map_arg(node.args, lambda n: n.name)  # hooks never read tensor values
     return local_call(node, s, mesh, coord, local_args, dict(node.kwargs))

@@ -55,7 +55,7 @@ def _embedding_local(ctx: LocalContext) -> LocalCall:
         return default_call(ctx)
     vocab_start, _ = ctx.in_range(weight, 0)
     padding = b["padding_idx"]
-    vocab = int(tensor_meta(weight).shape[0])  # type: ignore[union-attr]
+    vocab = int(weight.meta["val"].shape[0])
     padding = padding % vocab if padding is not None and padding < -1 else padding
     return LocalCall(
         vocab_parallel_embedding,

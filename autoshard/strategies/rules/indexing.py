@@ -50,15 +50,15 @@ class _Advanced:
         idx_nodes = [t for t in indices if t is not None]
         self.broadcast = tuple(int(s) for s in torch.broadcast_shapes(*(_shape(t) for t in idx_nodes)))
         letters = fresh_letters(len(x_shape) + len(self.broadcast))
-        self.x: Letters = tuple(letters[: len(x_shape)])
-        self.i: Letters = tuple(letters[len(x_shape) :])
+        self.x: tuple[str, ...] = tuple(letters[: len(x_shape)])
+        self.i: tuple[str, ...] = tuple(letters[len(x_shape) :])
         self.indexed = frozenset(self.x[p] for p in pos)
         self.index: list[Letters] = [_align(_shape(t), self.i, self.broadcast) for t in idx_nodes]
         kept = [c for d, c in enumerate(self.x) if d not in pos]
         adjacent = pos == list(range(pos[0], pos[-1] + 1))
         if adjacent:
             before = [c for d, c in enumerate(self.x) if d < pos[0]]
-            self.out: Letters = (*before, *self.i, *kept[len(before) :])
+            self.out: tuple[str, ...] = (*before, *self.i, *kept[len(before) :])
         else:
             self.out = (*self.i, *kept)
         self.nodes = idx_nodes

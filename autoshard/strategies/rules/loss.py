@@ -109,7 +109,7 @@ def _loss_local(ctx: LocalContext) -> LocalCall:
     for p, n in zip(spec.placements, ctx.mesh_shape, strict=True):
         if isinstance(p, Shard):
             pieces *= n
-    name = str(ctx.node.target._schema.name).split("::")[-1]  # type: ignore[union-attr]
+    name = str(ctx.target).split(".")[1]  # "aten.mse_loss.default" -> "mse_loss"
     return LocalCall(scaled_loss, (name, 1.0 / pieces, *ctx.args), dict(ctx.kwargs))
 
 

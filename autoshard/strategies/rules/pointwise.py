@@ -38,11 +38,12 @@ def pointwise_strategies(
     """Strategies of a broadcasting pointwise op; ``ignore`` names tensor arguments used only for dtype."""
     bound = bind(node.target, node.args, node.kwargs)
     skip = set(ignore)
-    names = [k for k, v in bound.items() if k not in skip and tensor_meta(v) is not None]
+    metas = {k: t for k, v in bound.items() if k not in skip and (t := tensor_meta(v)) is not None}
+    names = list(metas)
     roles = [bound[k] for k in names]
     out = tensor_meta(node)
     assert out is not None, f"pointwise op {node} must return one tensor"
-    shapes = [tuple(tensor_meta(r).shape) for r in roles]  # type: ignore[union-attr]
+    shapes = [tuple(t.shape) for t in metas.values()]
     letters, out_letters = broadcast_letters(shapes, tuple(out.shape))
     groups = tuple(
         frozenset(names.index(k) for k in group) for group in linear(bound) if all(k in names for k in group)
