@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -113,36 +112,11 @@ class Plan:
         return Counter(c.kind for c in self.collectives if phase is None or c.phase == phase)
 
     def summary(self, width: int = 100) -> str:
-        """A short report: cluster, time split, memory, solver certificate, placements, collectives."""
-        lines = [
-            f"autoshard plan for {self.model} on {self.cluster.get('description', self.cluster)}",
-            f"mesh {self.mesh_shape} ({self.num_devices} devices), {'training' if self.training else 'inference'}",
-            f"predicted step time {_seconds(self.predicted_step_time)} "
-            f"(compute {_seconds(self.compute_time)}, communication {_seconds(self.communication_time)})",
-            f"memory per device {_bytes(self.memory_per_device)} of {_bytes(self.device_memory)}",
-            f"solver {self.solver.method}: {'optimal' if self.solver.optimal else 'not proven optimal'}, "
-            f"gap {self.solver.gap:.2%}, {self.solver.seconds:.2f} s",
-            "",
-            "parameter placements (per mesh axis):",
-        ]
-        for pattern, placement, count in _collapse_layers(self.param_placements):
-            entry = f"  {pattern:<{max(10, width - 30)}} {'(' + ', '.join(placement) + ')'}"
-            lines.append(entry + (f"  x{count}" if count > 1 else ""))
-        lines.append("")
-        lines.append("collectives per step:")
-        groups: dict[tuple[str, str, int], list[Collective]] = defaultdict(list)
-        for c in self.collectives:
-            groups[(c.phase, c.kind, c.mesh_axis)].append(c)
-        for (phase, kind, axis), items in sorted(groups.items()):
-            total = sum(c.nbytes for c in items)
-            secs = sum(c.seconds for c in items)
-            lines.append(
-                f"  {phase:<8} {kind:<15} axis {axis}: {len(items):>5} x, {_bytes(total)}, {_seconds(secs)}"
-            )
-        if not self.collectives:
-            lines.append("  none")
-        lines.extend(f"note: {n}" for n in self.notes)
-        return "\n".join(line[:width] for line in lines)
+        """The text report of :mod:`autoshard.report.table`: cluster, strategy per module group, recognised
+        patterns, collectives, step time and memory, solver certificate; lines fit ``width`` columns."""
+        from autoshard.report.table import render  # the report reads plans; import it only when asked
+
+        return render(self, width=width)
 
     # -- files ------------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -205,29 +179,9 @@ def load_plan(path: str | Path) -> Plan:
     return Plan.from_json(data, source=str(p))
 
 
-_LAYER = re.compile(r"\.(\d+)\.")
-
-
-def _collapse_layers(placements: dict[str, tuple[str, ...]]) -> list[tuple[str, tuple[str, ...], int]]:
-    """Group ``layers.0.x``, ``layers.1.x`` … with equal placements into one ``layers.*.x`` row."""
-    groups: dict[tuple[str, tuple[str, ...]], int] = {}
-    for fqn, placement in placements.items():
-        key = (_LAYER.sub(".*.", fqn, count=1), placement)
-        groups[key] = groups.get(key, 0) + 1
-    return [(pattern, placement, count) for (pattern, placement), count in groups.items()]
-
-
 def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-def _seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} us"

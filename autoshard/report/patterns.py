@@ -1,0 +1,415 @@
+"""Recognise the named parallelisms in a plan, and say in words what each module group does.
+
+Input: a :class:`~autoshard.report.groups.PlanView`.
+Output: :func:`recognise` → a list of :class:`Pattern` (name, mesh axes, where, evidence), and
+:func:`describe_group` → one phrase list per module group ("attention by heads on axis 1, MLP column→row on
+axis 1, batch on axis 0").
+
+Everything is read from what the plan records: each op's strategy label, each parameter's stored placement and
+the collectives of one step.  The role of an op on one mesh axis:
+
+- a matmul-like op (``linear``, ``addmm``, ``mm``, grouped MoE matmul; see ``WEIGHT_LAYOUT``): ``row`` when its
+  output is ``P`` or its weight is split on the contracted dim, ``column`` when the weight is split on the
+  output-feature dim, ``experts`` when a grouped matmul's weight is split on the expert dim, otherwise the
+  activation decides: ``batch`` (dim 0 split) or ``sequence`` (a later dim split, weight whole);
+- ``scaled_dot_product_attention`` (``(B, H, S, D)`` operands): ``batch``, ``heads`` or ``sequence``;
+- an embedding: ``vocab`` (weight dim 0 split) or ``hidden`` (dim 1);
+- a norm or any other op on ``(B, S, H)`` activations: ``batch`` (dim 0) or ``sequence`` (dim 1).
+
+The named patterns follow REFERENCE.md ("Canonical plans"): data parallel (batch split, weights replicated,
+gradients all-reduced), FSDP / ZeRO-3 (weights stored split and all-gathered before use), Megatron column→row
+(a column-split matmul feeding a row-split one with no all-gather between), head-parallel attention,
+vocab-parallel embedding and LM head, sequence parallel (norms split by sequence; Megatron-style next to
+tensor parallelism, Ulysses-style when all-to-alls surround attention), expert parallel.
+
+Example::
+
+    for p in recognise(PlanView.of(plan)):
+        print(p)            # "Megatron column→row on axis 0: fc1 → fc2 (...)"
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from autoshard.report.groups import Group, OpRow, PlanView
+from autoshard.report.labels import Spec, axes_text, fmt_bytes, shard_dim
+
+__all__ = ["Pattern", "axis_role", "describe_group", "recognise"]
+
+_PART_TITLE = {
+    "attention": "attention",
+    "mlp": "MLP",
+    "experts": "experts",
+    "head": "output layer",
+    "other": "linears",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """A named parallelism seen in the plan."""
+
+    name: str
+    axes: tuple[int, ...]
+    where: tuple[str, ...]
+    evidence: str
+
+    def __str__(self) -> str:
+        where = f": {', '.join(self.where)}" if self.where else ""
+        return f"{self.name} on {axes_text(self.axes)}{where} ({self.evidence})"
+
+
+# -- roles of one op on one axis -------------------------------------------------------------------------------
+
+
+def axis_role(row: OpRow, axis: int) -> str | None:
+    """What ``row`` does on mesh ``axis`` (see the module docstring); ``None``: nothing to say."""
+    if row.kind in ("matmul", "grouped_mm", "embedding"):
+        return _weighted_role(row, axis)
+    if row.kind == "attention":
+        return {0: "batch", 1: "heads", 2: "sequence"}.get(_dim(row.label.input(0), axis) or -1)
+    if row.kind == "view":
+        return None
+    dim = _dim(row.label.output, axis)
+    if dim is None:
+        return "partial" if _at(row.label.output, axis) == "P" else None
+    if dim == 0:
+        return "batch"
+    # a norm normalises the last dim, so a split dim 1 of its (B, S, H) input is the sequence; elsewhere a
+    # dim-1 split may be features of a 2-D activation
+    return "sequence" if row.kind == "norm" or row.part == "norm" else f"dim {dim}"
+
+
+def _weighted_role(row: OpRow, axis: int) -> str | None:
+    layout = row.layout
+    assert layout is not None
+    w = _dim(row.label.input(layout.weight), axis)
+    if row.kind == "embedding":
+        if w is not None:
+            return "vocab" if w == layout.in_dim else "hidden"
+    elif _at(row.label.output, axis) == "P" or (w is not None and w == layout.in_dim):
+        return "row"
+    elif w is not None:
+        return "experts" if row.kind == "grouped_mm" and w == 0 else "column"
+    x = _dim(row.label.input(layout.activation), axis)
+    if x is None:
+        return None
+    return "batch" if x == 0 else "sequence"
+
+
+def _at(spec: Spec | None, axis: int) -> str | None:
+    return spec[axis] if spec is not None and axis < len(spec) else None
+
+
+def _dim(spec: Spec | None, axis: int) -> int | None:
+    placement = _at(spec, axis)
+    return shard_dim(placement) if placement is not None else None
+
+
+# -- per-group description -------------------------------------------------------------------------------------
+
+
+def describe_group(view: PlanView, group: Group) -> list[str]:
+    """Phrases for one module group, each naming its axes: ``["batch on axis 0", ...]``."""
+    ndim = len(view.plan.mesh_shape)
+    phrases: dict[str, list[int]] = defaultdict(list)
+    a2a = _all_to_all_axes(view, group)
+    fsdp = _fsdp_axes(view, set(group.params))
+    for axis in range(ndim):
+        for phrase in _group_phrases(group, axis, a2a.get(axis, set()), axis in fsdp):
+            phrases[phrase].append(axis)
+    if not phrases:
+        return ["replicated (every device computes all of it)"]
+    return [f"{p} on {axes_text(axes)}" for p, axes in phrases.items()]
+
+
+def _group_phrases(group: Group, axis: int, a2a_parts: set[str], fsdp: bool) -> list[str]:
+    roles: dict[str, set[str]] = defaultdict(set)  # part -> roles of its weighted ops / attention
+    data: set[str] = set()
+    other: set[str] = set()
+    for row in group.ops:
+        role = axis_role(row, axis)
+        if role is None:
+            continue
+        if row.kind in ("matmul", "grouped_mm", "embedding", "attention"):
+            roles[row.part].add(role)
+        if role in ("batch", "sequence"):
+            data.add(role)
+        elif role.startswith("dim "):
+            other.add(role)
+    out = [_attention_phrase(roles.get("attention", set()), "attention" in a2a_parts)]
+    for part in ("mlp", "experts", "head", "other"):
+        out.append(_linear_phrase(_PART_TITLE[part], roles.get(part, set())))
+    out.append(_embedding_phrase(roles.get("embedding", set())))
+    out += [role for role in ("batch", "sequence") if role in data]
+    if fsdp:
+        out.append("weights FSDP-sharded")
+    tensor_parallel = any(r & {"column", "row"} for r in roles.values())
+    if tensor_parallel and "dim 1" in other and "sequence" not in data:  # Megatron sequence parallelism
+        out.append("sequence")
+        other.discard("dim 1")
+    out = [p for p in out if p]
+    if not out and other:
+        out.append("activations split on " + ", ".join(sorted(other)))
+    return out
+
+
+def _attention_phrase(roles: set[str], all_to_all: bool) -> str:
+    how = ""
+    if "column" in roles and "row" in roles:
+        how = " (column→row projections)"
+    elif all_to_all:
+        how = " (all-to-all)"
+    if "heads" in roles:
+        return "attention by heads" + how
+    if "sequence" in roles and "batch" not in roles:
+        return "attention by sequence (context parallel)"
+    return "attention column→row" if how.startswith(" (column") else ""
+
+
+def _linear_phrase(title: str, roles: set[str]) -> str:
+    if "experts" in roles:
+        return f"{title} split by expert"
+    if "column" in roles and "row" in roles:
+        return f"{title} column→row"
+    if "column" in roles:
+        return f"{title} column-split"
+    if "row" in roles:
+        return f"{title} row-split"
+    return ""
+
+
+def _embedding_phrase(roles: set[str]) -> str:
+    if "vocab" in roles:
+        return "embedding split by vocabulary"
+    return "embedding split by hidden dim" if "hidden" in roles else ""
+
+
+def _all_to_all_axes(view: PlanView, group: Group) -> dict[int, set[str]]:
+    """axis -> parts of ``group`` whose ops receive a forward all-to-all on that axis."""
+    names = {r.node.name for r in group.ops}
+    out: dict[int, set[str]] = defaultdict(set)
+    for c in view.plan.collectives:
+        if c.phase != "forward" or c.kind != "all_to_all":
+            continue
+        row = view.consumer(c)
+        if row is not None and row.node.name in names:
+            out[c.mesh_axis].add(row.part)
+    return out
+
+
+def _fsdp_axes(view: PlanView, fqns: set[str] | None = None) -> dict[int, list[str]]:
+    """axis -> parameters stored split on it and all-gathered in the forward (FSDP / ZeRO-3)."""
+    out: dict[int, list[str]] = defaultdict(list)
+    for c in view.plan.collectives:
+        if c.phase != "forward" or c.kind != "all_gather" or c.tensor not in view.param_nodes:
+            continue
+        fqn = view.param_nodes[c.tensor]
+        if (fqns is None or fqn in fqns) and fqn not in out[c.mesh_axis]:
+            out[c.mesh_axis].append(fqn)
+    return out
+
+
+# -- named patterns --------------------------------------------------------------------------------------------
+
+
+def recognise(view: PlanView) -> list[Pattern]:
+    """Every named pattern the plan shows, in a fixed order."""
+    ndim = len(view.plan.mesh_shape)
+    found = _data_parallel(view)
+    for detector in (_fsdp, _megatron, _heads, _vocab, _sequence, _experts):
+        per_axis = [detector(view, axis) for axis in range(ndim)]
+        found += _merge_axes([p for p in per_axis if p is not None])
+    return found
+
+
+def _merge_axes(patterns: list[Pattern]) -> list[Pattern]:
+    """One line for a pattern seen on several axes with the same where and evidence."""
+    merged: dict[tuple[str, tuple[str, ...], str], list[int]] = {}
+    for p in patterns:
+        merged.setdefault((p.name, p.where, p.evidence), []).extend(p.axes)
+    return [Pattern(name, tuple(axes), where, ev) for (name, where, ev), axes in merged.items()]
+
+
+def _matmul_share(view: PlanView, axis: int, role: str) -> float:
+    rows = [r for r in view.ops if r.kind in ("matmul", "grouped_mm")]
+    total = sum(r.node.compute_seconds for r in rows)
+    share = sum(r.node.compute_seconds for r in rows if axis_role(r, axis) == role)
+    return share / total if total else 0.0
+
+
+def _data_parallel(view: PlanView) -> list[Pattern]:
+    """Axes where the batch is split and most parameters are replicated (one pattern for all of them)."""
+    placements = view.plan.param_placements
+    axes = [
+        a
+        for a in range(len(view.plan.mesh_shape))
+        if _matmul_share(view, a, "batch") >= 0.5 and 2 * len(_replicated(placements, a)) >= len(placements)
+    ]
+    if not axes:
+        return []
+    replicated = set.intersection(*(_replicated(placements, a) for a in axes))
+    sync = sum(
+        c.nbytes
+        for c in view.plan.collectives
+        if c.phase == "backward" and c.mesh_axis in axes and view.param_nodes.get(c.tensor) in replicated
+    )
+    evidence = f"batch split; {len(replicated)} of {len(placements)} parameters replicated"
+    evidence += f", gradient sync {fmt_bytes(sync)} per step" if sync else ""
+    return [Pattern("data parallel", tuple(axes), (), evidence)]
+
+
+def _replicated(placements: dict[str, tuple[str, ...]], axis: int) -> set[str]:
+    return {f for f, spec in placements.items() if axis < len(spec) and spec[axis] == "R"}
+
+
+def _fsdp(view: PlanView, axis: int) -> Pattern | None:
+    gathers = [
+        c
+        for c in view.plan.collectives
+        if c.phase == "forward"
+        and c.kind == "all_gather"
+        and c.mesh_axis == axis
+        and c.tensor in view.param_nodes
+    ]
+    if not gathers:
+        return None
+    moved = sum(c.nbytes for c in gathers)
+    count = len({(c.tensor, c.layer) for c in gathers})
+    evidence = (
+        f"{count} parameter{'s' * (count != 1)} stored split, all-gathered before use "
+        f"({fmt_bytes(moved)} per step), gradients reduce-scattered"
+    )
+    return Pattern("FSDP / ZeRO-3", (axis,), (), evidence)
+
+
+def _megatron(view: PlanView, axis: int) -> Pattern | None:
+    pairs: list[str] = []
+    gathers = _forward_gather_consumers(view, axis)
+    for group in _sections(view):
+        for part in ("attention", "mlp", "experts", "head", "other"):
+            pair = _column_row_pair(group, part, axis, gathers)
+            if pair:
+                pairs.append(pair)
+    if not pairs:
+        return None
+    return Pattern("Megatron column→row", (axis,), tuple(pairs), "no collective between the pair")
+
+
+def _sections(view: PlanView) -> list[Group]:
+    """Each layer stack alone, and every op outside the stacks as one sequence (pairs may span modules)."""
+    groups = view.groups()
+    stacks = [g for g in groups if g.count > 1]
+    outside = tuple(r for r in view.ops if all(r.group != g.name for g in stacks))
+    return [*stacks, Group("", 1, outside, ())] if outside else stacks
+
+
+def _forward_gather_consumers(view: PlanView, axis: int) -> set[str]:
+    """Ops that receive an all-gathered activation in the forward on ``axis``."""
+    found = set()
+    for c in view.plan.collectives:
+        if (
+            c.phase == "forward"
+            and c.kind == "all_gather"
+            and c.mesh_axis == axis
+            and c.tensor not in view.param_nodes
+        ):
+            row = view.consumer(c)
+            if row is not None:
+                found.add(row.node.name)
+    return found
+
+
+def _column_row_pair(group: Group, part: str, axis: int, gathers: set[str]) -> str | None:
+    """``"mlp.c_fc → mlp.c_proj"`` when a column op is followed by a row op with no all-gather between."""
+    rows = [r for r in group.ops if r.part == part]
+    cols: list[OpRow] = []
+    for row in rows:
+        if row.node.name in gathers and cols:
+            cols = []  # an all-gather undoes the column split: not Megatron
+        role = axis_role(row, axis) if row.kind in ("matmul", "grouped_mm") else None
+        if role == "column":
+            cols.append(row)
+        elif role == "row" and cols:
+            return _pair_text(cols, row, group)
+    return None
+
+
+def _pair_text(cols: list[OpRow], row: OpRow, group: Group) -> str:
+    """``fc1 → fc2``; ops of one module (fused experts) are named by op: ``experts: _grouped_mm → ...``."""
+    modules = {_short(r, group) for r in (*cols, row)}
+    if len(modules) == 1:
+        names = ", ".join(c.node.name for c in cols)
+        return f"{modules.pop()}: {names} → {row.node.name}"
+    names = ", ".join(dict.fromkeys(_short(c, group) for c in cols))
+    return f"{names} → {_short(row, group)}"
+
+
+def _short(row: OpRow, group: Group) -> str:
+    inside = row.local or row.node.module
+    return f"{group.name}.{inside}" if group.count > 1 and inside else inside or group.name
+
+
+def _heads(view: PlanView, axis: int) -> Pattern | None:
+    groups = [g.name for g in view.groups() if any(_is(r, "attention", axis, "heads") for r in g.ops)]
+    if not groups:
+        return None
+    a2a = any("attention" in _all_to_all_axes(view, g).get(axis, set()) for g in view.groups())
+    how = "all-to-all before and after attention" if a2a else "q/k/v split by heads, no collective inside"
+    return Pattern("head-parallel attention", (axis,), tuple(groups), how)
+
+
+def _vocab(view: PlanView, axis: int) -> Pattern | None:
+    embed = [r for r in view.ops if _is(r, "embedding", axis, "vocab")]
+    head = [r for r in view.ops if r.kind == "matmul" and r.part == "head" and axis_role(r, axis) == "column"]
+    where = tuple(dict.fromkeys(r.group for r in embed + head))
+    if not where:
+        return None
+    name = "vocab-parallel embedding" if embed else "vocab-parallel LM head"
+    if embed and head:
+        name = "vocab-parallel embedding and LM head"
+    return Pattern(name, (axis,), where, "split over the vocabulary")
+
+
+def _sequence(view: PlanView, axis: int) -> Pattern | None:
+    norms = [r for r in view.ops if r.part == "norm" and r.kind != "view"]
+    split = [r for r in norms if axis_role(r, axis) == "sequence"]
+    if any(_is(r, "attention", axis, "sequence") for r in view.ops):
+        return Pattern("sequence / context parallel", (axis,), (), "attention itself split by sequence")
+    if _megatron_sp(view, axis):
+        how = "Megatron-style: reduce-scatter after row-split, all-gather before column-split"
+        return Pattern("sequence parallel", (axis,), (), how)
+    if not split or len(split) * 2 < len(norms):
+        return None
+    if any("attention" in _all_to_all_axes(view, g).get(axis, set()) for g in view.groups()):
+        return Pattern(
+            "sequence parallel", (axis,), (), "Ulysses-style: all-to-all to heads around attention"
+        )
+    return Pattern("sequence parallel", (axis,), (), "norms and activations split by sequence")
+
+
+def _megatron_sp(view: PlanView, axis: int) -> bool:
+    """A row-split op's partial output reduce-scattered and a column-split op's input all-gathered."""
+    forward = [c for c in view.plan.collectives if c.phase == "forward" and c.mesh_axis == axis]
+    scatter = any(c.kind == "reduce_scatter" and _role_of(view.row(c.tensor), axis) == "row" for c in forward)
+    gather = any(c.kind == "all_gather" and _role_of(view.consumer(c), axis) == "column" for c in forward)
+    return scatter and gather
+
+
+def _role_of(row: OpRow | None, axis: int) -> str | None:
+    return axis_role(row, axis) if row is not None and row.kind in ("matmul", "grouped_mm") else None
+
+
+def _experts(view: PlanView, axis: int) -> Pattern | None:
+    rows = [r for r in view.ops if r.kind == "grouped_mm" and axis_role(r, axis) == "experts"]
+    if not rows:
+        return None
+    a2a = sum(1 for c in view.plan.collectives if c.kind == "all_to_all" and c.mesh_axis == axis)
+    where = tuple(dict.fromkeys(r.group for r in rows))
+    return Pattern("expert parallel", (axis,), where, f"experts split, {a2a} all-to-alls per step")
+
+
+def _is(row: OpRow, kind: str, axis: int, role: str) -> bool:
+    return row.kind == kind and axis_role(row, axis) == role

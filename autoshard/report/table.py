@@ -1,0 +1,355 @@
+"""The text report of a plan: what was decided, what one step costs, and how it compares with data parallel.
+
+Input: a :class:`~autoshard.plans.Plan`, optionally a :class:`Baseline` (the same model planned as pure data
+parallel, or why that is impossible) and the wall time the planning took.
+Output: lines of at most ``width`` columns (default 100):
+
+1. the cluster and its mesh (which axes cross nodes);
+2. the strategy per module group, repeated layers shown once (``model.layers.0–31 (×32)``);
+3. the named patterns recognised (:mod:`autoshard.report.patterns`);
+4. the collectives of one step, grouped by phase, kind, axis and purpose, with bytes and time;
+5. step time with its compute / communication split and memory per device against capacity, beside the
+   data-parallel baseline;
+6. the solver's certificate, stage timings and the plan's notes.
+
+:func:`report_data` returns the same content as plain JSON-able data for ``autoshard search --json``.
+
+Example::
+
+    print(render(plan, baseline=Baseline.of(dp_plan)))
+    print(render(plan, baseline=Baseline.impossible("does not fit: ...")))
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from autoshard.plans import Collective, Plan
+from autoshard.report.groups import Group, PlanView
+from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text
+from autoshard.report.patterns import describe_group, recognise
+
+__all__ = ["Baseline", "collective_rows", "render", "report_data"]
+
+MINOR_SHARE = 0.005  # groups below this share of compute, without parameters, are listed by name only
+MAX_COLLECTIVE_ROWS = 12
+MAX_PARAMETER_ROWS = 24
+_STAGE_NAMES = {"strategies_and_costs": "strategies"}
+_PHASE = {"forward": "fwd", "backward": "bwd"}
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """The figures of a comparison plan (pure data parallel), or why there is none (``step_time`` is None)."""
+
+    name: str
+    step_time: float | None = None
+    compute: float = 0.0
+    communication: float = 0.0
+    memory: float = 0.0
+    param_memory: float = 0.0
+    device_memory: float = 0.0
+    reason: str = ""
+
+    @classmethod
+    def of(cls, plan: Plan, name: str = "data parallel") -> Baseline:
+        return cls(
+            name,
+            plan.predicted_step_time,
+            plan.compute_time,
+            plan.communication_time,
+            plan.memory_per_device,
+            _param_memory(plan),
+            plan.device_memory,
+        )
+
+    @classmethod
+    def impossible(cls, reason: str, name: str = "data parallel") -> Baseline:
+        return cls(name, reason=reason)
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> Baseline | None:
+        """Read back the ``baseline`` block of :func:`report_data` (``None`` when absent or malformed)."""
+        data = report.get("baseline")
+        if not isinstance(data, dict):
+            return None
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        try:
+            return cls(**fields)
+        except TypeError:
+            return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRow:
+    """Collectives of one step sharing phase, kind, axis and purpose."""
+
+    phase: str
+    kind: str
+    axis: int
+    purpose: str  # "gradient sync", "weight gather", "activations", "output"
+    where: str
+    count: int
+    nbytes: int
+    seconds: float
+
+
+def render(
+    plan: Plan,
+    *,
+    baseline: Baseline | None = None,
+    width: int = 100,
+    planned_seconds: float | None = None,
+    memory_budget: float | None = None,
+) -> str:
+    """The whole report as one string; every line fits ``width`` columns.
+
+    ``memory_budget``: the per-device limit the plan was made under (bytes), when not the device's memory.
+    """
+    view = PlanView.of(plan)
+    sections = [
+        _header(plan, width),
+        _strategy(view, width),
+        _placements(view, width),
+        _patterns(view, width),
+        _collectives(view, width),
+        _figures(plan, baseline, width, memory_budget),
+        _footer(plan, planned_seconds, width),
+    ]
+    text = "\n\n".join("\n".join(lines) for lines in sections if lines)
+    return "\n".join(_fit(line, width) for line in text.splitlines())
+
+
+def _fit(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
+    """``text`` wrapped to ``width``; continuation lines start with ``indent``, the first with ``first``."""
+    start = indent if first is None else first
+    return textwrap.wrap(text, width, initial_indent=start, subsequent_indent=indent) or [start]
+
+
+# -- sections --------------------------------------------------------------------------------------------------
+
+
+def _header(plan: Plan, width: int) -> list[str]:
+    mode = "training" if plan.training else "inference"
+    lines = [f"autoshard plan: {plan.model}, {mode}, {plan.num_devices} devices"]
+    description = str(plan.cluster.get("description", "")) or f"mesh {plan.mesh_shape}"
+    hardware, _, mesh = description.partition("\n")
+    lines += _wrap(hardware, width, " " * 10, "cluster   ")
+    if mesh:
+        lines += _wrap(mesh.removeprefix("mesh "), width, " " * 10, "mesh      ")
+    return lines
+
+
+def _strategy(view: PlanView, width: int) -> list[str]:
+    groups = view.groups()
+    total = sum(g.compute for g in groups) or 1.0
+    shown = [g for g in groups if g.params or g.compute / total >= MINOR_SHARE]
+    minor = [g.name for g in groups if g not in shown]
+    names = [_group_title(g) for g in shown]
+    column = min(max((len(n) for n in names), default=0) + 2, 34)
+    lines = ["strategy by module group"]
+    for group, name in zip(shown, names, strict=True):
+        text = ", ".join(describe_group(view, group))
+        first = f"  {name:<{column}}" if len(name) < column else f"  {name}  "
+        lines += _wrap(text, width, " " * (column + 2), first)
+    if minor:
+        plural = "s" * (len(minor) != 1)
+        lines += _wrap(
+            f"({len(minor)} small group{plural} without parameters: {', '.join(minor)})", width, "    ", "  "
+        )
+    return lines
+
+
+def _placements(view: PlanView, width: int) -> list[str]:
+    """One row per parameter, repeated layers collapsed; the notation annotations accept."""
+    rows = dict.fromkeys((view.layer_of(fqn), spec) for fqn, spec in view.plan.param_placements.items())
+    if not rows:
+        return []
+    column = min(max(len(name) for name, _ in rows) + 2, width - 24)
+    lines = ["parameter placements (per mesh axis)"]
+    for name, spec in list(rows)[:MAX_PARAMETER_ROWS]:
+        lines.append(f"  {name:<{column}}{spec_text(spec)}")
+    if len(rows) > MAX_PARAMETER_ROWS:
+        lines.append(f"  … {len(rows) - MAX_PARAMETER_ROWS} more (autoshard search --json lists all)")
+    return lines
+
+
+def _group_title(group: Group) -> str:
+    return f"{group.name} (×{group.count})" if group.count > 1 else group.name
+
+
+def _patterns(view: PlanView, width: int) -> list[str]:
+    patterns = recognise(view)
+    lines = ["patterns recognised"]
+    for p in patterns:
+        lines += _wrap(str(p), width, "    ", "  ")
+    if not patterns:
+        lines.append("  none: every device runs the whole model on the whole batch")
+    return lines
+
+
+def collective_rows(view: PlanView) -> list[CollectiveRow]:
+    """The step's collectives grouped by (phase, kind, axis, purpose, where), most time first."""
+    buckets: dict[tuple[str, str, int, str, str], list[Collective]] = defaultdict(list)
+    for c in view.plan.collectives:
+        purpose, where = _purpose(view, c)
+        buckets[(c.phase, c.kind, c.mesh_axis, purpose, where)].append(c)
+    rows = [
+        CollectiveRow(
+            *key[:4], _where(key[4], cs), len(cs), sum(c.nbytes for c in cs), sum(c.seconds for c in cs)
+        )
+        for key, cs in buckets.items()
+    ]
+    return sorted(rows, key=lambda r: (-r.seconds, r.phase, r.kind, r.axis, r.where))
+
+
+def _where(collapsed: str, cs: list[Collective]) -> str:
+    """The collapsed module path, unless every collective of the row is in one layer (then that layer's)."""
+    layers = {c.layer for c in cs}
+    modules = {c.module for c in cs}
+    return modules.pop() if len(layers) == 1 and None not in layers and len(modules) == 1 else collapsed
+
+
+def _purpose(view: PlanView, c: Collective) -> tuple[str, str]:
+    """(purpose, where): gradient sync and weight gathers of parameters, else activations at a module."""
+    if c.tensor in view.param_nodes:
+        return ("weight all-gather (FSDP)" if c.phase == "forward" else "gradient sync"), ""
+    if c.node == "output":
+        return "output of", view.layer_of(c.module)
+    return "activations", view.layer_of(c.module) or c.node
+
+
+def _collectives(view: PlanView, width: int) -> list[str]:
+    rows = collective_rows(view)
+    head = f"  {'':<4}{'kind':<15}{'axis':>4}{'count':>6}{'bytes':>11}{'time':>10}  what"
+    lines = ["collectives of one step (fwd: forward, bwd: backward)", head]
+    for r in rows[:MAX_COLLECTIVE_ROWS]:
+        what = f"at {r.where}" if r.purpose == "activations" else f"{r.purpose} {r.where}".strip()
+        lines.append(
+            f"  {_PHASE.get(r.phase, r.phase):<4}{r.kind:<15}{r.axis:>4}{r.count:>6}{fmt_bytes(r.nbytes):>11}"
+            f"{fmt_seconds(r.seconds):>10}  {what}"
+        )
+    rest = rows[MAX_COLLECTIVE_ROWS:]
+    if rest:
+        n, secs = sum(r.count for r in rest), sum(r.seconds for r in rest)
+        lines.append(f"  … {len(rest)} more rows: {n} collectives, {fmt_seconds(secs)}")
+    if not rows:
+        return ["collectives of one step", "  none: no device ever waits for another"]
+    lines.append(_totals(view.plan.collectives))
+    return lines
+
+
+def _totals(collectives: tuple[Collective, ...]) -> str:
+    parts = []
+    for phase in ("forward", "backward"):
+        cs = [c for c in collectives if c.phase == phase]
+        if cs:
+            parts.append(
+                f"{phase} {len(cs)} ({fmt_bytes(sum(c.nbytes for c in cs))}, "
+                f"{fmt_seconds(sum(c.seconds for c in cs))})"
+            )
+    return "  total: " + "; ".join(parts)
+
+
+def _figures(plan: Plan, baseline: Baseline | None, width: int, budget: float | None) -> list[str]:
+    dp = baseline if baseline is not None and baseline.step_time is not None else None
+    mine_params = _param_memory(plan)
+    names = ("step time", "  compute", "  communication", "memory per device", "  weights, grads, optimizer")
+    mine: tuple[float, ...] = (plan.predicted_step_time, plan.compute_time, plan.communication_time)
+    mine += (plan.memory_per_device, mine_params, plan.memory_per_device - mine_params)
+    theirs: tuple[float, ...] = ()
+    if dp is not None and dp.step_time is not None:
+        theirs = (dp.step_time, dp.compute, dp.communication, dp.memory, dp.param_memory)
+        theirs += (dp.memory - dp.param_memory,)
+    lines = [f"{'predicted step time, memory':<30}{'this plan':>12}" + (f"{dp.name:>16}" if dp else "")]
+    for i, name in enumerate((*names, "  activations")):
+        fmt = fmt_seconds if i < 3 else fmt_bytes
+        lines.append(f"  {name:<28}{fmt(mine[i]):>12}" + (f"{fmt(theirs[i]):>16}" if theirs else ""))
+    lines.append(_capacity(plan, budget))
+    return lines + _comparison(plan, baseline, width)
+
+
+def _capacity(plan: Plan, budget: float | None) -> str:
+    limit = budget if budget is not None else plan.device_memory
+    what = f"memory budget {fmt_bytes(limit)}" if budget is not None else f"device memory {fmt_bytes(limit)}"
+    share = plan.memory_per_device / limit if limit else 0.0
+    return f"  {what}: this plan uses {share:.0%}"
+
+
+def _param_memory(plan: Plan) -> float:
+    fqns = set(plan.param_placements)
+    return sum(n.memory_bytes for n in plan.nodes if n.target == "placeholder" and n.module in fqns)
+
+
+def _comparison(plan: Plan, baseline: Baseline | None, width: int) -> list[str]:
+    if baseline is None:
+        return []
+    if baseline.step_time is None:
+        return _wrap(f"{baseline.name}: {baseline.reason}", width, "    ", "  ")
+    ratio = baseline.step_time / plan.predicted_step_time if plan.predicted_step_time else 1.0
+    verdict = f"as fast as {baseline.name} (within 0.5%)"
+    if ratio >= 1.005:
+        verdict = f"{ratio:.2f}x faster than {baseline.name}"
+    elif ratio < 0.995:  # only when annotations or a budget constrain this plan more than the baseline
+        verdict = f"{1 / ratio:.2f}x slower than {baseline.name}"
+    return [f"  this plan is {verdict}"]
+
+
+def _footer(plan: Plan, planned_seconds: float | None, width: int) -> list[str]:
+    s = plan.solver
+    proof = "optimal" if s.optimal else f"not proven optimal (gap {s.gap:.2%})"
+    line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}"
+    stages = ", ".join(
+        f"{_STAGE_NAMES.get(k, k)} {fmt_seconds(v)}" for k, v in plan.timings.items() if k != "total"
+    )
+    if planned_seconds is not None:
+        line += f"; planned in {planned_seconds:.1f} s"
+    if stages:
+        line += f" ({stages})"
+    lines = _wrap(line, width, "  ", "")
+    for note in plan.notes:
+        lines += _wrap(note, width, "      ", "note: ")
+    return lines
+
+
+# -- machine-readable ------------------------------------------------------------------------------------------
+
+
+def report_data(plan: Plan, baseline: Baseline | None = None) -> dict[str, Any]:
+    """The report's content as JSON-able data (groups, patterns, collective rows, baseline)."""
+    view = PlanView.of(plan)
+    data: dict[str, Any] = {
+        "groups": [
+            {"name": g.name, "layers": g.count, "strategy": describe_group(view, g)} for g in view.groups()
+        ],
+        "patterns": [
+            {"name": p.name, "axes": list(p.axes), "where": list(p.where), "evidence": p.evidence}
+            for p in recognise(view)
+        ],
+        "collectives": [
+            {
+                "phase": r.phase,
+                "kind": r.kind,
+                "mesh_axis": r.axis,
+                "purpose": r.purpose,
+                "where": r.where,
+                "count": r.count,
+                "nbytes": r.nbytes,
+                "seconds": r.seconds,
+            }
+            for r in collective_rows(view)
+        ],
+    }
+    if baseline is not None:
+        data["baseline"] = baseline.as_dict()
+    return data

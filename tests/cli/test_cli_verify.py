@@ -1,0 +1,53 @@
+"""``autoshard verify``: wired to ``autoshard.runtime.verify.run_verify`` when the build has it."""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from autoshard.cli import VERIFY_MODULE
+
+
+def test_verify_runs_a_tiny_model_on_two_processes(cli) -> None:
+    pytest.importorskip(VERIFY_MODULE)
+    r = cli("verify", "--model", "mlp-deep", "--nproc", "2")
+    assert r.code == 0, r.err
+    assert r.out.startswith("verify mlp-deep on mesh (2,)") and "OK" in r.out
+
+
+def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch) -> None:
+    module = pytest.importorskip(VERIFY_MODULE)
+    calls: list[tuple[Any, ...]] = []
+
+    def fake(spec: str, nproc: int, mesh: Any, profile: str, **kwargs: Any) -> SimpleNamespace:
+        calls.append((spec, nproc, mesh, profile, kwargs))
+        return SimpleNamespace(ok=False)
+
+    monkeypatch.setattr(module, "run_verify", fake)
+    r = cli(
+        "verify", "--model", "llama-tiny", "--nproc", "4", "--mesh", "2x2", "--profile", "a100x8",
+        "--annotate", "fc1=column", "--float64",
+    )  # fmt: skip
+    assert r.code == 1
+    assert calls == [("llama-tiny", 4, (2, 2), "a100x8", {"annotations": {"fc1": "column"}, "float64": True})]
+
+
+def test_verify_missing_from_the_build(cli, monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == VERIFY_MODULE else real(name, *a)
+    )
+    r = cli("verify", "--model", "mlp-deep", "--nproc", "2")
+    assert r.code == 2
+    assert r.err.strip() == (
+        f"autoshard: error: verify is not available in this build ({VERIFY_MODULE} is missing); "
+        "plan with `autoshard search`"
+    )
+
+
+def test_verify_usage_errors(cli) -> None:
+    assert cli("verify", "--model", "mlp-deep").code == 2  # --nproc is required
+    assert cli("verify", "--model", "mlp-deep", "--nproc", "0").code == 2
