@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -51,6 +51,7 @@ def plan(
     search: SearchMethod = "auto",
     time_limit: float = 60.0,
     blocks: Literal["auto", "full"] | None = "auto",
+    progress: Callable[[str], None] | None = None,
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -66,12 +67,16 @@ def plan(
         search: ``"auto"`` (exact, CP-SAT under a binding budget), ``"exact"``, ``"ilp"`` or ``"propagate"``.
         time_limit: seconds for the solver; past it the best plan and its gap are reported.
         blocks: ``"auto"`` solves identical repeated layers once; ``None`` plans the full graph.
+        progress: called with the name of each stage as it starts ("capture", "strategies", "solve",
+            "recompute" when the plan is retried with activation recomputation).
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError: all :class:`AutoshardError`.
     """
     timings: dict[str, float] = {}
     start = time.perf_counter()
+    say = progress or (lambda stage: None)
+    say("capture")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     captured = capture(model, args, dict(example_kwargs or {}), blocks=blocks)
     timings["capture"] = time.perf_counter() - start
@@ -81,8 +86,10 @@ def plan(
     error: InfeasibleError | None = None
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy if training else Recompute.NONE)
+        say("strategies" if policy is policies[0] else "recompute")
         built = _build(captured, cluster, opts, annotations, limit, timings)
         try:
+            say("solve")
             t0 = time.perf_counter()
             solution = solve(built.problem, method=search, time_limit=time_limit)
             timings["solve"] = time.perf_counter() - t0
@@ -100,6 +107,7 @@ def plan(
             output_order=_output_order(captured),
             timings=timings,
             notes=tuple(notes),
+            memory_limit=limit if limit != float("inf") else None,
         )
     assert error is not None
     raise error

@@ -64,6 +64,7 @@ class NodePlan:
     count: int  # how many nodes of the full model share this decision (repeated layers)
     compute_seconds: float  # forward + backward + optimizer, all copies
     memory_bytes: float  # per device, all copies
+    inputs: tuple[str, ...] = ()  # operand node names, in the order of the strategy label's inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ class Plan:
     solver: SolverReport
     timings: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    memory_limit: float | None = None  # the per-device budget the plan was solved under (None: none)
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -145,7 +147,7 @@ class Plan:
                 param_placements={k: tuple(v) for k, v in data["param_placements"].items()},
                 input_placements={k: tuple(v) for k, v in data["input_placements"].items()},
                 output_placements=tuple(tuple(v) for v in data["output_placements"]),
-                nodes=tuple(NodePlan(**n) for n in data["nodes"]),
+                nodes=tuple(NodePlan(**{**n, "inputs": tuple(n.get("inputs", ()))}) for n in data["nodes"]),
                 collectives=tuple(Collective(**c) for c in data["collectives"]),
                 predicted_step_time=float(data["predicted_step_time"]),
                 compute_time=float(data["compute_time"]),
@@ -155,6 +157,7 @@ class Plan:
                 solver=SolverReport(**{**data["solver"], "log": tuple(data["solver"].get("log", ()))}),
                 timings=dict(data.get("timings", {})),
                 notes=tuple(data.get("notes", ())),
+                memory_limit=data.get("memory_limit"),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -40,6 +40,7 @@ def extract_plan(
     output_order: tuple[str, ...],
     timings: dict[str, float],
     notes: tuple[str, ...] = (),
+    memory_limit: float | None = None,
 ) -> Plan:
     chosen = {
         name: built.strategies[name][k] for name, k in zip(built.variables, solution.choice, strict=True)
@@ -87,6 +88,7 @@ def extract_plan(
         ),
         timings=dict(timings),
         notes=notes,
+        memory_limit=memory_limit,
     )
 
 
@@ -152,7 +154,17 @@ def _node_table(
         total_compute += compute
         total_memory += memory
         rows.append(
-            NodePlan(name, key, info.target, info.fqn or info.module, str(strat), count, compute, memory)
+            NodePlan(
+                name,
+                key,
+                info.target,
+                info.fqn or info.module,
+                str(strat),
+                count,
+                compute,
+                memory,
+                info.inputs,
+            )
         )
     return tuple(rows), total_compute, total_memory
 
@@ -191,9 +203,17 @@ def _edge_collectives(
         )
         # a parameter's gradient synchronisation serves the parameter; everything else serves the consumer
         layers = [(layer, namer.module(consumer.module, layer)) for layer in namer.layers_of_edge(use)]
-        out += _records(steps.forward, "forward", consumer.name, producer.name, layers, built)
-        grad_node = producer.fqn or consumer.name
-        out += _records(steps.backward, "backward", grad_node, producer.name, layers, built)
+        # names of the shared (layer 0) nodes, as in Plan.nodes; Collective.layer tells the copies apart
+        served, moved = built.template[consumer.name], built.template[producer.name]
+        out += _records(steps.forward, "forward", served, moved, layers, built)
+        if producer.fqn:  # gradient synchronisation serves the parameter of each layer
+            for layer, path in layers:
+                fqn = built.infos[moved].fqn
+                out += _records(
+                    steps.backward, "backward", namer.module(fqn, layer), moved, [(layer, path)], built
+                )
+        else:
+            out += _records(steps.backward, "backward", served, moved, layers, built)
     return out
 
 

@@ -42,24 +42,27 @@ def test_dot_text_parses_with_a_cluster_per_stack() -> None:
 
 
 def test_recorded_operands_give_exact_edges() -> None:
-    # what the graph looks like once NodePlan records its operands (a field requested from the plan's owner)
-    @dataclasses.dataclass(frozen=True)
-    class NodeWithInputs(NodePlan):
-        inputs: tuple[str, ...] = ()
-
     plan = cases.megatron_mlp()
     operands = {"linear": ("x", "p_fc1_weight"), "gelu": ("linear",), "linear_1": ("gelu", "p_fc2_weight")}
-    nodes = tuple(
-        NodeWithInputs(
-            **{f.name: getattr(n, f.name) for f in dataclasses.fields(NodePlan)},
-            inputs=operands.get(n.name, ()),
-        )
-        for n in plan.nodes
-    )
+    nodes = tuple(dataclasses.replace(n, inputs=operands.get(n.name, ())) for n in plan.nodes)
     g = plan_graph(dataclasses.replace(plan, nodes=nodes))
     assert "program order" not in g.graph["graph"]["label"]
     solid = {(u, v) for u, v, d in g.edges(data=True) if d.get("style") == "solid" and u.startswith("u")}
     assert solid == {("u0", "u1"), ("u1", "u2"), ("u2", "output")}
+
+
+def test_real_plans_record_operands() -> None:
+    import torch
+
+    import autoshard
+    from autoshard import zoo
+
+    case = zoo.build("mlp", device="meta")
+    plan = autoshard.plan(case.model, autoshard.load_cluster("a100x8"), case.args, case.kwargs)
+    by_name = {n.name: n for n in plan.nodes}
+    assert by_name["linear_1"].inputs[0] == "gelu"
+    assert "program order" not in plan_graph(plan).graph["graph"]["label"]
+    del torch
 
 
 def test_write_dot_and_refuse_images_without_graphviz(tmp_path: Path, monkeypatch) -> None:
