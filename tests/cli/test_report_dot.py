@@ -9,7 +9,6 @@ import pytest
 import report_cases as cases
 from cli_support import parse_dot
 
-from autoshard.plans import NodePlan
 from autoshard.report.dot import REPLICATED_COLOUR, GraphvizError, plan_graph, to_dot, write
 
 
