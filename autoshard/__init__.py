@@ -38,6 +38,8 @@ from autoshard.errors import (
 
 if TYPE_CHECKING:
     from autoshard.cluster import Cluster, load_cluster
+    from autoshard.codegen.parallelize import parallelize
+    from autoshard.runtime.verify import verify
     from autoshard.pipeline import plan
     from autoshard.plans import Plan, load_plan
 
@@ -49,6 +51,8 @@ _LAZY = {
     "Plan": "autoshard.plans",
     "load_plan": "autoshard.plans",
     "plan": "autoshard.pipeline",
+    "parallelize": "autoshard.codegen.parallelize",
+    "verify": "autoshard.runtime.verify",
 }
 
 __all__ = [
@@ -65,7 +69,9 @@ __all__ = [
     "UnsupportedOpError",
     "load_cluster",
     "load_plan",
+    "parallelize",
     "plan",
+    "verify",
 ]
 
 

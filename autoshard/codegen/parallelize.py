@@ -1,0 +1,344 @@
+"""``autoshard.parallelize``: a plan and the model's real weights -> the module this rank runs.
+
+Input: the model (real weights, on the CPU, the same on every rank), its :class:`~autoshard.plans.Plan`, and
+the *global* example inputs the plan was made with (shapes and dtypes are baked into the graph), called on
+every rank of an initialised default process group whose size is ``plan.num_devices``.
+Output: an ``fx.GraphModule`` whose
+
+- ``forward`` takes this rank's *local* inputs (``plan.input_placements``; :func:`shard_inputs` cuts them)
+  and returns its local outputs (``plan.output_placements``: a tensor, or a tuple when the model returns
+  several; :func:`gather_outputs` reassembles them);
+- parameters and buffers are this rank's shards, under the model's own names (tied weights once), so any
+  ``torch.optim`` optimizer steps them; after ``backward`` each holds the gradient of its shard, replicated
+  parameters synchronised as the plan says (the backward steps of their edges);
+- ``code`` shows every collective (``redistribute(x, comm, "<forward steps>", "<backward steps>")``);
+- ``autoshard`` attribute (:class:`ParallelInfo`) keeps the plan, the mesh and what each tensor's spec is,
+  for :func:`full_state_dict` / :func:`load_full_state_dict` (checkpoints) and :func:`full_grads`.
+
+Steps: capture with every layer (``blocks="full"``), read the plan's decision for every node
+(:func:`~autoshard.codegen.assign.assign_strategies`), lower the graph for this rank's coordinate
+(:func:`~autoshard.codegen.lower.lower_graph`) with the cluster the plan was priced on, cut each weight's piece.
+
+Example (on every rank, e.g. under ``torchrun``)::
+
+    init_from_env()
+    module = autoshard.parallelize(model, plan, (ids,))
+    out = module(*shard_inputs(plan, ids))
+    out.sum().backward(); optimizer.step()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import fx, nn
+
+from autoshard.capture import Captured, capture
+from autoshard.cluster import Cluster
+from autoshard.codegen.assign import PlanMismatchError, PlanMismatchWarning, assign_strategies
+from autoshard.codegen.collectives import MeshComm
+from autoshard.codegen.lower import COMM_ATTR, AttrSpec, EdgeRecord, collective_counts, lower_graph
+from autoshard.codegen.shard import gather_full, local_piece, spec_of
+from autoshard.errors import MeshError, ProfileError
+from autoshard.placement import ShardingSpec
+from autoshard.plans import Plan
+
+__all__ = [
+    "INFO_ATTR",
+    "ParallelInfo",
+    "full_grads",
+    "full_state_dict",
+    "gather_outputs",
+    "load_full_state_dict",
+    "parallel_info",
+    "parallelize",
+    "plan_cluster",
+    "rank_coord",
+    "shard_inputs",
+]
+
+
+INFO_ATTR = "autoshard"
+"""Attribute of an emitted module holding its :class:`ParallelInfo` (read it with :func:`parallel_info`)."""
+
+
+@dataclass(frozen=True)
+class ParallelInfo:
+    """What an emitted module knows about itself (``module.autoshard``)."""
+
+    plan: Plan
+    comm: MeshComm
+    attrs: tuple[AttrSpec, ...]
+    inputs: tuple[tuple[str, ShardingSpec, tuple[int, ...]], ...]  # (name, spec, global shape)
+    outputs: tuple[tuple[ShardingSpec, tuple[int, ...]], ...]
+    edges: tuple[EdgeRecord, ...]
+    stateful: frozenset[str] = frozenset()  # FQNs in a state dict: no constants, no non-persistent buffers
+
+    def in_state(self, attr: AttrSpec) -> bool:
+        return attr.fqn in self.stateful
+
+    def collective_counts(self, phase: str | None = None) -> dict[str, int]:
+        """Collectives per kind that one step of this module runs (``phase`` forward/backward, or both)."""
+        return collective_counts(self.edges, phase)
+
+
+def parallelize(
+    model: nn.Module,
+    plan: Plan,
+    example_args: tuple[Any, ...] | Any = (),
+    example_kwargs: Mapping[str, Any] | None = None,
+    *,
+    mesh: Any = None,
+    cluster: Cluster | None = None,
+    captured: Captured | None = None,
+    device: torch.device | str | None = None,
+    record: bool = False,
+) -> fx.GraphModule:
+    """This rank's module under ``plan`` (module doc).
+
+    Args:
+        mesh: a ``DeviceMesh`` of ``plan.mesh_shape``; default one over every rank, row-major.
+        cluster: the cluster the plan was priced on; default rebuilt from ``plan.cluster``.
+        captured: a capture of ``model`` with every layer (``capture(..., blocks="full")``) to reuse.
+        device: where this rank computes; default ``cuda`` under NCCL, else ``cpu``.
+        record: log every collective (``module.autoshard.comm.log``) to compare ranks.
+
+    Raises:
+        MeshError: no process group, or one of the wrong size.  PlanMismatchError: the model is not the one
+        planned.  UnsupportedOpError: a graph codegen cannot lower.
+    """
+    comm = MeshComm.from_device_mesh(mesh if mesh is not None else _mesh(plan), record=record)
+    if comm.mesh_shape != tuple(plan.mesh_shape):
+        raise MeshError(f"mesh {comm.mesh_shape} does not match the plan's mesh {plan.mesh_shape}")
+    args = example_args if isinstance(example_args, tuple) else (example_args,)
+    if captured is None and not args and not example_kwargs and plan.input_placements:
+        raise PlanMismatchError(
+            f"parallelize needs the global example inputs the plan was made with ({', '.join(plan.input_placements)}"
+            "): shapes are baked into the graph; call parallelize(model, plan, example_args, example_kwargs)"
+        )
+    if captured is None:
+        captured = capture(model, args, dict(example_kwargs or {}), blocks="full")
+    strategies = assign_strategies(captured, plan)
+    where = torch.device(device) if device is not None else _default_device()
+    lowered = lower_graph(
+        captured, strategies, cluster or plan_cluster(plan), comm.coord, training=plan.training, device=where
+    )
+    root: dict[str, Any] = {COMM_ATTR: comm}
+    for attr in lowered.attrs:
+        root[attr.fqn] = _local_tensor(model, captured, attr, comm, where)
+    _check_collectives(lowered.edges, plan)
+    module = fx.GraphModule(root, lowered.graph, class_name=f"Parallel{plan.model}")
+    stateful = frozenset(a.fqn for a in lowered.attrs if _in_state_dict(model, a))
+    info = ParallelInfo(
+        plan, comm, lowered.attrs, lowered.input_specs, lowered.output_specs, lowered.edges, stateful
+    )
+    setattr(module, INFO_ATTR, info)
+    return module
+
+
+def parallel_info(module: nn.Module) -> ParallelInfo:
+    """``module.autoshard``: what an emitted module knows about itself."""
+    info = getattr(module, INFO_ATTR, None)
+    if not isinstance(info, ParallelInfo):
+        raise PlanMismatchError(f"{type(module).__name__} was not made by autoshard.parallelize")
+    return info
+
+
+def _check_collectives(edges: Sequence[EdgeRecord], plan: Plan) -> None:
+    """Warn when the emitted collectives are not the plan's (a graph that differs from the planned one in its
+    edges only, e.g. two inputs that were one aliased tensor when planning): results stay right, the plan's
+    time and memory figures do not describe this run."""
+    emitted = Counter((p, str(s.kind), s.mesh_axis, s.nbytes) for e in edges for p, s in e.collectives())
+    planned = Counter((c.phase, c.kind, c.mesh_axis, c.nbytes) for c in plan.collectives)
+    if emitted != planned:
+        extra, missing = emitted - planned, planned - emitted
+        warnings.warn(
+            f"the emitted collectives differ from the plan's (emitted but not planned: {dict(extra)}; planned "
+            f"but not emitted: {dict(missing)}): the captured graph differs from the planned one; re-plan with "
+            "the same example inputs (distinct tensors, same shapes)",
+            PlanMismatchWarning,
+            stacklevel=3,
+        )
+
+
+def _mesh(plan: Plan) -> Any:
+    from autoshard.runtime.launch import device_mesh
+
+    if not dist.is_initialized():
+        raise MeshError(
+            "parallelize needs an initialised default process group: call it on every rank after "
+            "torch.distributed.init_process_group (or autoshard.runtime.init_from_env under torchrun)"
+        )
+    if dist.get_world_size() != plan.num_devices:
+        raise MeshError(
+            f"the plan is for {plan.num_devices} devices (mesh {plan.mesh_shape}), the process group has "
+            f"{dist.get_world_size()} ranks: launch {plan.num_devices} ranks or re-plan for this many"
+        )
+    return device_mesh(plan.mesh_shape)
+
+
+def _default_device() -> torch.device:
+    from autoshard.runtime.launch import default_device
+
+    return default_device()
+
+
+def _local_tensor(
+    model: nn.Module, captured: Captured, attr: AttrSpec, comm: MeshComm, device: torch.device
+) -> torch.Tensor:
+    if attr.kind == "parameter":
+        whole: torch.Tensor = model.get_parameter(attr.fqn)
+    elif attr.kind == "buffer":
+        whole = model.get_buffer(attr.fqn)
+    else:
+        whole = captured.constants[attr.fqn]
+    if whole.device.type == "meta":
+        raise PlanMismatchError(
+            f"{attr.kind} {attr.fqn} is on the meta device: parallelize needs the real weights (build or load "
+            "the model on the CPU)"
+        )
+    piece = local_piece(whole, attr.spec, comm.mesh_shape, comm.coord).to(device)
+    if attr.kind == "parameter":
+        return nn.Parameter(piece, requires_grad=whole.requires_grad)
+    return piece
+
+
+def _in_state_dict(model: nn.Module, attr: AttrSpec) -> bool:
+    if attr.kind == "parameter":
+        return True
+    if attr.kind != "buffer":
+        return False
+    path, _, name = attr.fqn.rpartition(".")
+    return name not in model.get_submodule(path)._non_persistent_buffers_set
+
+
+def plan_cluster(plan: Plan) -> Cluster:
+    """The cluster ``plan`` was priced on, rebuilt from ``plan.cluster`` (profile name, nodes, mesh).
+
+    A plan for fewer devices than one node of its profile holds (2 gloo ranks on the 4-device ``cpu``
+    profile) was priced on a node of that many devices: rebuilt the same way.
+    """
+    from autoshard.cluster import load_cluster
+    from cost_models.profile import load_profile
+
+    info = plan.cluster
+    try:
+        profile = load_profile(str(info["profile"]))
+    except (KeyError, ProfileError) as e:
+        raise PlanMismatchError(
+            f"cannot rebuild the cluster of the plan from {info.get('profile')!r} ({e}); pass "
+            "parallelize(..., cluster=the cluster you planned with)"
+        ) from e
+    nodes, devices = int(info.get("nodes", 1)), int(info.get("devices", plan.num_devices))
+    if profile.devices_per_node * nodes != devices:
+        profile = dataclasses.replace(profile, devices_per_node=devices // nodes)
+    return load_cluster(profile, nodes=nodes, mesh=plan.mesh_shape, axis_names=info.get("axis_names"))
+
+
+# -- inputs, outputs, checkpoints ---------------------------------------------------------------------------------
+def rank_coord(mesh_shape: Sequence[int], rank: int | None = None) -> tuple[int, ...]:
+    """The mesh coordinate of ``rank`` (default: this rank): row-major, last axis fastest."""
+    r = dist.get_rank() if rank is None else rank
+    coord = []
+    for n in reversed(tuple(mesh_shape)):
+        coord.append(r % n)
+        r //= n
+    return tuple(reversed(coord))
+
+
+def shard_inputs(
+    plan: Plan, *args: torch.Tensor, coord: Sequence[int] | None = None, **kwargs: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """This rank's pieces of the global inputs, in the order the emitted module takes them.
+
+    Keyword inputs go by name, positional ones fill the remaining inputs in order.
+    """
+    where = tuple(coord) if coord is not None else rank_coord(plan.mesh_shape)
+    positional = iter(args)
+    pieces: list[torch.Tensor] = []
+    for name, placements in plan.input_placements.items():
+        value = kwargs[name] if name in kwargs else next(positional, None)
+        if value is None:
+            raise PlanMismatchError(
+                f"shard_inputs: no value for input {name!r} (inputs: {list(plan.input_placements)})"
+            )
+        pieces.append(local_piece(value, spec_of(placements), plan.mesh_shape, where))
+    return tuple(pieces)
+
+
+def gather_outputs(module: fx.GraphModule, outputs: torch.Tensor | Sequence[torch.Tensor]) -> Any:
+    """The global outputs from every rank's local ones (a collective: every rank calls it, every rank gets
+    them)."""
+    info = parallel_info(module)
+    many = not isinstance(outputs, torch.Tensor)
+    values = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    full = [
+        gather_full(v, spec, shape, info.comm) for v, (spec, shape) in zip(values, info.outputs, strict=True)
+    ]
+    return tuple(full) if many else full[0]
+
+
+def full_state_dict(module: fx.GraphModule) -> dict[str, torch.Tensor]:
+    """Every parameter and persistent buffer whole, as ``model.state_dict()`` names them (tied weights under
+    each name), on every rank.
+
+    A collective; loads into the original model with ``model.load_state_dict``.
+    """
+    info = parallel_info(module)
+    state: dict[str, torch.Tensor] = {}
+    for attr in info.attrs:
+        if not info.in_state(attr):
+            continue
+        whole = gather_full(_attr_tensor(module, attr), attr.spec, attr.global_shape, info.comm)
+        for name in (attr.fqn, *attr.aliases):
+            state[name] = whole.cpu()
+    return state
+
+
+def full_grads(module: fx.GraphModule) -> dict[str, torch.Tensor | None]:
+    """Every parameter's whole gradient (a collective); ``None`` where no gradient was computed anywhere."""
+    info = parallel_info(module)
+    grads: dict[str, torch.Tensor | None] = {}
+    for attr in info.attrs:
+        if attr.kind != "parameter":
+            continue
+        param = module.get_parameter(attr.fqn)
+        local = param.grad if param.grad is not None else torch.zeros_like(param)
+        present = torch.tensor([float(param.grad is not None)], device=param.device)
+        dist.all_reduce(present)
+        grads[attr.fqn] = (
+            gather_full(local, attr.spec, attr.global_shape, info.comm).cpu() if present.item() else None
+        )
+    return grads
+
+
+def load_full_state_dict(module: fx.GraphModule, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy this rank's piece of every whole tensor in ``state`` into the module (checkpoint load)."""
+    info = parallel_info(module)
+    missing = [a.fqn for a in info.attrs if info.in_state(a) and a.fqn not in state]
+    if missing:
+        raise PlanMismatchError(
+            f"load_full_state_dict: the state lacks {missing[:5]}{' ...' * (len(missing) > 5)}"
+        )
+    with torch.no_grad():
+        for attr in info.attrs:
+            if not info.in_state(attr):
+                continue
+            target = _attr_tensor(module, attr)
+            whole = state[attr.fqn]
+            if tuple(whole.shape) != attr.global_shape:
+                raise PlanMismatchError(
+                    f"load_full_state_dict: {attr.fqn} has shape {tuple(whole.shape)}, expected {attr.global_shape}"
+                )
+            target.copy_(local_piece(whole, attr.spec, info.comm.mesh_shape, info.comm.coord))
+
+
+def _attr_tensor(module: fx.GraphModule, attr: AttrSpec) -> torch.Tensor:
+    return module.get_parameter(attr.fqn) if attr.kind == "parameter" else module.get_buffer(attr.fqn)

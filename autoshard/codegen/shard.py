@@ -1,0 +1,63 @@
+"""One device's piece of a global tensor, and the global tensor back from the pieces of all devices.
+
+Input: a tensor, its :class:`~autoshard.placement.ShardingSpec`, the mesh and a device's coordinate.
+Output: the piece that device holds (``local_piece``: a copy, contiguous), or, run on every rank together,
+the whole tensor (``gather_full``: the all-gathers :func:`~autoshard.redistribute.plan_redistribute` plans from
+the spec to fully replicated).  Axes that shard the same dim split it outer axis first, as everywhere in
+autoshard (:mod:`autoshard.local_mesh`).  ``Partial`` pieces cannot be cut out of a whole tensor: parameters,
+inputs and gathered outputs are never Partial.
+
+Example::
+
+    spec = ShardingSpec.parse("(S(0), S(1))")
+    local_piece(torch.arange(16.).reshape(4, 4), spec, (2, 2), (1, 0))    # rows 2..3, columns 0..1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from autoshard.codegen.collectives import MeshComm, run_steps
+from autoshard.errors import ShardingError
+from autoshard.placement import ShardingSpec
+from autoshard.redistribute import plan_redistribute
+from autoshard.strategies.local import shard_range
+
+__all__ = ["gather_full", "local_piece", "spec_of"]
+
+
+def spec_of(placements: Sequence[str]) -> ShardingSpec:
+    """The spec of a plan's placement strings, ``("S(0)", "R")``."""
+    return ShardingSpec.parse(tuple(placements))
+
+
+def local_piece(
+    tensor: torch.Tensor, spec: ShardingSpec, mesh_shape: Sequence[int], coord: Sequence[int]
+) -> torch.Tensor:
+    """The piece of ``tensor`` that device ``coord`` holds under ``spec`` (a contiguous copy)."""
+    if spec.partial_axes():
+        raise ShardingError(f"cannot cut a Partial piece ({spec}) out of a whole tensor: use R or S(d)")
+    spec.check_fits(tuple(tensor.shape), mesh_shape)
+    piece = tensor
+    for dim in range(tensor.dim()):
+        start, length = shard_range(spec, dim, int(tensor.shape[dim]), mesh_shape, coord)
+        if length != tensor.shape[dim]:
+            piece = piece.narrow(dim, start, length)
+    return piece.detach().clone(memory_format=torch.contiguous_format)
+
+
+def gather_full(
+    local: torch.Tensor, spec: ShardingSpec, global_shape: Sequence[int], comm: MeshComm
+) -> torch.Tensor:
+    """The whole tensor on every rank from each rank's piece under ``spec`` (a collective: all ranks call it).
+
+    Always a new tensor, never a view of ``local`` (a checkpoint must not change when training goes on).
+    """
+    replicated = ShardingSpec.replicate(spec.mesh_ndim)
+    steps = plan_redistribute(spec, replicated, global_shape, local.element_size(), comm.mesh_shape)
+    with torch.no_grad():
+        if not any(s.is_collective for s in steps):
+            return local.detach().clone()
+        return run_steps(local.detach(), steps, comm, "gather")
