@@ -39,9 +39,9 @@ from autoshard.errors import (
 if TYPE_CHECKING:
     from autoshard.cluster import Cluster, load_cluster
     from autoshard.codegen.parallelize import parallelize
-    from autoshard.runtime.verify import verify
     from autoshard.pipeline import plan
     from autoshard.plans import Plan, load_plan
+    from autoshard.runtime.verify import verify
 
 __version__ = "0.1.0"
 
