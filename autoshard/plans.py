@@ -100,6 +100,9 @@ class Plan:
     timings: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     memory_limit: float | None = None  # the per-device budget the plan was solved under (None: none)
+    input_shapes: dict[str, tuple[tuple[int, ...], str]] = field(
+        default_factory=dict
+    )  # global (shape, dtype)
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class Plan:
                 timings=dict(data.get("timings", {})),
                 notes=tuple(data.get("notes", ())),
                 memory_limit=data.get("memory_limit"),
+                input_shapes={k: (tuple(v[0]), str(v[1])) for k, v in data.get("input_shapes", {}).items()},
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -60,6 +60,7 @@ def extract_plan(
             "axis_names": list(cluster.axis_names),
             "devices": cluster.num_devices,
             "description": cluster.describe(),
+            "profile_origin": str(getattr(cluster.profile, "origin", "")),
         },
         mesh_shape=tuple(cluster.mesh_shape),
         training=built.options.training,
@@ -70,6 +71,11 @@ def extract_plan(
             if info.kind == "user_input" and pick[info.name].outputs[0] is not None
         },
         output_placements=tuple(_strings(dual_spec(pick[name].outputs[0])) for name in output_order),
+        input_shapes={
+            info.name: (info.outputs[0].shape, info.outputs[0].dtype)
+            for info in built.infos.values()
+            if info.kind == "user_input" and info.outputs[0] is not None
+        },
         nodes=nodes,
         collectives=tuple(collectives),
         predicted_step_time=compute + comm,
