@@ -6,10 +6,14 @@ memory vectors and masks, all numpy) and returns a :class:`Solution`.
 Modules, in the order :func:`solve` uses them:
 
 * ``problem``   -- the records (:class:`SearchProblem`, :class:`Edge`, :class:`Solution`), :func:`evaluate`.
-* ``reduce``    -- exact preprocessing: arc consistency, parallel/separable edges, fixed and free nodes.
+* ``reduce``    -- exact preprocessing: arc consistency, parallel/separable edges, fixed and free nodes,
+  dominated strategies (``dominance``).
 * ``propagate`` -- BFS from the annotations: a plan in milliseconds and a warm start.
-* ``exact``     -- tree DP and variable elimination: the main, provably optimal path.
-* ``ilp``       -- CP-SAT for a binding memory budget or high treewidth (formulation in its docstring).
+* ``exact``     -- tree DP and variable elimination (orders and cutset conditioning in ``order``): the main,
+  provably optimal path.
+* ``budget``    -- a binding memory budget: Lagrangian bound and plan, Lagrangian fixing of strategies.
+* ``ilp``       -- CP-SAT for what fixing leaves under a budget, or treewidth beyond conditioning
+  (formulation in its docstring).
 * ``solve``     -- dispatch, time limit, lower bound and gap.
 * ``brute``     -- exhaustive search, the reference in tests.
 

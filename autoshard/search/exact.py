@@ -2,7 +2,8 @@
 
 Input: a :class:`~autoshard.search.problem.SearchProblem` (``memory`` is ignored here; masks become ``inf``).
 Output: an :class:`ExactResult`, a provably optimal choice, or :class:`FactorCapExceeded` when the graph's
-treewidth makes an intermediate table too large, so the caller can fall back to CP-SAT.
+treewidth makes an intermediate table too large even with conditioning, so the caller can fall back to
+CP-SAT.
 
 Method, per connected component of the interaction graph (nodes, and one edge per pair of nodes that share a
 cost matrix):
@@ -10,10 +11,16 @@ cost matrix):
 * **tree DP** (chains, trees): root the component, send min-plus messages leaf to root
   ``m_c(s_p) = min_t [F(s_p, t) + b_c(t)]`` with ``b_c = unary_c + sum of the children's messages``, keep the
   argmin back-pointers, choose the root's best strategy and walk back down.  O(sum_e S_u S_v).
-* **variable elimination** (everything else): a greedy min-fill order (ties: smallest new table, then node
-  index, so it is deterministic) fixes the scopes up front; each step adds the factors that mention the
-  variable, minimises it out and keeps the argmin table; back-substitution runs the order in reverse.
-  The residual stream of a transformer gives treewidth 2-3, so tables stay at ``S^3``-``S^4`` entries.
+* **variable elimination** (everything else): the best of three greedy orders (:mod:`~autoshard.search.order`:
+  min-fill, weighted min-fill, min-weight; deterministic) fixes the scopes up front; each step adds the
+  factors that mention the variable, minimises it out and keeps the argmin table; back-substitution runs the
+  order in reverse.  The residual stream of a transformer gives treewidth 2-4, so tables stay at
+  ``S^3``-``S^5`` entries; preprocessing (:mod:`~autoshard.search.reduce`, dominance above all) keeps ``S``
+  small.
+* **cutset conditioning**, when every order needs a table over ``max_factor_size``: eliminate the graph
+  without one or two nodes once per assignment of those nodes (their edges become unary costs of their
+  neighbours) and keep the first best assignment.  Exact; it trades ``S_c`` times the work for tables
+  ``S_c`` times smaller.
 
 Factors keep their variables in increasing order, so aligning a factor to a larger scope is a reshape, never a
 transpose.  ``inf`` propagates through min-plus sums; an ``inf`` optimum means no finite plan exists.
@@ -30,13 +37,14 @@ Example::
 
 from __future__ import annotations
 
-import heapq
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from autoshard.search.order import EliminationPlan, FactorCapExceeded, Step, plan_elimination
 from autoshard.search.problem import PairwiseForm, SearchProblem, pairwise_form
 
 __all__ = [
@@ -53,18 +61,6 @@ __all__ = [
 MAX_FACTOR_SIZE = 20_000_000
 
 
-class FactorCapExceeded(Exception):
-    """Internal signal: variable elimination would build a table over the size cap (treewidth too high)."""
-
-    def __init__(self, size: float, cap: float, node: int) -> None:
-        super().__init__(
-            f"variable elimination needs a table of {size:.3g} entries at node {node} (cap {cap:.3g})"
-        )
-        self.size = size
-        self.cap = cap
-        self.node = node
-
-
 @dataclass(frozen=True, slots=True)
 class ExactResult:
     """A provably optimal choice (ignoring memory); ``objective`` is ``inf`` when no finite plan exists."""
@@ -76,20 +72,16 @@ class ExactResult:
     width: int
 
 
+#: One term of a bucket: its scope, its table, and the step whose message it is (-1: a cost term).
+_Part = tuple[tuple[int, ...], np.ndarray, int]
+
+
 @dataclass(frozen=True, slots=True)
 class _Tree:
     """One tree component: nodes in BFS order from the root and each node's parent (-1 for the root)."""
 
     order: tuple[int, ...]
     parent: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Step:
-    """Eliminate ``var``: it meets the remaining variables ``rest`` (sorted) when it goes."""
-
-    var: int
-    rest: tuple[int, ...]
 
 
 def _components(n: int, adj: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -125,43 +117,6 @@ def _bfs_tree(root: int, adj: Sequence[Sequence[int]], parent: list[int]) -> tup
     return tuple(order)
 
 
-class _FillOrder:
-    """Greedy min-fill elimination order over a set of nodes, with lazy heap updates."""
-
-    def __init__(self, nodes: Sequence[int], adj: Sequence[Sequence[int]], sizes: Sequence[int]) -> None:
-        self.adj = {v: set(adj[v]) for v in nodes}
-        self.logsize = {v: math.log(sizes[v]) for v in nodes}
-        self.stamp = dict.fromkeys(nodes, 0)
-        self.heap = [self._key(v) for v in nodes]
-        heapq.heapify(self.heap)
-
-    def _key(self, v: int) -> tuple[int, float, int, int]:
-        nb = list(self.adj[v])
-        fill = sum(1 for k, a in enumerate(nb) for b in nb[k + 1 :] if b not in self.adj[a])
-        weight = self.logsize[v] + sum(self.logsize[w] for w in nb)
-        return (fill, weight, v, self.stamp[v])
-
-    def steps(self, cap: float) -> list[_Step]:
-        out = []
-        while self.heap:
-            _, weight, v, stamp = heapq.heappop(self.heap)
-            if v not in self.stamp or stamp != self.stamp[v]:
-                continue
-            if math.exp(weight) > cap * (1 + 1e-9):
-                raise FactorCapExceeded(math.exp(weight), cap, v)
-            nb = sorted(self.adj.pop(v))
-            del self.stamp[v]
-            for a in nb:
-                self.adj[a].discard(v)
-                self.adj[a].update(w for w in nb if w != a)
-            out.append(_Step(v, tuple(nb)))
-            touched = set(nb).union(*(self.adj[a] for a in nb)) if nb else set()
-            for w in touched:
-                self.stamp[w] += 1
-                heapq.heappush(self.heap, self._key(w))
-        return out
-
-
 class ExactSolver:
     """The elimination structure of one graph, reusable for many unary cost vectors (Lagrangian sweeps).
 
@@ -174,6 +129,7 @@ class ExactSolver:
         self.sizes = tuple(u.size for u in form.unary)
         n = len(self.sizes)
         adj = form.neighbours()
+        self._adj = adj
         self.trees: list[_Tree] = []
         ve_nodes: list[int] = []
         parent = [-1] * n
@@ -184,18 +140,38 @@ class ExactSolver:
                 self.trees.append(_Tree(order, tuple(parent[x] for x in order)))
             else:
                 ve_nodes.extend(comp)
-        self.steps = _FillOrder(ve_nodes, adj, self.sizes).steps(max_factor_size) if ve_nodes else []
-        tables = [self.sizes[s.var] * math.prod(self.sizes[w] for w in s.rest) for s in self.steps]
+        self.plan: EliminationPlan | None = (
+            plan_elimination(ve_nodes, adj, self.sizes, max_factor_size) if ve_nodes else None
+        )
+        self.steps = self.plan.steps if self.plan else ()
+        self._tree_steps = [
+            Step(x, (p,) if p >= 0 else ())
+            for t in self.trees
+            for x, p in zip(reversed(t.order), reversed(t.parent), strict=True)
+        ]
+        self.conditioned = self.plan.conditioned if self.plan else ()
         tree_tables = [
             self.sizes[x] * self.sizes[p]
             for t in self.trees
             for x, p in zip(t.order, t.parent, strict=True)
             if p >= 0
         ]
-        self.largest_factor = max([*tables, *tree_tables, *self.sizes], default=0)
+        self.largest_factor = max(
+            [self.plan.largest if self.plan else 0, *tree_tables, *self.sizes], default=0
+        )
         self.width = max([len(s.rest) for s in self.steps] + [1 if tree_tables else 0])
-        kinds = (["tree-dp"] if self.trees else []) + (["variable-elimination"] if self.steps else [])
+        kinds = (["tree-dp"] if self.trees else []) + (["variable-elimination"] if self.plan else [])
         self.method = "+".join(kinds) or "none"
+
+    def describe(self) -> str:
+        """One line for the solver log: method, width, largest table, order, conditioning."""
+        line = f"{self.method}, width {self.width}, largest table {self.largest_factor} entries"
+        if self.plan is not None:
+            line += f", {self.plan.heuristic} order"
+        if self.conditioned:
+            runs = math.prod(self.sizes[c] for c in self.conditioned)
+            line += f", conditioned on {len(self.conditioned)} node(s) ({runs} eliminations)"
+        return line
 
     def _pair(self, a: int, b: int) -> np.ndarray:
         """Cost matrix indexed ``[s_a, s_b]``."""
@@ -217,7 +193,41 @@ class ExactSolver:
             choice[x] = int(back[x][choice[p]])
         return float(belief[root][choice[root]])
 
+    def _assignments(self) -> Iterator[tuple[int, ...]]:
+        """Every assignment of the conditioned nodes, in lexicographic order (one empty one without any)."""
+        return itertools.product(*(range(self.sizes[c]) for c in self.conditioned))
+
+    def _condition(
+        self, unary: Sequence[np.ndarray], values: tuple[int, ...]
+    ) -> tuple[list[np.ndarray], float]:
+        """Unary costs with the conditioned nodes fixed to ``values``: their edges move into the neighbours'
+        unary costs; their own costs and the edges among them become a constant."""
+        cond = self.conditioned
+        local = list(unary)
+        const = math.fsum(float(unary[c][s]) for c, s in zip(cond, values, strict=True))
+        for c, s in zip(cond, values, strict=True):
+            for w in self._adj[c]:
+                if w in cond:  # a pair of conditioned nodes: a constant, counted once
+                    const += float(self._pair(c, w)[s, values[cond.index(w)]]) if w > c else 0.0
+                else:
+                    local[w] = local[w] + self._pair(w, c)[:, s]
+        return local, const
+
     def _solve_ve(self, unary: Sequence[np.ndarray], choice: np.ndarray) -> float:
+        """Variable elimination, once per assignment of the conditioned nodes; the first best one wins."""
+        best, best_choice = math.inf, None
+        for values in self._assignments():
+            local, const = self._condition(unary, values)
+            trial = choice.copy()
+            trial[list(self.conditioned)] = values
+            value = const + self._eliminate(local, trial)
+            if best_choice is None or value < best:
+                best, best_choice = value, trial
+        assert best_choice is not None
+        choice[:] = best_choice
+        return best
+
+    def _eliminate(self, unary: Sequence[np.ndarray], choice: np.ndarray) -> float:
         factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
         bucket: dict[int, set[int]] = {s.var: set() for s in self.steps}
         next_id = iter(range(1 << 62))
@@ -231,7 +241,7 @@ class ExactSolver:
         for v in bucket:
             add((v,), unary[v])
         for (a, b), mat in self.form.pairs.items():
-            if a in bucket:
+            if a in bucket and b in bucket:  # pairs with a conditioned node are in the unary costs
                 add((a, b), mat)
         total = 0.0
         backs = []
@@ -271,9 +281,78 @@ class ExactSolver:
         unary = self.form.unary if unary is None else unary
         choice = np.zeros(len(self.sizes), dtype=np.int64)
         total = math.fsum(self._solve_tree(t, unary, choice) for t in self.trees)
-        if self.steps:
+        if self.plan is not None:
             total += self._solve_ve(unary, choice)
         return tuple(int(c) for c in choice), total
+
+    def min_marginals(self, unary: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """``mm[i][s]``: the least objective of a plan with node ``i`` at strategy ``s`` (for all i, s at once).
+
+        Bucket-tree elimination: the upward pass of :meth:`solve` (trees included, as steps ``x -> parent``),
+        then a downward pass that sends each step the best of everything outside its subtree.  Costs about
+        three solves; the Lagrangian sweep uses it to drop strategies no plan under the budget can afford.
+        """
+        unary = self.form.unary if unary is None else unary
+        steps = [*self._tree_steps, *self.steps]
+        out = [np.full(size, np.inf) for size in self.sizes]
+        for values in self._assignments():
+            local, const = self._condition(unary, values)
+            total = const + self._bucket_tree(steps, local, const, out)
+            for c, s in zip(self.conditioned, values, strict=True):
+                out[c][s] = min(out[c][s], total)
+        return out
+
+    def _upward(
+        self, steps: Sequence[Step], unary: Sequence[np.ndarray]
+    ) -> tuple[list[list[_Part]], dict[int, float], list[int]]:
+        """Eliminate along ``steps`` keeping every bucket: per step its parts (a part's origin is the step
+        that sent it, -1 for a cost term), the optimum of each component by its root step, each step's root."""
+        pos = {step.var: k for k, step in enumerate(steps)}
+        bucket: dict[int, list[_Part]] = {v: [((v,), unary[v], -1)] for v in pos}
+        for (a, b), mat in self.form.pairs.items():
+            if a in pos and b in pos:
+                bucket[a if pos[a] < pos[b] else b].append(((a, b), mat, -1))
+        parts: list[list[_Part]] = []
+        root_total: dict[int, float] = {}
+        for k, step in enumerate(steps):
+            mine = bucket.pop(step.var)
+            parts.append(mine)
+            scope = tuple(sorted((step.var, *step.rest)))
+            msg = self._gather(scope, [(f, t) for f, t, _ in mine]).min(axis=scope.index(step.var))
+            if step.rest:
+                bucket[min(step.rest, key=pos.__getitem__)].append((step.rest, msg, k))
+            else:
+                root_total[k] = float(msg)
+        root_of = list(range(len(steps)))
+        for k in reversed(range(len(steps))):  # a parent comes later in the order: visited first here
+            for _, _, child in parts[k]:
+                if child >= 0:
+                    root_of[child] = root_of[k]
+        return parts, root_total, root_of
+
+    def _bucket_tree(
+        self, steps: Sequence[Step], unary: Sequence[np.ndarray], const: float, out: list[np.ndarray]
+    ) -> float:
+        """Upward, then downward: each step gets ``down``, the best of everything outside its subtree as a
+        table over its ``rest``; ``out`` is lowered to the min-marginals (plus ``const``).  Returns the
+        optimum of the non-conditioned nodes."""
+        parts, root_total, root_of = self._upward(steps, unary)
+        outside = {r: math.fsum(t for q, t in root_total.items() if q != r) for r in root_total}
+        down: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        for k in reversed(range(len(steps))):
+            step = steps[k]
+            scope = tuple(sorted((step.var, *step.rest)))
+            extra = [down[k]] if k in down else []
+            full = self._gather(scope, [(f, t) for f, t, _ in parts[k]] + extra)
+            axes = tuple(a for a, w in enumerate(scope) if w != step.var)
+            best = full.min(axis=axes) if axes else full
+            out[step.var] = np.minimum(out[step.var], best + outside[root_of[k]] + const)
+            for f, _, child in parts[k]:
+                if child >= 0:  # everything in this bucket but the child's own message
+                    rest = self._gather(scope, [(g, t) for g, t, c in parts[k] if c != child] + extra)
+                    drop = tuple(a for a, w in enumerate(scope) if w not in f)
+                    down[child] = (f, rest.min(axis=drop) if drop else rest)
+        return math.fsum(root_total.values())
 
 
 def solve_exact(problem: SearchProblem, *, max_factor_size: float = MAX_FACTOR_SIZE) -> ExactResult:

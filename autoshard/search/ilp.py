@@ -35,9 +35,22 @@ Workers (measured on 2 shared cores, hinted): the portfolio is ``max_lp`` plus `
 solutions).  An 8-block transformer DAG at 16 strategies proved optimal in 15 s this way, 16-28 s with
 ``max_lp`` alone, 35 s with one worker, and not within 60 s with the default portfolio or with
 ``interleave_search`` (deterministic batches); under a binding budget (8 blocks x 8 strategies) 4.9 s,
-6.7 s, 14.5 s, and a 0.1 % gap after 60 s for the default portfolio.  The seed is fixed.  One worker is fully
-deterministic; with two, the workers race, but a plan is only replaced by a strictly better one, so the
-result is reproducible whenever the optimum is unique or the hint already is optimal.
+6.7 s, 14.5 s, and a 0.1 % gap after 60 s for the default portfolio.  The seed is fixed.
+
+(h) Determinism.  One worker is deterministic; two race, and when several plans tie at the optimum, which
+one they return depends on thread timing (measured: a 60-node, 7-strategy problem with small integer costs
+gave two different optimal plans in four runs).  So once CP-SAT proves the optimum, a second solve picks
+the canonical plan among the optimal ones: the integer objective is pinned (``<=`` the proven optimum) and
+the new objective is a tie-break weight, pseudo-random 20-bit integers per strategy from a fixed seed,
+warm-started from the racing plan.  A tie-break optimum is unique unless two optimal plans' weight sums
+collide, so once proven it does not depend on which worker won: the same inputs give the same plan.
+Measured on those tie-heavy problems: 1-2.5x the time of the first solve (it is tiny on what the
+dispatcher hands CP-SAT after Lagrangian fixing).  If the tie-break is not proven in the time left, the
+racing plan is returned and the log says so; a run that stops at the time limit (FEASIBLE) is not
+canonicalised.  Rejected: tie-break terms folded into the first objective (one solve, but the integer
+weights must then be scaled below the cost resolution, losing precision on large models); pinning the
+objective and taking one worker's first plan (deterministic, but slower than the racing solve itself:
+up to 18 s against 1 s); a lexicographic objective (overflows 64-bit weights beyond ~20 nodes).
 
 Example::
 
@@ -77,6 +90,10 @@ DEFAULT_SUBSOLVERS: tuple[str, ...] = ("max_lp", "no_lp", "default_lp", "core", 
 
 _RESOLUTION = 1e9
 
+#: (h) Tie-break weights: pseudo-random integers below this bound, drawn from a fixed seed.
+_TIE_BREAK_WEIGHT = 1 << 20
+_TIE_BREAK_SEED = 20261123
+
 
 @dataclass(frozen=True, slots=True)
 class IlpResult:
@@ -113,6 +130,7 @@ class _Model:
         self.terms: list[tuple[cp_model.IntVar, float]] = []
         self.scale = 1.0
         self.resolution = resolution
+        self.objective: list[tuple[cp_model.IntVar, int]] = []
 
     def build(self) -> None:
         self.add_node_vars()
@@ -188,6 +206,7 @@ class _Model:
         self.scale = self.resolution / largest if largest > 0 else 1.0
         terms = [(var, round(c * self.scale)) for var, c in self.terms]
         terms = [(var, c) for var, c in terms if c > 0]
+        self.objective = terms
         if terms:
             self.model.minimize(
                 cp_model.LinearExpr.weighted_sum([v for v, _ in terms], [c for _, c in terms])
@@ -263,7 +282,10 @@ def solve_ilp(
     seed: int = 0,
     resolution: float = _RESOLUTION,
 ) -> IlpResult:
-    """Solve with CP-SAT under a hard ``time_limit`` (seconds); InfeasibleError when proven infeasible."""
+    """Solve with CP-SAT under a hard ``time_limit`` (seconds); InfeasibleError when proven infeasible.
+
+    With several workers the returned plan is made canonical (see the module docstring, (h)).
+    """
     start = time.perf_counter()
     m = _Model(problem, resolution)
     try:
@@ -276,25 +298,67 @@ def solve_ilp(
     _configure(solver, time_limit - (time.perf_counter() - start), num_workers, seed)
     status = solver.solve(m.model)
     name = solver.status_name(status)
-    log = (
+    log = [
         f"cp-sat: {len(m.model.proto.variables)} vars, {len(m.model.proto.constraints)} constraints, "
         f"{hinted} of {len(m.x)} nodes hinted, {num_workers} workers, seed {seed}",
         f"cp-sat: {name} in {solver.wall_time:.2f} s, {solver.num_conflicts} conflicts, "
         f"{solver.num_branches} branches",
-    )
+    ]
     _raise_if_infeasible(problem, m, status)
+    bound = _bound(m, solver)
     choice = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        choice = tuple(next(s for s, var in xs.items() if solver.value(var)) for xs in m.x)
+        choice = _read_choice(m, solver)
+        if num_workers > 1 and status == cp_model.OPTIMAL:
+            left = time_limit - (time.perf_counter() - start)
+            choice = _canonical(m, solver, choice, left, num_workers, seed, log)
     return IlpResult(
         choice=choice,
         objective=math.inf if choice is None else evaluate(problem, choice),
-        lower_bound=_bound(m, solver),
+        lower_bound=bound,
         optimal=status == cp_model.OPTIMAL,
         status=name,
         seconds=time.perf_counter() - start,
-        log=log,
+        log=tuple(log),
     )
+
+
+def _read_choice(m: _Model, solver: cp_model.CpSolver) -> tuple[int, ...]:
+    return tuple(next(s for s, var in xs.items() if solver.value(var)) for xs in m.x)
+
+
+def _canonical(
+    m: _Model,
+    solver: cp_model.CpSolver,
+    raced: tuple[int, ...],
+    time_left: float,
+    num_workers: int,
+    seed: int,
+    log: list[str],
+) -> tuple[int, ...]:
+    """(h) Among the plans at the proven optimal integer objective, the one with the least tie-break weight;
+    ``raced`` (the racing workers' plan) when that is not proven in time."""
+    if m.objective:
+        expr = cp_model.LinearExpr.weighted_sum([v for v, _ in m.objective], [c for _, c in m.objective])
+        m.model.add(expr <= round(solver.objective_value))
+    rng = np.random.default_rng(_TIE_BREAK_SEED)
+    variables, weights = [], []
+    for xs in m.x:
+        drawn = rng.integers(0, _TIE_BREAK_WEIGHT, size=max(xs) + 1)
+        for s, var in xs.items():
+            variables.append(var)
+            weights.append(int(drawn[s]))
+    m.model.minimize(cp_model.LinearExpr.weighted_sum(variables, weights))
+    m.model.clear_hints()
+    m.add_hint(raced)
+    again = cp_model.CpSolver()
+    _configure(again, time_left, num_workers, seed)
+    status = again.solve(m.model)
+    if status != cp_model.OPTIMAL:
+        log.append(f"cp-sat: tie-break {again.status_name(status)}; keeping the racing workers' plan")
+        return raced
+    log.append(f"cp-sat: tie-break among the optimal plans proven in {again.wall_time:.2f} s")
+    return _read_choice(m, again)
 
 
 def _raise_if_infeasible(problem: SearchProblem, m: _Model, status: cp_model.CpSolverStatus) -> None:

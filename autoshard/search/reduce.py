@@ -17,6 +17,12 @@ Steps, each exact:
    eliminated exactly, as variable elimination does, keeping an argmin table for back-substitution.  This is
    what the "follower" merge of XLA and Alpa does, generalised: chains collapse, and the CP-SAT model keeps
    only the nodes whose memory matters.
+5. **Dominated strategies** (:mod:`~autoshard.search.dominance`): a strategy that another one of the same
+   node beats (or ties) whatever the neighbours choose, and that needs no less memory under a budget, is
+   dropped; duplicates merge.  Fewer strategies make new fixed nodes and separable edges, so steps 2-5
+   repeat until nothing changes.  On the LLaMA-3-8B planning problem (130 nodes, 4-48 strategies) it
+   drops 189 strategies and the whole problem then folds away: variable elimination would otherwise need a
+   table of 3.2e7 entries.
 
 Example::
 
@@ -38,12 +44,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.errors import InfeasibleError
+from autoshard.search.dominance import dominated_mask
 from autoshard.search.problem import (
     AnnotationConflictError,
     Edge,
     PairwiseForm,
     SearchProblem,
     format_bytes,
+    memory_infeasible_error,
+    memory_lower_bound,
     pairwise_form,
 )
 
@@ -171,10 +180,14 @@ class Reduction:
             local[fold.node] = fold.table[tuple(local[w] for w in fold.nbrs)]
         return tuple(int(dom[s]) for dom, s in zip(self.domains, local, strict=True))
 
-    def restrict(self, choice: Sequence[int]) -> list[int | None]:
-        """Reduced-problem strategies of an original choice (None where that strategy was pruned)."""
+    def restrict(self, choice: Sequence[int | None]) -> list[int | None]:
+        """Reduced-problem strategies of an original choice (None where that strategy was pruned or where
+        ``choice`` has None)."""
         out: list[int | None] = []
         for i in self.kept:
+            if choice[i] is None:
+                out.append(None)
+                continue
             hit = np.flatnonzero(self.domains[i] == choice[i])
             out.append(int(hit[0]) if hit.size else None)
         return out
@@ -193,11 +206,13 @@ def _separable(mat: np.ndarray) -> bool:
 class _Reducer:
     """Mutable working state of :func:`reduce_problem`; all arrays are over the pruned (local) domains."""
 
-    def __init__(self, problem: SearchProblem, eliminate_free: bool) -> None:
+    def __init__(self, problem: SearchProblem, eliminate_free: bool, dominance: bool) -> None:
         form = pairwise_form(problem)
         live = prune_domains(problem, form)
         self.problem = problem
         self.eliminate_free = eliminate_free
+        self.dominance = dominance
+        self.budget = problem.memory_limit is not None
         self.dom = [np.flatnonzero(m) for m in live]
         full = [d.size == u.size for d, u in zip(self.dom, form.unary, strict=True)]
         self.unary = {i: u if full[i] else u[self.dom[i]] for i, u in enumerate(form.unary)}
@@ -211,7 +226,14 @@ class _Reducer:
         self.cost_offset = 0.0
         self.memory_offset = 0.0
         self.folds: list[_Fold] = []
-        self.counts = {"pruned": sum(int((~m).sum()) for m in live), "separable": 0, "fixed": 0, "free": 0}
+        self.fold_refs: dict[int, list[int]] = {}  # node -> indices of the folds whose table it indexes
+        self.counts = {
+            "pruned": sum(int((~m).sum()) for m in live),
+            "dominated": 0,
+            "separable": 0,
+            "fixed": 0,
+            "free": 0,
+        }
 
     def pair(self, a: int, b: int) -> np.ndarray:
         """Cost matrix indexed ``[s_a, s_b]``."""
@@ -228,8 +250,11 @@ class _Reducer:
         self.adj[a].discard(b)
         self.adj[b].discard(a)
 
-    def fold_separable(self) -> None:
+    def fold_separable(self, nodes: set[int] | None = None) -> None:
+        """Fold separable edges away (only those touching ``nodes`` when given)."""
         for (a, b), mat in list(self.pairs.items()):
+            if nodes is not None and a not in nodes and b not in nodes:
+                continue
             if _separable(mat):
                 # mat[s, t] = min_t' mat[s, t'] + (mat[0, t] - min_t' mat[0, t']), both parts >= 0
                 self.unary[a] = self.unary[a] + mat.min(axis=1)
@@ -246,6 +271,8 @@ class _Reducer:
         self.cost_offset += cost
         if self.mem is not None:
             self.memory_offset += float(self.mem[v][int(table.flat[0])])
+        for w in nbrs:
+            self.fold_refs.setdefault(w, []).append(len(self.folds))
         self.folds.append(_Fold(v, nbrs, table))
         del self.unary[v], self.adj[v]
 
@@ -281,10 +308,50 @@ class _Reducer:
         self._retire(v, nbrs, arg, float(best) if not nbrs else 0.0)
         return True
 
-    def run(self) -> None:
-        self.fold_separable()
+    def _shrink(self, v: int, keep: np.ndarray) -> None:
+        """Restrict ``v`` to the local strategies ``keep`` (a bool mask), re-indexing everything that uses it."""
+        idx = np.flatnonzero(keep)
+        self.unary[v] = self.unary[v][idx]
+        self.dom[v] = self.dom[v][idx]
+        if self.mem is not None:
+            self.mem[v] = self.mem[v][idx]
+        for w in self.adj[v]:
+            key = (min(v, w), max(v, w))
+            self.pairs[key] = self.pairs[key][idx] if v < w else self.pairs[key][:, idx]
+        for k in self.fold_refs.get(v, ()):
+            fold = self.folds[k]
+            table = np.take(fold.table, idx, axis=fold.nbrs.index(v))
+            self.folds[k] = _Fold(fold.node, fold.nbrs, table)
+
+    def prune_dominated(self) -> set[int]:
+        """Drop dominated strategies to a fixpoint; returns the nodes that lost some."""
+        changed: set[int] = set()
         queue = deque(sorted(self.unary))
         queued = dict.fromkeys(self.unary, True)
+        while queue:
+            v = queue.popleft()
+            queued[v] = False
+            if self.unary[v].size <= 1:
+                continue
+            nbrs = sorted(self.adj[v])
+            memory = self.mem[v] if self.budget and self.mem is not None else None
+            keep = dominated_mask(self.unary[v], [self.pair(v, w) for w in nbrs], memory)
+            if keep.all():
+                continue
+            self.counts["dominated"] += int((~keep).sum())
+            self._shrink(v, keep)
+            changed.add(v)
+            for w in nbrs:  # their rows lost columns: they may be dominated now
+                if not queued[w]:
+                    queued[w] = True
+                    queue.append(w)
+        return changed
+
+    def eliminate(self, nodes: Sequence[int]) -> None:
+        """Fold away fixed and free low-degree nodes, starting from ``nodes`` and spreading to neighbours."""
+        queue = deque(sorted(v for v in nodes if v in self.unary))
+        queued = dict.fromkeys(self.unary, False)
+        queued.update(dict.fromkeys(queue, True))
         while queue:
             v = queue.popleft()
             queued[v] = False
@@ -297,24 +364,36 @@ class _Reducer:
                         queued[w] = True
                         queue.append(w)
 
+    def run(self) -> None:
+        self.fold_separable()
+        self.eliminate(list(self.unary))
+        while self.dominance:
+            changed = self.prune_dominated()
+            if not changed:
+                break
+            self.fold_separable(changed)
+            self.eliminate(sorted(changed.union(*(self.adj[v] for v in changed if v in self.adj))))
 
-def _reduced_limit(problem: SearchProblem, offset: float, mem: dict[int, np.ndarray] | None) -> float | None:
+
+def _reduced_limit(problem: SearchProblem, offset: float, nodes_left: bool) -> float | None:
+    """The budget left for the kept nodes; raises when the folded nodes alone exceed it."""
     if problem.memory_limit is None:
         return None
     left = problem.memory_limit - offset
     if left < 0:
-        floor = offset + sum(float(m.min()) for m in (mem or {}).values())
-        raise InfeasibleError(
-            f"no plan fits the memory budget of {format_bytes(problem.memory_limit)} per device: the nodes "
-            f"left with a single possible strategy already need {format_bytes(offset)} and any plan at least "
-            f"{format_bytes(floor)}. Fix: raise the memory limit, use more devices, or relax annotations."
-        )
+        # Exact pruning keeps the least-memory plan, so with no node left, offset is its memory.
+        if not nodes_left:
+            raise memory_infeasible_error(problem, memory_lower_bound(problem), offset)
+        why = f"the nodes with one strategy left after exact pruning already need {format_bytes(offset)}"
+        raise memory_infeasible_error(problem, memory_lower_bound(problem), None, why)
     return left
 
 
-def reduce_problem(problem: SearchProblem, *, eliminate_free: bool = True) -> Reduction:
-    """Shrink ``problem`` exactly (see the module docstring); ``eliminate_free`` enables step 4."""
-    red = _Reducer(problem, eliminate_free)
+def reduce_problem(
+    problem: SearchProblem, *, eliminate_free: bool = True, dominance: bool = True
+) -> Reduction:
+    """Shrink ``problem`` exactly (see the module docstring); the flags enable steps 4 and 5."""
+    red = _Reducer(problem, eliminate_free, dominance)
     red.run()
     kept = tuple(sorted(red.unary))
     local = {v: k for k, v in enumerate(kept)}
@@ -325,7 +404,7 @@ def reduce_problem(problem: SearchProblem, *, eliminate_free: bool = True) -> Re
         edges=edges,
         names=tuple(problem.names[v] for v in kept),
         memory=None if red.mem is None else tuple(red.mem[v] for v in kept),
-        memory_limit=_reduced_limit(problem, red.memory_offset, red.mem),
+        memory_limit=_reduced_limit(problem, red.memory_offset, bool(kept)),
         strategy_labels=None
         if labels is None
         else tuple(tuple(labels[v][s] for s in red.dom[v]) for v in kept),
@@ -334,7 +413,8 @@ def reduce_problem(problem: SearchProblem, *, eliminate_free: bool = True) -> Re
     line = (
         f"reduce: {problem.num_nodes} nodes / {len(problem.edges)} edges -> "
         f"{reduced.num_nodes} / {len(edges)} "
-        f"(pruned {c['pruned']} strategies, folded {c['fixed']} fixed and {c['free']} free nodes, "
+        f"(pruned {c['pruned']} strategies, {c['dominated']} dominated, folded {c['fixed']} fixed and "
+        f"{c['free']} free nodes, "
         f"{c['separable']} separable edges)"
     )
     return Reduction(

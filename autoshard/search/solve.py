@@ -6,14 +6,16 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
 
 ``method="auto"``:
 
-1. :func:`~autoshard.search.reduce.reduce_problem` prunes, folds fixed nodes and eliminates memory-free
-   nodes of degree <= 2 (exact).
-2. No budget: exact tree DP / variable elimination.  If the treewidth makes a table exceed the size cap,
-   CP-SAT with a propagation warm start instead.
+1. :func:`~autoshard.search.reduce.reduce_problem` prunes, folds fixed nodes, eliminates memory-free
+   nodes of degree <= 2 and drops dominated strategies (all exact).
+2. No budget: exact tree DP / variable elimination (cutset conditioning when a table would exceed the size
+   cap).  Only if even that fails, CP-SAT with a propagation warm start.
 3. Budget: the exact optimum without the budget; if it fits, it is optimal under the budget too.  Otherwise
-   the least-memory plan decides feasibility (InfeasibleError stating the least memory needed), a short
-   Lagrangian sweep (exact solves of ``cost + lambda * memory``) gives a feasible plan and a lower bound, and
-   CP-SAT, warm-started from that plan, closes the gap within the time limit.
+   the least-memory plan decides feasibility (InfeasibleError stating the least memory needed), a
+   Lagrangian sweep (:mod:`~autoshard.search.budget`: exact solves of ``cost + lambda * memory``) gives a
+   fitting plan and a lower bound, Lagrangian fixing drops the strategies no plan cheaper than that one can
+   use, the problem is reduced again, and its exact optimum is returned if it fits; otherwise CP-SAT,
+   warm-started from the Lagrangian plan and told its bound, closes the gap within the time limit.
 
 ``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and bound);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
@@ -30,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -37,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from autoshard.errors import AutoshardError, InfeasibleError
+from autoshard.search.brute import brute_force
+from autoshard.search.budget import Lagrange, fixing_masks, lagrangian_sweep
 from autoshard.search.exact import MAX_FACTOR_SIZE, ExactSolver, FactorCapExceeded, min_memory_plan
 from autoshard.search.problem import (
     SearchProblem,
@@ -56,26 +61,60 @@ __all__ = ["Method", "solve", "trivial_lower_bound"]
 
 Method = Literal["auto", "exact", "ilp", "propagate"]
 
-#: Exact solves the Lagrangian sweep may spend before CP-SAT takes over.
-_LAGRANGE_STEPS = 12
+#: Rounds of Lagrangian sweep + fixing + reduction before CP-SAT takes over.  A second round can only
+#: gain where the first one's reduction (dominance, folding) changed the structure; on the LLaMA budgets
+#: measured it fixed nothing more, so two rounds bound the cost (~30 small exact solves each).
+_FIXING_ROUNDS = 2
+
+#: Plans the budgeted path enumerates outright once Lagrangian fixing has shrunk the problem (~0.1 s).
+_MAX_ENUMERATION = 200_000
 
 
 @dataclass(slots=True)
 class _Run:
-    """What one call of :func:`solve` has found so far (reduced-problem choices)."""
+    """What one call of :func:`solve` has found so far.
+
+    ``stages`` are the reductions applied so far, outermost first: a choice on the last stage's problem
+    expands through all of them to the original nodes.
+    """
 
     problem: SearchProblem
-    red: Reduction
+    stages: list[Reduction]
     start: float
     time_limit: float
     log: list[str] = field(default_factory=list)
+
+    @property
+    def current(self) -> SearchProblem:
+        """The problem the solvers work on now (the last stage's)."""
+        return self.stages[-1].problem
+
+    def offset(self) -> float:
+        """Original objective minus the current problem's objective, for any choice."""
+        return math.fsum(r.cost_offset for r in self.stages)
+
+    def expand(self, choice: Sequence[int]) -> tuple[int, ...]:
+        """A choice on the current problem as a choice on the original one."""
+        out = tuple(choice)
+        for red in reversed(self.stages):
+            out = red.expand(out)
+        return out
+
+    def restrict(self, choice: Sequence[int]) -> list[int | None]:
+        """An original choice on the current problem (None where a reduction removed its strategy)."""
+        out: list[int | None] = list(choice)
+        for red in self.stages:
+            out = red.restrict(out)
+        return out
 
     def left(self) -> float:
         return self.time_limit - (time.perf_counter() - self.start)
 
     def finish(self, reduced_choice: Sequence[int], bound: float, optimal: bool, method: str) -> Solution:
-        """Expand to the original nodes; ``bound`` is a lower bound on the *original* objective."""
-        choice = self.red.expand(reduced_choice)
+        """Expand a current-problem choice; ``bound`` is a lower bound on the *original* objective."""
+        return self.finish_original(self.expand(reduced_choice), bound, optimal, method)
+
+    def finish_original(self, choice: tuple[int, ...], bound: float, optimal: bool, method: str) -> Solution:
         objective = evaluate(self.problem, choice)
         if not math.isfinite(objective):
             raise _no_finite_plan(self.problem, choice)
@@ -137,7 +176,7 @@ def _exact_label(ex: ExactSolver) -> str:
 
 def _exact_solver(run: _Run, max_factor_size: float) -> ExactSolver | None:
     try:
-        return ExactSolver(pairwise_form(run.red.problem), max_factor_size)
+        return ExactSolver(pairwise_form(run.current), max_factor_size)
     except FactorCapExceeded as e:
         run.log.append(f"exact: {e}; treewidth too high, using CP-SAT")
         return None
@@ -149,92 +188,123 @@ def _fits(problem: SearchProblem, choice: Sequence[int]) -> bool:
 
 
 def _ilp(
-    run: _Run, hint: Sequence[int | None] | None, num_workers: int, floor: float = -math.inf
+    run: _Run,
+    hint: Sequence[int | None] | None,
+    num_workers: int,
+    floor: float = -math.inf,
+    fallback: tuple[int, ...] | None = None,
 ) -> Solution:
-    """CP-SAT on the reduced problem; ``floor`` is a lower bound on the reduced objective known already."""
+    """CP-SAT on the current problem.  ``floor`` is a lower bound on the current objective known already;
+    ``fallback`` a fitting plan on the original nodes, returned if CP-SAT finds nothing better."""
     from autoshard.search.ilp import solve_ilp  # lazy: ortools pulls in pandas (~0.5 s of import)
 
-    rp = run.red.problem
+    rp = run.current
     if hint is None or all(h is None for h in hint):
         hint = propagate(rp)
         run.log.append("hint: propagation plan")
     res = solve_ilp(rp, time_limit=max(0.01, run.left()), num_workers=num_workers, hint=hint)
     run.log.extend(res.log)
-    bound = max(res.lower_bound, floor) + run.red.cost_offset
+    bound = max(res.lower_bound, floor) + run.offset()
     full_hint = [h for h in hint if h is not None]
-    hint_ok = len(full_hint) == rp.num_nodes and _fits(rp, full_hint)
-    if res.choice is not None and (not hint_ok or evaluate(rp, res.choice) <= evaluate(rp, full_hint)):
-        return run.finish(res.choice, bound, res.optimal, "cp-sat")
-    if hint_ok:
+    if fallback is None and len(full_hint) == rp.num_nodes and _fits(rp, full_hint):
+        fallback = run.expand(full_hint)
+    if res.choice is not None:
+        found = run.expand(res.choice)
+        if fallback is None or evaluate(run.problem, found) <= evaluate(run.problem, fallback):
+            return run.finish_original(found, bound, res.optimal, "cp-sat")
+    if fallback is not None:
+        # When CP-SAT proved its plan optimal (to its integer resolution), one at least as cheap is too.
         run.log.append(f"cp-sat ({res.status}) did not beat the warm start; returning the warm start")
-        return run.finish(full_hint, bound, False, "warm-start")
+        return run.finish_original(fallback, bound, res.optimal, "warm-start")
     raise InfeasibleError(
         f"CP-SAT found no plan within the time limit ({run.time_limit:.0f} s) and did not prove "
         "infeasibility either. Fix: raise time_limit, or the memory limit."
     )
 
 
-@dataclass(slots=True)
-class _Lagrange:
-    """Best plan that fits the budget (reduced space) and the best Lagrangian bound on the reduced optimum."""
-
-    plan: tuple[int, ...]
-    cost: float
-    bound: float
-
-    def closed(self) -> bool:
-        return self.cost - self.bound <= 1e-9 * max(abs(self.cost), 1e-300)
-
-
-def _lagrange(ex: ExactSolver, rp: SearchProblem, lag: _Lagrange, lam0: float, run: _Run) -> _Lagrange:
-    """Sweep ``lambda``: each exact min of cost + lambda * (memory - limit) is a lower bound, and each
-    minimiser that fits the budget a plan."""
-    assert rp.memory is not None and rp.memory_limit is not None
-    memory, limit = rp.memory, rp.memory_limit
-
-    def probe(lam: float) -> bool:
-        unary = [c + lam * m for c, m in zip(ex.form.unary, memory, strict=True)]
-        plan, value = ex.solve(unary)
-        lag.bound = max(lag.bound, value - lam * limit)
-        fits = memory_of(rp, plan) <= limit
-        cost = evaluate(rp, plan)
-        if fits and cost < lag.cost:
-            lag.plan, lag.cost = plan, cost
-        return fits
-
-    lo, hi, steps = 0.0, lam0, 0
-    while steps < _LAGRANGE_STEPS and not probe(hi):
-        lo, hi, steps = hi, hi * 4.0, steps + 1
-    while steps < _LAGRANGE_STEPS and not lag.closed() and run.left() > 0.5 * run.time_limit:
-        mid = math.sqrt(lo * hi) if lo > 0 else hi / 4.0
-        lo, hi = (lo, mid) if probe(mid) else (mid, hi)
-        steps += 1
+def _fits_unconstrained(run: _Run, ex: ExactSolver) -> Solution | None:
+    """The exact optimum without the budget, as the answer when it fits (then it is optimal under it too)."""
+    rp = run.current
+    assert rp.memory_limit is not None
+    plan, value = ex.solve()
+    if memory_of(rp, plan) > rp.memory_limit:
+        return None
+    off = math.fsum(r.memory_offset for r in run.stages)
     run.log.append(
-        f"lagrangian: {steps + 1} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
-        f"(reduced problem)"
+        f"exact: the optimum without the budget fits ({format_bytes(memory_of(rp, plan) + off)} of "
+        f"{format_bytes(rp.memory_limit + off)}), so it is optimal under the budget too"
     )
-    return lag
+    return run.finish(plan, value + run.offset(), True, _exact_label(ex))
 
 
 def _with_budget(run: _Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float) -> Solution:
-    rp, off = run.red.problem, run.red.memory_offset
+    """Unconstrained optimum if it fits; else rounds of Lagrangian sweep, fixing and reduction, then
+    enumeration or CP-SAT on what is left."""
+    done = _fits_unconstrained(run, ex)
+    if done is not None:
+        return done
+    rp = run.current
     assert rp.memory_limit is not None
-    plan, value = ex.solve()
-    used = memory_of(rp, plan) + off
-    if used <= rp.memory_limit + off:
-        run.log.append(
-            f"exact: the optimum without the budget fits ({format_bytes(used)} of "
-            f"{format_bytes(rp.memory_limit + off)}), so it is optimal under the budget too"
-        )
-        return run.finish(plan, value + run.red.cost_offset, True, _exact_label(ex))
     least, least_mem = min_memory_plan(rp, max_factor_size=max_factor)
     if not least_mem <= rp.memory_limit:
+        off = math.fsum(r.memory_offset for r in run.stages)
         raise memory_infeasible_error(run.problem, memory_lower_bound(run.problem), least_mem + off)
-    lam0 = max(value, 1e-12) / max(used, 1.0)
-    lag = _lagrange(ex, rp, _Lagrange(least, evaluate(rp, least), value), lam0, run)
-    if method == "exact" or lag.closed():
-        return run.finish(lag.plan, lag.bound + run.red.cost_offset, lag.closed(), "exact:lagrangian")
-    return _ilp(run, lag.plan, num_workers, floor=lag.bound)
+    best = run.expand(least)  # the best fitting plan so far, on the original nodes
+    bound = -math.inf  # a proven lower bound on the original objective
+    for _ in range(_FIXING_ROUNDS):
+        lag = _sweep(run, ex, best, max_factor)
+        if run.offset() + lag.cost < evaluate(run.problem, best):
+            best = run.expand(lag.plan)
+        bound = max(bound, lag.bound + run.offset())
+        upper = evaluate(run.problem, best)
+        if upper - bound <= 1e-9 * abs(upper):
+            return run.finish_original(best, bound, True, "exact:lagrangian")
+        keep = fixing_masks(ex, run.current, lag, ceiling=upper - run.offset())
+        fixed = sum(int((~k).sum()) for k in keep)
+        run.log.append(
+            f"lagrangian fixing: {fixed} of {sum(run.current.sizes)} strategies cannot beat that plan"
+        )
+        red = reduce_problem(dataclasses.replace(run.current, allowed=tuple(keep)))
+        run.stages.append(red)
+        run.log.extend(red.log)
+        plans_left = math.prod(run.current.sizes)
+        if plans_left <= _MAX_ENUMERATION:
+            # What fixing leaves is often tiny (LLaMA-3-8B: a few nodes, no edges): enumerating it is exact,
+            # deterministic and spares the CP-SAT import.
+            run.log.append(f"enumerating the {plans_left} plans left")
+            found = brute_force(run.current, max_assignments=_MAX_ENUMERATION).choice
+            return run.finish(found, bound, True, "exact:enumeration")
+        solver = _exact_solver(run, max_factor)
+        if solver is None:
+            break
+        ex = solver
+        done = _fits_unconstrained(run, ex)
+        if done is not None:
+            return done
+        if fixed == 0:
+            break
+    if method == "exact":
+        return run.finish_original(best, bound, False, "exact:lagrangian")
+    return _ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
+
+
+def _sweep(run: _Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) -> Lagrange:
+    """Lagrangian sweep on the current problem, starting from ``best`` (original nodes) where that plan
+    survived the reductions, else from the current least-memory plan."""
+    rp = run.current
+    here = run.restrict(best)
+    start = tuple(s for s in here if s is not None)
+    if len(start) != rp.num_nodes:
+        start, _ = min_memory_plan(rp, max_factor_size=max_factor)
+    plan, value = ex.solve()
+    lag = Lagrange(start, evaluate(rp, start), value, 0.0)
+    lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
+    lagrangian_sweep(ex, rp, lag, lam0, deadline=run.start + 0.5 * run.time_limit)
+    run.log.append(
+        f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
+        f"(reduced problem)"
+    )
+    return lag
 
 
 def solve(
@@ -256,9 +326,10 @@ def solve(
         sol = _propagate(problem, start)
         if sol is not None:
             return sol
-    # Eliminating memory-free nodes shrinks the CP-SAT model; without one, tree DP / VE does it faster.
-    red = reduce_problem(problem, eliminate_free=problem.memory_limit is not None or method == "ilp")
-    run = _Run(problem, red, start, time_limit, log=list(red.log))
+    # Folding free nodes creates the pair matrices on which dominance prunes most (the LLaMA problems
+    # reduce to nothing), and it shrinks the CP-SAT model.
+    red = reduce_problem(problem)
+    run = _Run(problem, [red], start, time_limit, log=list(red.log))
     if method == "propagate":
         run.log.insert(0, "propagate: the plan has inf cost or breaks the budget; solving exactly instead")
         method = "auto"
@@ -271,7 +342,7 @@ def solve(
                 "method='exact' cannot solve this graph: " + run.log[-1] + ". Use method='auto' or 'ilp'."
             )
         return _ilp(run, None if hint is None else red.restrict(hint), num_workers)
-    run.log.append(f"exact: {ex.method}, width {ex.width}, largest table {ex.largest_factor} entries")
+    run.log.append(f"exact: {ex.describe()}")
     if red.problem.memory_limit is not None:
         return _with_budget(run, ex, method, num_workers, max_factor_size)
     plan, value = ex.solve()

@@ -68,3 +68,36 @@ def random_chain(seed: int, length: int, strategies: int) -> SearchProblem:
 
 def close(a: float, b: float, rel: float = 1e-9) -> bool:
     return a == b or abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+
+
+def transformer_problem(seed: int, strategies: int, *, memory: bool = False) -> SearchProblem:
+    """One decoder layer solved once, shaped like the planner's LLaMA problem (random costs).
+
+    The layer output ``res2`` feeds the layer's own input consumers (the "wraparound" of identical layers
+    sharing variables), and the global RoPE tables ``cos``/``sin`` feed both ``q`` and ``k``: treewidth 4.
+    Aligned strategies (same index) redistribute for free.
+    """
+    names = ["embed", "cos", "sin", "norm1", "q", "k", "v", "attn", "o", "res1"]
+    names += ["norm2", "gate", "up", "act", "down", "res2", "final", "head"]
+    at = {name: i for i, name in enumerate(names)}
+    flows = [
+        ("embed", "norm1"), ("embed", "res1"), ("res2", "norm1"), ("res2", "res1"),  # the wraparound
+        ("norm1", "q"), ("norm1", "k"), ("norm1", "v"),
+        ("cos", "q"), ("cos", "k"), ("sin", "q"), ("sin", "k"),  # the global RoPE tables
+        ("q", "attn"), ("k", "attn"), ("v", "attn"), ("attn", "o"), ("o", "res1"),
+        ("res1", "norm2"), ("res1", "res2"), ("norm2", "gate"), ("norm2", "up"), ("gate", "act"),
+        ("act", "down"), ("up", "down"), ("down", "res2"), ("res2", "final"), ("final", "head"),
+    ]  # fmt: skip
+    rng = np.random.default_rng(seed)
+    s = strategies
+    edges = []
+    for u, v in flows:
+        cost = rng.random((s, s)) * (1.0 - np.eye(s))
+        edges.append(Edge(at[u], at[v], cost))
+    mem = tuple(rng.integers(1, 100, s).astype(float) for _ in names) if memory else None
+    return SearchProblem(
+        node_costs=tuple(rng.random(s) for _ in names),
+        edges=tuple(edges),
+        names=tuple(names),
+        memory=mem,
+    )

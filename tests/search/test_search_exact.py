@@ -106,7 +106,8 @@ def test_solver_reuses_structure_for_new_unary_costs() -> None:
 def test_min_memory_plan_is_the_least_memory_finite_plan(seed: int) -> None:
     p = random_problem(seed, memory=True, inf_fraction=0.3)
     choice, mem = min_memory_plan(p)
-    grid = np.indices(p.sizes).reshape(p.num_nodes, -1).T
+    assert p.memory is not None
+    grid = np.indices(p.sizes).reshape(p.num_nodes, -1).T.tolist()
     finite = [
         (sum(p.memory[i][c[i]] for i in range(p.num_nodes))) for c in grid if math.isfinite(evaluate(p, c))
     ]
@@ -126,3 +127,24 @@ def test_disconnected_components_and_determinism() -> None:
     r = solve_exact(joined)
     assert close(r.objective, solve_exact(a).objective + solve_exact(b).objective)
     assert solve_exact(joined).choice == r.choice
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_min_marginals_match_brute_force(seed: int) -> None:
+    p = random_problem(
+        seed + 700, max_nodes=7, inf_fraction=0.25 if seed % 3 == 0 else 0.0, cyclic=seed % 5 != 0
+    )
+    form = pairwise_form(p)
+    full = ExactSolver(form)
+    cap = 1e12 if full.plan is None or seed % 2 else max(1, full.plan.largest // 3)
+    try:
+        solver = ExactSolver(form, cap)  # odd seeds: plain elimination; even: conditioned where possible
+    except FactorCapExceeded:
+        solver = full
+    want = [np.full(s, math.inf) for s in p.sizes]
+    for c in np.indices(p.sizes).reshape(p.num_nodes, -1).T.tolist():
+        value = evaluate(p, c)
+        for i, s in enumerate(c):
+            want[i][s] = min(want[i][s], value)
+    got = solver.min_marginals()
+    assert all(np.allclose(g, w, rtol=1e-9, atol=1e-12) for g, w in zip(got, want, strict=True))

@@ -75,7 +75,7 @@ def test_memory_nodes_stay_and_constant_memory_nodes_go() -> None:
         memory=mem,
         memory_limit=6.0,
     )
-    red = reduce_problem(p)
+    red = reduce_problem(p, dominance=False)
     assert red.kept == (0, 2) and red.memory_offset == 3.0 and red.problem.memory_limit == 3.0
 
 
@@ -85,7 +85,7 @@ def test_separable_and_parallel_edges_disappear() -> None:
         (Edge(0, 1, np.add.outer([1.0, 2.0], [0.0, 5.0, 1.0])), Edge(1, 0, np.zeros((3, 2)))),
         ("a", "b"),
     )
-    red = reduce_problem(p, eliminate_free=False)
+    red = reduce_problem(p, eliminate_free=False, dominance=False)
     assert red.problem.edges == () and "1 separable" in red.log[0]
     assert close(evaluate(red.problem, (0, 0)) + red.cost_offset, evaluate(p, red.expand((0, 0))))
 
@@ -128,5 +128,5 @@ def test_restrict_maps_hints_onto_pruned_domains() -> None:
     p = SearchProblem(
         (np.array([0.0, inf, 0.0]), np.zeros(2)), (Edge(0, 1, np.array([[0.0, 1.0]] * 3)),), ("a", "b")
     )
-    red = reduce_problem(p, eliminate_free=False)
+    red = reduce_problem(p, eliminate_free=False, dominance=False)
     assert red.restrict((2, 1)) == [1, 1] and red.restrict((1, 0)) == [None, 0]

@@ -114,7 +114,7 @@ def test_propagate_method_and_hint() -> None:
 def test_same_problem_same_plan() -> None:
     p = random_problem(21, max_nodes=9, memory=True)
     for method in ("auto", "ilp"):
-        a, b = solve(p, method=method), solve(p, method=method)  # type: ignore[arg-type]
+        a, b = solve(p, method=method), solve(p, method=method)
         assert a.choice == b.choice and a.objective == b.objective
 
 

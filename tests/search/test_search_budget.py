@@ -1,0 +1,83 @@
+"""Binding memory budgets: Lagrangian bound and plan, fixing never drops the optimum, the dispatcher's path."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from search_cases import close, random_problem, transformer_problem
+
+from autoshard.errors import InfeasibleError
+from autoshard.search import SearchProblem, brute_force, memory_of, solve
+from autoshard.search.budget import Lagrange, fixing_masks, lagrangian_sweep
+from autoshard.search.exact import ExactSolver, min_memory_plan
+from autoshard.search.problem import evaluate, pairwise_form
+
+
+def _binding(seed: int) -> SearchProblem | None:
+    """A random problem whose budget rules out the unconstrained optimum (None when it does not)."""
+    p = random_problem(seed, max_nodes=8, memory=True, inf_fraction=0.15 if seed % 2 else 0.0)
+    try:
+        free = brute_force(dataclasses.replace(p, memory_limit=None))
+        brute_force(p)
+    except InfeasibleError:
+        return None
+    return p if memory_of(p, free.choice) > p.memory_limit else None  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lagrangian_bound_plan_and_fixing_keep_the_optimum(seed: int) -> None:
+    p = _binding(seed + 2000)
+    if p is None:
+        return
+    want = brute_force(p).objective
+    ex = ExactSolver(pairwise_form(p))
+    least, _ = min_memory_plan(p)
+    plan, value = ex.solve()
+    lag = lagrangian_sweep(
+        ex, p, Lagrange(least, evaluate(p, least), value, 0.0), lam0=value / memory_of(p, plan)
+    )
+    assert lag.bound <= want * (1 + 1e-9) + 1e-12 <= lag.cost * (1 + 2e-9) + 2e-12
+    assert memory_of(p, lag.plan) <= p.memory_limit  # type: ignore[operator]
+    keep = fixing_masks(ex, p, lag)
+    assert all(k[s] for k, s in zip(keep, lag.plan, strict=True))
+    fixed = dataclasses.replace(p, allowed=tuple(keep))
+    assert close(brute_force(fixed).objective, want)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_budgeted_solve_matches_brute_force_and_repeats(seed: int) -> None:
+    p = _binding(seed + 3000)
+    if p is None:
+        return
+    s = solve(p)
+    assert s.optimal and close(s.objective, brute_force(p).objective, 1e-7)
+    assert memory_of(p, s.choice) <= p.memory_limit  # type: ignore[operator]
+    assert solve(p).choice == s.choice
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+def test_tight_budgets_on_a_transformer_layer(fraction: float) -> None:
+    p = transformer_problem(1, 6, memory=True)
+    free = solve(p)
+    _, least_mem = min_memory_plan(p)
+    budget = math.floor(least_mem + fraction * (memory_of(p, free.choice) - least_mem))
+    q = dataclasses.replace(p, memory_limit=float(budget))
+    s = solve(q, time_limit=20)
+    assert s.optimal and memory_of(q, s.choice) <= budget
+    assert s.objective >= free.objective * (1 - 1e-12)
+    ilp = solve(q, method="ilp", time_limit=20)  # CP-SAT on the whole reduced problem agrees
+    assert close(ilp.objective, s.objective, 1e-7)
+
+
+def test_fixing_ceiling_from_a_better_known_plan() -> None:
+    p = next(q for q in map(_binding, range(2000, 2100)) if q is not None)
+    ex = ExactSolver(pairwise_form(p))
+    least, _ = min_memory_plan(p)
+    lag = Lagrange(least, evaluate(p, least), ex.solve()[1], 0.0)
+    loose = fixing_masks(ex, p, lag)
+    best = brute_force(p)
+    tight = fixing_masks(ex, p, lag, ceiling=best.objective)
+    assert all((t <= k).all() for t, k in zip(tight, loose, strict=True))
+    assert all(t[s] for t, s in zip(tight, best.choice, strict=True))
