@@ -1,62 +1,25 @@
-"""Capture + plan LLaMA-3-8B on 64 devices and LLaMA-3-70B on 1024 devices, on the meta device.
+"""The two headline planning cases against ARCHITECTURE.md's targets, each in a fresh process.
 
-    python benchmarks/plan_llama.py            # both cases
-    python benchmarks/plan_llama.py --case 8b  # one case
+    python -m benchmarks.plan_llama            # both cases
+    python -m benchmarks.plan_llama --case 8b  # one case
 
-Prints, per case: time to build the model, per-stage planning times (capture, strategies and costs, solve),
-total end-to-end planning time, peak RSS of the process, the solver's certificate and the plan's headline
-figures.  Each case runs in a fresh subprocess so peak RSS is per case.
+LLaMA-3-8B on 8 x 8 A100s (global batch 64 x 4096): target <= 5 s; LLaMA-3-70B on 128 x 8 (1024 x 4096):
+target <= 10 s; both under 1.5 GiB and provably optimal.  The same case function as the suite's search-scaling
+table (:func:`benchmarks.scaling.plan_case`); ``python -m benchmarks --only scaling`` runs the whole matrix.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
-import time
+
+from benchmarks.isolate import run_isolated
 
 CASES = {
-    # name: (zoo model, nodes, mesh, batch, seq)
-    "8b": ("llama3-8b", 8, (8, 8), 64, 4096),
-    "70b": ("llama3-70b", 128, (128, 8), 1024, 4096),
+    # name: (zoo model, mesh, global batch, seq, target seconds)
+    "8b": ("llama3-8b", (8, 8), 64, 4096, 5.0),
+    "70b": ("llama3-70b", (128, 8), 1024, 4096, 10.0),
 }
-
-
-def run_case(name: str) -> dict:
-    import torch  # noqa: F401  (imported here so its cost is reported apart from planning)
-
-    import autoshard
-    from autoshard import zoo
-
-    model_name, nodes, mesh, batch, seq = CASES[name]
-    t0 = time.perf_counter()
-    case = zoo.build(model_name, batch=batch, seq=seq, device="meta")
-    t_build = time.perf_counter() - t0
-    cluster = autoshard.load_cluster("a100x8", nodes=nodes, mesh=mesh)
-    t1 = time.perf_counter()
-    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs)
-    t_plan = time.perf_counter() - t1
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {
-        "case": name,
-        "model": model_name,
-        "mesh": list(mesh),
-        "devices": cluster.num_devices,
-        "global_batch": f"{batch} x {seq}",
-        "build_model_s": round(t_build, 2),
-        "plan_s": round(t_plan, 2),
-        "stages_s": {k: round(v, 3) for k, v in plan.timings.items()},
-        "peak_rss_gib": round(peak / 2**30, 2),
-        "solver": plan.solver.method,
-        "optimal": plan.solver.optimal,
-        "gap": plan.solver.gap,
-        "step_time_s": round(plan.predicted_step_time, 3),
-        "memory_gib": round(plan.memory_per_device / 2**30, 1),
-        "notes": list(plan.notes),
-        "sample_placements": dict(list(plan.param_placements.items())[:6]),
-    }
 
 
 def main() -> None:
@@ -64,23 +27,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--case", choices=sorted(CASES), action="append")
-    parser.add_argument("--inner", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.inner:
-        print(json.dumps(run_case(args.inner)))
-        return
     for name in args.case or list(CASES):
-        t0 = time.perf_counter()
-        out = subprocess.run(
-            [sys.executable, __file__, "--inner", name], capture_output=True, text=True, check=False
+        model, mesh, batch, seq, target = CASES[name]
+        r = run_isolated(
+            "benchmarks.scaling:plan_case", {"model": model, "mesh": list(mesh), "batch": batch, "seq": seq}
         )
-        wall = time.perf_counter() - t0
-        if out.returncode != 0:
-            print(f"{name}: FAILED\n{out.stderr[-3000:]}")
+        if "error" in r:
+            print(f"{name}: FAILED: {r['error']}")
             continue
-        result = json.loads(out.stdout.strip().splitlines()[-1])
-        result["process_wall_s"] = round(wall, 2)
-        print(json.dumps(result, indent=1))
+        met = r["total_s"] <= target and r["peak_rss_gib"] <= 1.5 and r["optimal"]
+        r["target"] = f"<= {target:.0f} s, <= 1.5 GiB, optimal: {'met' if met else 'MISSED'}"
+        print(json.dumps({"case": name, "model": model, "mesh": list(mesh), **r}, indent=1))
 
 
 if __name__ == "__main__":
