@@ -8,17 +8,11 @@ from torch import nn
 
 import autoshard
 from autoshard import zoo
+from autoshard.zoo import MLP
 
 
-class WideMLP(nn.Module):
-    def __init__(self, hidden: int = 8192, ffn: int = 32768) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, ffn)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(ffn, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+def WideMLP(hidden: int = 8192, ffn: int = 32768) -> nn.Module:
+    return MLP(hidden, ffn)
 
 
 class DeepMLP(nn.Module):
