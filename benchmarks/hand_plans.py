@@ -20,7 +20,10 @@ storage, not only on the parameters: pinning only a weight's storage lets the pl
 data parallel anyway, which turns every baseline into autoshard's own plan.  Everything else -- norms,
 attention, elementwise ops, the redistributions in between -- is left to the planner, so each baseline is
 the *best* completion of that hand plan under the same cost model, and autoshard / hand plan <= 1.00 is a
-theorem as long as both solve exactly (the hand plan's problem is the same problem with fewer strategies).
+theorem as long as both solve exactly under the same recomputation policy (the hand plan's problem is the
+same problem with fewer strategies).  Both retry with full recomputation only when nothing fits without, as
+:func:`autoshard.plan` does, so a hand plan that fits only with recomputation could in principle beat an
+autoshard plan that fits without; the benchmark would show it as a ratio above 1.
 
 Plans: ``data parallel`` and ``fsdp`` on any mesh; ``megatron tp`` on 1-D meshes (on a multi-node mesh pure TP
 would replicate the batch across nodes); ``tp x dp`` and ``tp x fsdp`` (torchtitan's 2-D default) on 2-D meshes,

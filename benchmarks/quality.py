@@ -140,6 +140,8 @@ def run(quick: bool, log: Any = print) -> list[Table]:
         "(tried when nothing fits without, as autoshard.plan does); no fit: does not fit in 80 GiB even with it.",
         *notes,
     ]
+    if not quick and not any("autoshard.plan predicts" in n or "failed" in n for n in notes):
+        notes.append("autoshard.plan itself predicted the same step time as the autoshard row in every case.")
     if quick:
         notes.append(
             "--quick: one case; the full run covers GPT-2 124M-1.5B and LLaMA-3-8B/70B on A100 and H100."

@@ -218,8 +218,9 @@ def depth_scaling(quick: bool, log: Any = print) -> Table:
         )
     notes = (
         "GPT-2 124M shapes (768 hidden, 12 heads) with 1-96 layers; 64 A100s as 8x8; batch 64 x 1024.",
-        "collapsed: repeated layers captured twice and solved once (cost x N); blocks of fewer than 3 layers "
-        "are not collapsed.  full: blocks=None, every layer in the graph.",
+        "collapsed: repeated layers captured twice and solved once (cost x N); with fewer than 3 layers every "
+        "layer is captured, and 2 identical layers still share one decision.  full: blocks=None, every layer "
+        "in the graph, each with its own decisions.",
         "variables: the plan's decisions (graph nodes; one layer's nodes when collapsed).  same optimum: "
         "full and collapsed graphs give the same predicted step time (collapse is exact among plans that "
         "treat identical layers alike).",
