@@ -171,11 +171,8 @@ def build_problem(
     index = {name: k for k, name in enumerate(variables)}
     mesh = cluster.mesh_shape
     strategies = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
-    mult = {name: 0 for name in variables}
-    for info in ordered:
-        mult[template[info.name]] += 1
-    if n_blocks > 1:
-        mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
+    # a shared block variable stands for its node in every one of the N layers; everything else for itself
+    mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
     cache = StepCache(cluster)
     keeps = _keeps(infos, opts)
     node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
