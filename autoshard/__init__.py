@@ -39,7 +39,7 @@ from autoshard.errors import (
 if TYPE_CHECKING:
     from autoshard.cluster import Cluster, load_cluster
     from autoshard.codegen.parallelize import parallelize
-    from autoshard.pipeline import plan
+    from autoshard.planner import plan
     from autoshard.plans import Plan, load_plan
     from autoshard.runtime.verify import verify
 
@@ -50,7 +50,7 @@ _LAZY = {
     "load_cluster": "autoshard.cluster",
     "Plan": "autoshard.plans",
     "load_plan": "autoshard.plans",
-    "plan": "autoshard.pipeline",
+    "plan": "autoshard.planner",
     "parallelize": "autoshard.codegen.parallelize",
     "verify": "autoshard.runtime.verify",
 }

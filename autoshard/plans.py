@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from autoshard.errors import PlanFileError
 
-__all__ = ["Collective", "NodePlan", "Plan", "SolverReport", "load_plan"]
+__all__ = ["Collective", "NodePlan", "PipelinePlan", "PipelineStage", "Plan", "SolverReport", "load_plan"]
 
 FORMAT = "autoshard-plan"
 VERSION = 1
@@ -78,6 +78,44 @@ class SolverReport:
     log: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineStage:
+    """One pipeline stage: a contiguous run of the model's layers on one slice of the pipeline mesh axis.
+
+    ``modules`` are the user-module paths the stage owns, in execution order (e.g. ``("model.embed_tokens",
+    "model.layers.0", ..., "model.layers.9")``); ``layers`` is the half-open range of repeated-layer indices it
+    holds (``(0, 10)``), ``None`` when it holds no repeated layer.  ``ranks`` are the global ranks of its
+    device group (one intra-op sub-mesh).
+    """
+
+    index: int
+    modules: tuple[str, ...]
+    layers: tuple[int, int] | None
+    ranks: tuple[int, ...]
+    compute_seconds: float = 0.0  # forward + backward of one microbatch on this stage
+    memory_bytes: float = 0.0  # peak per device of this stage under the schedule
+
+
+@dataclass(frozen=True, slots=True)
+class PipelinePlan:
+    """Pipeline parallelism of a plan: the stages, the schedule and its predicted bubble.
+
+    ``schedule`` names a ``torch.distributed.pipelining`` schedule: ``"gpipe"``, ``"1f1b"``,
+    ``"interleaved_1f1b"``, ``"zb_v"`` or ``"interleaved_zb"``; ``virtual_stages`` is the number of model chunks
+    per rank (1 except for interleaved / V schedules), so ``len(stages) == degree * virtual_stages``.
+    """
+
+    stages: tuple[PipelineStage, ...]
+    schedule: str
+    virtual_stages: int = 1
+    bubble_fraction: float = 0.0
+    mesh_axis: int = 0  # the mesh axis the stages are laid along (outermost by default)
+
+    @property
+    def degree(self) -> int:
+        return len(self.stages) // max(1, self.virtual_stages)
+
+
 @dataclass(frozen=True)
 class Plan:
     """A sharding plan.  Treat the mappings as read-only."""
@@ -103,6 +141,11 @@ class Plan:
     input_shapes: dict[str, tuple[tuple[int, ...], str]] = field(
         default_factory=dict
     )  # global (shape, dtype)
+    # Degree per kind of parallelism the plan uses: keys among "dp", "fsdp", "tp", "sp", "cp", "ep", "pp";
+    # a kind that is unused is absent (or 1).  Filled by the planner; read by the report's headline.
+    degrees: dict[str, int] = field(default_factory=dict)
+    microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
+    pipeline: PipelinePlan | None = None
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -162,12 +205,38 @@ class Plan:
                 notes=tuple(data.get("notes", ())),
                 memory_limit=data.get("memory_limit"),
                 input_shapes={k: (tuple(v[0]), str(v[1])) for k, v in data.get("input_shapes", {}).items()},
+                degrees={str(k): int(v) for k, v in data.get("degrees", {}).items()},
+                microbatches=int(data.get("microbatches", 1)),
+                pipeline=_pipeline_from_json(data.get("pipeline")),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanFileError(
                 f"{source}: malformed plan ({type(e).__name__}: {e}); re-create the file"
             ) from e
+
+
+def _pipeline_from_json(data: dict[str, Any] | None) -> PipelinePlan | None:
+    if data is None:
+        return None
+    stages = tuple(
+        PipelineStage(
+            index=int(st["index"]),
+            modules=tuple(st["modules"]),
+            layers=None if st.get("layers") is None else (int(st["layers"][0]), int(st["layers"][1])),
+            ranks=tuple(int(r) for r in st["ranks"]),
+            compute_seconds=float(st.get("compute_seconds", 0.0)),
+            memory_bytes=float(st.get("memory_bytes", 0.0)),
+        )
+        for st in data["stages"]
+    )
+    return PipelinePlan(
+        stages=stages,
+        schedule=str(data["schedule"]),
+        virtual_stages=int(data.get("virtual_stages", 1)),
+        bubble_fraction=float(data.get("bubble_fraction", 0.0)),
+        mesh_axis=int(data.get("mesh_axis", 0)),
+    )
 
 
 def load_plan(path: str | Path) -> Plan:

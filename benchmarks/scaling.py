@@ -74,7 +74,7 @@ def plan_case(
         "capture_s": t.get("capture"),
         "strategies_s": t.get("strategies_and_costs"),
         "solve_s": t.get("solve"),
-        # pipeline.plan overwrites the stage timings when it retries with recomputation; the difference is the
+        # planner.plan overwrites the stage timings when it retries with recomputation; the difference is the
         # first attempt (strategies + solve without recomputation, which did not fit)
         "retry_s": round(max(0.0, t.get("total", 0.0) - staged), 2),
         "total_s": t.get("total"),
