@@ -1,0 +1,63 @@
+"""The ``autoshard`` command: a thin shell over the Python API and :mod:`autoshard.report`.
+
+    autoshard search --profile a100x8.json [--model gpt2] [--nodes 2 --mesh 2x8] [--batch 8] [--seq 1024]
+                     [--annotate fc1=column ...] [--memory-limit 40] [--out plan.json] [--dot plan.dot]
+                     [--svg plan.svg] [--json] [--no-baseline]
+    autoshard show plan.json
+    autoshard dot plan.json [-o plan.svg] [--ops]
+    autoshard verify --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
+
+``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
+split over all devices) and prints both side by side.  Errors print one line on stderr and exit with code 2
+(usage errors too); ``--debug`` shows the traceback.  A progress line runs on stderr while planning, only
+when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from autoshard.cli import dot, search, show, verify
+from autoshard.cli.args import CliError, one_line, parse_choice
+from autoshard.cli.verify import VERIFY_MODULE
+from autoshard.errors import AutoshardError
+
+__all__ = ["COMMANDS", "VERIFY_MODULE", "CliError", "main", "parse_choice"]
+
+# One module per subcommand, each with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> exit code``.
+# A new subcommand is a new module and one entry here.
+COMMANDS: dict[str, ModuleType] = {"search": search, "show": show, "dot": dot, "verify": verify}
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    parser = argparse.ArgumentParser(
+        prog="autoshard", description="Auto-parallel planner for PyTorch models.", parents=[common]
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        module.add_arguments(sub.add_parser(name, parents=[common], help=module.HELP))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 1 verify found a difference, 2 error, 130 interrupted)."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), message already printed
+        return int(e.code) if isinstance(e.code, int) else 2
+    debug = getattr(args, "debug", False)
+    try:
+        return int(COMMANDS[args.command].run(args))
+    except AutoshardError as e:
+        if debug:
+            raise
+        print(f"autoshard: error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autoshard: interrupted", file=sys.stderr)
+        return 130

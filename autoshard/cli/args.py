@@ -1,0 +1,111 @@
+"""Argument types shared by the ``autoshard`` subcommands, and the one-line error helpers."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+from typing import Any
+
+from autoshard.errors import AutoshardError
+
+__all__ = [
+    "PATTERNS",
+    "CliError",
+    "amount",
+    "annotation",
+    "first_clause",
+    "mesh",
+    "one_line",
+    "parse_choice",
+    "positive",
+]
+
+PATTERNS = ("column", "row", "vocab", "replicate")
+
+
+class CliError(AutoshardError, ValueError):
+    """A command-line option that cannot work (a bad value, a missing file or tool)."""
+
+
+def mesh(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(p) for p in text.lower().replace(",", "x").split("x") if p)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"mesh {text!r}: write axis sizes like 2x8 or 16") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"mesh {text!r}: axis sizes must be positive integers, e.g. 2x8")
+    return sizes
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def amount(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, e.g. 40 or 0.5") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number, e.g. 40 or 0.5")
+    return value
+
+
+def annotation(text: str) -> tuple[str, Any]:
+    """``TARGET=CHOICE`` → ``(target, choice)`` in a form ``autoshard.plan(annotations=...)`` accepts."""
+    target, sep, choice = (s.strip() for s in text.partition("="))
+    if not sep or not target or not choice:
+        raise argparse.ArgumentTypeError(f"annotation {text!r}: write TARGET=CHOICE, e.g. fc1=column")
+    return target, parse_choice(choice)
+
+
+def parse_choice(choice: str) -> Any:
+    """A pattern (``column``, ``row@0``), a split tuple (``((2, 1), (1, 4))``) or placements (``(R, S(0))``)."""
+    name, _, axis = choice.partition("@")
+    if name in PATTERNS:
+        if axis and not axis.isdigit():
+            raise argparse.ArgumentTypeError(f"{choice!r}: write the axis as a number, e.g. {name}@0")
+        return choice
+    if choice.replace(" ", "").startswith("(("):
+        return _split_tuple(choice)
+    from autoshard.errors import ShardingError
+    from autoshard.placement import ShardingSpec
+
+    try:
+        return ShardingSpec.parse(choice).as_strings()
+    except ShardingError as e:
+        raise argparse.ArgumentTypeError(
+            f"{choice!r} is neither a pattern ({', '.join(PATTERNS)}, optionally @AXIS) nor placements "
+            f"like S(0) or '(R, S(1))' ({e})"
+        ) from None
+
+
+def _split_tuple(choice: str) -> tuple[tuple[int, ...], ...]:
+    try:
+        value = ast.literal_eval(choice)
+    except (ValueError, SyntaxError):
+        value = None
+    ok = isinstance(value, tuple) and all(
+        isinstance(t, tuple) and all(isinstance(i, int) and i >= 1 for i in t) for t in value
+    )
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{choice!r}: a split tuple looks like '((2, 1), (1, 4))'")
+    return value
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def first_clause(error: BaseException) -> str:
+    """The message up to its first '; ' or '. ' (the what, without the how-to-fix that follows)."""
+    text = one_line(error)
+    cut = min((i for i in (text.find("; "), text.find(". ")) if i > 0), default=len(text))
+    return text[:cut]

@@ -1,0 +1,198 @@
+"""``autoshard search``: plan a model on a cluster, then plan it again as pure data parallel, print both."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoshard.cli.args import CliError, amount, annotation, first_clause, mesh, one_line, positive
+from autoshard.errors import AutoshardError
+
+if TYPE_CHECKING:
+    from autoshard.cluster import Cluster
+    from autoshard.plans import Plan
+    from autoshard.report.progress import Progress
+    from autoshard.report.table import Baseline
+    from autoshard.zoo import ModelCase
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "plan a model on a cluster, print the report"
+DEFAULT_MODEL = "gpt2"
+
+
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--profile", required=True, help="bundled profile (a100x8, h100x8, v100x8, cpu) or JSON path"
+    )
+    s.add_argument(
+        "--model", default=DEFAULT_MODEL, help="zoo name (default gpt2) or path/to/file.py:function"
+    )
+    s.add_argument("--nodes", type=positive, default=1, help="number of nodes (default 1)")
+    s.add_argument("--mesh", type=mesh, default=None, help="mesh axis sizes, e.g. 2x8 (default: one axis)")
+    s.add_argument("--batch", type=positive, default=None, help="global batch size (zoo models)")
+    s.add_argument("--seq", type=positive, default=None, help="sequence length (zoo models)")
+    s.add_argument(
+        "--annotate",
+        type=annotation,
+        action="append",
+        default=[],
+        metavar="TARGET=CHOICE",
+        help="pin a module or tensor: fc1=column, fc2=row@0, lm_head.weight='(R, S(0))', x=S(0)",
+    )
+    s.add_argument(
+        "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
+    )
+    s.add_argument("--inference", action="store_true", help="plan the forward pass only")
+    s.add_argument("--time-limit", type=amount, default=60.0, metavar="SECONDS", help="solver time limit")
+    s.add_argument("--no-baseline", action="store_true", help="skip the pure data-parallel comparison")
+    s.add_argument("--out", default=None, metavar="PLAN.json", help="save the plan as JSON")
+    s.add_argument("--dot", default=None, metavar="PLAN.dot", help="write the plan's graph as DOT")
+    s.add_argument("--svg", default=None, metavar="PLAN.svg", help="render the graph to SVG (needs graphviz)")
+    s.add_argument("--json", action="store_true", help="print the plan and report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    import autoshard
+    from autoshard.report.progress import Progress
+
+    _check_outputs(args)
+    start = time.perf_counter()
+    cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=args.mesh)
+    with Progress(f"building {args.model}") as progress:
+        case = _model_case(args)
+        plan = _plan(case, cluster, args, dict(args.annotate) or None, progress, f"planning {case.name}")
+        baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress)
+    elapsed = time.perf_counter() - start
+    _write_outputs(plan, args)
+    _print_result(plan, baseline, args, elapsed)
+    return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Fail before planning, not after: output directories exist, graphviz is there for --svg."""
+    for option in ("out", "dot", "svg"):
+        path = getattr(args, option)
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise CliError(
+                f"--{option} {path}: directory {Path(path).parent} does not exist; create it first"
+            )
+    if args.svg is not None:
+        from autoshard.report.dot import graphviz_binary
+
+        if graphviz_binary() is None:
+            raise CliError(
+                f"--svg {args.svg}: graphviz's `dot` is not installed (apt install graphviz / brew install "
+                "graphviz); use --dot plan.dot to write the graph as DOT instead"
+            )
+
+
+def _model_case(args: argparse.Namespace) -> ModelCase:
+    from autoshard import zoo
+
+    path, sep, _ = args.model.rpartition(":")
+    if not (sep and path.endswith(".py")):
+        return zoo.build(args.model, batch=args.batch, seq=args.seq)
+    if args.batch is not None or args.seq is not None:
+        raise CliError(f"--batch/--seq apply to zoo models; {args.model} builds its own inputs: drop them")
+    try:
+        return zoo.load_spec(args.model)
+    except AutoshardError:
+        raise
+    except Exception as e:  # the user's own code failed: say where, keep the traceback for --debug
+        raise CliError(f"{args.model}: building the model failed: {type(e).__name__}: {e}") from e
+
+
+def _plan(
+    case: ModelCase,
+    cluster: Cluster,
+    args: argparse.Namespace,
+    annotations: dict[str, Any] | None,
+    progress: Progress,
+    title: str,
+) -> Plan:
+    import autoshard
+
+    options: dict[str, Any] = {
+        "annotations": annotations,
+        "training": not args.inference,
+        "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
+        "time_limit": args.time_limit,
+    }
+    if "progress" in inspect.signature(autoshard.plan).parameters:  # when the pipeline reports its stages
+        options["progress"] = progress.stage
+    progress.start(title)
+    return autoshard.plan(case.model, cluster, case.args, case.kwargs, **options)
+
+
+def _baseline(
+    case: ModelCase, cluster: Cluster, plan: Plan, args: argparse.Namespace, progress: Progress
+) -> Baseline:
+    """The same model as pure data parallel: every parameter replicated, the batch split over all devices."""
+    from autoshard.errors import AnnotationError, InfeasibleError
+    from autoshard.report.table import Baseline
+
+    devices = cluster.num_devices
+    batch = _batch_size(case)
+    if batch is not None and batch % devices:
+        multiple = devices * max(1, round(batch / devices))
+        return Baseline.impossible(
+            f"not possible: a batch of {batch} does not split over {devices} devices (try --batch {multiple})"
+        )
+    axes = len(cluster.mesh_shape)
+    replicate = ("R",) * axes
+    annotations: dict[str, Any] = {name: replicate for name, _ in case.model.named_parameters()}
+    annotations |= {name: ("S(0)",) * axes for name in plan.input_placements}
+    try:
+        return Baseline.of(_plan(case, cluster, args, annotations, progress, "planning data parallel"))
+    except InfeasibleError as e:
+        return Baseline.impossible(f"does not fit: {first_clause(e)}")
+    except AnnotationError as e:
+        return Baseline.impossible(f"not possible: {one_line(e)}")
+
+
+def _batch_size(case: ModelCase) -> int | None:
+    first = case.args[0] if case.args else next(iter(case.kwargs.values()), None)
+    shape = getattr(first, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) > 0 else None
+
+
+def _write_outputs(plan: Plan, args: argparse.Namespace) -> None:
+    """--out (the plan's JSON), --dot (DOT text, whatever the suffix) and --svg (rendered by graphviz)."""
+    from autoshard.report import dot
+
+    if args.out:
+        _write_text(args.out, plan.save)
+    if args.dot or args.svg:
+        text = dot.to_dot(plan)
+        if args.dot:
+            _write_text(args.dot, lambda path: Path(path).write_text(text))
+        if args.svg:
+            dot.render_dot(text, Path(args.svg), "svg")
+
+
+def _write_text(path: str, write: Callable[[str], object]) -> None:
+    try:
+        write(path)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror}; check the path and its permissions") from e
+
+
+def _print_result(plan: Plan, baseline: Baseline | None, args: argparse.Namespace, elapsed: float) -> None:
+    from autoshard.report.table import render, report_data
+
+    if args.json:
+        data = plan.to_json()
+        data["report"] = report_data(plan, baseline) | {"planned_seconds": elapsed}
+        print(json.dumps(data, indent=1, sort_keys=True))
+        return
+    budget = args.memory_limit * 2**30 if args.memory_limit is not None else None
+    print(render(plan, baseline=baseline, planned_seconds=elapsed, memory_budget=budget))
+    written = [p for p in (args.out, args.dot, args.svg) if p]
+    if written:
+        print(f"wrote {', '.join(written)}")
