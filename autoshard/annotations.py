@@ -79,6 +79,9 @@ def resolve_annotations(
     return masks
 
 
+_TUPLE_OPS = frozenset("linear mm matmul bmm addmm embedding conv1d conv2d conv3d convolution".split())
+
+
 def _normalise_target(target: str, block_prefix: str | None) -> str:
     # layers beyond the captured two share layer 0's decision
     if block_prefix and "*" not in target:
@@ -102,7 +105,7 @@ def _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix) -> 
             for i in infos.values()
             if i.kind == "op" and template[i.name] == i.name and _matches(target, i.module)
         ]
-        ops = [i for i in ops if i.op in ("linear", "mm", "matmul", "bmm", "addmm", "embedding")]
+        ops = [i for i in ops if i.op in _TUPLE_OPS]
         if not ops:
             raise AnnotationError(_no_match(ann, infos, "an operator (linear, matmul, embedding) in module"))
         return {i.name: _tuple_mask(ann, i, strategies[i.name], mesh_shape) for i in ops}

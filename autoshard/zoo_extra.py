@@ -90,9 +90,11 @@ def precompute_freqs_cis(head_dim: int, end: int, theta: float) -> torch.Tensor:
 def apply_rotary_emb(
     xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate query and key pairs by complex multiplication, as Meta's reference LLaMA does."""
-    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))  # (B, S, H, D/2) complex
-    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    """Rotate query and key pairs by complex multiplication, as Meta's reference LLaMA does (in the real
+    precision of ``freqs_cis``: float32 for complex64, as there; float64 for complex128)."""
+    real = freqs_cis.real.dtype
+    xq_ = torch.view_as_complex(xq.to(real).reshape(*xq.shape[:-1], -1, 2))  # (B, S, H, D/2) complex
+    xk_ = torch.view_as_complex(xk.to(real).reshape(*xk.shape[:-1], -1, 2))
     freqs = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
     xq_out = torch.view_as_real(xq_ * freqs).flatten(3)
     xk_out = torch.view_as_real(xk_ * freqs).flatten(3)

@@ -93,6 +93,9 @@ def canonical_dtype(dtype: object) -> str:
 # ---------------------------------------------------------------------------------------------- records
 
 
+_COMPLEX_AS_REAL = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}
+
+
 @dataclass(frozen=True, slots=True)
 class ComputeSpec:
     """Arithmetic of one device.
@@ -116,6 +119,7 @@ class ComputeSpec:
         name = canonical_dtype(dtype)
         if name.startswith(("int", "uint")) or name == "bool":
             name = "float32"
+        name = _COMPLEX_AS_REAL.get(name, name)  # a complex element is a pair of reals: priced at their peak
         for dt, value in self.peak_flops:
             if dt == name:
                 return value

@@ -15,7 +15,9 @@ leaves that to the caller: :func:`clean` recompiles once).  :func:`clean` runs t
 3. :func:`drop_identities` — replace by their input: ``dropout`` with ``p == 0`` or ``train=False``,
    ``alias``, and ``to`` conversions whose result has the input's dtype and device (``aten.to`` returns
    its input unchanged then).  Reads ``meta["val"]``.
-4. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
+4. :func:`~autoshard.capture.batchnorm.decompose_training_batch_norm` — training batch norm as its
+   statistic ops, so a batch split synchronises the statistics (SyncBatchNorm).
+5. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
    asserts, for example).
 
 :func:`merge_placeholders` (tied weights: one placeholder per tensor) needs to know the model; the capture
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from autoshard.capture.batchnorm import decompose_training_batch_norm
 from autoshard.capture.meta import META_NO_GRAD, op_set
 
 __all__ = [
@@ -65,7 +68,14 @@ CONVERSIONS = frozenset({"to", "type_as"})
 
 def clean(gm: fx.GraphModule) -> fx.GraphModule:
     """Run every cleaning pass in order (see the module docstring); recompiles the code once, at the end."""
-    for cleaning_pass in (inline_higher_order_ops, drop_asserts, drop_identities, eliminate_dead_code):
+    passes = (
+        inline_higher_order_ops,
+        drop_asserts,
+        drop_identities,
+        decompose_training_batch_norm,
+        eliminate_dead_code,
+    )
+    for cleaning_pass in passes:
         gm = cleaning_pass(gm, recompile=False)
     gm.recompile()
     return gm

@@ -41,6 +41,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from autoshard.capture.annotate import PlaceholderInfo, annotate
+from autoshard.capture.batchnorm import NOTES_KEY as BN_NOTES_KEY
 from autoshard.capture.blocks import (
     BlockCandidate,
     BlockMismatch,
@@ -195,6 +196,7 @@ def _prepare(traced: _Traced, model: nn.Module, notes: list[str]) -> None:
     if traced.method == "export":
         aliases = _merge_tied_parameters(traced, model)
         traced.gm = clean(traced.gm)
+        notes.extend(traced.gm.meta.pop(BN_NOTES_KEY, []))
         left = remaining_higher_order_ops(traced.gm)
         if left:
             notes.append(f"control-flow ops kept as they are (cannot be inlined): {', '.join(left)}")
