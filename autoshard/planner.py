@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -32,6 +33,8 @@ from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.extract import extract_plan
 from autoshard.search import Solution, solve
+from autoshard.strategies import UnsupportedOpWarning
+from autoshard.strategies.coverage import replicated_shares
 
 __all__ = ["plan"]
 
@@ -80,6 +83,7 @@ def plan(
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     captured = capture(model, args, dict(example_kwargs or {}), blocks=blocks)
     timings["capture"] = time.perf_counter() - start
+    replicated = _warn_replicated(captured)
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
     policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
@@ -99,7 +103,7 @@ def plan(
         if policy is Recompute.FULL and recompute == "auto":
             notes.append("activations do not fit without recomputation: planned with full recomputation")
         timings["total"] = time.perf_counter() - start
-        return extract_plan(
+        result = extract_plan(
             built,
             solution,
             model=type(model).__name__,
@@ -109,6 +113,7 @@ def plan(
             notes=tuple(notes),
             memory_limit=limit if limit != float("inf") else None,
         )
+        return dataclasses.replace(result, replicated_ops=replicated) if replicated else result
     assert error is not None
     raise error
 
@@ -139,6 +144,22 @@ def _build(
         problem = dataclasses.replace(built.problem, allowed=tuple(allowed))
         built = dataclasses.replace(built, problem=problem)
     return built
+
+
+def _warn_replicated(captured: Captured) -> dict[str, float]:
+    """Ops without a rule run replicated on every device: warn once with their share of the step's FLOPs."""
+    shares = replicated_shares(captured)
+    if shares:
+        total = sum(shares.values())
+        ops = ", ".join(f"{op} ({share:.1%})" for op, share in sorted(shares.items(), key=lambda kv: -kv[1]))
+        warnings.warn(
+            f"{total:.1%} of the step's forward FLOPs run replicated on every device: no sharding rule for "
+            f"{ops}; data parallel replicates them too. Add rules in autoshard/strategies/rules/ "
+            "(`autoshard ops MODEL` lists every op and its rule)",
+            UnsupportedOpWarning,
+            stacklevel=3,
+        )
+    return shares
 
 
 def _output_order(captured: Captured) -> tuple[str, ...]:

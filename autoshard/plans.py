@@ -146,6 +146,9 @@ class Plan:
     degrees: dict[str, int] = field(default_factory=dict)
     microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
     pipeline: PipelinePlan | None = None
+    # Op kind -> share of the step's forward FLOPs that runs replicated on every device because the op has no
+    # sharding rule (the replicate-only fallback); empty when every op has a rule.
+    replicated_ops: dict[str, float] = field(default_factory=dict)
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -208,6 +211,7 @@ class Plan:
                 degrees={str(k): int(v) for k, v in data.get("degrees", {}).items()},
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
+                replicated_ops={str(k): float(v) for k, v in data.get("replicated_ops", {}).items()},
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:
