@@ -58,6 +58,7 @@ def resolve_annotations(
     template: Mapping[str, str],
     mesh_shape: tuple[int, ...],
     block_prefix: str | None = None,
+    block_first: int = 0,
 ) -> dict[str, np.ndarray]:
     """Masks of allowed strategies for every node an annotation pins."""
     if not annotations:
@@ -69,7 +70,9 @@ def resolve_annotations(
     )
     masks: dict[str, np.ndarray] = {}
     for ann in items:
-        for node, mask in _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix).items():
+        for node, mask in _resolve_one(
+            ann, infos, strategies, template, mesh_shape, block_prefix, block_first
+        ).items():
             masks[node] = mask if node not in masks else masks[node] & mask
             if not masks[node].any():
                 raise AnnotationError(
@@ -82,10 +85,12 @@ def resolve_annotations(
 _TUPLE_OPS = frozenset("linear mm matmul bmm addmm embedding conv1d conv2d conv3d convolution".split())
 
 
-def _normalise_target(target: str, block_prefix: str | None) -> str:
-    # layers beyond the captured two share layer 0's decision
+def _normalise_target(target: str, block_prefix: str | None, first: int = 0) -> str:
+    # layers beyond the captured two share the first block's decision (layers before the run keep theirs)
     if block_prefix and "*" not in target:
-        target = re.sub(rf"^{re.escape(block_prefix)}\.\d+", f"{block_prefix}.0", target)
+        m = re.match(rf"^{re.escape(block_prefix)}\.(\d+)", target)
+        if m and int(m.group(1)) >= first:
+            target = f"{block_prefix}.{first}" + target[m.end() :]
     return target
 
 
@@ -93,8 +98,10 @@ def _matches(pattern: str, name: str) -> bool:
     return bool(name) and (fnmatch.fnmatchcase(name, pattern) or name == pattern)
 
 
-def _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix) -> dict[str, np.ndarray]:
-    target = _normalise_target(ann.target, block_prefix)
+def _resolve_one(
+    ann, infos, strategies, template, mesh_shape, block_prefix, block_first=0
+) -> dict[str, np.ndarray]:
+    target = _normalise_target(ann.target, block_prefix, block_first)
     params = [i for i in infos.values() if i.kind == "parameter" and template[i.name] == i.name]
     leaves = [i for i in infos.values() if i.kind != "op" and template[i.name] == i.name]
     by_param = [i for i in leaves if _matches(target, i.fqn or i.name)]

@@ -112,6 +112,7 @@ def plan(
             timings=timings,
             notes=tuple(notes),
             memory_limit=limit if limit != float("inf") else None,
+            block_first=captured.blocks.first if captured.blocks else 0,
         )
         return dataclasses.replace(result, replicated_ops=replicated) if replicated else result
     assert error is not None
@@ -137,6 +138,7 @@ def _build(
             built.template,
             cluster.mesh_shape,
             captured.blocks.prefix if captured.blocks else None,
+            block_first=captured.blocks.first if captured.blocks else 0,
         )
         allowed: list[np.ndarray | None] = [None] * len(built.variables)
         for name, mask in masks.items():
