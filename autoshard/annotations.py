@@ -82,7 +82,9 @@ def resolve_annotations(
     return masks
 
 
-_TUPLE_OPS = frozenset("linear mm matmul bmm addmm embedding conv1d conv2d conv3d convolution".split())
+_TUPLE_OPS = frozenset(
+    ("linear", "mm", "matmul", "bmm", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution")
+)
 
 
 def _normalise_target(target: str, block_prefix: str | None, first: int = 0) -> str:

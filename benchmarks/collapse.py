@@ -11,8 +11,8 @@ Pairs, each planned on meta on 8 x 8 A100s in its own process (seconds of ``auto
 - ``deepseek``: a DeepSeek-V3-shaped model (transformers' ``DeepseekV3ForCausalLM`` from the published config:
   MLA, 3 dense layers then MoE layers with 256 routed experts top-8 and a shared expert) at 61 layers
   against its 4-layer version, global batch 64 x 512, without a memory budget (671 B parameters with Adam
-  need more than 64 x 80 GB: the least-memory plan needs 158 GiB per device).  Target: within 2x.  The dense layers precede the run
-  of identical MoE layers, which capture collapses (``BlockInfo.first = 3``).
+  need more than 64 x 80 GB: the least-memory plan needs 158 GiB per device).  Target: within 2x.  The dense
+  layers precede the run of identical MoE layers, which capture collapses (``BlockInfo.first = 3``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def _deepseek(batch: int, seq: int, layers: int) -> tuple[Any, tuple[Any, ...]]:
     )  # fmt: skip
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
-        model = transformers.DeepseekV3ForCausalLM(config).to(torch.bfloat16).eval()
+        model: torch.nn.Module = transformers.DeepseekV3ForCausalLM(config)
+    model = model.to(dtype=torch.bfloat16).eval()
     return model, (torch.zeros(batch, seq, dtype=torch.long, device="meta"),)
 
 
