@@ -15,9 +15,11 @@ leaves that to the caller: :func:`clean` recompiles once).  :func:`clean` runs t
 3. :func:`drop_identities` — replace by their input: ``dropout`` with ``p == 0`` or ``train=False``,
    ``alias``, and ``to`` conversions whose result has the input's dtype and device (``aten.to`` returns
    its input unchanged then).  Reads ``meta["val"]``.
-4. :func:`~autoshard.capture.batchnorm.decompose_training_batch_norm` — training batch norm as its
+4. :func:`~autoshard.capture.functionalize.functionalize_slice_assignment` — ``x[..., a:b] = y`` (``copy_``
+   into a slice of a computed tensor) as ``slice_scatter``, so readers of ``x`` see the write in the dataflow.
+5. :func:`~autoshard.capture.batchnorm.decompose_training_batch_norm` — training batch norm as its
    statistic ops, so a batch split synchronises the statistics (SyncBatchNorm).
-5. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
+6. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
    asserts, for example).
 
 :func:`merge_placeholders` (tied weights: one placeholder per tensor) needs to know the model; the capture
@@ -40,6 +42,7 @@ import torch
 from torch import fx
 
 from autoshard.capture.batchnorm import decompose_training_batch_norm
+from autoshard.capture.functionalize import functionalize_slice_assignment
 from autoshard.capture.meta import META_NO_GRAD, op_set
 
 __all__ = [
@@ -72,6 +75,7 @@ def clean(gm: fx.GraphModule) -> fx.GraphModule:
         inline_higher_order_ops,
         drop_asserts,
         drop_identities,
+        functionalize_slice_assignment,
         decompose_training_batch_norm,
         eliminate_dead_code,
     )

@@ -123,6 +123,8 @@ def _complex_and_copies() -> list[Example]:
         ex(aten.copy.default, f(4, 8), f(8)),
         ex(aten.scatter_.value, f(4, 8), 1, torch.tensor([[0], [3], [5], [7]]), 1.0),
         ex(aten.scatter_reduce_.two, f(4, 8), 1, torch.tensor([[0, 1], [3, 3], [5, 2], [7, 0]]), f(4, 2), "sum"),
+        ex(aten.slice_scatter.default, f(4, 2, 8), f(4, 2, 3), 2, 5, 8),
+        ex(aten.slice_scatter.default, f(4, 2, 8), f(4, 2, 4), -1, 0, 8, 2),
         ex(aten.pad.default, f(4, 4, 6), [1, 1], "reflect"),
         ex(aten.pad.default, f(4, 4, 6), [2, 1], "replicate"),
     ]  # fmt: skip

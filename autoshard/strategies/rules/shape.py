@@ -269,6 +269,22 @@ def pad(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     return _keep_whole(node, mesh_shape, whole, linear=linear)
 
 
+@register(aten.slice_scatter.default)
+def slice_scatter(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
+    """``slice_scatter(x, src, dim, ..)`` (functional slice assignment): the written dim whole in both, other
+    dims shared; linear in ``x`` and ``src`` together."""
+    x, src = node.args[0], node.args[1]
+    n = len(_shape(x))
+    dim = _dim(node)
+    letters = tuple(fresh_letters(n + 1))
+    own, sdim = letters[:n], letters[n]
+    src_letters = tuple(sdim if d == dim else c for d, c in enumerate(own))
+    dm = DimMap(
+        (own, src_letters), (own,), unsplittable=frozenset({own[dim], sdim}), linear_in=(frozenset({0, 1}),)
+    )
+    return strategies_from_map(node, (x, src), dm, mesh_shape)
+
+
 @register(aten.repeat_interleave.self_int)
 def repeat_interleave(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     """``x.repeat_interleave(r, dim)``: each element of ``dim`` becomes ``r`` adjacent ones, so a block of
