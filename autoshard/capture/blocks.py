@@ -142,10 +142,12 @@ def find_repeated_blocks(model: nn.Module) -> BlockCandidate | None:
 def _subset(container: nn.Module, keep: int) -> nn.Module:
     """The same kind of container holding its first ``keep`` children under their own names."""
     if isinstance(container, nn.ModuleDict):
-        return nn.ModuleDict(list(container.items())[:keep])
+        return nn.ModuleDict(dict(list(container.items())[:keep]))
+    children = _indexed_children(container)
+    assert children is not None, f"{type(container).__name__} is not an indexed container"
     if isinstance(container, nn.Sequential):
-        return nn.Sequential(*list(container)[:keep])
-    return nn.ModuleList(list(container)[:keep])
+        return nn.Sequential(*children[:keep])
+    return nn.ModuleList(children[:keep])
 
 
 @contextmanager
