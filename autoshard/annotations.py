@@ -84,6 +84,7 @@ def resolve_annotations(
 
 _TUPLE_OPS = frozenset(
     ("linear", "mm", "matmul", "bmm", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution")
+    + ("_grouped_mm", "grouped_mm", "grouped_mm_fallback", "expert_mlp")
 )
 
 
@@ -116,7 +117,13 @@ def _resolve_one(
         ]
         ops = [i for i in ops if i.op in _TUPLE_OPS]
         if not ops:
-            raise AnnotationError(_no_match(ann, infos, "an operator (linear, matmul, embedding) in module"))
+            raise AnnotationError(
+                _no_match(
+                    ann,
+                    infos,
+                    "an operator (linear, matmul, embedding, convolution, grouped matmul) in module",
+                )
+            )
         return {i.name: _tuple_mask(ann, i, strategies[i.name], mesh_shape) for i in ops}
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:

@@ -19,7 +19,9 @@ leaves that to the caller: :func:`clean` recompiles once).  :func:`clean` runs t
    into a slice of a computed tensor) as ``slice_scatter``, so readers of ``x`` see the write in the dataflow.
 5. :func:`~autoshard.capture.batchnorm.decompose_training_batch_norm` — training batch norm as its
    statistic ops, so a batch split synchronises the statistics (SyncBatchNorm).
-6. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
+6. :func:`~autoshard.capture.experts.fuse_expert_mlps` — a grouped-GEMM expert MLP (two grouped matmuls
+   around the gated activation) as one node, so expert parallelism keeps it on the expert's device.
+7. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
    asserts, for example).
 
 :func:`merge_placeholders` (tied weights: one placeholder per tensor) needs to know the model; the capture
@@ -42,6 +44,7 @@ import torch
 from torch import fx
 
 from autoshard.capture.batchnorm import decompose_training_batch_norm
+from autoshard.capture.experts import fuse_expert_mlps
 from autoshard.capture.functionalize import functionalize_slice_assignment
 from autoshard.capture.meta import META_NO_GRAD, op_set
 
@@ -77,6 +80,7 @@ def clean(gm: fx.GraphModule) -> fx.GraphModule:
         drop_identities,
         functionalize_slice_assignment,
         decompose_training_batch_norm,
+        fuse_expert_mlps,
         eliminate_dead_code,
     )
     for cleaning_pass in passes:

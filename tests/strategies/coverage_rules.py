@@ -130,5 +130,17 @@ def _complex_and_copies() -> list[Example]:
     ]  # fmt: skip
 
 
+def _experts() -> list[Example]:
+    """The fused expert MLP on aten's grouped matmul (float32 on CPU): 16 sorted rows, 4 experts, one empty."""
+    from autoshard.capture.experts import expert_mlp
+
+    offs = torch.tensor([3, 9, 9, 16], dtype=torch.int32)
+    x, gate_up, down = f(16, 8).float(), f(4, 8, 16).float(), f(4, 8, 8).float()
+    return [
+        ex(expert_mlp, x, gate_up, down, offs, aten.silu.default, True),
+        ex(expert_mlp, x, gate_up, down, offs, aten.gelu.default, True),
+    ]
+
+
 def coverage_examples() -> list[Example]:
-    return _conv() + _pool() + _resample() + _norms() + _complex_and_copies()
+    return _conv() + _pool() + _resample() + _norms() + _complex_and_copies() + _experts()
