@@ -83,9 +83,9 @@ def resolve_annotations(
 
 
 _TUPLE_OPS = frozenset(
-    ("linear", "mm", "matmul", "bmm", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution")
-    + ("_grouped_mm", "grouped_mm", "grouped_mm_fallback", "expert_mlp")
-)
+    {"linear", "mm", "matmul", "bmm", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution",
+     "_grouped_mm", "grouped_mm", "grouped_mm_fallback", "expert_mlp"}
+)  # fmt: skip
 
 
 def _normalise_target(target: str, block_prefix: str | None, first: int = 0) -> str:

@@ -39,17 +39,33 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, use_aten: boo
     return torch.ops.transformers.grouped_mm_fallback.default(x, w, offs)
 
 
-def expert_mlp(
-    x: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    offs: torch.Tensor,
-    act: Callable[[torch.Tensor], torch.Tensor],
-    use_aten: bool,
-) -> torch.Tensor:
-    """``grouped_mm(act(gate) * up, down, offs)`` with ``gate, up = grouped_mm(x, gate_up, offs).chunk(2, -1)``."""
-    gate, up = _grouped(x, gate_up, offs, use_aten).chunk(2, -1)
-    return _grouped(act(gate) * up, down, offs, use_aten)
+class _ExpertMLP:
+    """``grouped_mm(act(gate) * up, down, offs)`` with ``gate, up = grouped_mm(x, gate_up, offs).chunk(2, -1)``.
+
+    A callable object rather than a function so that the node's target prints the same in every process
+    (``autoshard.capture.experts.expert_mlp``, as plan files and reports name it), not with a memory address.
+    """
+
+    __name__ = "expert_mlp"
+    __qualname__ = "expert_mlp"
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        offs: torch.Tensor,
+        act: Callable[[torch.Tensor], torch.Tensor],
+        use_aten: bool,
+    ) -> torch.Tensor:
+        gate, up = _grouped(x, gate_up, offs, use_aten).chunk(2, -1)
+        return _grouped(act(gate) * up, down, offs, use_aten)
+
+    def __repr__(self) -> str:
+        return "autoshard.capture.experts.expert_mlp"
+
+
+expert_mlp = _ExpertMLP()
 
 
 def _operands(node: fx.Node) -> tuple[object, object, object]:
@@ -83,9 +99,10 @@ def _chain(first: fx.Node) -> tuple[list[fx.Node], fx.Node, Callable[..., torch.
         or tuple(chunk.args[1:]) not in ((2, -1), (2, 1))
     ):
         return None
-    items = sorted(chunk.users, key=lambda n: n.args[1] if n.target is operator.getitem else -1)
+    items = list(chunk.users)
     if len(items) != 2 or any(n.target is not operator.getitem for n in items):
         return None
+    items.sort(key=lambda n: int(n.args[1]))  # type: ignore[arg-type]  # getitem's index
     gate, up = items
     act = _only_user(gate)
     mul = _only_user(act) if act is not None else None

@@ -89,6 +89,10 @@ def _weighted_role(row: OpRow, axis: int) -> str | None:
     if row.kind == "embedding":
         if w is not None:
             return "vocab" if w == layout.in_dim else "hidden"
+    elif (
+        row.kind == "grouped_mm" and w == 0
+    ):  # split over experts: its output is Partial, yet not a row split
+        return "experts"
     elif _at(row.label.output, axis) == "P" or (w is not None and w == layout.in_dim):
         return "row"
     elif w is not None:
@@ -408,7 +412,12 @@ def _experts(view: PlanView, axis: int) -> Pattern | None:
         return None
     a2a = sum(1 for c in view.plan.collectives if c.kind == "all_to_all" and c.mesh_axis == axis)
     where = tuple(dict.fromkeys(r.group for r in rows))
-    return Pattern("expert parallel", (axis,), where, f"experts split, {a2a} all-to-alls per step")
+    if a2a:
+        return Pattern("expert parallel", (axis,), where, f"experts split, {a2a} all-to-alls per step")
+    modules = {r.node.module for r in rows}
+    moved = sum(c.nbytes for c in view.plan.collectives if c.mesh_axis == axis and c.module in modules)
+    how = f"tokens gathered, outputs reduced: {fmt_bytes(moved)} per step at the experts"
+    return Pattern("expert parallel", (axis,), where, f"experts split, {how}")
 
 
 def _is(row: OpRow, kind: str, axis: int, role: str) -> bool:
