@@ -103,6 +103,7 @@ def _norms() -> list[Example]:
         ex(aten.instance_norm.default, x, None, None, f(4), pos(4), False, 0.1, 1e-5, False),
         ex(aten.group_norm.default, x, 2, f(4), f(4), 1e-5),
         ex(aten.group_norm.default, f(4, 4, 6), 4),
+        ex(aten.group_norm.default, f(4, 8, 3), 4, f(8), f(8)),  # channels split in whole groups
     ]
 
 

@@ -10,7 +10,8 @@ Input ``(N, C, *spatial)``; per-channel parameters and statistics ``(C,)``.
   split makes the per-channel sums Partial and the planner prices their all-reduce.  This rule serves graphs
   that keep the op whole.
 - ``instance_norm``: statistics per ``(n, c)`` over the spatial dims: ``N`` and ``C`` split freely.
-- ``group_norm``: statistics per ``(n, group)``: ``N`` splits; channels and spatial dims stay whole.
+- ``group_norm``: statistics per ``(n, group)``: ``N`` splits, and ``C`` in whole groups (the hook divides
+  ``num_groups`` by the piece count); spatial dims stay whole.
 
 Example: ``batch_norm(x[8,4,6,6], w, b, rm, rv, training=False)`` on mesh (2,) splits ``N`` (``S(0)`` with
 parameters replicated), ``C`` (``S(1)`` with parameters ``S(0)``) or a spatial dim.
@@ -22,7 +23,7 @@ import torch
 from torch import fx
 
 from autoshard.strategies.dimmap import DimMap, Letters, fresh_letters, strategies_from_map
-from autoshard.strategies.local import bind
+from autoshard.strategies.local import LocalCall, LocalContext, bind, default_call, with_arg
 from autoshard.strategies.registry import register
 from autoshard.strategies.strategy import OpStrategy, tensor_meta
 
@@ -75,10 +76,29 @@ def instance_norm(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy
     return strategies_from_map(node, (b["input"], *roles), dm, mesh_shape)
 
 
-@register(aten.group_norm.default)
+def _group_norm_local(ctx: LocalContext) -> LocalCall:
+    """A device holding ``1/k`` of the channels holds ``1/k`` of the groups: localise ``num_groups``."""
+    b = ctx.bound()
+    x = ctx.node.args[0]
+    assert isinstance(x, fx.Node)
+    spec = ctx.input_spec(x)
+    pieces = spec.shard_count(1, ctx.mesh_shape) if spec is not None else 1
+    if pieces == 1:
+        return default_call(ctx)
+    args, kwargs = with_arg(ctx.target, ctx.args, ctx.kwargs, "num_groups", int(b["num_groups"]) // pieces)
+    return LocalCall(ctx.target, args, kwargs)
+
+
+@register(aten.group_norm.default, local_args=_group_norm_local)
 def group_norm(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
-    """Statistics per (sample, group): the batch splits; channels and spatial dims whole."""
+    """Statistics per (sample, group): the batch splits, and the channels in whole groups (a channel split
+    whose piece count divides ``num_groups``); spatial dims whole."""
     b = bind(node.target, node.args, node.kwargs)
     roles = [_node_or_none(b[k]) for k in ("weight", "bias")]
-    dm, _ = _channel_map(node, 2, "cs")
-    return strategies_from_map(node, (b["input"], *roles), dm, mesh_shape)
+    dm, _ = _channel_map(node, 2, "s")
+    groups = int(b["num_groups"])
+    return [
+        s
+        for s in strategies_from_map(node, (b["input"], *roles), dm, mesh_shape)
+        if s.inputs[0] is None or groups % s.inputs[0].shard_count(1, mesh_shape) == 0
+    ]
