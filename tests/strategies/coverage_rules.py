@@ -136,7 +136,7 @@ def _experts() -> list[Example]:
     from autoshard.capture.experts import expert_mlp
 
     offs = torch.tensor([3, 9, 9, 16], dtype=torch.int32)
-    x, gate_up, down = f(16, 8).float(), f(4, 8, 16).float(), f(4, 8, 8).float()
+    x, gate_up, down = f(16, 8).float(), f(4, 8, 32).float(), f(4, 16, 8).float()
     return [
         ex(expert_mlp, x, gate_up, down, offs, aten.silu.default, True),
         ex(expert_mlp, x, gate_up, down, offs, aten.gelu.default, True),
