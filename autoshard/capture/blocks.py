@@ -10,7 +10,9 @@ structurally identical children (same class, same parameter names, shapes and dt
 child is a candidate, if it has at least two; the one holding the most parameters wins (``model.layers`` in
 LLaMA, ``transformer.h`` in GPT-2, ``bert.encoder.layer``).  In a heterogeneous stack the run starts after
 the leading layers that differ (DeepSeek-V3: three dense layers, then 58 MoE layers: ``first = 3``); the
-leading layers are ordinary ops before the first block.
+leading layers are ordinary ops before the first block.  An ``nn.Sequential`` whose blocks hold fewer than two
+weight matrices (``Linear -> ReLU``) is a plain layer chain, not a stack of layers: one decision per block
+would forbid the column/row alternation between consecutive layers, so it is planned at full depth.
 
 **Membership.** Block ``i`` is child ``first + i``.  It owns (a) parameter/buffer nodes whose FQN starts with
 ``f"{prefix}.{first + i}."`` and (b) every op node from the first to the last op whose module path is
@@ -120,6 +122,11 @@ def _last_run(children: Sequence[nn.Module]) -> int:
     return first
 
 
+def _matrices(module: nn.Module) -> int:
+    """How many weight matrices (parameters of 2 dims or more) a block holds."""
+    return sum(1 for p in module.parameters() if p.dim() >= 2)
+
+
 def find_repeated_blocks(model: nn.Module) -> BlockCandidate | None:
     """The run of identical children (at least two, ending at the container's last child) holding the most
     parameters, or ``None``.  A heterogeneous stack -- dense layers, then MoE layers (DeepSeek-V3) -- yields
@@ -133,6 +140,8 @@ def find_repeated_blocks(model: nn.Module) -> BlockCandidate | None:
         run = children[first:]
         if len(run) < 2 or not _structure(run[0])[1]:
             continue
+        if isinstance(module, nn.Sequential) and _matrices(run[0]) < 2:
+            continue  # a plain layer chain: planned at full depth, so consecutive layers may alternate
         numel = sum(p.numel() for c in run for p in c.parameters())
         if best is None or numel > best.param_numel:
             best = BlockCandidate(prefix, len(run), type(run[0]).__name__, numel, first)
