@@ -1,0 +1,304 @@
+"""Run a plan with pipeline stages: each stage's autoshard module driven by ``torch.distributed.pipelining``.
+
+Input: the model (real weights, the same on every rank), a :class:`~autoshard.plans.Plan` whose ``pipeline``
+and ``microbatches`` are set, the global example inputs of one step and a loss; called on every rank of an
+initialised default process group (gloo on CPU, NCCL on GPU: the device follows the backend).
+Output: a :class:`PipelineRun` -- torch's ``Schedule*`` object driving this rank's ``PipelineStage`` s, the
+stage modules (``fx.GraphModule`` s from :func:`autoshard.parallelize`, intra-op collectives included) and the
+device mesh.  :func:`step` runs one training step on the global batch and returns the global loss.
+
+Steps (:func:`build_pipeline`):
+
+1. the stages' modules and intra-op plans (:func:`autoshard.runtime.stages.prepare_stages`; pass ``stages=``
+   to reuse ones prepared before forking ranks);
+2. a ``DeviceMesh`` ``(pp, *intra)`` laid over the stages' ranks: row ``p`` holds the ranks of stage ``p``;
+   its ``pp`` axis groups carry the activations between stages, the intra axes the stage's own collectives;
+3. every stage this rank holds is lowered by :func:`autoshard.parallelize` on the intra sub-mesh and wrapped
+   in ``PipelineStage`` with its local microbatch input and output shapes (no shape-inference round trip);
+4. the schedule named by ``plan.pipeline.schedule`` (:data:`SCHEDULES`): ``ScheduleGPipe``, ``Schedule1F1B``
+   (one stage per rank), ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble`` (stage ``s`` on pipeline
+   rank ``s % pp``) or ``ScheduleZBVZeroBubble`` (V order: stage ``s`` and ``2 pp - 1 - s`` share a rank).
+
+Loss and gradient accumulation as torch's pipelining expects: ``loss_fn(output, target)`` is a *mean* over
+the microbatch (``F.cross_entropy``'s default) and the schedule divides the accumulated gradients by the number
+of microbatches (``scale_grads=True``), so the gradients are those of the mean loss of the whole batch.  When
+the last stage's output is split over the batch inside its sub-mesh, each rank's loss is weighted by its
+share of the microbatch (the gradient of the global mean, as autoshard's gradients of split outputs are).
+
+The batch is cut into microbatches *before* it is split over a stage's ranks (:func:`local_batch`), so that
+microbatch ``k`` is the same rows of the global batch whatever the intra-op split.  Replicated parameters
+synchronise their gradients in the backward of every microbatch (the planned collectives of the stage
+graph), not once per step.
+
+Example (on every rank, e.g. under ``torchrun``)::
+
+    init_from_env()
+    run = build_pipeline(model, plan, (ids,), loss_fn=lambda logits, y: F.cross_entropy(logits.flatten(0, 1),
+                                                                                         y.flatten()))
+    loss = step(run, ids, target=labels)      # the global loss on the last stage's ranks, else None
+    optimizer = torch.optim.AdamW([p for m in run.modules for p in m.parameters()])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import fx
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
+
+from autoshard.codegen.parallelize import parallelize
+from autoshard.codegen.shard import local_piece, spec_of
+from autoshard.placement import Replicate, Shard, ShardingSpec
+from autoshard.plans import Plan
+from autoshard.runtime.stages import PipelineRunError, StageBuild, intra_layout, prepare_stages
+
+__all__ = ["SCHEDULES", "PipelineRun", "PipelineRunError", "build_pipeline", "local_batch", "step"]
+
+Order = Literal["loop", "v"]
+SCHEDULES: dict[str, tuple[type, Order]] = {
+    "gpipe": (ScheduleGPipe, "loop"),
+    "1f1b": (Schedule1F1B, "loop"),
+    "interleaved_1f1b": (ScheduleInterleaved1F1B, "loop"),
+    "interleaved_zb": (ScheduleInterleavedZeroBubble, "loop"),
+    "zb_v": (ScheduleZBVZeroBubble, "v"),
+}
+"""Schedule name (``PipelinePlan.schedule``) -> torch class and how stages map to pipeline ranks."""
+_SINGLE = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """What :func:`build_pipeline` returns on one rank."""
+
+    schedule: Any  # a torch.distributed.pipelining Schedule* object
+    modules: tuple[fx.GraphModule, ...]  # this rank's stage modules, in stage order
+    stage_indices: tuple[int, ...]
+    mesh: Any  # DeviceMesh (pp, *intra)
+    plan: Plan
+    microbatches: int
+    input_spec: ShardingSpec  # of the first stage's input on the intra sub-mesh
+    output_spec: ShardingSpec  # of the last stage's output
+    is_first: bool
+    is_last: bool
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """This rank's parameters (every stage it holds), for a ``torch.optim`` optimizer."""
+        return [p for m in self.modules for p in m.parameters()]
+
+
+def build_pipeline(
+    model: torch.nn.Module,
+    plan: Plan,
+    example_args: tuple[Any, ...] | Any,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    annotations: Mapping[str, Any] | None = None,
+    stages: Sequence[StageBuild] | None = None,
+    device: torch.device | str | None = None,
+    record: bool = False,
+) -> PipelineRun:
+    """This rank's pipeline under ``plan`` (module doc).
+
+    Args:
+        annotations: those the plan was made with (each stage is planned with the ones naming its modules).
+        stages: from :func:`prepare_stages` (same model, plan and inputs), to skip re-planning the stages.
+        device: where this rank computes; default ``cuda`` under NCCL, else ``cpu``.
+        record: log every intra-op collective (``module.autoshard.comm.log`` of each stage module).
+
+    Raises:
+        PipelineRunError: no pipeline in the plan, a stage module the model lacks, microbatches that do not
+        divide the batch, an unknown schedule, stages laid out unlike the schedule, too few ranks.
+    """
+    from autoshard.runtime.launch import default_device
+
+    pipe = plan.pipeline
+    builds = tuple(stages) if stages is not None else prepare_stages(model, plan, example_args, annotations)
+    assert pipe is not None  # prepare_stages checked it
+    if pipe.schedule not in SCHEDULES:
+        raise PipelineRunError(f"unknown pipeline schedule {pipe.schedule!r}: use one of {sorted(SCHEDULES)}")
+    cls, order = SCHEDULES[pipe.schedule]
+    intra, _ = intra_layout(plan)
+    mesh = _pipeline_mesh(builds, pipe.degree, intra, order, default_device().type)
+    where = torch.device(device) if device is not None else default_device()
+    coord = mesh.get_coordinate()
+    mine = [b for b in builds if _rank_of(b.index, pipe.degree, order) == coord[0]]
+    intra_mesh = mesh[tuple(mesh.mesh_dim_names[1:])]
+    modules, pstages = [], []
+    for b in mine:
+        module = parallelize(
+            b.module, b.plan, (b.example,), mesh=intra_mesh, captured=b.captured, device=where, record=record
+        )
+        modules.append(module)
+        pstages.append(
+            PipelineStage(
+                module,
+                b.index,
+                len(builds),
+                where,
+                input_args=_local(
+                    b.example, b.plan.input_placements[_input_name(b)], intra, coord[1:], where
+                ),
+                output_args=_local(b.output, b.plan.output_placements[0], intra, coord[1:], where),
+                group=mesh.get_group(0),
+            )
+        )
+    output_spec = spec_of(builds[-1].plan.output_placements[0])
+    scaled = _scaled_loss(loss_fn, output_spec, intra)
+    single = pipe.schedule in _SINGLE
+    if single != (len(pstages) == 1):
+        raise PipelineRunError(
+            f"schedule {pipe.schedule!r} runs {'one stage' if single else 'several stages'} per rank, the plan puts "
+            f"{len(pstages)} on pipeline rank {coord[0]}: use {'interleaved_1f1b' if not single else '1f1b'}"
+        )
+    schedule = cls(pstages[0] if single else pstages, plan.microbatches, loss_fn=scaled)
+    return PipelineRun(
+        schedule,
+        tuple(modules),
+        tuple(b.index for b in mine),
+        mesh,
+        plan,
+        plan.microbatches,
+        spec_of(builds[0].plan.input_placements[_input_name(builds[0])]),
+        output_spec,
+        any(b.index == 0 for b in mine),
+        any(b.index == len(builds) - 1 for b in mine),
+    )
+
+
+def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+    """One training step on the *global* batch: forward, loss and backward of every microbatch; gradients
+    accumulate in the stage modules' parameters (zero them before, step the optimizer after).
+
+    Returns the loss of the whole batch (mean of the microbatches' losses) on the last stage's ranks, ``None``
+    on the others.  Every rank passes the same global ``inputs`` and ``target``.
+    """
+    mesh_shape = tuple(run.mesh.shape[1:])
+    coord = tuple(run.mesh.get_coordinate()[1:])
+    args = (local_batch(inputs, run.input_spec, run.microbatches, mesh_shape, coord),) if run.is_first else ()
+    local_target = local_batch(target, _batch_only(run.output_spec), run.microbatches, mesh_shape, coord)
+    losses: list[torch.Tensor] = []
+    run.schedule.step(*args, target=local_target if run.is_last else None, losses=losses)
+    if not run.is_last:
+        return None
+    loss = torch.stack([t.detach() for t in losses]).mean()
+    for axis in _batch_axes(run.output_spec):  # each rank weighted its share: the global loss is their sum
+        dist.all_reduce(loss, group=run.mesh.get_group(axis + 1))
+    return loss
+
+
+def local_batch(
+    batch: torch.Tensor,
+    spec: ShardingSpec,
+    microbatches: int,
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+) -> torch.Tensor:
+    """This rank's rows of ``batch``: microbatch ``k`` of the global batch cut under ``spec``, for every ``k``,
+    concatenated (so that torch's schedule, chunking it into ``microbatches``, hands each stage its piece of
+    the same global microbatch)."""
+    size = int(batch.shape[0])
+    if size % microbatches:
+        raise PipelineRunError(
+            f"{microbatches} microbatches do not divide the batch of {size}: pass a batch of a multiple of "
+            f"{microbatches} rows"
+        )
+    chunks = batch.tensor_split(microbatches)
+    return torch.cat([local_piece(c, spec, mesh_shape, coord) for c in chunks])
+
+
+def _pipeline_mesh(
+    builds: Sequence[StageBuild], degree: int, intra: tuple[int, ...], order: Order, device_type: str
+) -> Any:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    rows = [builds[s].ranks for s in range(degree)]
+    for b in builds:
+        expected = rows[_rank_of(b.index, degree, order)]
+        if b.ranks != expected:
+            raise PipelineRunError(
+                f"stage {b.index} runs on ranks {b.ranks}, but {'V' if order == 'v' else 'loop'}-order schedules "
+                f"put it with stage {_rank_of(b.index, degree, order)} on ranks {expected}: fix the stages' ranks"
+            )
+    world = dist.get_world_size()
+    flat = sorted(r for row in rows for r in row)
+    if flat != list(range(world)):
+        raise PipelineRunError(
+            f"the stages use ranks {flat}, the process group has {world}: launch {len(flat)} ranks, one per stage "
+            "device"
+        )
+    names = ("pp", *(f"intra{a}" for a in range(len(intra))))
+    layout = torch.tensor(rows, dtype=torch.int).reshape(degree, *intra)
+    return DeviceMesh(device_type, layout, mesh_dim_names=names)
+
+
+def _rank_of(stage: int, degree: int, order: Order) -> int:
+    """The pipeline rank of stage ``stage``: loop order ``s % pp``; V order ``0 .. pp-1, pp-1 .. 0``."""
+    if order == "loop":
+        return stage % degree
+    lap, offset = divmod(stage, degree)
+    return offset if lap % 2 == 0 else degree - 1 - offset
+
+
+def _input_name(b: StageBuild) -> str:
+    return next(iter(b.plan.input_placements))
+
+
+def _local(
+    whole: torch.Tensor,
+    placements: Sequence[str],
+    intra: Sequence[int],
+    coord: Sequence[int],
+    where: torch.device,
+) -> torch.Tensor:
+    spec = spec_of(placements)
+    if spec.partial_axes():
+        raise PipelineRunError(
+            f"a stage boundary tensor is planned {spec} (a partial sum): only R or S(d) can be sent between stages; "
+            "re-plan the stage"
+        )
+    piece = local_piece(whole, spec, intra, coord).to(where)
+    # torch derives which activations carry gradients back from these examples' requires_grad
+    return piece.requires_grad_(piece.is_floating_point())
+
+
+def _batch_axes(spec: ShardingSpec) -> list[int]:
+    """The intra axes splitting the batch (dim 0) of the last stage's output; any other split is refused."""
+    axes = []
+    for axis, placement in enumerate(spec.placements):
+        if isinstance(placement, Shard) and placement.dim == 0:
+            axes.append(axis)
+        elif not isinstance(placement, Replicate):
+            raise PipelineRunError(
+                f"the last stage's output is planned {spec}: the loss needs it whole or split over the batch "
+                "only; pin the LM head's weight replicated over that axis (annotation 'lm_head': 'replicate')"
+            )
+    return axes
+
+
+def _batch_only(spec: ShardingSpec) -> ShardingSpec:
+    return ShardingSpec.parse(tuple("S(0)" if a in _batch_axes(spec) else "R" for a in range(spec.mesh_ndim)))
+
+
+def _scaled_loss(
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], spec: ShardingSpec, intra: Sequence[int]
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    share = 1
+    for axis in _batch_axes(spec):
+        share *= int(intra[axis])
+
+    def scaled(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = loss_fn(output, target)
+        return loss / share if share != 1 else loss
+
+    return scaled
