@@ -123,10 +123,10 @@ def build_pipeline(
     from autoshard.runtime.launch import default_device
 
     pipe = plan.pipeline
+    if pipe is not None and pipe.schedule not in SCHEDULES:
+        raise PipelineRunError(f"unknown pipeline schedule {pipe.schedule!r}: use one of {sorted(SCHEDULES)}")
     builds = tuple(stages) if stages is not None else prepare_stages(model, plan, example_args, annotations)
     assert pipe is not None  # prepare_stages checked it
-    if pipe.schedule not in SCHEDULES:
-        raise PipelineRunError(f"unknown pipeline schedule {pipe.schedule!r}: use one of {sorted(SCHEDULES)}")
     cls, order = SCHEDULES[pipe.schedule]
     intra, _ = intra_layout(plan)
     mesh = _pipeline_mesh(builds, pipe.degree, intra, order, default_device().type)

@@ -1,0 +1,278 @@
+"""Pipeline stages run by torch.distributed.pipelining equal the single-device model, and really communicate.
+
+A 4-layer tiny LLaMA (float64, untied embeddings) on 4 gloo ranks as 2 pipeline stages x 2 ranks, with tensor
+parallelism inside each stage (Megatron, pinned) and separately data parallelism inside each stage; 4
+microbatches; GPipe, 1F1B and interleaved 1F1B (4 stages, 2 per pipeline rank).  One launch per family runs
+every schedule for three AdamW steps: the loss and every gradient after the first step and every weight after
+the third equal the single-device model's; every activation and gradient crossing a stage boundary went
+through an ``isend``/``irecv`` of the pipeline group (counted by wrapping c10d), and every stage module ran
+its planned intra-stage collectives once per microbatch (the codegen's collective log).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+import torch.nn.functional as F
+from torch import nn
+
+import autoshard
+from autoshard import zoo
+from autoshard.codegen.shard import gather_full
+from autoshard.plans import PipelinePlan, PipelineStage, Plan
+from autoshard.runtime.launch import launch
+from autoshard.runtime.pipelining import PipelineRunError, build_pipeline, local_batch, step
+from autoshard.runtime.stages import StageBuild, prepare_stages
+from autoshard.runtime.verify import cluster_for
+
+BATCH, SEQ, VOCAB, MICRO, STEPS = 8, 8, 512, 4, 3
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+MEGATRON = {
+    **{f"*.{m}": "column" for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")},
+    **{f"*.{m}": "row" for m in ("o_proj", "down_proj")},
+}
+BATCH_SPLIT = ((2, 1, 1), (1, 1))  # a linear on (B, S, H): batch over the 2 ranks, weight whole
+DATA_PARALLEL = {"input_ids": ("S(0)",), "*_proj": BATCH_SPLIT, "lm_head": BATCH_SPLIT}
+FAMILIES = {"tp": MEGATRON, "dp": DATA_PARALLEL}
+TWO = (
+    ("model.embed_tokens", "model.layers.0", "model.layers.1"),
+    ("model.layers.2", "model.layers.3", "model.norm", "lm_head"),
+)
+FOUR = (
+    ("model.embed_tokens", "model.layers.0"),
+    ("model.layers.1",),
+    ("model.layers.2",),
+    ("model.layers.3", "model.norm", "lm_head"),
+)
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+@functools.cache
+def _model() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    case = zoo.build("llama-tiny", batch=BATCH, seq=SEQ, layers=4)
+    return case.model.to(torch.float64), case.args[0]
+
+
+@functools.cache
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(1)
+    draw = lambda: torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)  # noqa: E731
+    return [(draw(), draw()) for _ in range(STEPS)]
+
+
+@functools.cache
+def _intra_plan(family: str) -> Plan:
+    """The intra-op plan of one stage's 2 ranks (what the stage search would fill in per stage)."""
+    model, ids = _model()
+    return autoshard.plan(model, cluster_for("cpu", 2), (ids,), annotations=FAMILIES[family])
+
+
+def _with_pipeline(plan: Plan, schedule: str) -> Plan:
+    groups = FOUR if schedule.startswith("interleaved") else TWO
+    virtual = len(groups) // 2
+    stages = tuple(
+        PipelineStage(i, mods, None, (0, 1) if i % 2 == 0 else (2, 3)) for i, mods in enumerate(groups)
+    )
+    return dataclasses.replace(plan, pipeline=PipelinePlan(stages, schedule, virtual), microbatches=MICRO)
+
+
+@functools.cache
+def _stages(family: str, four: bool) -> tuple[StageBuild, ...]:
+    model, ids = _model()
+    plan = _with_pipeline(_intra_plan(family), "interleaved_1f1b" if four else "1f1b")
+    return prepare_stages(model, plan, (ids,), FAMILIES[family])
+
+
+@contextmanager
+def _count_p2p(log: list[tuple[str, tuple[int, ...], torch.dtype]]) -> Iterator[None]:
+    """Record every point-to-point op that reaches c10d (what the schedules' batched sends/recvs run)."""
+    originals = {name: getattr(c10d, name) for name in ("isend", "irecv")}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            log.append((name, tuple(tensor.shape), tensor.dtype))
+            return fn(tensor, *args, **kwargs)
+
+        return recorded
+
+    for name, fn in originals.items():
+        setattr(c10d, name, wrap(name, fn))
+        setattr(dist, name, getattr(c10d, name))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(c10d, name, fn)
+            setattr(dist, name, fn)
+
+
+def _whole(run: Any, what: Callable[[torch.nn.Parameter], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every parameter of this rank's stages, whole (gathered over the stage's own ranks only)."""
+    out = {}
+    for module in run.modules:
+        info = module.autoshard
+        for attr in info.attrs:
+            if attr.kind == "parameter":
+                local = what(module.get_parameter(attr.fqn))
+                out[attr.fqn] = gather_full(local, attr.spec, attr.global_shape, info.comm)
+    return out
+
+
+def _family(family: str) -> dict[str, dict[str, Any]]:
+    """On every rank: each schedule for STEPS AdamW steps; what to compare and what ran."""
+    model, ids = _model()
+    results = {}
+    for schedule in SCHEDULES:
+        plan = _with_pipeline(_intra_plan(family), schedule)
+        stages = _stages(family, schedule.startswith("interleaved"))
+        p2p: list[tuple[str, tuple[int, ...], torch.dtype]] = []
+        run = build_pipeline(model, plan, (ids,), loss_fn, stages=stages, record=True)
+        opt = torch.optim.AdamW(run.parameters(), lr=1e-2)
+        losses, grads = [], {}
+        for i, (inputs, labels) in enumerate(_batches()):
+            opt.zero_grad()
+            with _count_p2p(p2p):
+                losses.append(step(run, inputs, labels))
+            logs = [
+                [r for r in m.autoshard.comm.log if r.phase in ("forward", "backward")] for m in run.modules
+            ]
+            if i == 0:
+                grads = _whole(run, lambda p: p.grad)
+            opt.step()
+        per_step = [dict(m.autoshard.collective_counts()) for m in run.modules]
+        results[schedule] = {
+            "stages": run.stage_indices,
+            "losses": losses,
+            "grads": grads,
+            "weights": _whole(run, lambda p: p.detach()),
+            "p2p": p2p,
+            "ran": [Counter(r.kind for r in log) for log in logs],
+            "planned": per_step,
+        }
+    return results
+
+
+def _single_device() -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    model = copy.deepcopy(_model()[0])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, grads = [], {}
+    for i, (inputs, labels) in enumerate(_batches()):
+        opt.zero_grad()
+        loss = loss_fn(model(inputs).logits, labels)
+        loss.backward()
+        losses.append(loss.detach())
+        if i == 0:
+            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+        opt.step()
+    return losses, grads, {k: p.detach().clone() for k, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_pipeline_equals_single_device(family: str) -> None:
+    for four in (False, True):
+        _stages(family, four)  # planned once here; forked ranks inherit them
+    ranks = launch(_family, 4, family, timeout=300)
+    ref_losses, ref_grads, ref_weights = _single_device()
+    local_rows = BATCH // MICRO // (2 if family == "dp" else 1)
+    activation = (local_rows, SEQ, 64)
+    for schedule in SCHEDULES:
+        grads: dict[str, torch.Tensor] = {}
+        weights: dict[str, torch.Tensor] = {}
+        n_stages = 4 if schedule.startswith("interleaved") else 2
+        for rank, result in enumerate(ranks):
+            r = result[schedule]
+            grads.update(r["grads"])
+            weights.update(r["weights"])
+            last = n_stages - 1 in r["stages"]
+            for got, want in zip(r["losses"], ref_losses, strict=True):
+                assert (got is not None) == last
+                if last:
+                    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+            # p2p: per step and microbatch, one activation out of every non-last stage and one gradient out of
+            # every non-first stage of this rank; as many received; all of the boundary activation's local shape
+            sends = sum((s < n_stages - 1) + (s > 0) for s in r["stages"]) * MICRO * STEPS
+            moved = Counter(kind for kind, shape, dtype in r["p2p"] if dtype == torch.float64)
+            assert moved == {"isend": sends, "irecv": sends}, (schedule, rank, moved)
+            assert {shape for _, shape, dtype in r["p2p"] if dtype == torch.float64} == {activation}
+            # intra-stage: every planned collective once per microbatch and step, and there are some
+            for ran, planned in zip(r["ran"], r["planned"], strict=True):
+                assert planned and ran == {k: n * MICRO * STEPS for k, n in planned.items()}, (schedule, rank)
+        assert sorted(grads) == sorted(ref_grads) == sorted(weights)
+        for name, want in ref_grads.items():
+            torch.testing.assert_close(grads[name], want, rtol=0, atol=1e-12, msg=f"{schedule}: grad {name}")
+        for name, want in ref_weights.items():
+            torch.testing.assert_close(weights[name], want, rtol=0, atol=1e-12, msg=f"{schedule}: {name}")
+
+
+# -- bad input: one line, before any process group is needed -------------------------------------------------
+def _plan_with(
+    schedule: str = "1f1b", modules: tuple[tuple[str, ...], ...] = TWO, micro: int = MICRO
+) -> Plan:
+    plan = _with_pipeline(_intra_plan("tp"), schedule)
+    assert plan.pipeline is not None
+    stages = tuple(
+        dataclasses.replace(s, modules=m) for s, m in zip(plan.pipeline.stages, modules, strict=True)
+    )
+    return dataclasses.replace(
+        plan, pipeline=dataclasses.replace(plan.pipeline, stages=stages), microbatches=micro
+    )
+
+
+@pytest.mark.parametrize(
+    ("plan", "match"),
+    [
+        (lambda: dataclasses.replace(_intra_plan("tp"), pipeline=None), "no pipeline stages"),
+        (
+            lambda: _plan_with(
+                modules=(
+                    ("model.embed_tokens", "model.layers.0", "model.layers.1"),
+                    ("model.layers.9", "model.norm", "lm_head"),
+                )
+            ),
+            "names module 'model.layers.9'",
+        ),
+        (
+            lambda: _plan_with(
+                modules=(
+                    ("model.embed_tokens", "model.layers.0"),
+                    ("model.layers.2", "model.layers.3", "model.norm", "lm_head"),
+                )
+            ),
+            "model.layers.1.* belongs to no pipeline stage",
+        ),
+        (lambda: _plan_with(micro=3), "3 microbatches do not divide the batch of 8"),
+        (lambda: _plan_with(schedule="zigzag"), "unknown pipeline schedule 'zigzag'"),
+    ],
+    ids=["no-pipeline", "unknown-module", "uncovered-parameter", "microbatches", "schedule"],
+)
+def test_bad_pipeline_input_is_one_line(plan: Callable[[], Plan], match: str) -> None:
+    model, ids = _model()
+    with pytest.raises(PipelineRunError, match=match) as err:
+        build_pipeline(model, plan(), (ids,), loss_fn)
+    assert "\n" not in str(err.value)
+
+
+def test_local_batch_cuts_microbatches_before_ranks() -> None:
+    from autoshard.placement import ShardingSpec
+
+    rows = torch.arange(8).unsqueeze(1)
+    split = ShardingSpec.parse(("S(0)",))
+    # microbatches {0..3}, {4..7}; rank 1 holds the second half of each
+    assert local_batch(rows, split, 2, (2,), (1,)).flatten().tolist() == [2, 3, 6, 7]
+    with pytest.raises(PipelineRunError, match="3 microbatches do not divide the batch of 8"):
+        local_batch(rows, split, 3, (2,), (0,))
