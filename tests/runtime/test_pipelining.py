@@ -2,7 +2,8 @@
 
 A 4-layer tiny LLaMA (float64, untied embeddings) on 4 gloo ranks as 2 pipeline stages x 2 ranks, with tensor
 parallelism inside each stage (Megatron, pinned) and separately data parallelism inside each stage; 4
-microbatches; GPipe, 1F1B and interleaved 1F1B (4 stages, 2 per pipeline rank).  One launch per family runs
+microbatches; GPipe, 1F1B, interleaved 1F1B, interleaved zero bubble (4 stages, 2 per pipeline rank, loop
+order) and ZB-V (4 stages in V order).  One launch per family runs
 every schedule for three AdamW steps: the loss and every gradient after the first step and every weight after
 the third equal the single-device model's; every activation and gradient crossing a stage boundary went
 through an ``isend``/``irecv`` of the pipeline group (counted by wrapping c10d), and every stage module ran
@@ -28,22 +29,24 @@ from torch import nn
 
 import autoshard
 from autoshard import zoo
+from autoshard.codegen import parallel_info
 from autoshard.codegen.shard import gather_full
 from autoshard.plans import PipelinePlan, PipelineStage, Plan
 from autoshard.runtime.launch import launch
-from autoshard.runtime.pipelining import PipelineRunError, build_pipeline, local_batch, step
+from autoshard.runtime.pipelining import PipelineRun, PipelineRunError, build_pipeline, local_batch, step
 from autoshard.runtime.stages import StageBuild, prepare_stages
 from autoshard.runtime.verify import cluster_for
 
 BATCH, SEQ, VOCAB, MICRO, STEPS = 8, 8, 512, 4, 3
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zb_v")
+V_ROWS = (0, 1, 1, 0)  # zb_v: stages 0 and 3 on the first pipeline rank, 1 and 2 on the second
 MEGATRON = {
     **{f"*.{m}": "column" for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")},
     **{f"*.{m}": "row" for m in ("o_proj", "down_proj")},
 }
 BATCH_SPLIT = ((2, 1, 1), (1, 1))  # a linear on (B, S, H): batch over the 2 ranks, weight whole
 DATA_PARALLEL = {"input_ids": ("S(0)",), "*_proj": BATCH_SPLIT, "lm_head": BATCH_SPLIT}
-FAMILIES = {"tp": MEGATRON, "dp": DATA_PARALLEL}
+FAMILIES: dict[str, dict[str, Any]] = {"tp": MEGATRON, "dp": DATA_PARALLEL}
 TWO = (
     ("model.embed_tokens", "model.layers.0", "model.layers.1"),
     ("model.layers.2", "model.layers.3", "model.norm", "lm_head"),
@@ -82,19 +85,25 @@ def _intra_plan(family: str) -> Plan:
 
 
 def _with_pipeline(plan: Plan, schedule: str) -> Plan:
-    groups = FOUR if schedule.startswith("interleaved") else TWO
+    groups = TWO if schedule in ("gpipe", "1f1b") else FOUR
     virtual = len(groups) // 2
-    stages = tuple(
-        PipelineStage(i, mods, None, (0, 1) if i % 2 == 0 else (2, 3)) for i, mods in enumerate(groups)
-    )
+    rows = V_ROWS if schedule == "zb_v" else tuple(i % 2 for i in range(len(groups)))
+    stages = tuple(PipelineStage(i, mods, None, ((0, 1), (2, 3))[rows[i]]) for i, mods in enumerate(groups))
     return dataclasses.replace(plan, pipeline=PipelinePlan(stages, schedule, virtual), microbatches=MICRO)
 
 
 @functools.cache
-def _stages(family: str, four: bool) -> tuple[StageBuild, ...]:
+def _stages(family: str, schedule: str) -> tuple[StageBuild, ...]:
     model, ids = _model()
-    plan = _with_pipeline(_intra_plan(family), "interleaved_1f1b" if four else "1f1b")
-    return prepare_stages(model, plan, (ids,), FAMILIES[family])
+    plan = _with_pipeline(_intra_plan(family), schedule)
+    if schedule in ("1f1b", "interleaved_1f1b"):
+        return prepare_stages(model, plan, (ids,), FAMILIES[family])
+    # the same cut as another schedule's, on other ranks: reuse its modules and plans
+    base = _stages(family, "1f1b" if schedule == "gpipe" else "interleaved_1f1b")
+    assert plan.pipeline is not None
+    return tuple(
+        dataclasses.replace(b, ranks=s.ranks) for b, s in zip(base, plan.pipeline.stages, strict=True)
+    )
 
 
 @contextmanager
@@ -120,11 +129,11 @@ def _count_p2p(log: list[tuple[str, tuple[int, ...], torch.dtype]]) -> Iterator[
             setattr(dist, name, fn)
 
 
-def _whole(run: Any, what: Callable[[torch.nn.Parameter], torch.Tensor]) -> dict[str, torch.Tensor]:
+def _whole(run: PipelineRun, what: Callable[[nn.Parameter], Any]) -> dict[str, torch.Tensor]:
     """Every parameter of this rank's stages, whole (gathered over the stage's own ranks only)."""
     out = {}
     for module in run.modules:
-        info = module.autoshard
+        info = parallel_info(module)
         for attr in info.attrs:
             if attr.kind == "parameter":
                 local = what(module.get_parameter(attr.fqn))
@@ -138,22 +147,24 @@ def _family(family: str) -> dict[str, dict[str, Any]]:
     results = {}
     for schedule in SCHEDULES:
         plan = _with_pipeline(_intra_plan(family), schedule)
-        stages = _stages(family, schedule.startswith("interleaved"))
+        stages = _stages(family, schedule)
         p2p: list[tuple[str, tuple[int, ...], torch.dtype]] = []
         run = build_pipeline(model, plan, (ids,), loss_fn, stages=stages, record=True)
         opt = torch.optim.AdamW(run.parameters(), lr=1e-2)
-        losses, grads = [], {}
+        losses: list[torch.Tensor | None] = []
+        grads: dict[str, torch.Tensor] = {}
         for i, (inputs, labels) in enumerate(_batches()):
             opt.zero_grad()
             with _count_p2p(p2p):
                 losses.append(step(run, inputs, labels))
             logs = [
-                [r for r in m.autoshard.comm.log if r.phase in ("forward", "backward")] for m in run.modules
+                [r for r in parallel_info(m).comm.log or () if r.phase in ("forward", "backward")]
+                for m in run.modules
             ]
             if i == 0:
                 grads = _whole(run, lambda p: p.grad)
             opt.step()
-        per_step = [dict(m.autoshard.collective_counts()) for m in run.modules]
+        per_step = [parallel_info(m).collective_counts() for m in run.modules]
         results[schedule] = {
             "stages": run.stage_indices,
             "losses": losses,
@@ -169,14 +180,15 @@ def _family(family: str) -> dict[str, dict[str, Any]]:
 def _single_device() -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     model = copy.deepcopy(_model()[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses, grads = [], {}
+    losses: list[torch.Tensor] = []
+    grads: dict[str, torch.Tensor] = {}
     for i, (inputs, labels) in enumerate(_batches()):
         opt.zero_grad()
         loss = loss_fn(model(inputs).logits, labels)
         loss.backward()
         losses.append(loss.detach())
         if i == 0:
-            grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+            grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
         opt.step()
     return losses, grads, {k: p.detach().clone() for k, p in model.named_parameters()}
 
@@ -184,8 +196,8 @@ def _single_device() -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_pipeline_equals_single_device(family: str) -> None:
-    for four in (False, True):
-        _stages(family, four)  # planned once here; forked ranks inherit them
+    for schedule in SCHEDULES:
+        _stages(family, schedule)  # planned once here; forked ranks inherit them
     ranks = launch(_family, 4, family, timeout=300)
     ref_losses, ref_grads, ref_weights = _single_device()
     local_rows = BATCH // MICRO // (2 if family == "dp" else 1)
@@ -193,7 +205,7 @@ def test_pipeline_equals_single_device(family: str) -> None:
     for schedule in SCHEDULES:
         grads: dict[str, torch.Tensor] = {}
         weights: dict[str, torch.Tensor] = {}
-        n_stages = 4 if schedule.startswith("interleaved") else 2
+        n_stages = 2 if schedule in ("gpipe", "1f1b") else 4
         for rank, result in enumerate(ranks):
             r = result[schedule]
             grads.update(r["grads"])
@@ -204,8 +216,13 @@ def test_pipeline_equals_single_device(family: str) -> None:
                 if last:
                     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
             # p2p: per step and microbatch, one activation out of every non-last stage and one gradient out of
-            # every non-first stage of this rank; as many received; all of the boundary activation's local shape
-            sends = sum((s < n_stages - 1) + (s > 0) for s in r["stages"]) * MICRO * STEPS
+            # every non-first stage of this rank whose neighbour is on the other pipeline rank; as many received;
+            # all of the boundary activation's local shape
+            rows = V_ROWS if schedule == "zb_v" else [s % 2 for s in range(n_stages)]
+            crossings = sum(
+                rows[s] != rows[t] for s in r["stages"] for t in (s - 1, s + 1) if 0 <= t < n_stages
+            )
+            sends = crossings * MICRO * STEPS
             moved = Counter(kind for kind, shape, dtype in r["p2p"] if dtype == torch.float64)
             assert moved == {"isend": sends, "irecv": sends}, (schedule, rank, moved)
             assert {shape for _, shape, dtype in r["p2p"] if dtype == torch.float64} == {activation}
@@ -223,13 +240,15 @@ def test_pipeline_equals_single_device(family: str) -> None:
 def _plan_with(
     schedule: str = "1f1b", modules: tuple[tuple[str, ...], ...] = TWO, micro: int = MICRO
 ) -> Plan:
-    plan = _with_pipeline(_intra_plan("tp"), schedule)
+    plan = _with_pipeline(_intra_plan("tp"), "1f1b")
     assert plan.pipeline is not None
     stages = tuple(
         dataclasses.replace(s, modules=m) for s, m in zip(plan.pipeline.stages, modules, strict=True)
     )
     return dataclasses.replace(
-        plan, pipeline=dataclasses.replace(plan.pipeline, stages=stages), microbatches=micro
+        plan,
+        pipeline=dataclasses.replace(plan.pipeline, stages=stages, schedule=schedule),
+        microbatches=micro,
     )
 
 
