@@ -14,7 +14,7 @@ for models whose ``forward`` does not know about stages, such as Hugging Face's)
   states through, a final norm or LM head hands them on unchanged); a layer of an ``nn.ModuleList`` is
   removed from the list, the others keep their keys, so every parameter keeps its name in the full model
   (``model.layers.2.mlp.up_proj.weight`` on stage 1) and the plan's placements apply by name;
-- modules that hold no parameter (rotary embeddings) stay on every stage;
+- modules that hold no parameter (rotary embeddings) stay on every stage, whichever stage names them;
 - the stage takes one tensor (token ids on the first stage, hidden states after) and returns one tensor (the
   first output: logits on the last stage of a ``*ForCausalLM``, hidden states before).
 
@@ -164,7 +164,8 @@ def prepare_stages(
     _check_cover(model, pipe)
     intra, axis = intra_layout(plan)
     cluster = _stage_cluster(plan, intra, axis)
-    owned = [m for stage in pipe.stages for m in stage.modules]
+    # modules without parameters (rotary embeddings) run on every stage, whichever stage names them
+    owned = [m for stage in pipe.stages for m in stage.modules if _holds_parameters(model, m)]
     example = args[0][: batch // plan.microbatches]
     placements = _first_input(plan, axis)
     builds = []
@@ -218,7 +219,7 @@ def _check_cover(model: nn.Module, pipe: PipelinePlan) -> None:
                     f"stage {stage.index} names module {name!r}, which {type(model).__name__} lacks"
                     f"{f' (modules with that name: {close})' if close else ''}: fix the plan's stage modules"
                 )
-            if name in owner:
+            if name in owner and _holds_parameters(model, name):
                 raise PipelineRunError(
                     f"module {name!r} is in stages {owner[name]} and {stage.index}: keep it in one"
                 )
@@ -237,6 +238,10 @@ def _check_cover(model: nn.Module, pipe: PipelinePlan) -> None:
                 f"{fqn} is tied to {first[0]} but they sit on stages {holder} and {first[1]}: untie the weights "
                 "(e.g. tie_word_embeddings=False) or put both modules on one stage"
             )
+
+
+def _holds_parameters(model: nn.Module, name: str) -> bool:
+    return next(model.get_submodule(name).parameters(), None) is not None
 
 
 def _prefixes(fqn: str) -> list[str]:

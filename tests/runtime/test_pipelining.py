@@ -34,7 +34,7 @@ from autoshard.codegen.shard import gather_full
 from autoshard.plans import PipelinePlan, PipelineStage, Plan
 from autoshard.runtime.launch import launch
 from autoshard.runtime.pipelining import PipelineRun, PipelineRunError, build_pipeline, local_batch, step
-from autoshard.runtime.stages import StageBuild, prepare_stages
+from autoshard.runtime.stages import StageBuild, intra_layout, prepare_stages
 from autoshard.runtime.verify import cluster_for
 
 BATCH, SEQ, VOCAB, MICRO, STEPS = 8, 8, 512, 4, 3
@@ -85,11 +85,31 @@ def _intra_plan(family: str) -> Plan:
 
 
 def _with_pipeline(plan: Plan, schedule: str) -> Plan:
+    """``plan`` (on one stage's 2 ranks) with 2 or 4 stages on 4 ranks.
+
+    The TP family gets the record as the planner fills it: the mesh gains the pipeline axis first, every
+    placement an ``R`` for it, and the first stage names the rotary embedding (a module without parameters,
+    which every stage keeps).  The DP family keeps the stage's own mesh (an intra-op plan given a pipeline).
+    """
     groups = TWO if schedule in ("gpipe", "1f1b") else FOUR
     virtual = len(groups) // 2
     rows = V_ROWS if schedule == "zb_v" else tuple(i % 2 for i in range(len(groups)))
+    widen = plan.param_placements["model.layers.0.self_attn.q_proj.weight"] == ("S(0)",)  # the TP family
+    if widen:
+        groups = (("model.rotary_emb", *groups[0]), *groups[1:])
     stages = tuple(PipelineStage(i, mods, None, ((0, 1), (2, 3))[rows[i]]) for i, mods in enumerate(groups))
-    return dataclasses.replace(plan, pipeline=PipelinePlan(stages, schedule, virtual), microbatches=MICRO)
+    pipeline = PipelinePlan(stages, schedule, virtual)
+    if not widen:
+        return dataclasses.replace(plan, pipeline=pipeline, microbatches=MICRO)
+    return dataclasses.replace(
+        plan,
+        mesh_shape=(2, *plan.mesh_shape),
+        param_placements={k: ("R", *v) for k, v in plan.param_placements.items()},
+        input_placements={k: ("R", *v) for k, v in plan.input_placements.items()},
+        output_placements=tuple(("R", *v) for v in plan.output_placements),
+        pipeline=pipeline,
+        microbatches=MICRO,
+    )
 
 
 @functools.cache
@@ -295,3 +315,12 @@ def test_local_batch_cuts_microbatches_before_ranks() -> None:
     assert local_batch(rows, split, 2, (2,), (1,)).flatten().tolist() == [2, 3, 6, 7]
     with pytest.raises(PipelineRunError, match="3 microbatches do not divide the batch of 8"):
         local_batch(rows, split, 3, (2,), (0,))
+
+
+def test_intra_layout_reads_both_records() -> None:
+    # the planner's record (pipeline axis first in the mesh) and an intra-op plan given a pipeline afterwards
+    assert intra_layout(_with_pipeline(_intra_plan("tp"), "1f1b")) == ((2,), 0)
+    assert intra_layout(_with_pipeline(_intra_plan("dp"), "1f1b")) == ((2,), None)
+    odd = dataclasses.replace(_with_pipeline(_intra_plan("tp"), "1f1b"), mesh_shape=(4, 2))
+    with pytest.raises(PipelineRunError, match=r"plan mesh \(4, 2\) fits neither one stage"):
+        intra_layout(odd)
