@@ -24,6 +24,10 @@ the microbatch (``F.cross_entropy``'s default) and the schedule divides the accu
 of microbatches (``scale_grads=True``), so the gradients are those of the mean loss of the whole batch.  When
 the last stage's output is split over the batch inside its sub-mesh, each rank's loss is weighted by its
 share of the microbatch (the gradient of the global mean, as autoshard's gradients of split outputs are).
+The loss reads the last stage's output whole or split over the batch only: logits the plan leaves split
+over the vocabulary (a column-split LM head) or partial are first redistributed to that layout by the steps
+:mod:`autoshard.redistribute` plans (an all-gather forward, this rank's slice of the gradient backward),
+run through the stage's own collective log and shown in ``PipelineRun.loss_steps``.
 
 The batch is cut into microbatches *before* it is split over a stage's ranks (:func:`local_batch`), so that
 microbatch ``k`` is the same rows of the global batch whatever the intra-op split.  Replicated parameters
@@ -47,7 +51,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch import fx
+from torch import fx, nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -57,10 +61,12 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 
-from autoshard.codegen.parallelize import parallelize
+from autoshard.codegen.collectives import format_steps, redistribute
+from autoshard.codegen.parallelize import parallel_info, parallelize
 from autoshard.codegen.shard import local_piece, spec_of
-from autoshard.placement import Replicate, Shard, ShardingSpec
+from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.plans import Plan
+from autoshard.redistribute import plan_redistribute
 from autoshard.runtime.stages import PipelineRunError, StageBuild, intra_layout, prepare_stages
 
 __all__ = ["SCHEDULES", "PipelineRun", "PipelineRunError", "build_pipeline", "local_batch", "step"]
@@ -88,9 +94,10 @@ class PipelineRun:
     plan: Plan
     microbatches: int
     input_spec: ShardingSpec  # of the first stage's input on the intra sub-mesh
-    output_spec: ShardingSpec  # of the last stage's output
+    output_spec: ShardingSpec  # of the last stage's output as the loss reads it (batch split at most)
     is_first: bool
     is_last: bool
+    loss_steps: str = ""  # what the last stage runs on its output for the loss (e.g. an all-gather of logits)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """This rank's parameters (every stage it holds), for a ``torch.optim`` optimizer."""
@@ -134,26 +141,36 @@ def build_pipeline(
     coord = mesh.get_coordinate()
     mine = [b for b in builds if _rank_of(b.index, pipe.degree, order) == coord[0]]
     intra_mesh = mesh[tuple(mesh.mesh_dim_names[1:])]
+    last = builds[-1]
+    output_spec = _loss_layout(spec_of(last.plan.output_placements[0]))
+    loss_steps = ""
     modules, pstages = [], []
     for b in mine:
         module = parallelize(
             b.module, b.plan, (b.example,), mesh=intra_mesh, captured=b.captured, device=where, record=record
         )
         modules.append(module)
+        planned_out = spec_of(b.plan.output_placements[0])
+        out_spec = output_spec if b is last else planned_out
+        runs: nn.Module = module
+        if b is last:
+            runs = _LossLayout(module, last.output, planned_out, output_spec)
+            loss_steps = runs.steps[0]
         pstages.append(
             PipelineStage(
-                module,
+                runs,
                 b.index,
                 len(builds),
                 where,
                 input_args=_local(
                     b.example, b.plan.input_placements[_input_name(b)], intra, coord[1:], where
                 ),
-                output_args=_local(b.output, b.plan.output_placements[0], intra, coord[1:], where),
+                output_args=_local(
+                    b.output, tuple(str(p) for p in out_spec.placements), intra, coord[1:], where
+                ),
                 group=mesh.get_group(0),
             )
         )
-    output_spec = spec_of(builds[-1].plan.output_placements[0])
     scaled = _scaled_loss(loss_fn, output_spec, intra)
     single = pipe.schedule in _SINGLE
     if single != (len(pstages) == 1):
@@ -173,6 +190,7 @@ def build_pipeline(
         output_spec,
         any(b.index == 0 for b in mine),
         any(b.index == len(builds) - 1 for b in mine),
+        loss_steps,
     )
 
 
@@ -186,7 +204,7 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     mesh_shape = tuple(run.mesh.shape[1:])
     coord = tuple(run.mesh.get_coordinate()[1:])
     args = (local_batch(inputs, run.input_spec, run.microbatches, mesh_shape, coord),) if run.is_first else ()
-    local_target = local_batch(target, _batch_only(run.output_spec), run.microbatches, mesh_shape, coord)
+    local_target = local_batch(target, run.output_spec, run.microbatches, mesh_shape, coord)
     losses: list[torch.Tensor] = []
     run.schedule.step(*args, target=local_target if run.is_last else None, losses=losses)
     if not run.is_last:
@@ -272,22 +290,41 @@ def _local(
     return piece.requires_grad_(piece.is_floating_point())
 
 
+class _LossLayout(nn.Module):
+    """The last stage's module, its output redistributed to the layout the loss reads (module doc)."""
+
+    def __init__(
+        self, stage: fx.GraphModule, output: torch.Tensor, planned: ShardingSpec, wanted: ShardingSpec
+    ) -> None:
+        super().__init__()
+        self.stage = stage
+        mesh_shape, shape, size = parallel_info(stage).comm.mesh_shape, output.shape, output.element_size()
+        # backward: the gradient of the gathered logits is whole on every rank; keep this rank's piece (a
+        # Partial output's gradient passes unchanged, as for any all-reduced Partial in autoshard's graphs)
+        settled = ShardingSpec(
+            tuple(Replicate() if isinstance(p, Partial) else p for p in planned.placements)
+        )
+        self.steps = (
+            format_steps(plan_redistribute(planned, wanted, shape, size, mesh_shape)),
+            format_steps(plan_redistribute(wanted, settled, shape, size, mesh_shape)),
+        )
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        out = self.stage(inputs)
+        if not self.steps[0]:
+            return out
+        return redistribute(out, parallel_info(self.stage).comm, *self.steps)
+
+
+def _loss_layout(spec: ShardingSpec) -> ShardingSpec:
+    """What the loss reads: the last stage's output split over the batch (dim 0) as planned, else whole."""
+    return ShardingSpec(
+        tuple(p if isinstance(p, Shard) and p.dim == 0 else Replicate() for p in spec.placements)
+    )
+
+
 def _batch_axes(spec: ShardingSpec) -> list[int]:
-    """The intra axes splitting the batch (dim 0) of the last stage's output; any other split is refused."""
-    axes = []
-    for axis, placement in enumerate(spec.placements):
-        if isinstance(placement, Shard) and placement.dim == 0:
-            axes.append(axis)
-        elif not isinstance(placement, Replicate):
-            raise PipelineRunError(
-                f"the last stage's output is planned {spec}: the loss needs it whole or split over the batch "
-                "only; pin the LM head's weight replicated over that axis (annotation 'lm_head': 'replicate')"
-            )
-    return axes
-
-
-def _batch_only(spec: ShardingSpec) -> ShardingSpec:
-    return ShardingSpec.parse(tuple("S(0)" if a in _batch_axes(spec) else "R" for a in range(spec.mesh_ndim)))
+    return [a for a, p in enumerate(spec.placements) if isinstance(p, Shard) and p.dim == 0]
 
 
 def _scaled_loss(

@@ -30,6 +30,7 @@ from torch import nn
 import autoshard
 from autoshard import zoo
 from autoshard.codegen import parallel_info
+from autoshard.codegen.collectives import parse_steps
 from autoshard.codegen.shard import gather_full
 from autoshard.plans import PipelinePlan, PipelineStage, Plan
 from autoshard.runtime.launch import launch
@@ -43,6 +44,7 @@ V_ROWS = (0, 1, 1, 0)  # zb_v: stages 0 and 3 on the first pipeline rank, 1 and 
 MEGATRON = {
     **{f"*.{m}": "column" for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")},
     **{f"*.{m}": "row" for m in ("o_proj", "down_proj")},
+    "lm_head": "column",  # vocab-split logits: the last stage gathers them for the loss
 }
 BATCH_SPLIT = ((2, 1, 1), (1, 1))  # a linear on (B, S, H): batch over the 2 ranks, weight whole
 DATA_PARALLEL = {"input_ids": ("S(0)",), "*_proj": BATCH_SPLIT, "lm_head": BATCH_SPLIT}
@@ -184,17 +186,28 @@ def _family(family: str) -> dict[str, dict[str, Any]]:
             if i == 0:
                 grads = _whole(run, lambda p: p.grad)
             opt.step()
-        per_step = [parallel_info(m).collective_counts() for m in run.modules]
+        # the planned collectives of each stage graph, plus the gather of the logits for the loss
+        gather = Counter(str(st.kind) for st in parse_steps(run.loss_steps) if st.is_collective)
+        per_step = [
+            Counter(parallel_info(m).collective_counts()) + (gather if i == plan_last(plan) else Counter())
+            for m, i in zip(run.modules, run.stage_indices, strict=True)
+        ]
         results[schedule] = {
             "stages": run.stage_indices,
             "losses": losses,
             "grads": grads,
             "weights": _whole(run, lambda p: p.detach()),
             "p2p": p2p,
-            "ran": [Counter(r.kind for r in log) for log in logs],
-            "planned": per_step,
+            "ran": [Counter(str(r.kind) for r in log) for log in logs],
+            "planned": [{str(k): n for k, n in c.items()} for c in per_step],
+            "gather": run.loss_steps,
         }
     return results
+
+
+def plan_last(plan: Plan) -> int:
+    assert plan.pipeline is not None
+    return len(plan.pipeline.stages) - 1
 
 
 def _single_device() -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -247,6 +260,8 @@ def test_pipeline_equals_single_device(family: str) -> None:
             assert moved == {"isend": sends, "irecv": sends}, (schedule, rank, moved)
             assert {shape for _, shape, dtype in r["p2p"] if dtype == torch.float64} == {activation}
             # intra-stage: every planned collective once per microbatch and step, and there are some
+            if family == "tp" and last:
+                assert r["gather"].startswith("all_gather(axis=0, dim=2"), r["gather"]
             for ran, planned in zip(r["ran"], r["planned"], strict=True):
                 assert planned and ran == {k: n * MICRO * STEPS for k, n in planned.items()}, (schedule, rank)
         assert sorted(grads) == sorted(ref_grads) == sorted(weights)
