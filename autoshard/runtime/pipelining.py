@@ -39,8 +39,13 @@ Example (on every rank, e.g. under ``torchrun``)::
     init_from_env()
     run = build_pipeline(model, plan, (ids,), loss_fn=lambda logits, y: F.cross_entropy(logits.flatten(0, 1),
                                                                                          y.flatten()))
+    optimizer = torch.optim.AdamW(run.parameters())
     loss = step(run, ids, target=labels)      # the global loss on the last stage's ranks, else None
-    optimizer = torch.optim.AdamW([p for m in run.modules for p in m.parameters()])
+    optimizer.step(); optimizer.zero_grad()
+
+Checkpoints: each stage module is an :func:`autoshard.parallelize` module, so
+:func:`~autoshard.codegen.full_state_dict` of ``run.modules[i]`` (called by the stage's ranks) holds that
+stage's weights whole under the model's names; the union over stages is the model's state dict.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ class PipelineRun:
     output_spec: ShardingSpec  # of the last stage's output as the loss reads it (batch split at most)
     is_first: bool
     is_last: bool
+    device: torch.device  # where this rank computes (inputs and targets go there)
     loss_steps: str = ""  # what the last stage runs on its output for the loss (e.g. an all-gather of logits)
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -190,6 +196,7 @@ def build_pipeline(
         output_spec,
         any(b.index == 0 for b in mine),
         any(b.index == len(builds) - 1 for b in mine),
+        where,
         loss_steps,
     )
 
@@ -203,8 +210,10 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     """
     mesh_shape = tuple(run.mesh.shape[1:])
     coord = tuple(run.mesh.get_coordinate()[1:])
-    args = (local_batch(inputs, run.input_spec, run.microbatches, mesh_shape, coord),) if run.is_first else ()
-    local_target = local_batch(target, run.output_spec, run.microbatches, mesh_shape, coord)
+    args: tuple[torch.Tensor, ...] = ()
+    if run.is_first:
+        args = (local_batch(inputs, run.input_spec, run.microbatches, mesh_shape, coord).to(run.device),)
+    local_target = local_batch(target, run.output_spec, run.microbatches, mesh_shape, coord).to(run.device)
     losses: list[torch.Tensor] = []
     run.schedule.step(*args, target=local_target if run.is_last else None, losses=losses)
     if not run.is_last:
