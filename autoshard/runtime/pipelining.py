@@ -31,8 +31,9 @@ run through the stage's own collective log and shown in ``PipelineRun.loss_steps
 
 The batch is cut into microbatches *before* it is split over a stage's ranks (:func:`local_batch`), so that
 microbatch ``k`` is the same rows of the global batch whatever the intra-op split.  Replicated parameters
-synchronise their gradients in the backward of every microbatch (the planned collectives of the stage
-graph), not once per step.
+synchronise their gradients once per step, after the last microbatch (:mod:`autoshard.runtime.grad_sync`
+takes their all-reduces out of the stage graph's backward; ``sync_once=False`` keeps one per microbatch);
+gradients that are reduce-scattered (FSDP) still are, in every microbatch's backward.
 
 Example (on every rank, e.g. under ``torchrun``)::
 
@@ -72,6 +73,7 @@ from autoshard.codegen.shard import local_piece, spec_of
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.plans import Plan
 from autoshard.redistribute import plan_redistribute
+from autoshard.runtime.grad_sync import DeferredSync, defer_gradient_sync, sync_gradients
 from autoshard.runtime.stages import PipelineRunError, StageBuild, intra_layout, prepare_stages
 
 __all__ = ["SCHEDULES", "PipelineRun", "PipelineRunError", "build_pipeline", "local_batch", "step"]
@@ -103,6 +105,7 @@ class PipelineRun:
     is_first: bool
     is_last: bool
     device: torch.device  # where this rank computes (inputs and targets go there)
+    deferred: tuple[tuple[DeferredSync, ...], ...] = ()  # per module: gradient syncs run once per step
     loss_steps: str = ""  # what the last stage runs on its output for the loss (e.g. an all-gather of logits)
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -120,6 +123,7 @@ def build_pipeline(
     stages: Sequence[StageBuild] | None = None,
     device: torch.device | str | None = None,
     record: bool = False,
+    sync_once: bool = True,
 ) -> PipelineRun:
     """This rank's pipeline under ``plan`` (module doc).
 
@@ -128,6 +132,9 @@ def build_pipeline(
         stages: from :func:`prepare_stages` (same model, plan and inputs), to skip re-planning the stages.
         device: where this rank computes; default ``cuda`` under NCCL, else ``cpu``.
         record: log every intra-op collective (``module.autoshard.comm.log`` of each stage module).
+        sync_once: synchronise replicated parameters' gradients once per step, after the last microbatch
+            (:mod:`autoshard.runtime.grad_sync`; as the planner prices it), rather than in every microbatch's
+            backward.
 
     Raises:
         PipelineRunError: no pipeline in the plan, a stage module the model lacks, microbatches that do not
@@ -150,12 +157,13 @@ def build_pipeline(
     last = builds[-1]
     output_spec = _loss_layout(spec_of(last.plan.output_placements[0]))
     loss_steps = ""
-    modules, pstages = [], []
+    modules, pstages, deferred = [], [], []
     for b in mine:
         module = parallelize(
             b.module, b.plan, (b.example,), mesh=intra_mesh, captured=b.captured, device=where, record=record
         )
         modules.append(module)
+        deferred.append(defer_gradient_sync(module) if sync_once else ())
         planned_out = spec_of(b.plan.output_placements[0])
         out_spec = output_spec if b is last else planned_out
         runs: nn.Module = module
@@ -197,6 +205,7 @@ def build_pipeline(
         any(b.index == 0 for b in mine),
         any(b.index == len(builds) - 1 for b in mine),
         where,
+        tuple(deferred),
         loss_steps,
     )
 
@@ -216,6 +225,8 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     local_target = local_batch(target, run.output_spec, run.microbatches, mesh_shape, coord).to(run.device)
     losses: list[torch.Tensor] = []
     run.schedule.step(*args, target=local_target if run.is_last else None, losses=losses)
+    for module, deferred in zip(run.modules, run.deferred, strict=True):
+        sync_gradients(module, deferred)
     if not run.is_last:
         return None
     loss = torch.stack([t.detach() for t in losses]).mean()
