@@ -69,6 +69,7 @@ def _rank(
     builds: tuple[StageBuild, ...],
     batches: list[Any],
     ref: dict[str, Any],
+    sync_once: bool,
 ) -> dict[str, Any]:
     log: list[str] = []
     originals = {n: getattr(c10d, n) for n in ("isend", "irecv")}
@@ -84,7 +85,9 @@ def _rank(
     for name in originals:  # both names: P2POp checks the op against torch.distributed's
         setattr(c10d, name, wrap(name))
         setattr(torch.distributed, name, getattr(c10d, name))
-    run = build_pipeline(model, plan, (batches[0][0],), loss_fn, stages=builds, record=True)
+    run = build_pipeline(
+        model, plan, (batches[0][0],), loss_fn, stages=builds, record=True, sync_once=sync_once
+    )
     opt = torch.optim.AdamW(run.parameters(), lr=1e-3)
     times, error = [], 0.0
     for i, (ids, labels) in enumerate(batches):
@@ -114,6 +117,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument(
+        "--sync", choices=("once", "microbatch"), default="once", help="replicated gradients' all-reduce"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     case = zoo.build("llama-tiny", batch=args.batch, seq=args.seq, layers=args.layers)
@@ -129,7 +135,8 @@ def main() -> None:
     intra = autoshard.plan(model, cluster_for("cpu", 2), (ids,), annotations=FAMILIES[args.family])
     print(
         f"LLaMA {args.layers} layers, hidden 64, batch {args.batch} x seq {args.seq}, {args.microbatches} "
-        f"microbatches, 4 gloo ranks = 2 pipeline ranks x 2 ({args.family} inside a stage), float64"
+        f"microbatches, 4 gloo ranks = 2 pipeline ranks x 2 ({args.family} inside a stage), float64, "
+        f"gradient sync once per {'step' if args.sync == 'once' else 'microbatch'}"
     )
     print(f"single-device eager step {eager * 1e3:.1f} ms")
     print(
@@ -150,7 +157,7 @@ def main() -> None:
             dataclasses.replace(b, ranks=s.ranks) for b, s in zip(cache[chunks], stages, strict=True)
         )
         planned = time.perf_counter() - t0
-        ranks = launch(_rank, 4, model, plan, builds, batches, ref, timeout=600)
+        ranks = launch(_rank, 4, model, plan, builds, batches, ref, args.sync == "once", timeout=600)
         median = statistics.median(t for r in ranks for t in r["times"])
         print(
             f"{schedule:<18}{chunks:>7}{median * 1e3:>10.1f}{max(r['error'] for r in ranks):>17.1e}"
