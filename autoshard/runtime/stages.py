@@ -115,16 +115,67 @@ class _StageForward(nn.Module):
     """Mixed into a stage's class: one tensor in, one tensor out."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        out = super().forward(inputs)
-        if isinstance(out, torch.Tensor):
-            return out
-        first = out.to_tuple()[0] if hasattr(out, "to_tuple") else out[0]
-        if not isinstance(first, torch.Tensor):
-            raise PipelineRunError(
-                f"a stage of {type(self).__name__} returned {type(first).__name__} first: a pipeline stage "
-                "must return its activation (or logits) as the first output"
-            )
-        return first
+        return _first_tensor(super().forward(inputs), type(self).__name__)
+
+
+def _first_tensor(out: Any, what: str) -> torch.Tensor:
+    first = (
+        out if isinstance(out, torch.Tensor) else out.to_tuple()[0] if hasattr(out, "to_tuple") else out[0]
+    )
+    if not isinstance(first, torch.Tensor):
+        raise PipelineRunError(
+            f"{what} returned {type(first).__name__} first: a pipeline stage must return its activation (or "
+            "logits) as its first output"
+        )
+    return first
+
+
+def _chain(model: nn.Module, stages: Sequence[nn.Module], example: torch.Tensor) -> list[torch.Tensor]:
+    """Each stage's input for one microbatch, then the last stage's output; checked against the whole model
+    (a forward that reads a dropped module as more than a pass-through would silently compute another
+    function)."""
+    modes = [(m, m.training) for m in (model, *stages)]
+    values = [example]
+    try:
+        with torch.no_grad():
+            for m, _ in modes:
+                m.eval()
+            for i, stage in enumerate(stages):
+                values.append(_run_stage(model, i, stage, values[-1]))
+            if example.device.type != "meta":
+                whole = _first_tensor(model(example), type(model).__name__)
+                _check_same(model, whole, values[-1])
+    finally:
+        for m, mode in modes:
+            m.train(mode)
+    return values
+
+
+def _run_stage(model: nn.Module, index: int, stage: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    try:
+        return stage(inputs)
+    except Exception as e:  # the model's own forward failing on a stage's input: say which stage and why
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise PipelineRunError(
+            f"stage {index} of {type(model).__name__} fails on its input {tuple(inputs.shape)} ({cause}): its "
+            "forward does not pass hidden states through a dropped embedding; pipeline models whose forward "
+            "runs embedding -> layers -> norm -> head"
+        ) from e
+
+
+def _check_same(model: nn.Module, whole: torch.Tensor, piped: torch.Tensor) -> None:
+    same = whole.shape == piped.shape and torch.allclose(whole, piped, rtol=1e-5, atol=1e-6)
+    if not same:
+        gap = (
+            f"largest difference {float((whole - piped).abs().max()):.3g}"
+            if whole.shape == piped.shape
+            else (f"shape {tuple(piped.shape)} instead of {tuple(whole.shape)}")
+        )
+        raise PipelineRunError(
+            f"the stages of {type(model).__name__} chained do not compute the model ({gap}): its forward uses a "
+            "module another stage owns as more than a pass-through (e.g. a position embedding added to the "
+            "hidden states); pipeline models whose forward runs embedding -> layers -> norm -> head"
+        )
 
 
 _STAGE_CLASSES: dict[type, type] = {}
@@ -166,28 +217,18 @@ def prepare_stages(
     cluster = _stage_cluster(plan, intra, axis)
     # modules without parameters (rotary embeddings) run on every stage, whichever stage names them
     owned = [m for stage in pipe.stages for m in stage.modules if _holds_parameters(model, m)]
-    example = args[0][: batch // plan.microbatches]
+    modules = [split_stage(model, s.modules, [m for m in owned if m not in s.modules]) for s in pipe.stages]
+    examples = _chain(model, modules, args[0][: batch // plan.microbatches])
     placements = _first_input(plan, axis)
     builds = []
-    for stage in pipe.stages:
-        module = split_stage(model, stage.modules, [m for m in owned if m not in stage.modules])
-        with torch.no_grad():
-            output = module(example)
+    for stage, module, example, output in zip(pipe.stages, modules, examples, examples[1:], strict=False):
         pins = _stage_annotations(module, annotations or {})
         stage_plan = _plan_stage(module, stage.index, plan, axis, cluster, example, placements, pins)
+        captured = capture(module, (example,), {}, blocks="full")
         builds.append(
-            StageBuild(
-                stage.index,
-                stage.modules,
-                stage.ranks,
-                module,
-                stage_plan,
-                example,
-                output,
-                capture(module, (example,), {}, blocks="full"),
-            )
+            StageBuild(stage.index, stage.modules, stage.ranks, module, stage_plan, example, output, captured)
         )
-        example, placements = output, stage_plan.output_placements[0]
+        placements = stage_plan.output_placements[0]
     return tuple(builds)
 
 

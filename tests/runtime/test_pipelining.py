@@ -347,3 +347,30 @@ def test_intra_layout_reads_both_records() -> None:
     odd = dataclasses.replace(_with_pipeline(_intra_plan("tp"), "1f1b"), mesh_shape=(4, 2))
     with pytest.raises(PipelineRunError, match=r"plan mesh \(4, 2\) fits neither one stage"):
         intra_layout(odd)
+
+
+class _Doubler(nn.Module):
+    """Reads its embedding as more than a pass-through (``embed(x) * 2``): cut into stages, stage 1 would
+    double the hidden states it receives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) * 2.0
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def test_stages_that_do_not_compute_the_model_are_refused() -> None:
+    plan = _with_pipeline(_intra_plan("dp"), "1f1b")
+    assert plan.pipeline is not None
+    cut = (("embed", "layers.0"), ("layers.1", "head"))
+    stages = tuple(dataclasses.replace(s, modules=m) for s, m in zip(plan.pipeline.stages, cut, strict=True))
+    plan = dataclasses.replace(plan, pipeline=dataclasses.replace(plan.pipeline, stages=stages))
+    with pytest.raises(PipelineRunError, match="the stages of _Doubler chained do not compute the model"):
+        prepare_stages(_Doubler(), plan, (torch.randint(0, 16, (8, 4)),))
