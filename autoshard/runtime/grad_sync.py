@@ -4,14 +4,16 @@ Input: an emitted module (:func:`autoshard.parallelize`).  In its graph a parame
 synchronised by the backward steps of the edge that reads it, ``redistribute(weight, comm, "<forward>",
 "<backward>")``: data parallel's ``all_reduce`` runs in the backward of every microbatch a pipeline schedule
 feeds through.  The planner prices it once per step (gradients accumulate locally, then one all-reduce), and
-since an all-reduce is linear the sum of per-microbatch all-reduces equals the all-reduce of the sum.
+since every collective is linear the sum of per-microbatch all-reduces equals the all-reduce of the sum.
 
 :func:`defer_gradient_sync` rewrites the graph so that such an edge runs no backward steps, and returns them;
-:func:`sync_gradients` runs them once on each accumulated gradient after the schedule's step.  Only edges
-that are a parameter's *only* use and whose backward steps are all ``all_reduce`` are deferred: a
-reduce-scatter (FSDP) changes the gradient's shape, so it must run in the backward, and a parameter read by
-two edges could have its other edge's gradient reduced too.  Deferred steps still go through the module's
-collective log (phase ``backward``).
+:func:`sync_gradients` runs them once on each accumulated gradient after the schedule's step.  Only an edge
+that is a parameter's *only* use and reads it in its own layout (no forward steps) is deferred: then its
+backward steps map a gradient of the parameter's local shape to that shape (data parallel's all-reduce,
+or reduce-scatter + all-reduce + all-gather over two axes).  A gathered weight (FSDP: all-gather forward,
+reduce-scatter backward) gets a gradient of another shape from its consumer, so its steps stay in the
+backward; a parameter read by two edges could have its other edge's gradient reduced too.  Deferred steps
+still go through the module's collective log (phase ``backward``).
 
 Example::
 
@@ -55,9 +57,8 @@ def defer_gradient_sync(module: fx.GraphModule) -> tuple[DeferredSync, ...]:
         if user.target is not redistribute or len(user.args) < 4 or user.args[0] is not node:
             continue
         backward = str(user.args[3])
-        steps = parse_steps(backward)
-        if not steps or any(s.kind != "all_reduce" for s in steps):
-            continue
+        if str(user.args[2]).strip() or not any(s.is_collective for s in parse_steps(backward)):
+            continue  # the weight is gathered (its gradient changes shape on the way back), or nothing to sync
         user.args = (*user.args[:3], "", *user.args[4:])
         deferred.append(DeferredSync(str(node.target), backward))
     if deferred:
