@@ -192,7 +192,14 @@ def build_pipeline(
             f"schedule {pipe.schedule!r} runs {'one stage' if single else 'several stages'} per rank, the plan puts "
             f"{len(pstages)} on pipeline rank {coord[0]}: use {'interleaved_1f1b' if not single else '1f1b'}"
         )
-    schedule = cls(pstages[0] if single else pstages, plan.microbatches, loss_fn=scaled)
+    try:
+        schedule = cls(pstages[0] if single else pstages, plan.microbatches, loss_fn=scaled)
+    except ValueError as e:  # torch's own limits (microbatches per round, stages per rank): one line
+        reason = " ".join(str(e).split())
+        raise PipelineRunError(
+            f"torch's {cls.__name__} refuses {plan.microbatches} microbatches over {len(builds)} stages "
+            f"({reason}): change plan.microbatches or the stages"
+        ) from e
     return PipelineRun(
         schedule,
         tuple(modules),

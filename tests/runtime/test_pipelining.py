@@ -165,9 +165,10 @@ def _whole(run: PipelineRun, what: Callable[[nn.Parameter], Any]) -> dict[str, t
 
 
 def _family(family: str) -> dict[str, dict[str, Any]]:
-    """On every rank: each schedule for STEPS AdamW steps; what to compare and what ran."""
+    """On every rank: each schedule for STEPS AdamW steps; what to compare and what ran.  Then a plan torch's
+    1F1B refuses (fewer microbatches than stages)."""
     model, ids = _model()
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for schedule in SCHEDULES:
         plan = _with_pipeline(_intra_plan(family), schedule)
         stages = _stages(family, schedule)
@@ -207,6 +208,10 @@ def _family(family: str) -> dict[str, dict[str, Any]]:
                 sum(st.is_collective for d in ds for st in parse_steps(d.steps)) for ds in run.deferred
             ],
         }
+    few = dataclasses.replace(_with_pipeline(_intra_plan(family), "1f1b"), microbatches=1)
+    with pytest.raises(PipelineRunError) as refused:
+        build_pipeline(model, few, (ids,), loss_fn, stages=_stages(family, "1f1b"))
+    results["refused"] = {"error": str(refused.value)}
     return results
 
 
@@ -237,6 +242,12 @@ def test_pipeline_equals_single_device(family: str) -> None:
     for schedule in SCHEDULES:
         _stages(family, schedule)  # planned once here; forked ranks inherit them
     ranks = launch(_family, 4, family, timeout=300)
+    for result in ranks:
+        error = result["refused"]["error"]
+        assert (
+            error.startswith("torch's Schedule1F1B refuses 1 microbatches over 2 stages")
+            and "\n" not in error
+        )
     ref_losses, ref_grads, ref_weights = _single_device()
     local_rows = BATCH // MICRO // (2 if family == "dp" else 1)
     activation = (local_rows, SEQ, 64)
