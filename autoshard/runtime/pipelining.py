@@ -44,9 +44,8 @@ Example (on every rank, e.g. under ``torchrun``)::
     loss = step(run, ids, target=labels)      # the global loss on the last stage's ranks, else None
     optimizer.step(); optimizer.zero_grad()
 
-Checkpoints: each stage module is an :func:`autoshard.parallelize` module, so
-:func:`~autoshard.codegen.full_state_dict` of ``run.modules[i]`` (called by the stage's ranks) holds that
-stage's weights whole under the model's names; the union over stages is the model's state dict.
+Checkpoints: :func:`full_state_dict` gives the whole model's state dict on every rank (each stage module is
+an :func:`autoshard.parallelize` module, gathered over its own ranks, then merged over the pipeline ranks).
 """
 
 from __future__ import annotations
@@ -76,7 +75,15 @@ from autoshard.redistribute import plan_redistribute
 from autoshard.runtime.grad_sync import DeferredSync, defer_gradient_sync, sync_gradients
 from autoshard.runtime.stages import PipelineRunError, StageBuild, intra_layout, prepare_stages
 
-__all__ = ["SCHEDULES", "PipelineRun", "PipelineRunError", "build_pipeline", "local_batch", "step"]
+__all__ = [
+    "SCHEDULES",
+    "PipelineRun",
+    "PipelineRunError",
+    "build_pipeline",
+    "full_state_dict",
+    "local_batch",
+    "step",
+]
 
 Order = Literal["loop", "v"]
 SCHEDULES: dict[str, tuple[type, Order]] = {
@@ -240,6 +247,19 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     for axis in _batch_axes(run.output_spec):  # each rank weighted its share: the global loss is their sum
         dist.all_reduce(loss, group=run.mesh.get_group(axis + 1))
     return loss
+
+
+def full_state_dict(run: PipelineRun) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on every rank, under the model's names (a collective of all ranks):
+    each stage gathers its weights over its own ranks, then the pipeline ranks exchange theirs."""
+    from autoshard.codegen.parallelize import full_state_dict as stage_state
+
+    mine: dict[str, torch.Tensor] = {}
+    for module in run.modules:
+        mine.update(stage_state(module))
+    parts: list[Any] = [None] * int(run.mesh.shape[0])
+    dist.all_gather_object(parts, mine, group=run.mesh.get_group(0))
+    return {k: v for part in parts for k, v in part.items()}
 
 
 def local_batch(

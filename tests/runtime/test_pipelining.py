@@ -35,7 +35,14 @@ from autoshard.codegen.collectives import parse_steps
 from autoshard.codegen.shard import gather_full
 from autoshard.plans import PipelinePlan, PipelineStage, Plan
 from autoshard.runtime.launch import launch
-from autoshard.runtime.pipelining import PipelineRun, PipelineRunError, build_pipeline, local_batch, step
+from autoshard.runtime.pipelining import (
+    PipelineRun,
+    PipelineRunError,
+    build_pipeline,
+    full_state_dict,
+    local_batch,
+    step,
+)
 from autoshard.runtime.stages import StageBuild, intra_layout, prepare_stages
 from autoshard.runtime.verify import cluster_for
 
@@ -198,7 +205,7 @@ def _family(family: str) -> dict[str, dict[str, Any]]:
             "stages": run.stage_indices,
             "losses": losses,
             "grads": grads,
-            "weights": _whole(run, lambda p: p.detach()),
+            "weights": full_state_dict(run),  # the whole model on every rank
             "p2p": p2p,
             "ran": [Counter(str(r.kind) for r in log) for log in logs],
             "planned": [{str(k): n for k, n in c.items()} for c in per_step],
@@ -258,6 +265,7 @@ def test_pipeline_equals_single_device(family: str) -> None:
         for rank, result in enumerate(ranks):
             r = result[schedule]
             grads.update(r["grads"])
+            assert sorted(r["weights"]) == sorted(ref_weights)  # every rank gets the whole model
             weights.update(r["weights"])
             last = n_stages - 1 in r["stages"]
             for got, want in zip(r["losses"], ref_losses, strict=True):
