@@ -15,6 +15,7 @@ the experts -- options the fused op cannot offer without a collective inside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from typing import Any
 from unittest import mock
@@ -41,11 +42,8 @@ def plan_case(model: str, batch: int, seq: int, fuse: bool, layers: int = 4) -> 
     else:
         (m, args), limit = _deepseek(batch, seq, layers), float("inf")
     cluster = autoshard.load_cluster("a100x8", nodes=8, mesh=(8, 8))
-    with (
-        mock.patch("autoshard.capture.clean.fuse_expert_mlps", side_effect=lambda gm, **_: gm)
-        if not fuse
-        else (mock.patch.dict({}))
-    ):
+    off = mock.patch("autoshard.capture.clean.fuse_expert_mlps", side_effect=lambda gm, **_: gm)
+    with off if not fuse else contextlib.nullcontext():
         plan = autoshard.plan(m, cluster, args, memory_limit=limit)
     experts = sorted({n.strategy for n in plan.nodes if "grouped_mm" in n.target or "expert_mlp" in n.target})
     return {"step_s": round(plan.predicted_step_time, 3), "experts": experts}
