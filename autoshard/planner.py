@@ -10,12 +10,16 @@ The order, and why:
    budget, warm-started from the exact unconstrained plan; with ``search="propagate"``, BFS from the
    annotations only (milliseconds, no optimality claim);
 5. when ``recompute="auto"`` and nothing fits the memory, retry with full activation recomputation;
-6. read the plan back from the same cost functions, so its step time is the solver's objective.
+6. read the plan back from the same cost functions, so its step time is the solver's objective;
+7. when capture fused grouped-GEMM expert MLPs (:mod:`autoshard.capture.experts`: cheap expert parallelism,
+   but no K/N split inside the experts), plan the unfused capture too and keep the cheaper plan (a note says
+   which); codegen captures the same way (:func:`~autoshard.capture.experts.plan_fuses_experts`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -26,8 +30,9 @@ import torch
 
 from autoshard.annotations import resolve_annotations
 from autoshard.capture import Captured, capture
+from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster
-from autoshard.errors import InfeasibleError
+from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute
@@ -81,10 +86,70 @@ def plan(
     say = progress or (lambda stage: None)
     say("capture")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
-    captured = capture(model, args, dict(example_kwargs or {}), blocks=blocks)
+    kwargs = dict(example_kwargs or {})
+    captured = capture(model, args, kwargs, blocks=blocks)
     timings["capture"] = time.perf_counter() - start
     replicated = _warn_replicated(captured)
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
+    solve_one = functools.partial(
+        _plan_captured, model, cluster, annotations=annotations, training=training, limit=limit,
+        recompute=recompute, search=search, time_limit=time_limit, say=say,
+    )  # fmt: skip
+    fused: Plan | AutoshardError
+    try:
+        fused = solve_one(captured, timings)
+    except (InfeasibleError, AnnotationError) as e:
+        fused = e
+    result: Plan | AutoshardError = fused
+    if plan_fuses_experts(captured.op_nodes()):  # fused expert MLPs: cheap EP, but no K/N split: try both
+        t0 = time.perf_counter()
+        plain_timings: dict[str, float] = {}
+        plain: Plan | AutoshardError
+        try:
+            plain = solve_one(capture(model, args, kwargs, blocks=blocks, fuse_experts=False), plain_timings)
+        except (InfeasibleError, AnnotationError) as e:
+            plain = e
+        result = _cheaper(fused, plain)
+        timings["experts_alternative"] = time.perf_counter() - t0
+    if isinstance(result, AutoshardError):
+        raise result
+    timings = {**timings, **result.timings, "capture": timings["capture"]}
+    timings["total"] = time.perf_counter() - start
+    result = dataclasses.replace(result, timings=timings)
+    return dataclasses.replace(result, replicated_ops=replicated) if replicated else result
+
+
+def _cheaper(fused: Plan | AutoshardError, plain: Plan | AutoshardError) -> Plan | AutoshardError:
+    """The plan with the lower predicted step (the fused one on a tie), noting why; an error only if both are."""
+    if isinstance(plain, AutoshardError):
+        return fused
+    if isinstance(fused, AutoshardError) or plain.predicted_step_time < fused.predicted_step_time:
+        other = (
+            "fused: not possible"
+            if isinstance(fused, AutoshardError)
+            else f"fused: {fused.predicted_step_time:.4g} s"
+        )
+        note = f"expert MLPs planned op by op (grouped matmuls), cheaper than fused ({other} per step)"
+        return dataclasses.replace(plain, notes=(*plain.notes, note))
+    note = f"expert MLPs planned fused (unfused: {plain.predicted_step_time:.4g} s per step)"
+    return dataclasses.replace(fused, notes=(*fused.notes, note))
+
+
+def _plan_captured(
+    model: torch.nn.Module,
+    cluster: Cluster,
+    captured: Captured,
+    timings: dict[str, float],
+    *,
+    annotations: Mapping[str, Any] | None,
+    training: bool,
+    limit: float,
+    recompute: Literal["auto", "none", "full"],
+    search: SearchMethod,
+    time_limit: float,
+    say: Callable[[str], None],
+) -> Plan:
+    """Strategies, costs and search on one capture (with the recomputation retry); raises InfeasibleError."""
     policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
     error: InfeasibleError | None = None
@@ -102,19 +167,17 @@ def plan(
             continue
         if policy is Recompute.FULL and recompute == "auto":
             notes.append("activations do not fit without recomputation: planned with full recomputation")
-        timings["total"] = time.perf_counter() - start
-        result = extract_plan(
+        return extract_plan(
             built,
             solution,
             model=type(model).__name__,
             block_prefix=captured.blocks.prefix if captured.blocks else None,
             output_order=_output_order(captured),
-            timings=timings,
+            timings=dict(timings),
             notes=tuple(notes),
             memory_limit=limit if limit != float("inf") else None,
             block_first=captured.blocks.first if captured.blocks else 0,
         )
-        return dataclasses.replace(result, replicated_ops=replicated) if replicated else result
     assert error is not None
     raise error
 

@@ -2,7 +2,8 @@
 
     python -m benchmarks.experts
 
-Each case is planned twice, in fresh processes: as captured (the grouped-GEMM expert MLP fused into one node,
+Each case is planned twice, in fresh processes, on one capture variant only (``autoshard.plan`` itself tries
+both and keeps the cheaper; here the other is switched off): fused (the grouped-GEMM expert MLP as one node,
 whose expert split is expert parallelism with one reduction per MoE layer) and with the fusion pass switched
 off (the two grouped matmuls planned op by op: an expert split must all-reduce between them, but the
 matmuls' K and N splits stay available).  Printed: the predicted step time of each, and the expert MLP's
@@ -15,7 +16,6 @@ the experts -- options the fused op cannot offer without a collective inside it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from typing import Any
 from unittest import mock
@@ -42,8 +42,9 @@ def plan_case(model: str, batch: int, seq: int, fuse: bool, layers: int = 4) -> 
     else:
         (m, args), limit = _deepseek(batch, seq, layers), float("inf")
     cluster = autoshard.load_cluster("a100x8", nodes=8, mesh=(8, 8))
-    off = mock.patch("autoshard.capture.clean.fuse_expert_mlps", side_effect=lambda gm, **_: gm)
-    with off if not fuse else contextlib.nullcontext():
+    unfused = mock.patch("autoshard.capture.clean.fuse_expert_mlps", side_effect=lambda gm, **_: gm)
+    fused_only = mock.patch("autoshard.planner.plan_fuses_experts", return_value=False)  # no second attempt
+    with fused_only if fuse else unfused:
         plan = autoshard.plan(m, cluster, args, memory_limit=limit)
     experts = sorted({n.strategy for n in plan.nodes if "grouped_mm" in n.target or "expert_mlp" in n.target})
     return {"step_s": round(plan.predicted_step_time, 3), "experts": experts}

@@ -72,15 +72,18 @@ ASSERT_OPS = op_set(
 CONVERSIONS = frozenset({"to", "type_as"})
 
 
-def clean(gm: fx.GraphModule) -> fx.GraphModule:
-    """Run every cleaning pass in order (see the module docstring); recompiles the code once, at the end."""
+def clean(gm: fx.GraphModule, *, fuse_experts: bool = True) -> fx.GraphModule:
+    """Run every cleaning pass in order (see the module docstring); recompiles the code once, at the end.
+
+    ``fuse_experts=False`` skips :func:`~autoshard.capture.experts.fuse_expert_mlps` (the planner tries both).
+    """
     passes = (
         inline_higher_order_ops,
         drop_asserts,
         drop_identities,
         functionalize_slice_assignment,
         decompose_training_batch_norm,
-        fuse_expert_mlps,
+        *((fuse_expert_mlps,) if fuse_experts else ()),
         eliminate_dead_code,
     )
     for cleaning_pass in passes:

@@ -22,12 +22,13 @@ matmuls.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import fx
 
-__all__ = ["GROUPED_MM_NAMES", "expert_mlp", "fuse_expert_mlps"]
+__all__ = ["GROUPED_MM_NAMES", "expert_mlp", "fuse_expert_mlps", "plan_fuses_experts"]
 
 aten = torch.ops.aten
 GROUPED_MM_NAMES = ("transformers::grouped_mm_fallback", "aten::_grouped_mm")
@@ -144,3 +145,9 @@ def fuse_expert_mlps(gm: fx.GraphModule, *, recompile: bool = True) -> fx.GraphM
     if recompile:
         gm.recompile()
     return gm
+
+
+def plan_fuses_experts(nodes: Iterable[Any]) -> bool:
+    """Whether a plan (its ``nodes`` rows, each with a ``target``) was made on a graph with fused expert MLPs:
+    codegen must capture the model the same way (``capture(..., fuse_experts=...)``)."""
+    return any(str(getattr(n, "target", "")).endswith("expert_mlp") for n in nodes)

@@ -103,8 +103,12 @@ def capture(
     kwargs: Mapping[str, Any] | None = None,
     *,
     blocks: BlocksMode = "auto",
+    fuse_experts: bool = True,
 ) -> Captured:
-    """Capture ``model(*args, **kwargs)`` as a cleaned, annotated graph (see the module docstring)."""
+    """Capture ``model(*args, **kwargs)`` as a cleaned, annotated graph (see the module docstring).
+
+    ``fuse_experts=False`` leaves grouped-GEMM expert MLPs as their ops (:mod:`autoshard.capture.experts`).
+    """
     if blocks not in ("auto", "full", None):
         raise ValueError(f"capture(blocks={blocks!r}): use 'auto', 'full' or None")
     start = time.perf_counter()
@@ -113,11 +117,11 @@ def capture(
     notes: list[str] = []
     candidate = find_repeated_blocks(model) if blocks is not None else None
     if blocks == "auto" and candidate is not None and candidate.num_blocks >= MIN_BLOCKS_TO_CUT:
-        cut = _capture_cut(model, args, kwargs, candidate, notes)
+        cut = _capture_cut(model, args, kwargs, candidate, notes, fuse_experts)
         if cut is not None:
             return replace(cut, seconds=time.perf_counter() - start, notes=tuple(notes))
     traced = _trace(model, args, kwargs, notes)
-    _prepare(traced, model, notes)
+    _prepare(traced, model, notes, fuse_experts)
     info = None
     if candidate is not None:
         try:
@@ -133,6 +137,7 @@ def _capture_cut(
     kwargs: dict[str, Any],
     candidate: BlockCandidate,
     notes: list[str],
+    fuse_experts: bool = True,
 ) -> Captured | None:
     """The 2-block capture, checked against a 3-block one; ``None`` (and a note) when that fails."""
     cut_notes: list[str] = []  # kept only if the shortcut succeeds
@@ -141,7 +146,7 @@ def _capture_cut(
         for k in (CUT_BLOCKS, CUT_BLOCKS + 1):
             with cut_blocks(model, candidate, k):
                 traced = _export(model, args, kwargs)
-            _prepare(traced, model, cut_notes if k == CUT_BLOCKS else [])
+            _prepare(traced, model, cut_notes if k == CUT_BLOCKS else [], fuse_experts)
             graphs.append((traced, annotate_blocks(traced.gm, candidate, k)))
         (small, info_small), (big, info_big) = graphs
         check_extension(small.gm, big.gm, info_small, info_big)
@@ -190,12 +195,12 @@ def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return _Traced(ep.graph_module, "export", placeholders, output_kinds, constants)
 
 
-def _prepare(traced: _Traced, model: nn.Module, notes: list[str]) -> None:
+def _prepare(traced: _Traced, model: nn.Module, notes: list[str], fuse_experts: bool = True) -> None:
     """Clean (export graphs) and annotate ``traced.gm`` in place."""
     aliases: dict[str, list[str]] = {}
     if traced.method == "export":
         aliases = _merge_tied_parameters(traced, model)
-        traced.gm = clean(traced.gm)
+        traced.gm = clean(traced.gm, fuse_experts=fuse_experts)
         notes.extend(traced.gm.meta.pop(BN_NOTES_KEY, []))
         left = remaining_higher_order_ops(traced.gm)
         if left:
