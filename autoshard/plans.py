@@ -146,6 +146,10 @@ class Plan:
     degrees: dict[str, int] = field(default_factory=dict)
     microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
     pipeline: PipelinePlan | None = None
+    # How to rebuild the model this plan was made for (what ``verify --plan`` maps it onto): ``{"spec": zoo
+    # name or "path/to/file.py:function"}`` plus the options it was built with (``"batch"``, ``"seq"``); empty
+    # when the plan was made from a Python object.  Filled by the CLI; API users may fill it themselves.
+    source: dict[str, Any] = field(default_factory=dict)
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -208,6 +212,7 @@ class Plan:
                 degrees={str(k): int(v) for k, v in data.get("degrees", {}).items()},
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
+                source=dict(data.get("source", {})),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import time
@@ -67,11 +68,18 @@ def run(args: argparse.Namespace) -> int:
     with Progress(f"building {args.model}") as progress:
         case = _model_case(args)
         plan = _plan(case, cluster, args, dict(args.annotate) or None, progress, f"planning {case.name}")
+        plan = dataclasses.replace(plan, source=_source(args))
         baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress)
     elapsed = time.perf_counter() - start
     _write_outputs(plan, args)
     _print_result(plan, baseline, args, elapsed)
     return 0
+
+
+def _source(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``verify --plan`` needs to rebuild the model (Plan.source)."""
+    options = {k: getattr(args, k) for k in ("batch", "seq") if getattr(args, k) is not None}
+    return {"spec": args.model, **options}
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
