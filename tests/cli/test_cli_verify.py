@@ -13,9 +13,18 @@ from autoshard.cli import VERIFY_MODULE
 
 def test_verify_runs_a_tiny_model_on_two_processes(cli) -> None:
     pytest.importorskip(VERIFY_MODULE)
-    r = cli("verify", "--model", "mlp-deep", "--nproc", "2")
+    r = cli("verify", "--model", "mlp-deep", "--nproc", "2", "--annotate", "x=S(0)")
     assert r.code == 0, r.err
     assert r.out.startswith("verify mlp-deep on mesh (2,)") and "OK" in r.out
+
+
+def test_verify_of_a_replicated_plan_is_not_ok(cli) -> None:
+    pytest.importorskip(VERIFY_MODULE)
+    r = cli("verify", "--model", "mlp-deep", "--nproc", "2")  # the small model's optimum: replication
+    assert r.code == 1
+    assert "NOTHING DISTRIBUTED CHECKED" in r.out.splitlines()[0] and "--allow-replicated" in r.out
+    r = cli("verify", "--model", "mlp-deep", "--nproc", "2", "--allow-replicated")
+    assert r.code == 0 and " OK " in r.out.splitlines()[0]
 
 
 def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch) -> None:
@@ -33,6 +42,17 @@ def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch
     )  # fmt: skip
     assert r.code == 1
     assert calls == [("llama-tiny", 4, (2, 2), "a100x8", {"annotations": {"fc1": "column"}, "float64": True})]
+    calls.clear()
+    assert cli("verify", "--plan", "p.json", "--allow-replicated").code == 1
+    assert calls == [
+        (
+            None,
+            None,
+            None,
+            "cpu",
+            {"annotations": None, "float64": False, "plan": "p.json", "allow_replicated": True},
+        )
+    ]
 
 
 def test_verify_missing_from_the_build(cli, monkeypatch) -> None:
@@ -49,5 +69,13 @@ def test_verify_missing_from_the_build(cli, monkeypatch) -> None:
 
 
 def test_verify_usage_errors(cli) -> None:
-    assert cli("verify", "--model", "mlp-deep").code == 2  # --nproc is required
+    assert cli("verify", "--model", "mlp-deep", "--nproc", "x").code == 2
     assert cli("verify", "--model", "mlp-deep", "--nproc", "0").code == 2
+
+
+def test_verify_needs_a_plan_or_a_model_and_plan_fixes_the_mesh(cli) -> None:
+    pytest.importorskip(VERIFY_MODULE)
+    r = cli("verify")
+    assert r.code == 2 and r.err.count("\n") == 1 and "--plan PLAN.json" in r.err
+    r = cli("verify", "--plan", "p.json", "--nproc", "4")
+    assert r.code == 2 and r.err.count("\n") == 1 and "the plan fixes them" in r.err

@@ -1,0 +1,80 @@
+"""``verify --plan``: the plan you deploy, mapped onto a scaled-down copy of its model on a shrunk mesh, and
+the rule that a check in which nothing distributed ran is never reported OK."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import autoshard
+from autoshard import zoo
+from autoshard.plans import Plan
+from autoshard.runtime.mapping import map_plan, shrink_mesh
+from autoshard.runtime.scaled import build_scaled
+from autoshard.runtime.verify import cluster_for, run_verify
+
+
+@pytest.fixture(scope="module")
+def llama70b_plan() -> Plan:
+    """LLaMA-3-70B planned at real size on 128 nodes x 8 A100s (meta device, ~4 s)."""
+    case = zoo.build("llama3-70b")
+    cluster = autoshard.load_cluster("a100x8", nodes=128, mesh=(128, 8))
+    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs)
+    return dataclasses.replace(plan, source={"spec": "llama3-70b"})
+
+
+def test_shrink_mesh_keeps_axes_at_most_two_wide() -> None:
+    assert shrink_mesh((128, 8)) == (2, 2)
+    assert shrink_mesh((1, 16, 2)) == (1, 2, 2)
+
+
+@pytest.mark.slow
+def test_llama70b_plan_maps_every_decision_but_casts(llama70b_plan: Plan) -> None:
+    case = build_scaled("llama3-70b")
+    mapped = map_plan(llama70b_plan, case.model, case.args, case.kwargs, cluster_for("a100x8", 4, (2, 2)))
+    # the 16-bit original has casts a float32 copy lacks; everything else is carried over
+    assert all("aten.to." in u or "contiguous" in u for u in mapped.unmapped), mapped.unmapped
+    assert mapped.mapped >= len(llama70b_plan.nodes) - len(mapped.unmapped)
+    by_label = {n.strategy for n in mapped.plan.nodes}
+    for decision in llama70b_plan.nodes:
+        if decision.target == "aten.linear.default":
+            assert decision.strategy in by_label  # every linear runs exactly as planned at real size
+    assert any("q_proj linear" in e for e in mapped.exercised)
+
+
+@pytest.mark.slow
+def test_verify_plan_llama70b_passes_with_collectives(llama70b_plan: Plan) -> None:
+    report = run_verify(None, plan=llama70b_plan)
+    assert report.ok, str(report)
+    assert report.mesh_shape == (2, 2)
+    assert sum(report.emitted.values()) > 0 and report.emitted == report.planned
+    assert {"forward all_reduce", "backward all_reduce"} <= set(report.emitted)
+    text = str(report)
+    assert "OK" in text.splitlines()[0] and "strategies exercised" in text
+    assert "mapped onto a scaled-down copy on mesh (2, 2)" in text
+
+
+@pytest.mark.slow
+def test_verify_plan_reports_a_broken_collective(llama70b_plan: Plan) -> None:
+    report = run_verify(None, plan=llama70b_plan, fault="all_reduce")
+    assert not report.ok
+    assert report.verdict == "MISMATCH"
+    assert report.emitted == report.planned  # the collectives ran (and were logged): their values are wrong
+    assert any(not d.ok for d in (*report.outputs, *report.grads))
+
+
+def test_llama_tiny_never_ok_with_zero_collectives() -> None:
+    report = run_verify("llama-tiny", 4)
+    if sum(report.emitted.values()) == 0:
+        assert not report.ok and report.verdict == "NOTHING DISTRIBUTED CHECKED"
+        assert "checks nothing distributed" in str(report)
+        allowed = run_verify("llama-tiny", 4, allow_replicated=True)
+        assert allowed.ok and allowed.verdict == "OK"
+    else:
+        assert report.ok
+
+
+def test_plan_without_source_asks_for_the_model(llama70b_plan: Plan) -> None:
+    with pytest.raises(autoshard.AutoshardError, match="--model SPEC"):
+        run_verify(None, plan=dataclasses.replace(llama70b_plan, source={}))
