@@ -144,12 +144,17 @@ class Plan:
     # Degree per kind of parallelism the plan uses: keys among "dp", "fsdp", "tp", "sp", "cp", "ep", "pp";
     # a kind that is unused is absent (or 1).  Filled by the planner; read by the report's headline.
     degrees: dict[str, int] = field(default_factory=dict)
-    microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
+    microbatches: int = (
+        1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
+    )
     pipeline: PipelinePlan | None = None
     # How to rebuild the model this plan was made for (what ``verify --plan`` maps it onto): ``{"spec": zoo
     # name or "path/to/file.py:function"}`` plus the options it was built with (``"batch"``, ``"seq"``); empty
     # when the plan was made from a Python object.  Filled by the CLI; API users may fill it themselves.
     source: dict[str, Any] = field(default_factory=dict)
+    # The step time of the best plan without the user's annotations / allow / forbid (the price of the pins
+    # is predicted_step_time minus this); None when nothing was pinned.
+    unpinned_step_time: float | None = None
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -213,6 +218,7 @@ class Plan:
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
                 source=dict(data.get("source", {})),
+                unpinned_step_time=_optional_float(data.get("unpinned_step_time")),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -242,6 +248,10 @@ def _pipeline_from_json(data: dict[str, Any] | None) -> PipelinePlan | None:
         bubble_fraction=float(data.get("bubble_fraction", 0.0)),
         mesh_axis=int(data.get("mesh_axis", 0)),
     )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -276,7 +276,20 @@ def _figures(plan: Plan, baseline: Baseline | None, width: int, budget: float | 
         fmt = fmt_seconds if i < 3 else fmt_bytes
         lines.append(f"  {name:<28}{fmt(mine[i]):>12}" + (f"{fmt(theirs[i]):>16}" if theirs else ""))
     lines.append(_capacity(plan, budget))
-    return lines + _comparison(plan, baseline, width)
+    return lines + _price(plan) + _comparison(plan, baseline, width)
+
+
+def _price(plan: Plan) -> list[str]:
+    """The price of the user's annotations: the pinned plan's step time beside the unpinned optimum's."""
+    free = plan.unpinned_step_time
+    if free is None:
+        return []
+    extra = plan.predicted_step_time / free - 1 if free else 0.0
+    cost = f"{extra:+.1%}" if extra >= 0.0005 else "no extra cost"
+    return [
+        f"  price of your annotations: {fmt_seconds(plan.predicted_step_time)} pinned vs "
+        f"{fmt_seconds(free)} unpinned optimum ({cost})"
+    ]
 
 
 def _capacity(plan: Plan, budget: float | None) -> str:
