@@ -193,6 +193,9 @@ class Plan:
                 f"{source}: plan version {data.get('version')!r} is not supported (this autoshard reads "
                 f"version {VERSION}); re-create it with `autoshard search ... --out`"
             )
+        from autoshard.plan_check import check_data
+
+        check_data(data, source)
         try:
             return cls(
                 model=data["model"],
@@ -257,14 +260,17 @@ def _optional_float(value: Any) -> float | None:
 def load_plan(path: str | Path) -> Plan:
     """Load a plan saved by :meth:`Plan.save`; errors name the file and what is wrong."""
     p = Path(path)
+    from autoshard.plan_check import check_text
+
     try:
-        text = p.read_text()
+        text = check_text(p.read_bytes(), str(p))
     except OSError as e:
         raise PlanFileError(f"cannot read plan file {p}: {e.strerror}; check the path") from e
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise PlanFileError(f"{p}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+        cut = " (the file ends early: truncated?)" if e.pos >= len(text.rstrip()) else ""
+        raise PlanFileError(f"{p}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}{cut}") from e
     if not isinstance(data, dict):
         raise PlanFileError(f"{p}: expected a JSON object at the top level")
     return Plan.from_json(data, source=str(p))

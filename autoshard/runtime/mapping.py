@@ -198,7 +198,13 @@ def verify_plan(
     from autoshard.runtime.scaled import build_scaled, scalable
     from autoshard.runtime.verify import cluster_for, verify
 
-    spec = spec or str(plan.source.get("spec") or "")
+    recorded = str(plan.source.get("spec") or "")
+    if spec is None and ":" in recorded and recorded.rpartition(":")[0].endswith(".py"):
+        raise AutoshardError(
+            f"the plan was made from {recorded}; a plan file never runs code it names: pass --model {recorded} "
+            "(a function returning a small copy of the model) to run it"
+        )
+    spec = spec or recorded
     if not spec:
         raise AutoshardError(
             f"the plan does not record which model it was made for ({plan.model}): pass --model SPEC, the zoo "
