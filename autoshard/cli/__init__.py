@@ -16,9 +16,13 @@ when stderr is a terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any, NoReturn
 
 from autoshard.cli import dot, search, show, verify
 from autoshard.cli.args import CliError, one_line, parse_choice
@@ -32,10 +36,21 @@ __all__ = ["COMMANDS", "VERIFY_MODULE", "CliError", "main", "parse_choice"]
 COMMANDS: dict[str, ModuleType] = {"search": search, "show": show, "dot": dot, "verify": verify}
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (what, and where to read more), not argparse's usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
+def _warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
+    return f"autoshard: warning: {one_line(Exception(message))}\n"  # no file and line of autoshard's own code
+
+
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autoshard", description="Auto-parallel planner for PyTorch models.", parents=[common]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -52,7 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code) if isinstance(e.code, int) else 2
     debug = getattr(args, "debug", False)
     try:
-        return int(COMMANDS[args.command].run(args))
+        with warnings.catch_warnings():
+            if not debug:
+                warnings.formatwarning = _warning
+            return int(COMMANDS[args.command].run(args))
+    except BrokenPipeError:  # `autoshard show plan.json | head -1`: the reader left
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no second error at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("autoshard: error: the output pipe closed before the report was written", file=sys.stderr)
+        return 2
     except AutoshardError as e:
         if debug:
             raise

@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     start = time.perf_counter()
     cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=args.mesh)
+    _check_memory_limit(args.memory_limit, cluster)
     with Progress(f"building {args.model}") as progress:
         case = _model_case(args)
         captured = None if args.no_baseline else _capture(case, progress)
@@ -96,6 +97,20 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
     """What ``verify --plan`` needs to rebuild the model (Plan.source)."""
     options = {k: getattr(args, k) for k in ("batch", "seq") if getattr(args, k) is not None}
     return {"spec": args.model, **options}
+
+
+def _check_memory_limit(gib: float | None, cluster: Cluster) -> None:
+    """A per-device budget above the device's memory, or below a MiB, is a unit mistake, not a budget."""
+    if gib is None:
+        return
+    device = cluster.device_memory / 2**30
+    if gib > device:
+        raise CliError(
+            f"--memory-limit {gib:g} GiB is more than the {device:g} GiB of one {cluster.profile.name} device "
+            f"(the limit is per device, in GiB): give at most {device:g}"
+        )
+    if gib < 2**-10:
+        raise CliError(f"--memory-limit {gib:g} GiB is below 1 MiB: the limit is per device, in GiB, e.g. 40")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -120,7 +120,7 @@ def render(
         _patterns(view, width),
         _collectives(view, width),
         _figures(plan, baseline, width, memory_budget),
-        _footer(plan, planned_seconds, width),
+        _footer(plan, planned_seconds, width, baseline is not None and baseline.step_time is not None),
     ]
     text = "\n\n".join("\n".join(lines) for lines in sections if lines)
     return "\n".join(_fit(line, width) for line in text.splitlines())
@@ -318,7 +318,7 @@ def _comparison(plan: Plan, baseline: Baseline | None, width: int) -> list[str]:
     return [f"  this plan is {verdict}"]
 
 
-def _footer(plan: Plan, planned_seconds: float | None, width: int) -> list[str]:
+def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline: bool = False) -> list[str]:
     s = plan.solver
     proof = "optimal" if s.optimal else f"not proven optimal (gap {s.gap:.2%})"
     line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}"
@@ -327,6 +327,10 @@ def _footer(plan: Plan, planned_seconds: float | None, width: int) -> list[str]:
     )
     if planned_seconds is not None:
         line += f"; planned in {planned_seconds:.1f} s"
+        rest = planned_seconds - sum(v for k, v in plan.timings.items() if k != "total")
+        if stages and rest >= 0.05:  # the stages above are the plan's; say what the rest of the wall time was
+            what = "building the model and planning the baseline" if with_baseline else "building the model"
+            stages += f", other {rest:.1f} s: {what}"
     if stages:
         line += f" ({stages})"
     lines = _wrap(line, width, "  ", "")
