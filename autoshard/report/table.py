@@ -328,9 +328,9 @@ def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline
     if planned_seconds is not None:
         line += f"; planned in {planned_seconds:.1f} s"
         rest = planned_seconds - sum(v for k, v in plan.timings.items() if k != "total")
-        if stages and rest >= 0.05:  # the stages above are the plan's; say what the rest of the wall time was
+        if stages:  # the stages are the plan's own; say what the rest of the wall time went to
             what = "building the model and planning the baseline" if with_baseline else "building the model"
-            stages += f", other {rest:.1f} s: {what}"
+            stages += f", other {fmt_seconds(max(rest, 0.0))}: {what}"
     if stages:
         line += f" ({stages})"
     lines = _wrap(line, width, "  ", "")

@@ -78,3 +78,17 @@ def test_llama_tiny_never_ok_with_zero_collectives() -> None:
 def test_plan_without_source_asks_for_the_model(llama70b_plan: Plan) -> None:
     with pytest.raises(autoshard.AutoshardError, match="--model SPEC"):
         run_verify(None, plan=dataclasses.replace(llama70b_plan, source={}))
+
+
+def test_megatron_pairs_follow_the_data(llama70b_plan: Plan) -> None:
+    """q_proj is column-split and v_proj row-split on axis 1, but v_proj does not read q_proj's output: the
+    pair the report names is q_proj → o_proj."""
+    from autoshard.report.groups import PlanView
+    from autoshard.report.patterns import recognise
+
+    found = recognise(PlanView.of(llama70b_plan))
+    megatron = [p for p in found if p.name == "Megatron column→row"]
+    assert megatron, [p.name for p in found]
+    text = " ".join(megatron[0].where)
+    assert "self_attn.q_proj → model.layers.0–79.self_attn.o_proj" in text
+    assert "k_proj" not in text and "v_proj" not in text
