@@ -5,7 +5,9 @@
                      [--svg plan.svg] [--json] [--no-baseline]
     autoshard show plan.json
     autoshard dot plan.json [-o plan.svg] [--ops]
-    autoshard verify --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
+    autoshard verify --plan plan.json | --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
+    autoshard explain plan.json [--node fc1]
+    autoshard diff a.json b.json
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
 split over all devices) and prints both side by side.  Errors print one line on stderr and exit with code 2
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from autoshard.cli import dot, search, show, verify
+from autoshard.cli import diff, dot, explain, search, show, verify
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -33,7 +35,14 @@ __all__ = ["COMMANDS", "VERIFY_MODULE", "CliError", "main", "parse_choice"]
 
 # One module per subcommand, each with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> exit code``.
 # A new subcommand is a new module and one entry here.
-COMMANDS: dict[str, ModuleType] = {"search": search, "show": show, "dot": dot, "verify": verify}
+COMMANDS: dict[str, ModuleType] = {
+    "search": search,
+    "show": show,
+    "dot": dot,
+    "verify": verify,
+    "explain": explain,
+    "diff": diff,
+}
 
 
 class _Parser(argparse.ArgumentParser):
