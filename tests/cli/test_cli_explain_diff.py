@@ -45,7 +45,7 @@ def test_explain_a_node_against_its_runner_up(cli, mlp_files: dict[str, Path]) -
     block = r.out[r.out.index("graph node linear (aten.linear.default) in fc1") :]
     assert "chosen R, S(0), S(0) -> S(2)" in block and "runner-up " in block
     total = next(line for line in block.splitlines() if line.strip().startswith("total")).split()
-    assert total[-2] == "ms" or total[-1].startswith("+")  # the runner-up costs more
+    assert total[-2].startswith("+")  # the runner-up costs more: "total 13.22 ms 15.49 ms +2.26 ms"
     assert "why: the runner-up costs" in block
 
 
