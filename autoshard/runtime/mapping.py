@@ -161,7 +161,8 @@ def map_plan(
     for node in plan.nodes:
         if node.key not in decided:
             unmapped.append(
-                f"{_DIGITS.sub('*', node.module) or '<root>'} {node.target}: {node.strategy} (no such node)"
+                f"{_DIGITS.sub('*', node.module) or '<root>'} {node.target}: {node.strategy} "
+                "(the scaled copy has no such graph node)"
             )
     pinned = _pin(built, allowed)
     solution = solve(pinned.problem, time_limit=time_limit)
@@ -210,13 +211,13 @@ def verify_plan(
             f"the plan does not record which model it was made for ({plan.model}): pass --model SPEC, the zoo "
             "name or path/to/file.py:function it was planned from"
         )
-    dtype = torch.float64 if float64 else torch.float32
+    dtype = torch.float64 if float64 else None
     case = build_scaled(spec, dtype=dtype) if scalable(spec) else zoo.load_spec(spec)
     if any(p.device.type == "meta" for p in case.model.parameters()):
         raise AutoshardError(
             f"{spec} builds on the meta device: return a small copy with real weights from it"
         )
-    model = case.model.to(dtype) if float64 else case.model
+    model = case.model.to(torch.float64) if float64 else case.model
     mesh = shrink_mesh(tuple(plan.mesh_shape))
     cluster = cluster_for(str(plan.cluster.get("profile", "cpu")), math.prod(mesh), mesh)
     mapped = map_plan(plan, model, case.args, case.kwargs, cluster)

@@ -3,7 +3,8 @@
 A copy keeps the layer structure of its original (GQA stays GQA, MoE stays MoE, tied embeddings stay tied),
 has two repeated layers, and makes every dim a plan may split divisible by 8 (three mesh axes of 2): hidden
 128, 16 attention heads (8 key/value heads), vocabulary 512, 8 experts; batch 8, sequence 16.  It is built on
-the CPU with real weights, in float32 unless asked otherwise.
+the CPU with real weights, in float32 unless asked otherwise (bfloat16 for Mixtral, whose float32 graph
+differs).
 
 Example::
 
@@ -45,10 +46,15 @@ def scalable(name: str) -> bool:
     return name in _SCALED
 
 
-def build_scaled(
-    name: str, *, batch: int = 8, seq: int = 16, dtype: torch.dtype = torch.float32
-) -> ModelCase:
-    """The scaled-down copy of zoo model ``name`` (module doc)."""
+# Where float32 changes the graph, the copy keeps the original's dtype: Mixtral's experts are one
+# aten._grouped_mm in bfloat16 but an opaque fallback op in float32, which no plan decision maps onto.
+_NATIVE_DTYPE = dict.fromkeys(("mixtral-8x7b", "mixtral-tiny"), torch.bfloat16)
+
+
+def build_scaled(name: str, *, batch: int = 8, seq: int = 16, dtype: torch.dtype | None = None) -> ModelCase:
+    """The scaled-down copy of zoo model ``name`` (module doc); ``dtype`` default float32 (bfloat16 for
+    Mixtral)."""
+    dtype = dtype or _NATIVE_DTYPE.get(name, torch.float32)
     builder = _SCALED.get(name)
     if builder is None:
         raise UnknownModelError(

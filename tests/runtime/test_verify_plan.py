@@ -92,3 +92,17 @@ def test_megatron_pairs_follow_the_data(llama70b_plan: Plan) -> None:
     text = " ".join(megatron[0].where)
     assert "self_attn.q_proj → model.layers.0–79.self_attn.o_proj" in text
     assert "k_proj" not in text and "v_proj" not in text
+
+
+@pytest.mark.slow
+def test_verify_plan_mixtral_maps_the_grouped_experts() -> None:
+    """Mixtral 8x7B on 2 x 8: the scaled copy stays in bfloat16 so its experts are the same aten._grouped_mm
+    the plan decided (float32 would export an opaque fallback op instead)."""
+    case = zoo.build("mixtral-8x7b")
+    cluster = autoshard.load_cluster("a100x8", nodes=2, mesh=(2, 8))
+    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs)
+    report = run_verify(None, plan=dataclasses.replace(plan, source={"spec": "mixtral-8x7b"}))
+    assert report.ok, str(report)
+    assert report.dtype == "bfloat16" and sum(report.emitted.values()) > 0
+    assert not any("grouped_mm" in u for u in report.unmapped), report.unmapped
+    assert any("experts" in e for e in report.exercised)
