@@ -353,18 +353,16 @@ def run_verify(
     profile: str = "cpu",
     *,
     plan: Plan | str | None = None,
+    nodes: int | None = None,
     annotations: Mapping[str, Any] | None = None,
     float64: bool = False,
     allow_replicated: bool = False,
     seed: int = 0,
     fault: str | None = None,
 ) -> VerifyReport:
-    """What ``autoshard verify`` runs.
-
-    With ``plan`` (a :class:`Plan` or its file): :func:`~autoshard.runtime.mapping.verify_plan`.  Without:
-    plan ``spec`` at its real size on ``nproc`` devices of ``profile`` and verify that plan; a model built on
-    the meta device (too big for real weights) is mapped onto its scaled-down copy like a saved plan.
-    """
+    """``autoshard verify``: ``plan`` (or its file) goes to :func:`~autoshard.runtime.mapping.verify_plan`;
+    else ``spec`` is planned at real size (``nodes`` whole nodes of ``profile``, else ``nproc`` devices) and that
+    plan verified, mapped onto a scaled-down copy past 8 devices or for a model built on meta."""
     from autoshard import zoo
     from autoshard.plans import load_plan
     from autoshard.runtime.mapping import verify_plan
@@ -377,9 +375,11 @@ def run_verify(
     if spec is None:
         raise AutoshardError("verify needs a plan or a model: --plan PLAN.json or --model SPEC")
     case = zoo.load_spec(spec)
-    nproc = nproc or (math.prod(mesh) if mesh else 4)
-    cluster = cluster_for(profile, nproc, mesh)
-    if any(p.device.type == "meta" for p in case.model.parameters()):
+    if nodes is not None:
+        cluster = load_cluster(profile, nodes=nodes, mesh=mesh)
+    else:
+        cluster = cluster_for(profile, nproc or (math.prod(mesh) if mesh else 4), mesh)
+    if cluster.num_devices > 8 or any(p.device.type == "meta" for p in case.model.parameters()):
         import autoshard
 
         deployed = autoshard.plan(case.model, cluster, case.args, case.kwargs, annotations=annotations)

@@ -79,3 +79,26 @@ def test_verify_needs_a_plan_or_a_model_and_plan_fixes_the_mesh(cli) -> None:
     assert r.code == 2 and r.err.count("\n") == 1 and "--plan PLAN.json" in r.err
     r = cli("verify", "--plan", "p.json", "--nproc", "4")
     assert r.code == 2 and r.err.count("\n") == 1 and "the plan fixes them" in r.err
+
+
+def test_verify_model_plans_at_real_size_then_maps(cli, tmp_path) -> None:
+    """--model without --plan: the plan the model gets on the cluster it is meant for (the 8192-wide MLP on a
+    2 x 4 node), mapped onto the scaled-down copy on 2 x 2 -- not the small model's own (replicated) optimum."""
+    pytest.importorskip(VERIFY_MODULE)
+    r = cli("verify", "--model", "mlp", "--profile", "a100x8", "--nodes", "1", "--mesh", "2x4")
+    assert r.code == 0, r.out + r.err
+    lines = r.out.splitlines()
+    assert lines[0].startswith("verify mlp on mesh (2, 2)") and " OK " in lines[0]
+    assert lines[1] == "checks the plan for mlp on mesh (2, 4), mapped onto a scaled-down copy on mesh (2, 2)"
+    assert "forward all_reduce" in r.out and "fc1 linear:" in r.out
+    # the same plan saved by search and verified with --plan gives the same collectives
+    path = tmp_path / "mlp.json"
+    assert cli("search", "--profile", "a100x8", "--model", "mlp", "--mesh", "2x4", "--no-baseline",
+               "--out", str(path)).code == 0  # fmt: skip
+    again = cli("verify", "--plan", str(path))
+    assert again.code == 0, again.out + again.err
+
+    def collectives(text: str) -> str:
+        return next(line for line in text.splitlines() if line.startswith("collectives per step"))
+
+    assert collectives(again.out) == collectives(r.out)
