@@ -1,8 +1,8 @@
 """The ``autoshard`` command: a thin shell over the Python API and :mod:`autoshard.report`.
 
     autoshard search --profile a100x8.json [--model gpt2] [--nodes 2 --mesh 2x8] [--batch 8] [--seq 1024]
-                     [--annotate fc1=column ...] [--memory-limit 40] [--out plan.json] [--dot plan.dot]
-                     [--svg plan.svg] [--json] [--no-baseline]
+                     [--annotate fc1=column ...] [--allow dp | --forbid tp ...] [--memory-limit 40]
+                     [--out plan.json] [--dot plan.dot] [--svg plan.svg] [--json] [--no-baseline]
     autoshard show plan.json
     autoshard dot plan.json [-o plan.svg] [--ops]
     autoshard verify --plan plan.json | --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]

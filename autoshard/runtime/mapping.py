@@ -228,7 +228,12 @@ def verify_plan(
     source = (
         f"plan for {spec} on mesh {tuple(plan.mesh_shape)}, mapped onto a scaled-down copy on mesh {mesh}"
     )
-    return dataclasses.replace(report, exercised=mapped.exercised, unmapped=mapped.unmapped, source=source)
+    unmapped = mapped.unmapped
+    if plan.pipeline is not None:  # said, not skipped silently: verify checks the intra-op plan of one stage
+        pp = plan.pipeline
+        unmapped += (f"pipeline: {len(pp.stages)} stages, {pp.schedule} schedule (verify runs every layer as one "
+                     "stage; the stage split and schedule are not exercised)",)  # fmt: skip
+    return dataclasses.replace(report, exercised=mapped.exercised, unmapped=unmapped, source=source)
 
 
 def _pin(built: BuiltProblem, allowed: dict[str, np.ndarray]) -> BuiltProblem:
