@@ -226,7 +226,9 @@ def verify_plan(
         seed=seed, fault=fault, allow_replicated=allow_replicated,
     )  # fmt: skip
     source = (
-        f"plan for {spec} on mesh {tuple(plan.mesh_shape)}, mapped onto a scaled-down copy on mesh {mesh}"
+        f"plan for {spec} on mesh {tuple(plan.mesh_shape)}, mapped onto a scaled-down copy on mesh {mesh}; "
+        f"{mapped.mapped} of {len(plan.nodes)} graph-node decisions carried over, {len(mapped.exercised)} of "
+        "them split or reduce something (listed below)"
     )
     unmapped = mapped.unmapped
     if plan.pipeline is not None:  # said, not skipped silently: verify checks the intra-op plan of one stage

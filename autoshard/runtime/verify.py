@@ -134,7 +134,7 @@ class VerifyReport:
                 )
             )
         if self.source:
-            lines.append(f"strategies exercised ({len(self.exercised)}):")
+            lines.append(f"strategies exercised that split or reduce ({len(self.exercised)}):")
             lines += [f"  {e}" for e in self.exercised] or ["  none"]
             lines.append(f"not mapped ({len(self.unmapped)}):")
             lines += [f"  {u}" for u in self.unmapped] or ["  none"]

@@ -46,6 +46,17 @@ def test_column_row_pins_megatron_computation_with_its_price(small_mlp, cluster)
     assert "price of your annotations" not in free.summary()
 
 
+def test_pinned_plan_keeps_its_price_through_json(small_mlp, cluster, tmp_path) -> None:
+    import dataclasses
+
+    pinned = _plan(small_mlp, cluster, annotations={"fc1": "column", "fc2": "row"})
+    pinned = dataclasses.replace(pinned, source={"spec": "models.py:small", "batch": 512})
+    pinned.save(tmp_path / "p.json")
+    again = autoshard.load_plan(tmp_path / "p.json")
+    assert again == pinned and again.unpinned_step_time == pinned.unpinned_step_time
+    assert again.source == {"spec": "models.py:small", "batch": 512}
+
+
 def test_conflicting_pins_name_both_sides(small_mlp, cluster) -> None:
     with pytest.raises(AnnotationError, match=r"'fc1\.weight'.*conflicts with annotation 'fc1' = 'column'"):
         _plan(small_mlp, cluster, annotations={"fc1": "column", "fc1.weight": ("S(1)",)})

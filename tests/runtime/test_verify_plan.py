@@ -9,6 +9,7 @@ import pytest
 
 import autoshard
 from autoshard import zoo
+from autoshard.cli import main
 from autoshard.plans import Plan
 from autoshard.runtime.mapping import map_plan, shrink_mesh
 from autoshard.runtime.scaled import build_scaled
@@ -44,15 +45,24 @@ def test_llama70b_plan_maps_every_decision_but_casts(llama70b_plan: Plan) -> Non
 
 
 @pytest.mark.slow
-def test_verify_plan_llama70b_passes_with_collectives(llama70b_plan: Plan) -> None:
-    report = run_verify(None, plan=llama70b_plan)
-    assert report.ok, str(report)
-    assert report.mesh_shape == (2, 2)
-    assert sum(report.emitted.values()) > 0 and report.emitted == report.planned
-    assert {"forward all_reduce", "backward all_reduce"} <= set(report.emitted)
-    text = str(report)
-    assert "OK" in text.splitlines()[0] and "strategies exercised" in text
-    assert "mapped onto a scaled-down copy on mesh (2, 2)" in text
+def test_verify_plan_llama70b_passes_with_collectives(llama70b_plan: Plan, tmp_path, capsys) -> None:
+    """The acceptance: ``autoshard verify --plan`` on the saved 128 x 8 plan."""
+    path = tmp_path / "llama70b.json"
+    llama70b_plan.save(path)
+    code = main(["verify", "--plan", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("verify llama3-70b on mesh (2, 2) (float32): OK"), lines[0]
+    assert "mapped onto a scaled-down copy on mesh (2, 2)" in lines[1]
+    counts = next(line for line in lines if line.startswith("collectives per step: "))
+    assert "forward all_reduce" in counts and "backward all_reduce" in counts
+    emitted, planned = counts.removeprefix("collectives per step: ").split(" (plan: ")
+    assert emitted == planned.rstrip(")")  # every collective the mapped plan prices ran
+    listed = lines[lines.index(next(x for x in lines if x.startswith("strategies exercised"))) + 1 :]
+    assert any("self_attn.q_proj linear: " in x for x in listed) and any(
+        "lm_head linear: " in x for x in listed
+    )
 
 
 @pytest.mark.slow
