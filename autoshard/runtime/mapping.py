@@ -166,6 +166,12 @@ def map_plan(
             )
     pinned = _pin(built, allowed)
     solution = solve(pinned.problem, time_limit=time_limit)
+    for k, name in enumerate(built.variables):  # graph nodes only the copy has: the solver chose, say so
+        if name not in pairs:
+            picked = built.strategies[name][solution.choice[k]]
+            unmapped.append(
+                f"{_where(built.infos[name])}: {picked} (only in the scaled copy; chosen by the solver)"
+            )
     out = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
     small = extract_plan(
         pinned,
