@@ -19,10 +19,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Literal
-
-import dataclasses
 
 from benchmarks.fidelity_model import predict_memory, predict_step
 from benchmarks.fidelity_runs import FIT, RUNS, Run
@@ -292,7 +291,7 @@ def memory_table() -> Table:
 
 def planner_table(log: Any = print) -> Table:
     """The 22B run through the planner (Megatron TP forced), next to the layer model and the measurement."""
-    name, heads, hidden, layers, gpus, tp, pp, v, batch, full_s, selective_s = CALIBRATION[0]
+    name, heads, hidden, layers, _gpus, tp, pp, _v, batch, full_s, selective_s = CALIBRATION[0]
     r = run_isolated(
         "benchmarks.fidelity:megatron_case",
         {"heads": heads, "hidden": hidden, "layers": layers, "tp": tp, "pp": pp, "batch": batch},

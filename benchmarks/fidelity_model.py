@@ -138,14 +138,20 @@ def layer_times(run: Run, p: HardwareProfile) -> LayerTimes:
     region = act / t if run.sequence_parallel else act  # norms, residuals, dropout run split under SP
     ffn = 2.0 * tokens * m.ffn / t
     rope = 2.0 * tokens * (m.hidden + kv) / t  # q and k
-    elem = _fused_elementwise(m.biases, region, ffn, m.gated, rope) if run.fused_elementwise else _eager(region, ffn, rope)
+    elem = (
+        _fused_elementwise(m.biases, region, ffn, m.gated, rope)
+        if run.fused_elementwise
+        else _eager(region, ffn, rope)
+    )
     elem_fwd = sum(_elementwise(b, p) for b in elem)
     elem_bwd = sum(_elementwise(2 * b, p) for b in elem)
     tp_fwd = tp_bwd = 0.0
     if t > 1:
         group = CollectiveGroup(members_per_node=t)
         if run.sequence_parallel:
-            pair = collective_time("all_gather", act, group, p) + collective_time("reduce_scatter", act, group, p)
+            pair = collective_time("all_gather", act, group, p) + collective_time(
+                "reduce_scatter", act, group, p
+            )
             tp_fwd = tp_bwd = 2 * pair
         else:
             tp_fwd = tp_bwd = 2 * collective_time("all_reduce", act, group, p)
@@ -194,7 +200,9 @@ def predict_step(run: Run, p: HardwareProfile) -> float:
     if run.fsdp:
         group = _group(run.dp, p)
         gather = collective_time("all_gather", 2.0 * m.layer_params(), group, p)
-        reduce = collective_time("reduce_scatter", (4.0 if run.fp32_grads else 2.0) * m.layer_params(), group, p)
+        reduce = collective_time(
+            "reduce_scatter", (4.0 if run.fp32_grads else 2.0) * m.layer_params(), group, p
+        )
         fwd = exposed_prefetched_gathers([gather] * m.layers, [lt.forward] * m.layers, prefetch=1)
         # backward re-gathers (reshard after forward) and reduce-scatters, both hidden by the next layer
         bwd = exposed_sync_repeated(lt.backward + extra, gather + reduce, m.layers)

@@ -16,7 +16,8 @@ Every figure below was read from its source (the file says so where it was not).
   layer" checkpoints every second layer (torchtitan's default ``selective_ac_option = "2"``), "selective op"
   saves matmul and attention outputs except every second matmul (its op-level policy), "full" every layer.
   torchtitan ran eager (no torch.compile in these runs): its RMSNorm, SwiGLU and RoPE are separate
-  elementwise kernels, as the captured graph has them.  The page names the GPUs but not the network; the 8 x HDR 200 Gb/s of a DGX A100 is assumed (a100x8.json).
+  elementwise kernels, as the captured graph has them.  The page names the GPUs but not the network;
+  the 8 x HDR 200 Gb/s of a DGX A100 is assumed (a100x8.json).
 
 Model shapes: REFERENCE.md (Llama 3) and the Llama 2 paper (Touvron et al. 2023, Table 1 / model card:
 13B h 5120, 40 layers, 40 heads, FFN 13824; 70B h 8192, 80 layers, 64 heads with 8 KV heads, FFN 28672;

@@ -174,7 +174,9 @@ class PrecisionPolicy:
         grads = 4 if self.fp32_grad_accumulation else itemsize(self.grad_dtype)
         master = 4 if self.master_weights and weights < 4 else 0
         name = f"{canonical_dtype(self.param_dtype)} weights, {grads}-byte grads, {self.optimizer_states} fp32 moments"
-        return StateRecipe(name, weights=weights, gradients=grads, optimizer=master + 4 * self.optimizer_states)
+        return StateRecipe(
+            name, weights=weights, gradients=grads, optimizer=master + 4 * self.optimizer_states
+        )
 
     def describe(self) -> str:
         """One line for the report."""

@@ -38,6 +38,7 @@ from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.problem.graph import NodeInfo
 from autoshard.redistribute import Step, plan_redistribute, redistribute_time
 from autoshard.strategies import OpStrategy
+from cost_models.compute import gemm_efficiency
 
 __all__ = [
     "MEMORY_TIE_BREAK",
@@ -125,13 +126,62 @@ def node_compute(
     dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
     if info.is_view:
         return 0.0, 0.0
-    fwd = cluster.compute_time(info.flops / strategy.work_divisor, moved, dtype)
+    # shape-aware rate (cost_models.compute): tile/wave quantisation of the local GEMM, fused attention's own
+    # efficiency; priced by scaling the FLOPs the roofline sees
+    factor = _shape_factor(info, strategy, inputs, cluster)
+    fwd = cluster.compute_time(info.flops / strategy.work_divisor / factor, moved, dtype)
     if not (opts.training and info.requires_grad):
         return fwd, 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
     if opts.recompute is Recompute.FULL and info.block is not None:
         bwd += fwd
     return fwd, bwd
+
+
+_GEMM_OPS = frozenset({"linear", "mm", "addmm", "matmul", "bmm", "baddbmm"})
+_ATTENTION_OPS = frozenset(
+    {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
+)  # fmt: skip
+
+
+def _local_shape(shape: tuple[int, ...], spec: ShardingSpec | None, mesh: tuple[int, ...]) -> tuple[int, ...]:
+    dims = list(shape)
+    if spec is not None:
+        for p, size in zip(spec.placements, mesh, strict=True):
+            if isinstance(p, Shard) and p.dim < len(dims):
+                dims[p.dim] = -(-dims[p.dim] // size)
+    return tuple(dims)
+
+
+def _shape_factor(
+    info: NodeInfo, strategy: OpStrategy, inputs: tuple[NodeInfo, ...], cluster: Cluster
+) -> float:
+    """Fraction of η_max the op reaches for its local shape: ``gemm_efficiency`` of a matrix product's local
+    M × N output, ``attention_efficiency / efficiency_max`` for fused attention, 1 otherwise."""
+    profile = cluster.profile
+    if info.op in _ATTENTION_OPS:
+        c = profile.compute
+        return (c.attention_efficiency or c.efficiency_max) / c.efficiency_max
+    if info.op not in _GEMM_OPS or len(inputs) < 2:
+        return 1.0
+    shapes = []
+    for src, which, spec in zip(inputs, info.input_outputs, strategy.inputs, strict=True):
+        meta = src.outputs[which] if which < len(src.outputs) else None
+        shapes.append(None if meta is None else _local_shape(tuple(meta.shape), spec, cluster.mesh_shape))
+    a, b = (shapes[0], shapes[1]) if info.op == "linear" else (shapes[-2], shapes[-1])
+    if a is None or b is None or len(a) < 1 or len(b) < 1:
+        return 1.0
+    batch, k = 1, a[-1]
+    if info.op == "linear":
+        m, n = math.prod(a[:-1]), b[0]
+    elif info.op in ("bmm", "baddbmm") and len(a) == 3 and len(b) == 3:
+        batch, m, n = a[0], a[1], b[2]
+    else:
+        m, n = math.prod(a[:-1]), (b[-1] if len(b) >= 2 else 1)
+    if m < 1 or n < 1:
+        return 1.0
+    return gemm_efficiency(m, n, profile, batch, k)
 
 
 def node_memory(
