@@ -86,9 +86,9 @@ class OverlapPolicy:
         """One line for the report."""
         sync = "grad sync after backward"
         if self.overlap_grad_sync:
-            sync = f"grad sync overlapped ({self.bucket_bytes / 2**20:.0f} MiB buckets)"
-        gathers = f"FSDP prefetch {self.prefetch}" if self.prefetch else "no FSDP prefetch"
-        return f"{sync}, {gathers}, TP collectives {'overlapped (async TP)' if self.async_tp else 'exposed'}"
+            sync = f"grad sync in {self.bucket_bytes / 2**20:.0f} MiB buckets"
+        gathers = f"prefetch {self.prefetch}" if self.prefetch else "no prefetch"
+        return f"{sync}, {gathers}, TP {'async' if self.async_tp else 'exposed'}"
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> OverlapPolicy:

@@ -35,7 +35,6 @@ import torch.fx as fx
 
 from autoshard.capture import Captured
 from autoshard.cluster import Cluster
-from autoshard.errors import InfeasibleError
 from autoshard.problem.costs import (
     MEMORY_TIE_BREAK,
     CostOptions,
@@ -175,24 +174,18 @@ def build_problem(
     # a shared block variable stands for its node in every one of the N layers; everything else for itself
     mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
     cache = StepCache(cluster)
-    reserve = cluster.profile.memory.runtime_reserve
-    if memory_limit is not None and memory_limit < reserve:
-        raise InfeasibleError(
-            f"memory budget {memory_limit / 2**30:.3g} GiB per device is below the runtime reserve of profile "
-            f"'{cluster.profile.name}' ({reserve / 2**30:.3g} GiB: CUDA context, NCCL, allocator; field "
-            "memory.runtime_reserve): raise the budget or lower the reserve in the profile"
-        )
     keeps = _keeps(infos, opts)
     node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
+    if memory:  # the runtime reserve (profile memory.runtime_reserve: CUDA context, NCCL, allocator) is held
+        # whatever the plan: a constant on one node counts it against the budget and changes no choice
+        memory[0] = memory[0] + cluster.profile.memory.runtime_reserve
     uses = _edge_weights(infos, template, n_blocks)
     edges = _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cache)
     problem = SearchProblem(
         node_costs=tuple(node_costs),
         edges=tuple(edges),
         memory=tuple(memory),
-        # the runtime reserve (CUDA context, NCCL, allocator; profile memory.runtime_reserve) is held
-        # whatever the plan: it comes off the budget the strategies share
-        memory_limit=None if memory_limit is None else memory_limit - reserve,
+        memory_limit=memory_limit,
         allowed=_allowed(variables, template, allowed),
         names=tuple(_display_name(infos[v]) for v in variables),
         strategy_labels=tuple(tuple(str(s) for s in strategies[v]) for v in variables),

@@ -114,7 +114,7 @@ def test_overlap_policy_validates_and_round_trips() -> None:
         OverlapPolicy(bucket_bytes=0)
     policy = OverlapPolicy(bucket_bytes=2**20, prefetch=2, async_tp=True)
     assert OverlapPolicy.from_json(dataclasses.asdict(policy)) == policy
-    assert "async TP" in policy.describe()
+    assert "TP async" in policy.describe()
 
 
 def test_precision_policy_recipes() -> None:
