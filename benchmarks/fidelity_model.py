@@ -214,7 +214,9 @@ def predict_step(run: Run, p: HardwareProfile) -> float:
     stage = layers_per_stage * layer
     send = 2.0 * run.micro_batch * run.seq * m.hidden / run.tp  # Megatron scatters the send over TP ranks
     net = p.inter_node.bandwidth_per_device(p.devices_per_node)
-    p2p = 2 * v * (p.inter_node.step_latency + send / net)  # activation forward, gradient backward
+    # 1F1B's steady state pairs each activation sent forward with a gradient received backward in one
+    # batched p2p call (Megatron's send_forward_recv_backward); the link is full duplex: one transfer time
+    p2p = v * (p.inter_node.step_latency + send / net)
     return (mb + (run.pp - 1) / v) * (stage + p2p) + mb * head + optimizer
 
 
