@@ -27,9 +27,12 @@ another, each stream in issue order:
 Step time = compute + exposed TP collectives + exposed gathers + exposed gradient sync (+ pipeline bubble).
 
 The intra-op solver adds per-node and per-edge costs, and ``max(0, s − c)`` couples a layer's communication to
-its compute, so the solver prices every collective in full: its objective is an *upper bound* of this step
-time, exact for plans without gradient sync or FSDP gathers.  The plan's predicted step time is this critical
-path (``Plan.predicted_step_time``), and ``Plan.communication_time`` stays the sum of all collectives.
+its compute, so the solver linearises item 2 for repeated layers: the gradient sync of one copy (the last
+layer's) is priced in full and the other L − 1 copies as hidden.  That is exact while a layer's sync is
+shorter than a layer's backward (the usual regime for large models), and optimistic beyond it; syncs outside
+the repeated layers and FSDP gathers are priced in full.  The plan's predicted step time is this critical
+path (``Plan.predicted_step_time``), so where the linearisation is optimistic the plan says by how much;
+``Plan.communication_time`` stays the sum of all collectives.
 
 Example::
 

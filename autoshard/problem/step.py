@@ -15,8 +15,9 @@ Step time follows :mod:`cost_models.overlap` under ``CostOptions.overlap``:
   (``exposed_prefetched_gathers``); those outside the layers are exposed;
 * every other collective (tensor / sequence parallel, resharding) is exposed.
 
-The solver sums every collective in full (``cost_models.overlap`` says why), so its objective is an upper
-bound of this step time; the two agree for plans with no gradient sync and no FSDP gathers.
+The solver prices a repeated layer's gradient sync once and the other copies as hidden (``cost_models.overlap``
+says why), and every other collective in full; its objective equals this step time while each layer's sync
+is shorter than its backward and no FSDP gather is exposed, and is below it otherwise.
 
 Memory added to the solver's per-node sum (the plan's ``memory_breakdown``):
 
