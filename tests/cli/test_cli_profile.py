@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import autoshard
 from cost_models import load_profile
 
 
+@pytest.mark.slow  # forks two gloo ranks
 def test_profile_on_cpu_writes_a_profile_that_loads_and_plans(cli, tmp_path: Path) -> None:
     out, raw = tmp_path / "node.json", tmp_path / "raw.json"
     r = cli(
