@@ -135,3 +135,20 @@ def test_activation_memory_relations() -> None:
     assert microbatches_in_flight(8, microbatches=4) == 4
     assert logits_bytes(4096, 32000, tp=8) == logits_bytes(4096, 32000) / 8
     assert gathered_weight_bytes(100.0, prefetch=1) == 200.0
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_bus_bandwidth_rises_with_message_size_and_halves_at_the_alpha_beta_knee(kind: str) -> None:
+    """NCCL reaches its bus bandwidth only for large messages: the model's curve is the alpha-beta line,
+    half the peak where the latency equals the transfer time (S½ = α · busbw / f)."""
+    from cost_models.collectives import CollectiveGroup, alpha_beta, bus_bandwidth
+
+    group = CollectiveGroup(members_per_node=8)
+    sizes = [2.0**k for k in range(10, 34, 2)]
+    curve = [bus_bandwidth(kind, s, group, A100) for s in sizes]
+    assert curve == sorted(curve)
+    peak = A100.intra_node.bus_bandwidth.of(kind)
+    assert curve[-1] == pytest.approx(peak, rel=0.01) and curve[0] < 0.05 * peak
+    (line,) = alpha_beta(kind, group, A100)
+    knee = line.latency / line.seconds_per_byte
+    assert bus_bandwidth(kind, knee, group, A100) == pytest.approx(peak / 2, rel=1e-9)
