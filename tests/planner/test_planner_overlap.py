@@ -84,3 +84,28 @@ def _approx(x: float):
 
 def _approx_tie(x: float):
     return pytest.approx(x, rel=1e-6, abs=1e-9)  # the objective carries a sub-nanosecond memory tie-break
+
+
+def test_precision_policy_sets_gradient_and_optimizer_bytes() -> None:
+    """fp32 gradient accumulation (Megatron's main_grad) adds 2 bytes per bf16 parameter, nothing else."""
+    from autoshard.capture import capture
+    from autoshard.problem.build import build_problem
+    from autoshard.problem.costs import CostOptions
+    from cost_models.memory import PrecisionPolicy
+
+    with torch.device("meta"):
+        model = nn.Linear(256, 512, bias=False).to(torch.bfloat16)
+        x = torch.randn(8, 256, dtype=torch.bfloat16)
+    captured = capture(model, (x,))
+    cluster = autoshard.load_cluster("a100x8")  # 8 devices; the cheapest layout shards the weight 8 ways
+
+    def parameter_bytes(opts: CostOptions) -> float:
+        built = build_problem(captured, cluster, opts)
+        k = built.variables.index(next(n for n in built.variables if built.infos[n].kind == "parameter"))
+        return float(built.problem.memory[k].min()) - (
+            cluster.profile.memory.runtime_reserve if k == 0 else 0
+        )
+
+    default = parameter_bytes(CostOptions())
+    megatron = parameter_bytes(CostOptions(precision=PrecisionPolicy(fp32_grad_accumulation=True)))
+    assert megatron - default == pytest.approx(2 * 256 * 512 / cluster.num_devices, rel=1e-9)
