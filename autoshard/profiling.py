@@ -19,6 +19,8 @@ between forked ranks):
   ranks.  The alpha–beta line of :mod:`cost_models.collectives` is fitted per kind by least squares to
   (size, time): its slope gives the bus bandwidth (nccl-tests convention), its intercept the per-step
   latency (shared by the kinds: the median).  The size curve is the model's; the raw points are kept.
+  With a mesh (``--mesh 2x4``), the same curves are timed on the groups of each mesh axis and kept in the raw
+  measurements (a profile describes the node; per-axis figures are for checking the mesh's layout).
 
 One node only: the network section is copied from the base profile, or set equal to the in-node figures
 without one (its source says so).
@@ -27,6 +29,7 @@ without one (its source says so).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -40,7 +43,7 @@ import torch.distributed as dist
 
 from cost_models.profile import SCHEMA_ID, HardwareProfile, load_profile
 
-__all__ = ["Measurements", "measure", "profile_document"]
+__all__ = ["Measurements", "axis_bus_bandwidths", "measure", "profile_document", "write_profile"]
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -56,6 +59,7 @@ class Measurements:
     stream: tuple[float, float] = (0.0, 0.0)  # (bytes read + written, seconds)
     launch: float = 0.0
     collectives: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # kind -> (S, seconds)
+    axes: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)  # per mesh axis
     capacity: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -86,8 +90,10 @@ def measure(
     ranks: int,
     dtype: torch.dtype,
     repeats: int = 5,
+    mesh: Sequence[int] | None = None,
 ) -> Measurements:
-    """Run every measurement of the module docstring on this machine."""
+    """Run every measurement of the module docstring on this machine; with ``mesh`` (axis sizes whose product
+    is ``ranks``), also time the collectives of each mesh axis's groups (``Measurements.axes``)."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     timed = _timer(device)
@@ -109,40 +115,91 @@ def measure(
         from autoshard.runtime.launch import launch
 
         backend: Literal["gloo", "nccl"] = "nccl" if cuda else "gloo"
-        results = launch(_collectives, ranks, tuple(message_sizes), repeats, backend=backend, timeout=600.0)
-        m.collectives = results[0]
+        shape = tuple(mesh) if mesh else (ranks,)
+        if math.prod(shape) != ranks:
+            raise ValueError(f"mesh {shape} has {math.prod(shape)} ranks, not {ranks}")
+        results = launch(
+            _collectives, ranks, tuple(message_sizes), repeats, shape, backend=backend, timeout=600.0
+        )
+        m.collectives, m.axes = results[0]
     return m
 
 
-def _collectives(sizes: tuple[int, ...], repeats: int) -> dict[str, list[tuple[int, float]]]:
-    """On every rank: time each collective kind at each buffer size S (nccl-tests' convention)."""
-    n, rank = dist.get_world_size(), dist.get_rank()
+def _axis_groups(shape: tuple[int, ...], axis: int) -> list[list[int]]:
+    """Ranks of every group along ``axis`` of a row-major mesh of ``shape`` (as autoshard.cluster lays them)."""
+    ranks = list(range(math.prod(shape)))
+    coords = [list(_coordinate(r, shape)) for r in ranks]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for r, c in zip(ranks, coords, strict=True):
+        key = tuple(v for i, v in enumerate(c) if i != axis)
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def _coordinate(rank: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major coordinate of ``rank`` on a mesh of ``shape``."""
+    out = []
+    for size in reversed(shape):
+        rank, c = divmod(rank, size)
+        out.append(c)
+    return tuple(reversed(out))
+
+
+def _collectives(
+    sizes: tuple[int, ...], repeats: int, shape: tuple[int, ...]
+) -> tuple[dict[str, list[tuple[int, float]]], dict[str, dict[str, list[tuple[int, float]]]]]:
+    """On every rank: time each collective kind at each buffer size S (nccl-tests' convention) over all ranks,
+    then over the groups of each mesh axis of ``shape`` (rank 0's group reported)."""
+    rank = dist.get_rank()
+    everyone = _timed_curves(sizes, repeats, None, dist.get_world_size())
+    axes: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    if len(shape) > 1:
+        for axis, size in enumerate(shape):
+            mine = None
+            for ranks in _axis_groups(shape, axis):  # every rank creates every group, in the same order
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    mine = group
+            axes[f"axis{axis} ({size} ranks)"] = _timed_curves(sizes, repeats, mine, size)
+    return (everyone, axes) if rank == 0 else ({}, {})
+
+
+def _timed_curves(
+    sizes: tuple[int, ...], repeats: int, group: Any, n: int
+) -> dict[str, list[tuple[int, float]]]:
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    device = device or torch.device("cpu")
-    timed = _timer(device)
+    timed = _timer(device or torch.device("cpu"))
     out: dict[str, list[tuple[int, float]]] = {k: [] for k in KINDS}
     for size in sizes:
         elems = max(n, size // 4 // n * n)  # float32, divisible by the ranks
         full = torch.ones(elems, device=device)
         part = torch.ones(elems // n, device=device)
-        ops = _ops(full, part)
-        for kind, op in ops.items():
+        for kind, op in _ops(full, part, group).items():
             dist.barrier()
             out[kind].append((elems * 4, timed(op, repeats)))
-    return out if rank == 0 else {}
+    return out
 
 
-def _ops(full: torch.Tensor, part: torch.Tensor) -> dict[str, Callable[[], object]]:
-    """One call of each collective kind on buffers ``full`` (S bytes) and ``part`` (S / ranks)."""
+def _ops(full: torch.Tensor, part: torch.Tensor, group: Any = None) -> dict[str, Callable[[], object]]:
+    """One call of each collective kind on buffers ``full`` (S bytes) and ``part`` (S / ranks) over ``group``."""
     gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)  # renamed in torch 2.13
     scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
     source = full.clone()
     return {
-        "all_reduce": partial(dist.all_reduce, full),
-        "all_gather": partial(gather, full, part),
-        "reduce_scatter": partial(scatter, part, full),
-        "all_to_all": partial(dist.all_to_all_single, full, source),
+        "all_reduce": partial(dist.all_reduce, full, group=group),
+        "all_gather": partial(gather, full, part, group=group),
+        "reduce_scatter": partial(scatter, part, full, group=group),
+        "all_to_all": partial(dist.all_to_all_single, full, source, group=group),
     }
+
+
+def axis_bus_bandwidths(m: Measurements) -> dict[str, dict[str, float]]:
+    """Bus bandwidth (bytes/s) of each kind on each measured mesh axis: the alpha-beta fit's slope."""
+    out: dict[str, dict[str, float]] = {}
+    for axis, curves in m.axes.items():
+        size = int(axis.split("(")[1].split()[0])
+        out[axis] = {k: _volume(k, size) / _line(points)[1] for k, points in curves.items() if points}
+    return out
 
 
 def _volume(kind: str, n: int) -> float:

@@ -12,9 +12,10 @@ datasheet peaks and network, so efficiencies are fractions of a published peak.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
-from autoshard.cli.args import CliError, positive
+from autoshard.cli.args import CliError, mesh, positive
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -44,12 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--message-sizes", type=_sizes, default=None, help="collective sizes in bytes")
     p.add_argument("--repeats", type=positive, default=5, help="timed repetitions (median)")
     p.add_argument("--raw", default=None, help="also write the raw measurements here")
+    p.add_argument("--mesh", type=mesh, default=None, help="also time each axis of this mesh, e.g. 2x4")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from autoshard.profiling import measure, write_profile
+    from autoshard.profiling import axis_bus_bandwidths, measure, write_profile
 
     out = Path(args.out)
     if not out.resolve().parent.is_dir():
@@ -63,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
     gemm = args.gemm_sizes or ((1024, 2048, 4096, 8192) if cuda else (128, 256, 512))
     stream = (args.stream_mib or (1024 if cuda else 64)) * 2**20
     messages = args.message_sizes or tuple(2**k for k in range(10, 31 if cuda else 25, 2))
-    m = measure(gemm, stream, messages, ranks, dtype, repeats=args.repeats)
+    if args.mesh is not None and math.prod(args.mesh) != ranks:
+        raise CliError(
+            f"--mesh {'x'.join(map(str, args.mesh))} has {math.prod(args.mesh)} ranks; --ranks is {ranks}"
+        )
+    m = measure(gemm, stream, messages, ranks, dtype, repeats=args.repeats, mesh=args.mesh)
     profile = write_profile(m, str(out), args.name or out.stem, base=args.base, raw=args.raw)
     bus = profile.intra_node.bus_bandwidth
     stream = profile.memory.bandwidth * profile.memory.efficiency
@@ -72,4 +78,6 @@ def run(args: argparse.Namespace) -> int:
         f"{profile.compute.efficiency_max:.2f}, memory {stream / 1e9:.1f} "
         f"GB/s, all_reduce busbw {bus.all_reduce / 1e9:.2f} GB/s"
     )
+    for axis, kinds in axis_bus_bandwidths(m).items():
+        print(f"  {axis}: " + ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in kinds.items()))
     return 0
