@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autoshard.errors import PlanFileError
+from cost_models.overlap import OverlapPolicy
 
 __all__ = ["Collective", "NodePlan", "PipelinePlan", "PipelineStage", "Plan", "SolverReport", "load_plan"]
 
@@ -144,9 +145,7 @@ class Plan:
     # Degree per kind of parallelism the plan uses: keys among "dp", "fsdp", "tp", "sp", "cp", "ep", "pp";
     # a kind that is unused is absent (or 1).  Filled by the planner; read by the report's headline.
     degrees: dict[str, int] = field(default_factory=dict)
-    microbatches: int = (
-        1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
-    )
+    microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global / micro batch)
     pipeline: PipelinePlan | None = None
     # How to rebuild the model this plan was made for (what ``verify --plan`` maps it onto): ``{"spec": zoo
     # name or "path/to/file.py:function"}`` plus the options it was built with (``"batch"``, ``"seq"``); empty
@@ -155,6 +154,11 @@ class Plan:
     # The step time of the best plan without the user's annotations / allow / forbid (the price of the pins
     # is predicted_step_time minus this); None when nothing was pinned.
     unpinned_step_time: float | None = None
+    # The overlap / bucket / prefetch policy the predicted step time assumes and the runtime executes.
+    overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
+    # Bytes per device that memory_per_device holds beyond the per-node sum, by name (runtime reserve,
+    # gathered FSDP weights, largest temporary: autoshard.problem.step).
+    memory_breakdown: dict[str, float] = field(default_factory=dict)
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -222,6 +226,8 @@ class Plan:
                 pipeline=_pipeline_from_json(data.get("pipeline")),
                 source=dict(data.get("source", {})),
                 unpinned_step_time=_optional_float(data.get("unpinned_step_time")),
+                overlap=OverlapPolicy.from_json(data.get("overlap")),
+                memory_breakdown={str(k): float(v) for k, v in data.get("memory_breakdown", {}).items()},
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -8,6 +8,7 @@
     autoshard verify --plan plan.json | --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
     autoshard explain plan.json [--node fc1]
     autoshard diff a.json b.json
+    autoshard profile --out node.json [--ranks 4] [--base a100x8]
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
 split over all devices) and prints both side by side.  Errors print one line on stderr and exit with code 2
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from autoshard.cli import diff, dot, explain, search, show, verify
+from autoshard.cli import diff, dot, explain, profile, search, show, verify
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -42,6 +43,7 @@ COMMANDS: dict[str, ModuleType] = {
     "verify": verify,
     "explain": explain,
     "diff": diff,
+    "profile": profile,
 }
 
 
