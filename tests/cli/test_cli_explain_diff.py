@@ -29,7 +29,7 @@ def test_diff_puts_what_differs_first(cli, mlp_files: dict[str, Path], pinned_pl
     assert "parameter placements: 2 differ, 2 the same" in r.out
     assert any(line.split()[:4] == ["fc1.weight", "S(0)", "->", "S(1)"] for line in lines)
     assert "fc1 linear" in r.out and "=>" in r.out
-    assert lines[-1].startswith("the same in both: ") and "compute" in lines[-1]
+    assert lines[-1].startswith("the same in both: ") and "devices" in lines[-1]
     assert r.out.index("figures that differ") < r.out.index("the same in both")
 
 
