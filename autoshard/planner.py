@@ -106,19 +106,22 @@ def plan(
             continue
         if policy is Recompute.FULL and recompute == "auto":
             notes.append("activations do not fit without recomputation: planned with full recomputation")
-        price = _unpinned(free, search, time_limit) if built is not free else None
         timings["total"] = time.perf_counter() - start
-        result = extract_plan(
-            built,
-            solution,
-            model=type(model).__name__,
-            block_prefix=captured.blocks.prefix if captured.blocks else None,
-            output_order=_output_order(captured),
-            timings=timings,
-            notes=tuple(notes),
-            memory_limit=limit if limit != float("inf") else None,
-        )
-        return dataclasses.replace(result, unpinned_step_time=price)
+
+        def read(problem: BuiltProblem, chosen: Solution) -> Plan:
+            return extract_plan(
+                problem,
+                chosen,
+                model=type(model).__name__,
+                block_prefix=captured.blocks.prefix if captured.blocks else None,
+                output_order=_output_order(captured),
+                timings=timings,
+                notes=tuple(notes),
+                memory_limit=limit if limit != float("inf") else None,
+            )
+
+        price = _unpinned(free, search, time_limit, read) if built is not free else None
+        return dataclasses.replace(read(built, solution), unpinned_step_time=price)
     assert error is not None
     raise error
 
@@ -142,10 +145,15 @@ def _build(
     return built, pin_problem(built, annotations, kinds, prefix)
 
 
-def _unpinned(built: BuiltProblem, search: SearchMethod, time_limit: float) -> float | None:
-    """The step time of the best plan without the user's pins (``None`` when none fits)."""
+def _unpinned(
+    built: BuiltProblem,
+    search: SearchMethod,
+    time_limit: float,
+    read: Callable[[BuiltProblem, Solution], Plan],
+) -> float | None:
+    """The predicted step time of the best plan without the user's pins (``None`` when none fits)."""
     try:
-        return solve(built.problem, method=search, time_limit=time_limit).objective
+        return read(built, solve(built.problem, method=search, time_limit=time_limit)).predicted_step_time
     except InfeasibleError:
         return None
 
