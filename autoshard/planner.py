@@ -22,13 +22,12 @@ import dataclasses
 import functools
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
-from autoshard.annotations import resolve_annotations
+from autoshard.annotations import forbidden_kinds, pin_problem
 from autoshard.capture import Captured, capture
 from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster
@@ -60,6 +59,9 @@ def plan(
     time_limit: float = 60.0,
     blocks: Literal["auto", "full"] | None = "auto",
     progress: Callable[[str], None] | None = None,
+    allow: Sequence[str] = (),
+    forbid: Sequence[str] = (),
+    captured: Captured | None = None,
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -77,6 +79,11 @@ def plan(
         blocks: ``"auto"`` solves identical repeated layers once; ``None`` plans the full graph.
         progress: called with the name of each stage as it starts ("capture", "strategies", "solve",
             "recompute" when the plan is retried with activation recomputation).
+        allow / forbid: kinds of parallelism (``"dp"``, ``"tp"``, ``"fsdp"``: :data:`autoshard.annotations.KINDS`)
+            the plan may use only / must not use.  With annotations or kinds, the plan also records the step
+            time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
+        captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
+            model twice (e.g. free and as pure data parallel) without capturing it again.
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError: all :class:`AutoshardError`.
@@ -87,13 +94,14 @@ def plan(
     say("capture")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     kwargs = dict(example_kwargs or {})
-    captured = capture(model, args, kwargs, blocks=blocks)
+    kinds = forbidden_kinds(allow, forbid)
+    captured = captured or capture(model, args, kwargs, blocks=blocks)
     timings["capture"] = time.perf_counter() - start
     replicated = _warn_replicated(captured)
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
     solve_one = functools.partial(
         _plan_captured, model, cluster, annotations=annotations, training=training, limit=limit,
-        recompute=recompute, search=search, time_limit=time_limit, say=say,
+        recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds,
     )  # fmt: skip
     fused: Plan | AutoshardError
     try:
@@ -103,10 +111,9 @@ def plan(
     result: Plan | AutoshardError = fused
     if plan_fuses_experts(captured.op_nodes()):  # fused expert MLPs: cheap EP, but no K/N split: try both
         t0 = time.perf_counter()
-        plain_timings: dict[str, float] = {}
         plain: Plan | AutoshardError
         try:
-            plain = solve_one(capture(model, args, kwargs, blocks=blocks, fuse_experts=False), plain_timings)
+            plain = solve_one(capture(model, args, kwargs, blocks=blocks, fuse_experts=False), {})
         except (InfeasibleError, AnnotationError) as e:
             plain = e
         result = _cheaper(fused, plain)
@@ -124,14 +131,10 @@ def _cheaper(fused: Plan | AutoshardError, plain: Plan | AutoshardError) -> Plan
     if isinstance(plain, AutoshardError):
         return fused
     if isinstance(fused, AutoshardError) or plain.predicted_step_time < fused.predicted_step_time:
-        other = (
-            "fused: not possible"
-            if isinstance(fused, AutoshardError)
-            else f"fused: {fused.predicted_step_time:.4g} s"
-        )
-        note = f"expert MLPs planned op by op (grouped matmuls), cheaper than fused ({other} per step)"
+        other = "not possible" if isinstance(fused, AutoshardError) else f"{fused.predicted_step_time:.4g} s"
+        note = f"expert MLPs planned op by op (grouped matmuls): fused, {other} per step"
         return dataclasses.replace(plain, notes=(*plain.notes, note))
-    note = f"expert MLPs planned fused (unfused: {plain.predicted_step_time:.4g} s per step)"
+    note = f"expert MLPs planned fused (op by op: {plain.predicted_step_time:.4g} s per step)"
     return dataclasses.replace(fused, notes=(*fused.notes, note))
 
 
@@ -148,15 +151,16 @@ def _plan_captured(
     search: SearchMethod,
     time_limit: float,
     say: Callable[[str], None],
+    kinds: frozenset[str],
 ) -> Plan:
-    """Strategies, costs and search on one capture (with the recomputation retry); raises InfeasibleError."""
+    """Strategies, costs, pins and search on one capture (with the recomputation retry)."""
     policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
     error: InfeasibleError | None = None
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy if training else Recompute.NONE)
         say("strategies" if policy is policies[0] else "recompute")
-        built = _build(captured, cluster, opts, annotations, limit, timings)
+        free, built = _build(captured, cluster, opts, annotations, limit, timings, kinds)
         try:
             say("solve")
             t0 = time.perf_counter()
@@ -167,17 +171,22 @@ def _plan_captured(
             continue
         if policy is Recompute.FULL and recompute == "auto":
             notes.append("activations do not fit without recomputation: planned with full recomputation")
-        return extract_plan(
-            built,
-            solution,
-            model=type(model).__name__,
-            block_prefix=captured.blocks.prefix if captured.blocks else None,
-            output_order=_output_order(captured),
-            timings=dict(timings),
-            notes=tuple(notes),
-            memory_limit=limit if limit != float("inf") else None,
-            block_first=captured.blocks.first if captured.blocks else 0,
-        )
+
+        def read(problem: BuiltProblem, chosen: Solution) -> Plan:
+            return extract_plan(
+                problem,
+                chosen,
+                model=type(model).__name__,
+                block_prefix=captured.blocks.prefix if captured.blocks else None,
+                output_order=_output_order(captured),
+                timings=dict(timings),
+                notes=tuple(notes),
+                memory_limit=limit if limit != float("inf") else None,
+                block_first=captured.blocks.first if captured.blocks else 0,
+            )
+
+        price = _unpinned(free, search, time_limit, read) if built is not free else None
+        return dataclasses.replace(read(built, solution), unpinned_step_time=price)
     assert error is not None
     raise error
 
@@ -189,26 +198,30 @@ def _build(
     annotations: Mapping[str, Any] | None,
     limit: float,
     timings: dict[str, float],
-) -> BuiltProblem:
+    kinds: frozenset[str] = frozenset(),
+) -> tuple[BuiltProblem, BuiltProblem]:
+    """The problem as priced, and the same with the user's pins folded in (the same object without pins)."""
     t0 = time.perf_counter()
     built = build_problem(captured, cluster, opts, memory_limit=limit if limit != float("inf") else None)
     timings["strategies_and_costs"] = time.perf_counter() - t0
-    if annotations:
-        masks = resolve_annotations(
-            annotations,
-            built.infos,
-            built.strategies,
-            built.template,
-            cluster.mesh_shape,
-            captured.blocks.prefix if captured.blocks else None,
-            block_first=captured.blocks.first if captured.blocks else 0,
-        )
-        allowed: list[np.ndarray | None] = [None] * len(built.variables)
-        for name, mask in masks.items():
-            allowed[built.variables.index(built.template[name])] = mask
-        problem = dataclasses.replace(built.problem, allowed=tuple(allowed))
-        built = dataclasses.replace(built, problem=problem)
-    return built
+    if not (annotations or kinds):
+        return built, built
+    prefix = captured.blocks.prefix if captured.blocks else None
+    first = captured.blocks.first if captured.blocks else 0
+    return built, pin_problem(built, annotations, kinds, prefix, first)
+
+
+def _unpinned(
+    built: BuiltProblem,
+    search: SearchMethod,
+    time_limit: float,
+    read: Callable[[BuiltProblem, Solution], Plan],
+) -> float | None:
+    """The predicted step time of the best plan without the user's pins (``None`` when none fits)."""
+    try:
+        return read(built, solve(built.problem, method=search, time_limit=time_limit)).predicted_step_time
+    except InfeasibleError:
+        return None
 
 
 def _warn_replicated(captured: Captured) -> dict[str, float]:
