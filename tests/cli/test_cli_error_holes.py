@@ -96,7 +96,9 @@ def test_complex_tensors_are_planned_and_warnings_name_the_op_not_our_files(capf
     assert "profile" not in err
     lines = [line for line in err.splitlines() if "warning" in line]
     per_node = [w for w in lines if "graph node" in w]  # complex views have rules; roll has none
-    assert per_node and all(w.startswith("autoshard: warning: no sharding rule for aten.roll") for w in per_node)
+    assert per_node and all(
+        w.startswith("autoshard: warning: no sharding rule for aten.roll") for w in per_node
+    )
     assert all("the model's own forward" in w and ".py" not in w for w in per_node)
     assert any("of the step's forward FLOPs run replicated" in w for w in lines)  # the planner's summary
     assert not any("view_as" in w for w in lines)
