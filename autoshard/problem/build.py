@@ -45,6 +45,7 @@ from autoshard.problem.costs import (
     node_memory,
     optimizer_time,
     output_fix_steps,
+    repeats,
     steps_time,
 )
 from autoshard.problem.graph import NodeInfo, describe
@@ -219,11 +220,12 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
         mem = np.empty(len(strategies[name]))
         for k, strat in enumerate(strategies[name]):
             fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
-            extra = optimizer_time(info, strat, cluster, opts)
+            per_microbatch = fwd + bwd
             if info.is_output:
-                extra += steps_time(output_fix_steps(info, strat, cache), cluster)
+                per_microbatch += steps_time(output_fix_steps(info, strat, cache), cluster)
+            extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)
             mem[k] = node_memory(info, strat, cluster, opts, keeps[name]) * mult[name]
-            cost[k] = (fwd + bwd + extra) * mult[name] + MEMORY_TIE_BREAK * mem[k]
+            cost[k] = extra * mult[name] + MEMORY_TIE_BREAK * mem[k]
         node_costs.append(cost)
         memory.append(mem)
     return node_costs, memory
@@ -262,7 +264,9 @@ def edge_matrix(
         return np.zeros((len(src_list), len(dst_list)))
     have = np.array([cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in src_list])
     want = np.array([cache.intern(s.inputs[pos]) for s in dst_list])
+    parameter = producer.kind == "parameter"
     matrix = _pairwise(have, want, meta.shape, meta.itemsize, cache)
+    matrix = matrix * repeats(opts, parameter=parameter, backward=False)
     if opts.training and producer.requires_grad:
         duals = np.array(
             [
@@ -272,7 +276,8 @@ def edge_matrix(
         )
         grads = np.array([cache.intern(s.input_grads[pos]) for s in dst_list])
         # a consumer that needs the value but yields no gradient (None) costs nothing backward
-        matrix = matrix + _pairwise(grads, duals, meta.shape, meta.itemsize, cache).T
+        backward = _pairwise(grads, duals, meta.shape, meta.itemsize, cache).T
+        matrix = matrix + backward * repeats(opts, parameter=parameter, backward=True)
     return matrix
 
 

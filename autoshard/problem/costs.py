@@ -22,7 +22,12 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
 - optimizer: with ``shard_optimizer`` (the default, as Megatron's distributed optimizer and ZeRO-1 do), the
   Adam state and its update are split over every device, whatever the parameter's placement: a replicated
   parameter's gradient is reduce-scattered and the updated shard all-gathered, which moves exactly the
-  volume of the all-reduce the edge already pays, so only memory and update time change.
+  volume of the all-reduce the edge already pays, so only memory and update time change;
+- microbatches (gradient accumulation, ``CostOptions.microbatches = m``): the graph is captured at the
+  microbatch's shapes, so its FLOPs, activations and activation traffic are one microbatch's; compute and
+  every redistribution of activations (forward and backward) and every forward gather of a parameter
+  (ZeRO-3/FSDP re-gathers it for each microbatch) happen ``m`` times per step, while gradient
+  synchronisation (a parameter edge's backward) and the optimizer happen once (:func:`repeats`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ __all__ = [
     "node_compute",
     "node_memory",
     "output_fix_steps",
+    "repeats",
     "steps_time",
 ]
 
@@ -73,10 +79,28 @@ class CostOptions:
     training: bool = True
     recompute: Recompute = Recompute.NONE
     shard_optimizer: bool = True  # ZeRO-1 / distributed optimizer: Adam state split over all devices
+    microbatches: int = 1  # per step; the graph is captured at one microbatch's shapes (see repeats)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.microbatches, bool)
+            or not isinstance(self.microbatches, int)
+            or self.microbatches < 1
+        ):
+            raise ValueError(
+                f"CostOptions.microbatches must be a whole number >= 1, got {self.microbatches!r}"
+            )
 
     def adam_bytes(self, itemsize: int) -> int:
         """Adam state per element: fp32 master + m + v for 16-bit parameters, m + v for fp32 ones."""
         return 12 if itemsize <= 2 else 8
+
+
+def repeats(opts: CostOptions, *, parameter: bool, backward: bool) -> int:
+    """How often per step a cost of one microbatch occurs: once for a parameter's gradient synchronisation
+    (the backward of a parameter edge), ``microbatches`` times for everything else (compute, activation
+    traffic both ways, a sharded parameter's forward gather)."""
+    return 1 if (parameter and backward) else opts.microbatches
 
 
 @dataclass(frozen=True, slots=True)
