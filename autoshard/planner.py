@@ -33,9 +33,10 @@ from autoshard.capture import Captured, capture
 from autoshard.capture.blocks import find_repeated_blocks
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import InfeasibleError, PipelineError
-from autoshard.pipeline.assemble import assemble, degrees_of
+from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
+from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute

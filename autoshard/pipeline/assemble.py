@@ -7,9 +7,7 @@ every placement gains an ``R`` for it (along the pipeline axis a tensor is not s
 is ``Plan.pipeline.stages[i].modules``); collectives' mesh axes shift by one; ``predicted_step_time`` is the
 schedule's step time (bubble included) and ``memory_per_device`` the worst device's peak.
 
-:func:`degrees_of` reads the kinds of parallelism off the placements: an axis that splits the batch dim of
-the inputs is ``dp`` (``fsdp`` when parameters are also split on it), one that splits parameters but not the
-batch ``tp``, one that splits the inputs' sequence dim ``cp``.  :func:`headline` is the report's first line.
+The node table's labels gain the ``R`` too, and its memory column is the device of the highest peak.
 """
 
 from __future__ import annotations
@@ -18,60 +16,23 @@ import dataclasses
 import math
 
 from autoshard.pipeline.layers import boundary_bytes
-from autoshard.pipeline.schedules import Schedule, device_of_chunk, p2p_time
+from autoshard.pipeline.schedules import device_of_chunk, in_flight, p2p_time
 from autoshard.pipeline.search import Candidate
-from autoshard.plans import Collective, PipelinePlan, PipelineStage, Plan
+from autoshard.pipeline.summary import degrees_of
+from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan
+from autoshard.report.labels import parse_label
 
-__all__ = ["assemble", "degrees_of", "headline"]
-
-
-def degrees_of(plan: Plan, pipeline_axis: int | None = None) -> dict[str, int]:
-    """Degree per kind of parallelism (``dp``, ``fsdp``, ``tp``, ``cp``, ``pp``) from the plan's placements."""
-    degrees: dict[str, int] = {}
-    inputs = [p for p in plan.input_placements.values() if p]
-    params = [p for p in plan.param_placements.values() if p]
-    for axis, size in enumerate(plan.mesh_shape):
-        if size == 1:
-            continue
-        if axis == pipeline_axis:
-            kind = "pp"
-        else:
-            batch = any(p[axis] == "S(0)" for p in inputs if axis < len(p))
-            seq = any(p[axis] == "S(1)" for p in inputs if axis < len(p))
-            split = any(p[axis].startswith("S(") for p in params if axis < len(p))
-            if batch:
-                kind = "fsdp" if split else "dp"
-            elif split:
-                kind = "tp"
-            elif seq:
-                kind = "cp"
-            else:
-                continue
-        degrees[kind] = degrees.get(kind, 1) * size
-    return degrees
+__all__ = ["assemble", "widen_label"]
 
 
-def headline(plan: Plan) -> str:
-    """One line: ``PP 8 (interleaved, v=3) × TP 8 × DP 16, 64 microbatches of 1``."""
-    order = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")
-    parts = []
-    for kind in order:
-        size = plan.degrees.get(kind, 1)
-        if size <= 1:
-            continue
-        text = f"{kind.upper()} {size}"
-        if kind == "pp" and plan.pipeline is not None:
-            name = Schedule(plan.pipeline.schedule).short
-            v = plan.pipeline.virtual_stages
-            text += f" ({name}, v={v})" if v > 1 else f" ({name})"
-        parts.append(text)
-    head = " × ".join(parts) or "no parallelism (replicated)"
-    batch = max((shape[0][0] for shape in plan.input_shapes.values() if shape[0]), default=0)
-    replicas = plan.degrees.get("dp", 1) * plan.degrees.get("fsdp", 1)
-    if plan.microbatches > 1 and batch:
-        each = batch // plan.microbatches // max(1, replicas)
-        return f"{head}, {plan.microbatches} microbatches of {max(1, each)}"
-    return f"{head}, 1 microbatch"
+def widen_label(label: str) -> str:
+    """A strategy label on the stage sub-mesh written on the whole mesh: ``R`` first for the pipeline axis."""
+    parsed = parse_label(label)
+
+    def text(specs: tuple[tuple[str, ...] | None, ...]) -> str:
+        return ", ".join("-" if sp is None else "(" + ", ".join(("R", *sp)) + ")" for sp in specs)
+
+    return f"{text(parsed.inputs)} -> {text(parsed.outputs)}".strip()
 
 
 def _modules(candidate: Candidate) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -141,7 +102,7 @@ def assemble(candidate: Candidate, intra: Plan, prefix: str | None, cluster_reco
     p2p = m * 2 * _p2p_seconds(candidate)
     bubble = 1.0 - m * share / split.pipeline_seconds if split.pipeline_seconds > 0 else 0.0
     note = (
-        f"{split.degree} pipeline stages on mesh axis 0 ('pp'); node strategies are on each stage's "
+        f"{split.degree} pipeline stages on mesh axis 0 ('pp'); each stage runs the plan on its "
         f"sub-mesh {where.sub.mesh_shape}; compute time includes the bubble"
     )
     pipeline = PipelinePlan(
@@ -159,6 +120,7 @@ def assemble(candidate: Candidate, intra: Plan, prefix: str | None, cluster_reco
         input_placements={k: widen(v) for k, v in intra.input_placements.items()},
         output_placements=tuple(widen(p) for p in intra.output_placements),
         collectives=collectives,
+        nodes=_worst_device_nodes(candidate, intra),
         predicted_step_time=split.step_seconds,
         communication_time=comm + p2p,
         compute_time=split.step_seconds - comm - p2p,
@@ -178,3 +140,33 @@ def _p2p_seconds(candidate: Candidate) -> float:
     where = candidate.layout
     nbytes = boundary_bytes(candidate.built, candidate.solution)
     return p2p_time(nbytes, where.p2p_bandwidth, where.p2p_latency)
+
+
+def _worst_device_nodes(candidate: Candidate, intra: Plan) -> tuple[NodePlan, ...]:
+    """The node table with labels on the whole mesh and memory as the device of the highest peak holds it:
+    its layers' share of each layer node, its microbatches in flight on activations, ``pre`` / ``post``
+    nodes only when it holds the first / last chunk."""
+    split = candidate.split
+    assert split is not None
+    chunks = len(split.bounds) - 1
+    worst = max(range(split.degree), key=lambda d: split.memory[d])
+    mine = [c for c in range(chunks) if device_of_chunk(split.schedule, c, split.degree) == worst]
+    layers = sum(split.bounds[c + 1] - split.bounds[c] for c in mine)
+    flight = in_flight(split.schedule, worst, split.degree, split.virtual, split.microbatches)
+    infos, total = candidate.built.infos, max(1, candidate.built.num_blocks)
+    order = list(infos)
+    first = next((i for i, n in enumerate(order) if infos[n].block is not None and infos[n].kind == "op"), 0)
+    position = {name: i for i, name in enumerate(order)}
+    rows = []
+    for row in intra.nodes:
+        info = infos.get(row.name)
+        static = info is not None and info.kind in ("parameter", "buffer", "constant")
+        if info is not None and info.block is not None:
+            share = layers / total
+        elif info is not None and not static and position[row.name] >= first:
+            share = 1.0 if chunks - 1 in mine else 0.0
+        else:  # pre-layer ops, and parameters outside the layers (held where they are read)
+            share = 1.0 if (0 in mine or chunks - 1 in mine) else 0.0
+        memory = row.memory_bytes * share * (1.0 if static else flight)
+        rows.append(dataclasses.replace(row, strategy=widen_label(row.strategy), memory_bytes=memory))
+    return tuple(rows)
