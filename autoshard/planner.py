@@ -39,7 +39,7 @@ from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
-from autoshard.problem.costs import CostOptions, Recompute
+from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
 from autoshard.search import Solution, solve
 
@@ -194,8 +194,10 @@ def _plan_pipelined(
         timings["capture"] = timings.get("capture", 0.0) + time.perf_counter() - t0
         return found
 
+    caches: dict[Cluster, StepCache] = {}  # redistribution times are shared by builds on one sub-mesh
+
     def build(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
-        return _build(captured, sub, opts, rest, budget, timings)
+        return _build(captured, sub, opts, rest, budget, timings, caches.setdefault(sub, StepCache(sub)))
 
     best = search_pipeline(
         request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, build=build,
@@ -253,9 +255,11 @@ def _build(
     annotations: Mapping[str, Any] | None,
     limit: float,
     timings: dict[str, float],
+    cache: StepCache | None = None,
 ) -> BuiltProblem:
     t0 = time.perf_counter()
-    built = build_problem(captured, cluster, opts, memory_limit=limit if limit != float("inf") else None)
+    budget = limit if limit != float("inf") else None
+    built = build_problem(captured, cluster, opts, memory_limit=budget, cache=cache)
     timings["strategies_and_costs"] = time.perf_counter() - t0
     if annotations:
         masks = resolve_annotations(

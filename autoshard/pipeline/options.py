@@ -6,8 +6,8 @@
   divides the nodes (stages go across nodes, each stage keeps whole nodes) up to the number of layers.  A
   pinned degree that does not divide the nodes but divides a single node's devices puts stages inside it.
 - ``microbatches``: an int pins the count (it must divide the global batch); ``"auto"`` tries the whole batch
-  (``1``) without stages and two microbatch sizes for every degree that leaves at least as many microbatches
-  as stages (:func:`~autoshard.pipeline.search.microbatch_sizes`: each size costs one capture).
+  (``1``) and one microbatch size for every degree that leaves at least as many microbatches as stages
+  (:func:`~autoshard.pipeline.search.microbatch_sizes`: each size costs a capture and a build per degree).
 - ``schedule``: a :class:`~autoshard.pipeline.schedules.Schedule` value or ``"auto"`` (all of them).
 - stage cuts: an annotation whose value is ``"stage"`` on a repeated layer (``{"model.layers.24": "stage"}``)
   starts a stage (a model chunk) at that layer; the pins fix every cut, so give ``S·v − 1`` of them.

@@ -121,11 +121,11 @@ def _microbatch_args(
 
 
 def microbatch_sizes(batch: int, nodes: int) -> tuple[int, ...]:
-    """Microbatch sizes ``"auto"`` tries with stages: ``s`` and ``2s`` samples, ``s`` the largest divisor of
-    the batch up to ``nodes / 8`` (one or two samples per data-parallel rank when each of 8 stages holds an
-    eighth of the nodes, Megatron's regime).  Each size costs one capture, so there are two."""
-    s = max(d for d in divisors(batch) if d <= max(1, nodes // 8))
-    return tuple(sorted({s, *(d for d in (2 * s,) if batch % d == 0)}))
+    """The microbatch size ``"auto"`` tries with stages: the largest divisor of the batch up to ``nodes / 8``
+    samples (one per data-parallel rank when each of 8 stages holds an eighth of the nodes: Megatron's
+    micro-batch of 1).  Each size costs a capture and a build per degree, so there is one; pin
+    ``microbatches`` to price others."""
+    return (max(d for d in divisors(batch) if d <= max(1, nodes // 8)),)
 
 
 def _candidates(request: PipelineRequest, cluster: Cluster, batch: int, layers: int) -> list[tuple[int, int]]:
@@ -133,7 +133,8 @@ def _candidates(request: PipelineRequest, cluster: Cluster, batch: int, layers: 
     if request.degree is not None:
         degrees = [request.degree]
     else:
-        degrees = [d for d in divisors(cluster.nodes) if d <= layers and cluster.mesh_shape[0] % d == 0]
+        # at least two layers a stage: one layer per stage leaves nothing to balance and doubles the p2p
+        degrees = [d for d in divisors(cluster.nodes) if 2 * d <= layers and cluster.mesh_shape[0] % d == 0]
     pairs: list[tuple[int, int]] = []
     sizes = microbatch_sizes(batch, cluster.nodes)
     for p in degrees:
@@ -204,18 +205,18 @@ def _price(
     method: str,
     time_limit: float,
 ) -> Candidate | None:
-    say_method = "exact" if method == "auto" else method
+    search_method = "exact" if method == "auto" else method
     degree = where.degree
     budget = limit if math.isfinite(limit) else math.inf
     built = build(captured, where.sub, opts, budget if degree == 1 else math.inf)
     if degree == 1:
-        solution = solve(built.problem, method=method, time_limit=time_limit)  # type: ignore[arg-type]
+        solution = solve(built.problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
         return Candidate(solution.objective, where, count, built, solution, captured, None, opts.recompute)
     flight = in_flight(Schedule.ONE_F_ONE_B, 0, degree, 1, count)
     problem = stage_memory_problem(built, degree, flight)
     if math.isfinite(budget):
         problem = dataclasses.replace(problem, memory_limit=budget)
-    solution = solve(problem, method=say_method, time_limit=time_limit)  # type: ignore[arg-type]
+    solution = solve(problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
     costs = part_costs(built, solution)
     hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
     costs = dataclasses.replace(costs, p2p_seconds=hop)

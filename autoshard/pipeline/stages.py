@@ -24,7 +24,8 @@ distinct chunk times in increasing order and, for each, solves the bottleneck re
     H[0][0] = 0,  H[0][l > 0] = inf,  ω(τ) = H[C][L]
 
 table ``H`` indexed by chunks placed ``c`` and layers consumed ``l``; one numpy reduction over ``l'`` per
-``c``, ``O(C·L²)`` per ``τ``.  It stops once ``(m − 1) τ`` alone exceeds the best objective found, so it
+``c``, ``O(C·L²)`` per ``τ``.  It stops once ``(m − 1) τ`` alone exceeds the best objective found (for ``v > 1``,
+``(m − 1/v)(τ + (v − 1) t_layer)``: the device of a chunk of time ``τ`` runs ``v − 1`` more chunks), so it
 is exact (``tests/pipeline`` checks it against brute force over all cuts).  For ``v > 1`` the same
 recursion bounds each *chunk* by ``τ``, and the cuts it returns are priced exactly on their devices (a
 device's time is the sum of its ``v`` chunks): exact in the chunk bottleneck, a heuristic in the device's.
@@ -188,9 +189,11 @@ def best_split(
     if pinned_cuts and len(set(pinned_cuts)) != chunks - 1:
         return None  # pins fix every boundary (the planner checks the count before calling)
     weight = microbatches - 1.0 / virtual
+    # a split first found at τ has a chunk of time τ, and its device runs v − 1 more chunks of >= one layer
+    least = (virtual - 1) * (costs.layer.forward + costs.layer.backward)
     best: StageSplit | None = None
     for tau in np.unique(t[fits]):
-        if best is not None and weight * tau >= best.step_seconds:
+        if best is not None and weight * (tau + least) >= best.step_seconds:
             break
         bounds = _bottleneck(o, fits & (t <= tau), n, chunks)
         if bounds is None:

@@ -160,8 +160,12 @@ def build_problem(
     *,
     allowed: dict[str, np.ndarray] | None = None,
     memory_limit: float | None = None,
+    cache: StepCache | None = None,
 ) -> BuiltProblem:
-    """Price every strategy of every variable node and every strategy pair of every edge."""
+    """Price every strategy of every variable node and every strategy pair of every edge.
+
+    ``cache``: redistribution times already priced on the same cluster (the pipeline search builds one
+    model at several microbatch counts and recomputation policies on one sub-mesh)."""
     start = time.perf_counter()
     gm = captured.graph_module
     nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
@@ -174,7 +178,7 @@ def build_problem(
     strategies = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
     # a shared block variable stands for its node in every one of the N layers; everything else for itself
     mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
-    cache = StepCache(cluster)
+    cache = cache if cache is not None and cache.cluster == cluster else StepCache(cluster)
     keeps = _keeps(infos, opts)
     node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
     uses = _edge_weights(infos, template, n_blocks)
