@@ -52,12 +52,13 @@ def pipeline_case(
     import autoshard
 
     t0 = time.perf_counter()
-    config = transformers.GPT2Config(
-        n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=51200, n_positions=seq, use_cache=False,
-        attn_implementation="sdpa", bos_token_id=0, eos_token_id=51199,
-    )  # fmt: skip
+    config: dict[str, Any] = {
+        "n_embd": hidden, "n_layer": layers, "n_head": heads, "vocab_size": 51200, "n_positions": seq,
+        "use_cache": False, "attn_implementation": "sdpa", "bos_token_id": 0, "eos_token_id": 51199,
+    }  # fmt: skip
     with torch.device("meta"):
-        model = transformers.GPT2LMHeadModel(config).to(torch.bfloat16)
+        model: torch.nn.Module = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config))
+        model = model.to(dtype=torch.bfloat16)
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     build_s = time.perf_counter() - t0
     cluster = autoshard.load_cluster("a100x8", nodes=nodes, mesh=(nodes, 8))

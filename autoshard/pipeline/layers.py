@@ -62,7 +62,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
     chosen = {v: built.strategies[v][k] for v, k in zip(built.variables, solution.choice, strict=True)}
     pick = {name: chosen[built.template[name]] for name in built.infos}
     where = _where(built)
-    sums = [defaultdict(float) for _ in range(3)]
+    sums: list[defaultdict[str, float]] = [defaultdict(float) for _ in range(3)]
     readers: dict[str, set[int]] = defaultdict(set)
     for use in built.edges:
         producer = built.infos[use.producer]

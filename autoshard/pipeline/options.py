@@ -66,7 +66,7 @@ def check_request(
     elif pipeline == "auto":
         degree = None
     elif _whole(pipeline) and pipeline >= 1:  # type: ignore[operator]
-        degree = int(pipeline)  # type: ignore[arg-type]
+        degree = int(pipeline)
         fits = [d for d in divisors(devices) if d <= max(1, layers)]
         if devices % degree:
             raise PipelineError(
@@ -82,7 +82,7 @@ def check_request(
     if microbatches == "auto":
         count: int | None = None
     elif _whole(microbatches) and microbatches >= 1:  # type: ignore[operator]
-        count = int(microbatches)  # type: ignore[arg-type]
+        count = int(microbatches)
         if batch % count:
             raise PipelineError(
                 f"microbatches={count} does not divide the global batch of {batch}; use one of "

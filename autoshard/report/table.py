@@ -115,7 +115,7 @@ def render(
     """
     view = PlanView.of(plan)
     sections = [
-        [headline(plan)] if plan.degrees or plan.pipeline is not None else [],
+        [headline(plan)] if plan.degrees or plan.pipeline is not None or plan.microbatches > 1 else [],
         _header(plan, width),
         _strategy(view, width),
         _placements(view, width),

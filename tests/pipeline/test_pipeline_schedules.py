@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autoshard.pipeline.schedules import (
-    Schedule,
     TORCH_CLASS,
+    Schedule,
     bubble_fraction,
     device_of_chunk,
     in_flight,
