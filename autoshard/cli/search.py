@@ -48,6 +48,18 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
     )
+    s.add_argument(
+        "--pp", type=_count_or_auto, default=None, metavar="N|auto", help="pipeline stages (default: none)"
+    )
+    s.add_argument(
+        "--microbatches", type=_count_or_auto, default=1, metavar="N|auto", help="microbatches per step"
+    )
+    s.add_argument(
+        "--schedule",
+        default="auto",
+        metavar="NAME",
+        help="pipeline schedule: auto, gpipe, 1f1b, interleaved_1f1b, zb_v, interleaved_zb",
+    )
     s.add_argument("--inference", action="store_true", help="plan the forward pass only")
     s.add_argument("--time-limit", type=amount, default=60.0, metavar="SECONDS", help="solver time limit")
     s.add_argument("--no-baseline", action="store_true", help="skip the pure data-parallel comparison")
@@ -66,12 +78,27 @@ def run(args: argparse.Namespace) -> int:
     cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=args.mesh)
     with Progress(f"building {args.model}") as progress:
         case = _model_case(args)
-        plan = _plan(case, cluster, args, dict(args.annotate) or None, progress, f"planning {case.name}")
+        staged = {"pipeline": args.pp, "microbatches": args.microbatches, "schedule": args.schedule}
+        title = f"planning {case.name}"
+        plan = _plan(case, cluster, args, dict(args.annotate) or None, progress, title, staged)
         baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress)
     elapsed = time.perf_counter() - start
     _write_outputs(plan, args)
     _print_result(plan, baseline, args, elapsed)
     return 0
+
+
+def _count_or_auto(text: str) -> int | str:
+    """``auto`` or a whole number >= 1 (--pp, --microbatches)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor a whole number >= 1")
+    return value
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -115,10 +142,12 @@ def _plan(
     annotations: dict[str, Any] | None,
     progress: Progress,
     title: str,
+    staged: dict[str, Any] | None = None,
 ) -> Plan:
     import autoshard
 
     options: dict[str, Any] = {
+        **(staged or {}),
         "annotations": annotations,
         "training": not args.inference,
         "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
