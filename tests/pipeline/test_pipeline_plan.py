@@ -126,3 +126,11 @@ def test_plan_refuses_stages_that_do_not_fit_before_capturing(slow_link) -> None
     model, ids = _llama()
     with pytest.raises(PipelineError, match="microbatches=3"):
         autoshard.plan(model, slow_link, (ids,), pipeline=2, microbatches=3)
+
+
+def test_dot_draws_stages_as_clusters_with_p2p(tight_plan) -> None:
+    from autoshard.report.dot import to_dot
+
+    text = to_dot(tight_plan)
+    assert text.count('label="pipeline stage') == len(tight_plan.pipeline.stages)
+    assert "stage0 -> stage1" in text and "p2p" in text
