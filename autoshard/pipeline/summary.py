@@ -13,8 +13,8 @@ __all__ = ["degrees_of", "headline"]
 
 
 _KINDS = (  # the pattern names of autoshard.report.patterns, by the degree they give; first match wins
+    ("dp", ("data parallel",)),  # most parameters replicated: a few stored split (FSDP) do not make it FSDP
     ("fsdp", ("FSDP",)),
-    ("dp", ("data parallel",)),
     ("ep", ("expert parallel",)),
     ("tp", ("Megatron", "head-parallel", "vocab-parallel")),
     ("cp", ("sequence / context parallel",)),
@@ -24,7 +24,7 @@ _KINDS = (  # the pattern names of autoshard.report.patterns, by the degree they
 
 def degrees_of(plan: Plan, pipeline_axis: int | None = None) -> dict[str, int]:
     """Degree per kind of parallelism, read off the patterns the report recognises on each mesh axis
-    (:func:`autoshard.report.patterns.recognise`): FSDP/ZeRO-3 → ``fsdp``, data parallel → ``dp``, expert
+    (:func:`autoshard.report.patterns.recognise`): data parallel → ``dp``, else FSDP/ZeRO-3 → ``fsdp``, expert
     parallel → ``ep``, Megatron column→row / head-parallel attention / vocab-parallel → ``tp``, attention
     split by sequence → ``cp``, norms split by sequence on an axis that is nothing else → ``sp``."""
     from autoshard.report.groups import PlanView  # the report reads plans; import it only when asked
