@@ -16,17 +16,19 @@ _KINDS = (  # the pattern names of autoshard.report.patterns, by the degree they
     ("dp", ("data parallel",)),  # most parameters replicated: a few stored split (FSDP) do not make it FSDP
     ("fsdp", ("FSDP",)),
     ("ep", ("expert parallel",)),
-    ("tp", ("Megatron", "head-parallel", "vocab-parallel")),
+    ("tp", ("Megatron", "vocab-parallel")),
     ("cp", ("sequence / context parallel",)),
-    ("sp", ("sequence parallel",)),
+    ("sp", ("sequence parallel",)),  # Ulysses: heads split around attention, weights whole
+    ("tp", ("head-parallel",)),
 )
 
 
 def degrees_of(plan: Plan, pipeline_axis: int | None = None) -> dict[str, int]:
     """Degree per kind of parallelism, read off the patterns the report recognises on each mesh axis
     (:func:`autoshard.report.patterns.recognise`): data parallel → ``dp``, else FSDP/ZeRO-3 → ``fsdp``, expert
-    parallel → ``ep``, Megatron column→row / head-parallel attention / vocab-parallel → ``tp``, attention
-    split by sequence → ``cp``, norms split by sequence on an axis that is nothing else → ``sp``."""
+    parallel → ``ep``, Megatron column→row / vocab-parallel → ``tp``, attention split by sequence → ``cp``,
+    norms split by sequence (Megatron-style next to ``tp``, else Ulysses) → ``sp``, head-parallel attention
+    alone → ``tp``."""
     from autoshard.report.groups import PlanView  # the report reads plans; import it only when asked
     from autoshard.report.patterns import recognise
 
