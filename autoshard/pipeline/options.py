@@ -3,7 +3,8 @@
 ``autoshard.plan(..., pipeline="auto" | int | None, microbatches="auto" | int, schedule="auto" | name)``:
 
 - ``pipeline``: ``None`` plans without stages; an int pins the degree; ``"auto"`` tries every degree that
-  divides the nodes (stages go across nodes, each stage keeps whole nodes) up to the number of layers.  A
+  divides the nodes (stages go across nodes, each stage keeps whole nodes) and the layers (identical layers
+  split evenly), with at least two layers a stage.  A
   pinned degree that does not divide the nodes but divides a single node's devices puts stages inside it.
 - ``microbatches``: an int pins the count (it must divide the global batch); ``"auto"`` tries the whole batch
   (``1``) and one microbatch size for every degree that leaves at least as many microbatches as stages

@@ -133,8 +133,13 @@ def _candidates(request: PipelineRequest, cluster: Cluster, batch: int, layers: 
     if request.degree is not None:
         degrees = [request.degree]
     else:
-        # at least two layers a stage: one layer per stage leaves nothing to balance and doubles the p2p
-        degrees = [d for d in divisors(cluster.nodes) if 2 * d <= layers and cluster.mesh_shape[0] % d == 0]
+        # degrees that divide the layers (identical layers split evenly; pin others), at least two layers a
+        # stage (one layer per stage leaves nothing to balance and doubles the p2p)
+        degrees = [
+            d
+            for d in divisors(cluster.nodes)
+            if layers % d == 0 and 2 * d <= layers and cluster.mesh_shape[0] % d == 0
+        ]
     pairs: list[tuple[int, int]] = []
     sizes = microbatch_sizes(batch, cluster.nodes)
     for p in degrees:
