@@ -220,7 +220,7 @@ def _plan_pipelined(
     )
     whole = load_cluster(
         cluster.profile, nodes=cluster.nodes, mesh=best.layout.mesh, axis_names=best.layout.axis_names
-    ) if best.split is not None and best.layout.across_nodes else cluster  # fmt: skip
+    ) if best.split is not None else cluster  # fmt: skip
     record = {
         **intra.cluster,
         "mesh_shape": list(best.layout.mesh),

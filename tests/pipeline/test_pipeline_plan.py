@@ -134,3 +134,14 @@ def test_dot_draws_stages_as_clusters_with_p2p(tight_plan) -> None:
     text = to_dot(tight_plan)
     assert text.count('label="pipeline stage') == len(tight_plan.pipeline.stages)
     assert "stage0 -> stage1" in text and "p2p" in text
+
+
+def test_pinned_degree_inside_one_node() -> None:
+    from autoshard import zoo
+
+    case = zoo.build("llama-tiny", layers=4, batch=8, seq=16)
+    cluster = autoshard.load_cluster("cpu", mesh=(4,))
+    plan = autoshard.plan(case.model, cluster, case.args, pipeline=2, microbatches=4, schedule="1f1b")
+    assert plan.mesh_shape == (2, 2) and "mesh (2, 2)" in plan.cluster["description"]
+    assert [st.ranks for st in plan.pipeline.stages] == [(0, 1), (2, 3)]
+    assert plan.summary().splitlines()[0].startswith("PP 2 (1F1B)")
