@@ -44,6 +44,7 @@ __all__ = [
     "in_flight",
     "p2p_time",
     "step_time",
+    "torch_refuses",
     "virtual_stage_options",
 ]
 
@@ -99,6 +100,20 @@ def virtual_stage_options(schedule: Schedule, degree: int, layers: int) -> tuple
     if schedule is Schedule.ZB_V:
         return (2,) if 2 * degree <= layers else ()
     return tuple(v for v in (2, 3, 4) if v * degree <= layers)
+
+
+def torch_refuses(schedule: Schedule, degree: int, virtual: int, microbatches: int) -> str | None:
+    """Why torch 2.13's class for ``schedule`` would refuse this shape (its constructor's checks), or None:
+    ``Schedule1F1B`` wants at least as many microbatches as stages; the interleaved ones a microbatch count
+    that is a multiple of its rounds (``max(1, m // p)``); ``ScheduleZBVZeroBubble`` exactly 2 chunks a rank."""
+    m, p = microbatches, degree
+    if schedule is Schedule.ONE_F_ONE_B and m < p:
+        return f"1f1b needs at least as many microbatches as stages ({m} < {p})"
+    if schedule in (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB) and m % max(1, m // p):
+        return f"{schedule.value} needs microbatches ({m}) to be a multiple of {max(1, m // p)} rounds"
+    if schedule is Schedule.ZB_V and virtual != 2:
+        return f"zb_v runs exactly 2 chunks per rank, not {virtual}"
+    return None
 
 
 def device_of_chunk(schedule: Schedule, chunk: int, degree: int) -> int:

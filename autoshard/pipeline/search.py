@@ -12,11 +12,13 @@ only fits inside a node) and each microbatch count ``m``:
    are captured twice and solved once, so the cost of all this is flat in depth);
 2. build the intra-op problem on the stage's sub-mesh with ``CostOptions(microbatches=m)`` and memory
    re-weighted for the stage holding ``L / p`` layers and ``min(m, p)`` microbatches in flight
-   (:func:`~autoshard.pipeline.layers.stage_memory_problem`); solve it exactly — one solve per
-   (sub-mesh, microbatch size, recomputation), not per cut;
+   (:func:`~autoshard.pipeline.layers.stage_memory_problem`); solve it with the exact solver
+   (``search="auto"`` runs no CP-SAT inside this loop; under a binding budget that is the Lagrangian plan)
+   — one solve per (sub-mesh, microbatch count, recomputation), not per cut;
 3. split its costs into one layer, ``pre`` and ``post`` (:func:`~autoshard.pipeline.layers.part_costs`),
    add the p2p time of one layer's output on the inter-stage link, and run the stage DP
-   (:func:`~autoshard.pipeline.stages.best_split`) for every schedule and chunk count ``v``.
+   (:func:`~autoshard.pipeline.stages.best_split`) for every schedule and chunk count ``v`` that torch's
+   schedule classes accept (:func:`~autoshard.pipeline.schedules.torch_refuses`).
 
 ``p = 1`` is the intra-op planner with ``m`` microbatches (gradient accumulation), priced by the same
 solver.  The least step time over all of them wins; ties keep the smaller ``p``, then fewer microbatches.
@@ -38,7 +40,13 @@ from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import InfeasibleError, PipelineError
 from autoshard.pipeline.layers import boundary_bytes, part_costs, stage_memory_problem
 from autoshard.pipeline.options import PipelineRequest, divisors
-from autoshard.pipeline.schedules import Schedule, in_flight, p2p_time, virtual_stage_options
+from autoshard.pipeline.schedules import (
+    Schedule,
+    in_flight,
+    p2p_time,
+    torch_refuses,
+    virtual_stage_options,
+)
 from autoshard.pipeline.stages import StageSplit, best_split
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute
@@ -226,16 +234,21 @@ def _price(
     hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
     costs = dataclasses.replace(costs, p2p_seconds=hop)
     best: StageSplit | None = None
+    refused: list[str] = []
     for schedule in request.schedules:
         for v in virtual_stage_options(schedule, degree, costs.layers):
-            if v > 1 and count % degree:
-                continue  # torch's multi-chunk schedules want microbatches in multiples of the degree
+            why = torch_refuses(schedule, degree, v, count)
+            if why is not None:  # priced only what torch.distributed.pipelining can run
+                refused.append(why)
+                continue
             if request.cuts and len(request.cuts) != degree * v - 1:
                 continue
             split = best_split(costs, schedule, degree, v, count, budget, request.cuts)
             if split is not None and (best is None or split.step_seconds < best.step_seconds):
                 best = split
     if best is None:
+        if refused and len(request.schedules) == 1:
+            raise PipelineError(f"schedule={request.schedules[0].value!r} with {degree} stages: {refused[0]}")
         if request.cuts:
             raise PipelineError(
                 f"{len(request.cuts)} pinned stage cuts fit no schedule of {degree} stages: pin "

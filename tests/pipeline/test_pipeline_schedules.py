@@ -65,3 +65,13 @@ def test_chunks_and_torch_classes() -> None:
 
     for name in TORCH_CLASS.values():
         assert hasattr(torch_schedules, name), name
+
+
+def test_only_what_torch_runs_is_priced() -> None:
+    from autoshard.pipeline.schedules import torch_refuses
+
+    assert torch_refuses(Schedule.ONE_F_ONE_B, 4, 1, 2) is not None
+    assert torch_refuses(Schedule.ONE_F_ONE_B, 4, 1, 4) is None
+    assert torch_refuses(Schedule.INTERLEAVED_1F1B, 4, 2, 10) is None  # 2 rounds of 5
+    assert torch_refuses(Schedule.INTERLEAVED_1F1B, 4, 2, 9) is not None  # 2 rounds do not divide 9
+    assert torch_refuses(Schedule.GPIPE, 8, 1, 1) is None
