@@ -206,6 +206,8 @@ def _plan_pipelined(
     )  # fmt: skip
     timings["total"] = time.perf_counter() - start
     notes = list(best.captured.notes)
+    if len(best.priced) > 1:
+        notes.append("pipeline search priced: " + "; ".join(best.priced))
     if best.recompute is Recompute.FULL and recompute == "auto":
         notes.append("activations do not fit without recomputation: planned with full recomputation")
     intra = extract_plan(
