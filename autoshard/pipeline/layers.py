@@ -38,7 +38,7 @@ from autoshard.problem.costs import (
 )
 from autoshard.search import SearchProblem, Solution
 
-__all__ = ["boundary_bytes", "part_costs", "stage_memory_problem"]
+__all__ = ["boundary_bytes", "part_costs", "runtime_reserve", "stage_memory_problem"]
 
 _PRE, _LAYER, _POST = 0, 1, 2
 
@@ -94,7 +94,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         else:
             sums[part]["activation"] += memory
     pre, layer, post = (Part(**dict(s)) for s in sums)
-    return StageCosts(layer=layer, pre=pre, post=post, layers=n, p2p_seconds=0.0)
+    return StageCosts(layer, pre, post, n, p2p_seconds=0.0, reserve=runtime_reserve(built))
 
 
 def boundary_bytes(built: BuiltProblem, solution: Solution) -> float:
@@ -127,10 +127,17 @@ def stage_memory_problem(built: BuiltProblem, degree: int, in_flight: float) -> 
     problem = built.problem
     if problem.memory is None:
         return problem
+    reserve = runtime_reserve(built)
     memory = []
-    for name, mem in zip(built.variables, problem.memory, strict=True):
+    for k, (name, mem) in enumerate(zip(built.variables, problem.memory, strict=True)):
         info = built.infos[name]
         static = info.kind in ("parameter", "buffer", "constant")
         layer = 1.0 / degree if info.block is not None else 1.0
-        memory.append(np.asarray(mem) * layer * (1.0 if static else in_flight))
+        own = np.asarray(mem) - (reserve if k == 0 else 0.0)  # the builder put the reserve on node 0
+        memory.append(own * layer * (1.0 if static else in_flight) + (reserve if k == 0 else 0.0))
     return dataclasses.replace(problem, memory=tuple(memory))
+
+
+def runtime_reserve(built: BuiltProblem) -> float:
+    """Bytes every device holds before the model (profile ``memory.runtime_reserve``; 0 when absent)."""
+    return float(getattr(built.cluster.profile.memory, "runtime_reserve", 0.0))

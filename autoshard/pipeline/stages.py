@@ -11,7 +11,7 @@ A model of ``L`` identical layers is cut into ``C = p·v`` chunks; chunk ``c`` h
 ``post`` (so the first and last stages are unequal), and runs on device ``device_of_chunk(c)``.  A chunk's
 per-microbatch time is its parts' forward + backward plus one p2p send per neighbour (activations to the
 next chunk, gradients to the previous); its once-per-step time (gradient synchronisation, optimizer) and
-static memory are its parts' sums; its activation memory is its parts' per-microbatch activations times the
+static memory are its parts' sums (plus the runtime reserve once per device); its activation memory is its parts' per-microbatch activations times the
 microbatches its device holds in flight (:func:`~autoshard.pipeline.schedules.in_flight`).
 
 For ``v = 1`` the step time is ``Σ_d t_d + (m − 1) max_d t_d + max_d o_d`` (``t``: per microbatch, ``o``:
@@ -76,6 +76,7 @@ class StageCosts:
     post: Part
     layers: int  # L, the repeated layers
     p2p_seconds: float  # one send of a layer's output (activations forward or gradients backward)
+    reserve: float = 0.0  # bytes every device holds before the model (CUDA context, NCCL, allocator)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,7 @@ def price_split(
     pipelined = step_time(schedule, forward, backward, microbatches, virtual)
     once = [p.once for p in per_device]
     memory = [
-        p.static + in_flight(schedule, d, degree, virtual, microbatches) * p.activation
+        costs.reserve + p.static + in_flight(schedule, d, degree, virtual, microbatches) * p.activation
         for d, p in enumerate(per_device)
     ]
     return StageSplit(
@@ -162,7 +163,7 @@ def _tables(
         flight = in_flight(schedule, d, degree, virtual, microbatches)
         time = extra.forward + extra.backward + k * (lay.forward + lay.backward)
         memory = extra.static + k * lay.static + flight * (extra.activation + k * lay.activation)
-        ok = valid & (memory <= limit / virtual)
+        ok = valid & (memory <= (limit - costs.reserve) / virtual)
         t[c] = np.where(valid, time, np.inf)
         o[c] = np.where(valid, extra.once + k * lay.once, np.inf)
         fits[c] = ok
