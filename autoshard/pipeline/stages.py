@@ -11,8 +11,9 @@ A model of ``L`` identical layers is cut into ``C = p·v`` chunks; chunk ``c`` h
 ``post`` (so the first and last stages are unequal), and runs on device ``device_of_chunk(c)``.  A chunk's
 per-microbatch time is its parts' forward + backward plus one p2p send per neighbour (activations to the
 next chunk, gradients to the previous); its once-per-step time (gradient synchronisation, optimizer) and
-static memory are its parts' sums (plus the runtime reserve once per device); its activation memory is its parts' per-microbatch activations times the
-microbatches its device holds in flight (:func:`~autoshard.pipeline.schedules.in_flight`).
+static memory are its parts' sums (plus the runtime reserve once per device); its activation memory is its
+parts' per-microbatch activations times the microbatches its device holds in flight
+(:func:`~autoshard.pipeline.schedules.in_flight`).
 
 For ``v = 1`` the step time is ``Σ_d t_d + (m − 1) max_d t_d + max_d o_d`` (``t``: per microbatch, ``o``:
 once per step).  ``Σ_d t_d`` is the same for every cut (all layers and ``C − 1`` boundaries are paid once),
