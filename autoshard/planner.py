@@ -141,7 +141,9 @@ def plan(
         t0 = time.perf_counter()
         plain: Plan | AutoshardError
         try:
-            plain = solve_one(capture(model, args, kwargs, blocks=blocks, fuse_experts=False), {})
+            # the 2-block shortcut was checked on the fused capture: the same blocks, so skip the 3-block check
+            again = capture(model, args, kwargs, blocks=blocks, check_blocks=False, fuse_experts=False)
+            plain = solve_one(again, {})
         except (InfeasibleError, AnnotationError) as e:
             plain = e
         result = _cheaper(fused, plain)
