@@ -133,7 +133,7 @@ def _build(
             cluster.mesh_shape,
             captured.blocks.prefix if captured.blocks else None,
         )
-        allowed: list[np.ndarray | None] = [None] * len(built.variables)
+        allowed: list[np.ndarray | None] = [None] * built.problem.num_nodes
         for name, mask in masks.items():
             allowed[built.variables.index(built.template[name])] = mask
         problem = dataclasses.replace(built.problem, allowed=tuple(allowed))

@@ -14,6 +14,9 @@ priced on, and this device's mesh coordinate.  Output: a :class:`LoweredGraph` -
   :func:`~autoshard.codegen.collectives.redistribute` node carrying the steps of
   :func:`autoshard.problem.costs.edge_steps` -- the very function the cost model prices, called with the same
   cluster, so the collectives emitted are the collectives priced;
+- one redistribution per (tensor, layout): consumers of one tensor that need the same steps both ways share
+  one ``redistribute`` node, so its forward runs once and autograd sums their gradients before its one
+  backward (the fan-out nodes of :mod:`autoshard.problem.fanout` price exactly that);
 - model outputs left ``Partial`` are reduced (:func:`~autoshard.problem.costs.output_fix_steps`).
 
 Two details keep every rank issuing the same collectives in the same order.  The backward of a custom
@@ -178,6 +181,7 @@ class _Lowering:
         self.inputs: list[tuple[str, ShardingSpec, tuple[int, ...]]] = []
         self.outputs: list[tuple[ShardingSpec, tuple[int, ...]]] = []
         self.edges: list[EdgeRecord] = []
+        self.shared: dict[tuple[fx.Node, str, str], fx.Node] = {}  # one redistribution per (tensor, layout)
         self.aliasing: set[fx.Node] = set()  # outputs of custom Functions: may be views of their inputs
         self.comm = self.graph.get_attr(COMM_ATTR)
 
@@ -295,12 +299,16 @@ class _Lowering:
         if not fwd and not bwd:
             return value
         args = (value, self.comm, format_steps(fwd), format_steps(bwd))
+        key = (value, args[2], args[3])
+        if key in self.shared:
+            return self.shared[key]
         new = self.graph.create_node(
             "call_function", redistribute, args, {}, name=f"{producer}_to_{consumer}"
         )
         new.meta[META_STEPS] = (fwd, bwd)
         self.aliasing.add(new)
         self.edges.append(EdgeRecord(producer, consumer, fwd, bwd))
+        self.shared[key] = new
         return new
 
     def _join(

@@ -20,6 +20,10 @@ edge out of one block                 1            only the last layer's output 
 anything else                         1
 ====================================  ===========  ==========================================
 
+A tensor made outside the layers and read by every layer is moved once for all of them (they share one
+layout): :mod:`autoshard.problem.fanout` prices it at weight 1, and prices the uses of one tensor that want
+the same layout as one redistribution.
+
 The optimum is then exact among plans that give identical layers identical strategies (the plans people
 write); ``tests/problem`` checks it against solving the un-collapsed graph.
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +52,7 @@ from autoshard.problem.costs import (
     output_fix_steps,
     steps_time,
 )
+from autoshard.problem.fanout import FanOut, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
@@ -80,9 +86,19 @@ class BuiltProblem:
     cache: StepCache
     seconds: float
     keeps: dict[str, bool] = field(default_factory=dict)
+    # one fan-out node per tensor whose consumers can share a redistribution (problem/fanout.py); their
+    # solver variables follow the graph's: ``problem.num_nodes == len(variables) + len(fanouts)``
+    fanouts: tuple[FanOut, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def index(self, name: str) -> int:
         return self.variables.index(self.template[name])
+
+    def full_choice(self, choice: Sequence[int]) -> tuple[int, ...]:
+        """A solver choice for the variables alone, completed with the state every fan-out node then needs."""
+        chosen = {v: self.strategies[v][k] for v, k in zip(self.variables, choice, strict=True)}
+        fans = complete_choice(self.fanouts, self.infos, chosen, self.strategies, self.options, self.cache)
+        return tuple(choice) + tuple(fans)
 
 
 def _templates(infos: tuple[NodeInfo, ...], captured: Captured) -> tuple[dict[str, str], int]:
@@ -177,15 +193,30 @@ def build_problem(
     keeps = _keeps(infos, opts)
     node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
     uses = _edge_weights(infos, template, n_blocks)
-    edges = _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cache)
+    # one redistribution per (tensor, layout): a separate step, so pricing changes above merge cleanly
+    sharing = split_uses(uses, infos, template, n_blocks)
+    fans, too_large = fanout_arrays(sharing, infos, index, strategies, opts, cache)
+    weights = dict(sharing.single)
+    for group in too_large:  # said in notes: these uses are priced one by one
+        weights.update({(group.producer, c, group.which, p): group.weight for c, p in group.entries})
+    edges = _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache)
+    edges += fanout_edges(fans, index)
+    names = [_display_name(infos[v]) for v in variables] + [f"fanout {f.group.producer}" for f in fans]
+    labels = [tuple(str(s) for s in strategies[v]) for v in variables]
+    labels += [tuple(f.node.label(k) for k in range(len(f.node.states))) for f in fans]
     problem = SearchProblem(
-        node_costs=tuple(node_costs),
+        node_costs=tuple(node_costs) + tuple(np.zeros(len(f.node.states)) for f in fans),
         edges=tuple(edges),
-        memory=tuple(memory),
+        memory=tuple(memory) + tuple(np.zeros(len(f.node.states)) for f in fans),
         memory_limit=memory_limit,
-        allowed=_allowed(variables, template, allowed),
-        names=tuple(_display_name(infos[v]) for v in variables),
-        strategy_labels=tuple(tuple(str(s) for s in strategies[v]) for v in variables),
+        allowed=_allowed(variables, template, allowed, len(fans)),
+        names=tuple(names),
+        strategy_labels=tuple(labels),
+    )
+    notes = tuple(
+        f"{g.producer}: {len(g.entries)} consumers want too many layout combinations to share one "
+        "redistribution per layout; priced per consumer (an upper bound)"
+        for g in too_large
     )
     return BuiltProblem(
         problem=problem,
@@ -201,6 +232,8 @@ def build_problem(
         cache=cache,
         seconds=time.perf_counter() - start,
         keeps=keeps,
+        fanouts=tuple(fans),
+        notes=notes,
     )
 
 
@@ -229,10 +262,7 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
     return node_costs, memory
 
 
-def _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cache) -> list[Edge]:
-    weights: dict[tuple[str, str, int, int], int] = defaultdict(int)
-    for use in uses:
-        weights[(template[use.producer], template[use.consumer], use.which, use.position)] += use.weight
+def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache) -> list[Edge]:
     edges: list[Edge] = []
     for (tu, tv, which, pos), weight in weights.items():
         matrix = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, opts, cache) * weight
@@ -286,10 +316,10 @@ def _pairwise(src: np.ndarray, dst: np.ndarray, shape, itemsize: int, cache: Ste
     return table[si][:, di]
 
 
-def _allowed(variables, template, allowed) -> tuple[np.ndarray | None, ...] | None:
+def _allowed(variables, template, allowed, extra: int = 0) -> tuple[np.ndarray | None, ...] | None:
     if not allowed:
         return None
-    masks: list[np.ndarray | None] = [None] * len(variables)
+    masks: list[np.ndarray | None] = [None] * (len(variables) + extra)
     position = {name: k for k, name in enumerate(variables)}
     for name, mask in allowed.items():
         k = position[template[name]]
