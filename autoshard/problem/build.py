@@ -96,9 +96,8 @@ class BuiltProblem:
 
     def full_choice(self, choice: Sequence[int]) -> tuple[int, ...]:
         """A solver choice for the variables alone, completed with the state every fan-out node then needs."""
-        chosen = {v: self.strategies[v][k] for v, k in zip(self.variables, choice, strict=True)}
-        fans = complete_choice(self.fanouts, self.infos, chosen, self.strategies, self.options, self.cache)
-        return tuple(choice) + tuple(fans)
+        chosen = dict(zip(self.variables, choice, strict=True))
+        return tuple(choice) + tuple(complete_choice(self.fanouts, chosen, self.strategies))
 
 
 def _templates(infos: tuple[NodeInfo, ...], captured: Captured) -> tuple[dict[str, str], int]:
@@ -195,9 +194,9 @@ def build_problem(
     uses = _edge_weights(infos, template, n_blocks)
     # one redistribution per (tensor, layout): a separate step, so pricing changes above merge cleanly
     sharing = split_uses(uses, infos, template, n_blocks)
-    fans, too_large = fanout_arrays(sharing, infos, index, strategies, opts, cache)
+    fans, unshared, notes = fanout_arrays(sharing, infos, index, strategies, opts, cache)
     weights = dict(sharing.single)
-    for group in too_large:  # said in notes: these uses are priced one by one
+    for group in unshared:  # no layout two consumers could share: ordinary edges price them exactly
         weights.update({(group.producer, c, group.which, p): group.weight for c, p in group.entries})
     edges = _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache)
     edges += fanout_edges(fans, index)
@@ -212,11 +211,6 @@ def build_problem(
         allowed=_allowed(variables, template, allowed, len(fans)),
         names=tuple(names),
         strategy_labels=tuple(labels),
-    )
-    notes = tuple(
-        f"{g.producer}: {len(g.entries)} consumers want too many layout combinations to share one "
-        "redistribution per layout; priced per consumer (an upper bound)"
-        for g in too_large
     )
     return BuiltProblem(
         problem=problem,
@@ -233,7 +227,7 @@ def build_problem(
         seconds=time.perf_counter() - start,
         keeps=keeps,
         fanouts=tuple(fans),
-        notes=notes,
+        notes=tuple(notes),
     )
 
 

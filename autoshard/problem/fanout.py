@@ -36,7 +36,8 @@ import numpy as np
 from autoshard.problem.costs import CostOptions, StepCache, dual_spec
 from autoshard.problem.graph import NodeInfo
 from autoshard.search import Edge
-from autoshard.search.fanout import FanOutNode, fanout_node, fanout_state
+from autoshard.search import fanout as search_fanout
+from autoshard.search.fanout import FanOutNode, best_state, fanout_node, shareable
 from autoshard.strategies import OpStrategy
 
 __all__ = ["FanOut", "Sharing", "UseKey", "complete_choice", "element_of", "fanout_arrays", "split_uses"]
@@ -129,17 +130,31 @@ def fanout_arrays(
     strategies: Mapping[str, tuple[OpStrategy, ...]],
     opts: CostOptions,
     cache: StepCache,
-) -> tuple[list[FanOut], list[Group]]:
-    """Fan-out nodes (indices from ``len(index)`` on) and the groups too large to share (priced per edge)."""
+) -> tuple[list[FanOut], list[Group], list[str]]:
+    """Fan-out nodes (indices from ``len(index)`` on), the groups with nothing to share (their uses are
+    ordinary edges, exactly priced), and a note per node that is only an upper bound."""
     fans: list[FanOut] = []
-    too_large: list[Group] = []
+    unshared: list[Group] = []
+    notes: list[str] = []
     for group in sharing.groups:
-        node = _group_node(group, infos[group.producer], strategies, opts, cache)
+        node, entries = _group_node(group, infos[group.producer], strategies, opts, cache)
         if node is None:
-            too_large.append(group)
-        else:
-            fans.append(FanOut(len(index) + len(fans), group, node))
-    return fans, too_large
+            unshared.append(group)
+            if shareable(entries):
+                notes.append(
+                    f"{group.producer}: its {len(group.entries)} consumers can combine too many layouts to "
+                    f"price one redistribution per layout (over {search_fanout.MAX_FANOUT_STATES} states); "
+                    "priced once per consumer (an upper bound)"
+                )
+            continue
+        fans.append(FanOut(len(index) + len(fans), group, node))
+        if not node.exact:
+            notes.append(
+                f"{group.producer}: {len(group.entries)} consumers want too many layout combinations to price "
+                "sharing exactly; two layouts each shared by several of them are priced as if one were not "
+                "shared (an upper bound)"
+            )
+    return fans, unshared, notes
 
 
 def _group_node(
@@ -148,15 +163,14 @@ def _group_node(
     strategies: Mapping[str, tuple[OpStrategy, ...]],
     opts: CostOptions,
     cache: StepCache,
-) -> FanOutNode | None:
+) -> tuple[FanOutNode | None, list[np.ndarray]]:
     ids: dict[tuple[int, int], int] = {}
     entries = []
     for consumer, pos in group.entries:
         elems = [element_of(producer, s, pos, opts, cache) for s in strategies[consumer]]
         entries.append(np.array([ids.setdefault(e, len(ids)) for e in elems]))
     element_cost = _element_cost(producer, group.which, strategies[group.producer], list(ids), opts, cache)
-    node = fanout_node(element_cost * group.weight, entries)
-    return node
+    return fanout_node(element_cost * group.weight, entries, search_fanout.MAX_FANOUT_STATES), entries
 
 
 def _element_cost(
@@ -195,21 +209,10 @@ def fanout_edges(fans: Sequence[FanOut], index: Mapping[str, int]) -> list[Edge]
 
 
 def complete_choice(
-    fans: Sequence[FanOut],
-    infos: Mapping[str, NodeInfo],
-    choice: Mapping[str, OpStrategy],
-    strategies: Mapping[str, tuple[OpStrategy, ...]],
-    opts: CostOptions,
-    cache: StepCache,
+    fans: Sequence[FanOut], choice: Mapping[str, int], strategies: Mapping[str, tuple[OpStrategy, ...]]
 ) -> list[int]:
-    """The state of every fan-out node implied by the variables' strategies (exactly the elements they need)."""
-    out = []
-    for fan in fans:
-        producer = infos[fan.group.producer]
-        ids: dict[tuple[int, int], int] = {}
-        for consumer, pos in fan.group.entries:
-            for s in strategies[consumer]:
-                ids.setdefault(element_of(producer, s, pos, opts, cache), len(ids))
-        image = {ids[element_of(producer, choice[c], pos, opts, cache)] for c, pos in fan.group.entries}
-        out.append(fanout_state(fan.node.states, image))
-    return out
+    """The best state of every fan-out node once the variables' strategy indices ``choice`` are fixed."""
+    return [
+        best_state(fan.node, choice[fan.group.producer], [choice[c] for c, _ in fan.group.entries])
+        for fan in fans
+    ]

@@ -12,7 +12,7 @@ import pytest
 from search_cases import random_problem
 
 from autoshard.search import Edge, SearchProblem, evaluate, solve
-from autoshard.search.fanout import fanout_node, fanout_state, fanout_states
+from autoshard.search.fanout import best_state, fanout_node, fanout_sets, shareable
 
 
 def _with_fanouts(seed: int):
@@ -35,48 +35,75 @@ def _with_fanouts(seed: int):
     return base, groups
 
 
-def _true_cost(base: SearchProblem, groups, choice) -> float:
+def _true_cost(base: SearchProblem, groups, choice, unshared=frozenset()) -> float:
+    """Each distinct element once; groups in ``unshared`` (no fan-out node built) once per consumer."""
     total = evaluate(base, choice)
-    for producer, consumers, entries, cost in groups:
-        image = {int(e[choice[c]]) for c, e in zip(consumers, entries, strict=True)}
-        total += math.fsum(cost[choice[producer], e] for e in image)
+    for g, (producer, consumers, entries, cost) in enumerate(groups):
+        wanted = [int(e[choice[c]]) for c, e in zip(consumers, entries, strict=True)]
+        total += math.fsum(cost[choice[producer], e] for e in (wanted if g in unshared else set(wanted)))
     return total
 
 
-def _expanded(base: SearchProblem, groups) -> SearchProblem:
+def _expanded(base: SearchProblem, groups, max_states: int) -> tuple[SearchProblem, frozenset[int]]:
     node_costs, edges, names = list(base.node_costs), list(base.edges), list(base.names)
-    for producer, consumers, entries, cost in groups:
-        fan = fanout_node(cost, entries)
-        assert fan is not None
+    unshared = set()
+    for g, (producer, consumers, entries, cost) in enumerate(groups):
+        fan = fanout_node(cost, entries, max_states)
+        if fan is None:  # nothing two consumers could share, or too large: plain edges
+            edges += [Edge(producer, c, cost[:, e]) for c, e in zip(consumers, entries, strict=True)]
+            unshared.add(g)
+            continue
+        assert fan.exact or len(consumers) >= 4
         f = len(node_costs)
         node_costs.append(np.zeros(len(fan.states)))
         names.append(f"fan{f}")
         edges.append(Edge(producer, f, fan.producer_cost))
         edges += [Edge(f, c, m) for c, m in zip(consumers, fan.consumer_costs, strict=True)]
-    return SearchProblem(tuple(node_costs), tuple(edges), tuple(names))
+    return SearchProblem(tuple(node_costs), tuple(edges), tuple(names)), frozenset(unshared)
 
 
+@pytest.mark.parametrize("max_states", [256, 3])  # 3: the sets form, or no node, where layouts are too many
 @pytest.mark.parametrize("seed", range(40))
-def test_fanout_search_equals_brute_force_on_the_true_cost(seed: int) -> None:
+def test_fanout_search_equals_brute_force_on_the_true_cost(seed: int, max_states: int) -> None:
     base, groups = _with_fanouts(seed)
-    best = min((_true_cost(base, groups, c), c) for c in itertools.product(*(range(s) for s in base.sizes)))
-    solution = solve(_expanded(base, groups))
+    problem, unshared = _expanded(base, groups, max_states)
+    if max_states == 256:
+        assert not any(shareable(groups[g][2]) for g in unshared), "only groups with nothing to share"
+    best = min(
+        _true_cost(base, groups, c, unshared) for c in itertools.product(*(range(s) for s in base.sizes))
+    )
+    solution = solve(problem)
     assert solution.optimal
-    assert solution.objective == pytest.approx(best[0], rel=1e-9, abs=1e-12)
+    assert solution.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
     # the solver's choice of the original nodes really costs that much
-    assert _true_cost(base, groups, solution.choice[: base.num_nodes]) == pytest.approx(best[0], rel=1e-9)
+    chosen = solution.choice[: base.num_nodes]
+    assert _true_cost(base, groups, chosen, unshared) == pytest.approx(best, rel=1e-9, abs=1e-12)
 
 
-def test_states_are_the_reachable_images_only() -> None:
+def test_sets_are_the_reachable_images_only() -> None:
     entries = [np.array([0, 0, 1]), np.array([1, 2])]
-    assert fanout_states(entries) == (frozenset({1}), frozenset({0, 1}), frozenset({0, 2}), frozenset({1, 2}))
-    assert fanout_states([np.arange(10)] * 5, max_states=100) is None  # said, not silently truncated
+    assert fanout_sets(entries) == (frozenset({1}), frozenset({0, 1}), frozenset({0, 2}), frozenset({1, 2}))
+    assert fanout_sets([np.arange(10)] * 5, max_states=100) is None  # said, not silently truncated
 
 
-def test_shared_element_is_paid_once() -> None:
+@pytest.mark.parametrize("max_states", [256, 3])  # the layout form (6 states), then the sets form (3)
+def test_shared_element_is_paid_once(max_states: int) -> None:
     # q, k and v all want the gathered layout (element 0): one all-gather, not three
-    fan = fanout_node(np.array([[4.0, 1.0]]), [np.array([0, 1])] * 3)
-    assert fan is not None
-    gathered = fanout_state(fan.states, {0})
-    assert fan.producer_cost[0, gathered] == 4.0
-    assert all(m[gathered, 0] == 0.0 and m[gathered, 1] == np.inf for m in fan.consumer_costs)
+    cost = np.array([[4.0, 1.0], [4.0, 1.0]])
+    fan = fanout_node(cost, [np.array([0, 1])] * 3, max_states=max_states)
+    assert fan is not None and fan.exact and fan.form == ("layout" if max_states == 256 else "sets")
+    k = best_state(fan, 0, [0, 0, 0])
+    assert fan.producer_cost[0, k] + sum(m[k, 0] for m in fan.consumer_costs) == 4.0
+    mixed = best_state(fan, 0, [0, 1, 1])  # one wants it gathered, two want the other layout: 4 + 1
+    assert (
+        fan.producer_cost[0, mixed]
+        + sum(m[mixed, b] for m, b in zip(fan.consumer_costs, [0, 1, 1], strict=True))
+        == 5.0
+    )
+
+
+def test_four_consumers_beyond_the_cap_are_an_upper_bound_and_say_so() -> None:
+    fan = fanout_node(np.ones((1, 3)), [np.array([0, 1, 2])] * 4, max_states=4)
+    assert fan is not None and fan.form == "layout" and not fan.exact
+    assert fanout_node(np.ones((1, 3)), [np.array([0, 1])] * 4, max_states=1) is None
+    assert fanout_node(np.ones((1, 3)), [np.array([0]), np.array([1])]) is None  # nothing to share
