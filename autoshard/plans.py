@@ -144,8 +144,13 @@ class Plan:
     # Degree per kind of parallelism the plan uses: keys among "dp", "fsdp", "tp", "sp", "cp", "ep", "pp";
     # a kind that is unused is absent (or 1).  Filled by the planner; read by the report's headline.
     degrees: dict[str, int] = field(default_factory=dict)
-    microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
+    microbatches: int = (
+        1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
+    )
     pipeline: PipelinePlan | None = None
+    # activation recomputation of the repeated blocks, searched by the planner: "none" | "selective" | "full"
+    # (autoshard.problem.costs.Recompute); codegen wraps each block in torch.utils.checkpoint accordingly
+    recompute: str = "none"
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -208,6 +213,7 @@ class Plan:
                 degrees={str(k): int(v) for k, v in data.get("degrees", {}).items()},
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
+                recompute=str(data.get("recompute", "none")),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch.fx as fx
@@ -47,9 +47,11 @@ from autoshard.problem.costs import (
     StepCache,
     dual_spec,
     node_compute,
-    node_memory,
+    node_memory_total,
     optimizer_time,
     output_fix_steps,
+    recomputed,
+    reissued,
     steps_time,
 )
 from autoshard.problem.fanout import FanOut, complete_choice, fanout_arrays, fanout_edges, split_uses
@@ -154,10 +156,11 @@ def _weight(u: NodeInfo, v: NodeInfo, n: int, copies: set[int]) -> int:
 
 
 def _keeps(infos: dict[str, NodeInfo], opts: CostOptions) -> dict[str, bool]:
-    """Whether backward keeps each node's output (full recompute keeps only what leaves a block)."""
+    """Whether backward keeps each node's output (recompute keeps what leaves a block and what it does not
+    re-run)."""
     if opts.recompute is Recompute.NONE:
         return {name: True for name in infos}
-    leaves: dict[str, bool] = {name: info.block is None for name, info in infos.items()}
+    leaves: dict[str, bool] = {name: not recomputed(info, opts.recompute) for name, info in infos.items()}
     for consumer in infos.values():
         for src in consumer.inputs:
             producer = infos[src]
@@ -249,7 +252,7 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
             extra = optimizer_time(info, strat, cluster, opts)
             if info.is_output:
                 extra += steps_time(output_fix_steps(info, strat, cache), cluster)
-            mem[k] = node_memory(info, strat, cluster, opts, keeps[name]) * mult[name]
+            mem[k] = node_memory_total(info, strat, cluster, opts, keeps[name], mult[name])
             cost[k] = (fwd + bwd + extra) * mult[name] + MEMORY_TIE_BREAK * mem[k]
         node_costs.append(cost)
         memory.append(mem)
@@ -260,6 +263,10 @@ def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache) -> 
     edges: list[Edge] = []
     for (tu, tv, which, pos), weight in weights.items():
         matrix = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, opts, cache) * weight
+        if reissued(infos[tu], infos[tv], opts):  # backward re-runs the block, moves inside it included
+            forward = replace(opts, training=False)
+            again = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, forward, cache)
+            matrix = matrix + again * weight
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
             node_costs[index[tu]] += np.diag(matrix)
             continue

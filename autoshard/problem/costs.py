@@ -8,7 +8,9 @@ report itemises the chosen ones with the same functions (one source of truth for
 The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Training"):
 
 - compute: a matmul-like op's backward costs twice its forward (a gradient for each operand), any other op
-  that carries gradients once; ``recompute="full"`` adds the forward of every repeated-block node again;
+  that carries gradients once; recomputation (:class:`Recompute`, one choice for the repeated blocks) adds
+  the forward of every block node it re-runs again (:func:`recomputed`), and re-issues the forward
+  redistributions into those blocks (priced by the builder on the edges);
 - communication on an edge ``u → v``: forward, ``u``'s output spec is redistributed to the spec ``v``'s
   strategy wants; backward, the gradient ``v``'s strategy yields (``OpStrategy.input_grads``) is redistributed
   to the dual of ``u``'s output spec (``S(d) → S(d)``, ``P → R``, ``R → R``).  Gradient synchronisation of
@@ -18,7 +20,8 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
 - memory per device: each parameter's shard and its gradient (2 × the parameter's itemsize per element), its
   Adam state (fp32 master + two moments, 12 bytes per element, for 16-bit parameters; two moments, 8 bytes,
   for fp32 ones), plus the activations backward keeps (outputs of non-view ops that carry gradients; under
-  full recomputation only the tensors that leave a repeated block);
+  recomputation only the tensors that leave a repeated block, and under the selective policy the outputs
+  of matmul-like ops too), plus the recompute working set: one block's re-run activations at a time;
 - optimizer: with ``shard_optimizer`` (the default, as Megatron's distributed optimizer and ZeRO-1 do), the
   Adam state and its update are split over every device, whatever the parameter's placement: a replicated
   parameter's gradient is reduce-scattered and the updated shard all-gathered, which moves exactly the
@@ -48,7 +51,10 @@ __all__ = [
     "edge_steps",
     "node_compute",
     "node_memory",
+    "node_memory_total",
     "output_fix_steps",
+    "recomputed",
+    "reissued",
     "steps_time",
 ]
 
@@ -60,9 +66,18 @@ a nanosecond: it never outweighs a real difference in time."""
 
 
 class Recompute(str, Enum):
-    """Activation recomputation policy."""
+    """Activation recomputation of the repeated blocks, searched by the planner (one choice per stack).
+
+    ``SELECTIVE`` is torchtitan's op-level selective activation checkpointing (``selective_ac_option="op"``,
+    built on ``torch.utils.checkpoint.create_selective_checkpoint_contexts``): the outputs of matmul-like ops
+    (linear / mm, fused attention) are saved and the cheap ops between them (norms, activations, RoPE,
+    softmax and dropout outside a fused kernel) are re-run.  Korthikanti et al. 2022's selective policy
+    re-runs the attention core (QK^T, softmax, dropout, AV); a fused attention kernel already does that in
+    its backward, so on the graphs autoshard plans (SDPA whole) the op-level policy is the selective choice.
+    """
 
     NONE = "none"  # keep every activation backward needs
+    SELECTIVE = "selective"  # keep matmul-like outputs; re-run the rest of each block in backward
     FULL = "full"  # keep only each repeated block's inputs; recompute the block in backward
 
 
@@ -129,9 +144,35 @@ def node_compute(
     if not (opts.training and info.requires_grad):
         return fwd, 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
-    if opts.recompute is Recompute.FULL and info.block is not None:
+    if recomputed(info, opts.recompute):
         bwd += fwd
     return fwd, bwd
+
+
+def recomputed(info: NodeInfo, policy: Recompute) -> bool:
+    """Whether backward re-runs this node's forward under ``policy`` (block nodes only)."""
+    if info.block is None or policy is Recompute.NONE:
+        return False
+    return policy is Recompute.FULL or not info.is_matmul_like
+
+
+def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
+    """Whether backward re-runs the forward redistribution on ``producer -> consumer``: under any
+    recomputation the checkpointed region is a whole block, and a move between block nodes is inside it
+    (codegen keeps moves out of tensors made outside the blocks out of the region: they are not re-run)."""
+    training = opts.training and opts.recompute is not Recompute.NONE
+    return training and producer.block is not None and consumer.block is not None
+
+
+def node_memory_total(
+    info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions, keeps: bool, count: int
+) -> float:
+    """Bytes per device for the ``count`` copies of a node, plus the recompute working set: an activation
+    that backward re-runs instead of keeping is held for one block at a time (not ``count`` times)."""
+    total = node_memory(info, strategy, cluster, opts, keeps) * count
+    if not keeps and info.block is not None and opts.recompute is not Recompute.NONE:
+        total += node_memory(info, strategy, cluster, opts, True)
+    return total
 
 
 def node_memory(

@@ -20,9 +20,10 @@ from autoshard.problem.costs import (
     dual_spec,
     edge_steps,
     node_compute,
-    node_memory,
+    node_memory_total,
     optimizer_time,
     output_fix_steps,
+    reissued,
 )
 from autoshard.problem.fanout import element_of
 from autoshard.redistribute import Step
@@ -96,6 +97,7 @@ def extract_plan(
         ),
         timings=dict(timings),
         notes=notes + built.notes,
+        recompute=built.options.recompute.value,
         memory_limit=memory_limit,
     )
 
@@ -158,7 +160,8 @@ def _node_table(
         inputs = tuple(built.infos[s] for s in info.inputs)
         fwd, bwd = node_compute(info, strat, built.cluster, built.options, inputs)
         compute = (fwd + bwd + optimizer_time(info, strat, built.cluster, built.options)) * count
-        memory = node_memory(info, strat, built.cluster, built.options, built.keeps.get(name, True)) * count
+        keeps = built.keeps.get(name, True)
+        memory = node_memory_total(info, strat, built.cluster, built.options, keeps, count)
         total_compute += compute
         total_memory += memory
         rows.append(
@@ -216,6 +219,8 @@ def _edge_collectives(
         # names of the shared (layer 0) nodes, as in Plan.nodes; Collective.layer tells the copies apart
         served, moved = built.template[consumer.name], built.template[producer.name]
         out += _records(steps.forward, "forward", served, moved, layers, built)
+        if reissued(producer, consumer, built.options):  # run again when backward recomputes the block
+            out += _records(steps.forward, "forward", served, moved, layers, built)
         if producer.fqn:  # gradient synchronisation serves the parameter of each layer
             for layer, path in layers:
                 fqn = built.infos[moved].fqn

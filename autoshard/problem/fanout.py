@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoshard.problem.costs import CostOptions, StepCache, dual_spec
+from autoshard.problem.costs import CostOptions, StepCache, dual_spec, reissued
 from autoshard.problem.graph import NodeInfo
 from autoshard.search import Edge
 from autoshard.search import fanout as search_fanout
@@ -137,7 +137,8 @@ def fanout_arrays(
     unshared: list[Group] = []
     notes: list[str] = []
     for group in sharing.groups:
-        node, entries = _group_node(group, infos[group.producer], strategies, opts, cache)
+        consumer = infos[group.entries[0][0]]  # the uses of a group share their relation to the blocks
+        node, entries = _group_node(group, infos[group.producer], consumer, strategies, opts, cache)
         if node is None:
             unshared.append(group)
             if shareable(entries):
@@ -160,16 +161,21 @@ def fanout_arrays(
 def _group_node(
     group: Group,
     producer: NodeInfo,
+    consumer: NodeInfo,
     strategies: Mapping[str, tuple[OpStrategy, ...]],
     opts: CostOptions,
     cache: StepCache,
 ) -> tuple[FanOutNode | None, list[np.ndarray]]:
     ids: dict[tuple[int, int], int] = {}
     entries = []
-    for consumer, pos in group.entries:
-        elems = [element_of(producer, s, pos, opts, cache) for s in strategies[consumer]]
+    for name, pos in group.entries:
+        elems = [element_of(producer, s, pos, opts, cache) for s in strategies[name]]
         entries.append(np.array([ids.setdefault(e, len(ids)) for e in elems]))
     element_cost = _element_cost(producer, group.which, strategies[group.producer], list(ids), opts, cache)
+    if reissued(producer, consumer, opts):  # the shared move is re-run once when the block is recomputed
+        forward = replace(opts, training=False)
+        again = _element_cost(producer, group.which, strategies[group.producer], list(ids), forward, cache)
+        element_cost = element_cost + again
     return fanout_node(element_cost * group.weight, entries, search_fanout.MAX_FANOUT_STATES), entries
 
 
