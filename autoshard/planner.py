@@ -11,8 +11,9 @@ The order, and why:
    annotations only (milliseconds, no optimality claim);
 5. search the recomputation of the repeated blocks (``recompute="auto"``): none, selective or full, each
    solved exactly and the fastest plan that fits kept.  Recomputation only ever adds time (compute and
-   re-issued forward collectives) and only saves memory, so when the plan without it fits, it is optimal
-   over all three and the others are not solved;
+   re-issued forward collectives) and only saves memory, so when the memory budget does not bind the plan
+   without it (its optimum is the unconstrained optimum), that plan is optimal over all three and the
+   others are not solved;
 6. read the plan back from the same cost functions, so its step time is the solver's objective.
 """
 
@@ -116,12 +117,20 @@ def plan(
         )
         if best is None or found.predicted_step_time < best[0]:
             best = (found.predicted_step_time, found)
-        if policy is Recompute.NONE:
-            break  # recomputation only adds time: the plan that keeps every activation is optimal
+        if policy is Recompute.NONE and _budget_idle(built, solution, search, time_limit):
+            break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if best is None:
         assert error is not None
         raise error
     return best[1]
+
+
+def _budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:
+    """Whether the memory budget leaves the optimum unchanged (then no recomputation can beat it)."""
+    if built.problem.memory_limit is None:
+        return True
+    free = solve(dataclasses.replace(built.problem, memory_limit=None), method=search, time_limit=time_limit)
+    return solution.optimal and free.optimal and solution.objective <= free.objective * (1 + 1e-12)
 
 
 def _recompute_note(policy: Recompute, asked: str) -> tuple[str, ...]:
