@@ -127,7 +127,7 @@ def plan(
 
 def _budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:
     """Whether the memory budget leaves the optimum unchanged (then no recomputation can beat it)."""
-    if built.problem.memory_limit is None:
+    if built.problem.memory_limit is None or solution.budget_binding is False:
         return True
     free = solve(dataclasses.replace(built.problem, memory_limit=None), method=search, time_limit=time_limit)
     return solution.optimal and free.optimal and solution.objective <= free.objective * (1 + 1e-12)
