@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autoshard.errors import PlanFileError
+from cost_models.overlap import OverlapPolicy
 
 __all__ = ["Collective", "NodePlan", "PipelinePlan", "PipelineStage", "Plan", "SolverReport", "load_plan"]
 
@@ -144,10 +145,13 @@ class Plan:
     # Degree per kind of parallelism the plan uses: keys among "dp", "fsdp", "tp", "sp", "cp", "ep", "pp";
     # a kind that is unused is absent (or 1).  Filled by the planner; read by the report's headline.
     degrees: dict[str, int] = field(default_factory=dict)
-    microbatches: int = (
-        1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
-    )
+    microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
     pipeline: PipelinePlan | None = None
+    # The overlap / bucket / prefetch policy the predicted step time assumes and the runtime executes.
+    overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
+    # Bytes per device that memory_per_device holds beyond the per-node sum, by name (runtime reserve,
+    # gathered FSDP weights, largest temporary: autoshard.problem.step).
+    memory_breakdown: dict[str, float] = field(default_factory=dict)
     # activation recomputation of the repeated blocks, searched by the planner: "none" | "selective" | "full"
     # (autoshard.problem.costs.Recompute); codegen wraps each block in torch.utils.checkpoint accordingly
     recompute: str = "none"
@@ -213,6 +217,8 @@ class Plan:
                 degrees={str(k): int(v) for k, v in data.get("degrees", {}).items()},
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
+                overlap=OverlapPolicy.from_json(data.get("overlap")),
+                memory_breakdown={str(k): float(v) for k, v in data.get("memory_breakdown", {}).items()},
                 recompute=str(data.get("recompute", "none")),
                 version=int(data["version"]),
             )

@@ -6,6 +6,7 @@
     autoshard show plan.json
     autoshard dot plan.json [-o plan.svg] [--ops]
     autoshard verify --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
+    autoshard profile --out node.json [--ranks 4] [--base a100x8]
     autoshard whatif plan.json --against other.json [...] --vary batch=1..1024 [--vary seq=...] [--show]
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from autoshard.cli import dot, search, show, verify, whatif
+from autoshard.cli import dot, profile, search, show, verify, whatif
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -35,6 +36,7 @@ COMMANDS: dict[str, ModuleType] = {
     "show": show,
     "dot": dot,
     "verify": verify,
+    "profile": profile,
     "whatif": whatif,
 }
 
