@@ -23,10 +23,13 @@ collective: bandwidth part        ``(B/B0)(S/S0)`` when it moves an activation (
 (the rest)                        its gradient), ``((D-1)/D) / ((D0-1)/D0)`` and ``1/W``
 ================================  ==============================================================
 
-That is the roofline and alpha-beta model of ``cost_models`` read at first order: launch floors and the
-efficiency ramp are not re-applied away from the planned size, so figures far from ``B0, S0`` are
-extrapolations of the priced plan, not re-priced plans.  :func:`crossovers` solves ``cost_a = cost_b``
-exactly (``sympy.solve``) for the varied symbol, the others held at the reference.
+The step is the sum of these terms minus what overlap hid in the plan (``compute + communication -
+predicted step``), held constant.
+That is the roofline and alpha-beta model of ``cost_models`` read at first order: launch floors, the
+efficiency ramp, the bus-bandwidth curve and the overlap are not re-applied away from the planned size, so
+figures far from ``B0, S0`` are extrapolations of the priced plan, not re-priced plans.
+:func:`crossovers` solves ``cost_a = cost_b`` exactly (``sympy.solve``) for the varied symbol, the others
+held at the reference.
 
 Example::
 
@@ -145,7 +148,9 @@ def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
         latency = min(c.seconds, cluster.collective_time(c.kind, 1, axis=c.mesh_axis))
         moved = tokens if c.tensor in act else sympy.Integer(1)
         terms.append(sympy.Float(latency) * ring_lat + sympy.Float(c.seconds - latency) * moved * ring_bw / w)
-    return PlanCost(name or plan.model, sympy.Add(*terms), ref)
+    # the plan's step is a critical path (autoshard.problem.step): what overlap hid is kept constant
+    hidden = plan.compute_time + plan.communication_time - plan.predicted_step_time
+    return PlanCost(name or plan.model, sympy.Add(*terms) - sympy.Float(max(hidden, 0.0)), ref)
 
 
 def crossovers(
