@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
-from autoshard.annotations import resolve_annotations
+from autoshard.annotations import forbidden_kinds, pin_problem
 from autoshard.capture import Captured, capture
 from autoshard.cluster import Cluster
 from autoshard.errors import InfeasibleError
@@ -56,6 +55,9 @@ def plan(
     time_limit: float = 60.0,
     blocks: Literal["auto", "full"] | None = "auto",
     progress: Callable[[str], None] | None = None,
+    allow: Sequence[str] = (),
+    forbid: Sequence[str] = (),
+    captured: Captured | None = None,
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -74,6 +76,11 @@ def plan(
         blocks: ``"auto"`` solves identical repeated layers once; ``None`` plans the full graph.
         progress: called with the name of each stage as it starts ("capture", "strategies", "solve",
             "recompute" when the plan is retried with activation recomputation).
+        allow / forbid: kinds of parallelism (``"dp"``, ``"tp"``, ``"fsdp"``: :data:`autoshard.annotations.KINDS`)
+            the plan may use only / must not use.  With annotations or kinds, the plan also records the step
+            time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
+        captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
+            model twice (e.g. free and as pure data parallel) without capturing it again.
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError: all :class:`AutoshardError`.
@@ -83,19 +90,20 @@ def plan(
     say = progress or (lambda stage: None)
     say("capture")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
-    captured = capture(model, args, dict(example_kwargs or {}), blocks=blocks)
+    kinds = forbidden_kinds(allow, forbid)
+    captured = captured or capture(model, args, dict(example_kwargs or {}), blocks=blocks)
     timings["capture"] = time.perf_counter() - start
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
     policies = [Recompute(recompute)] if recompute != "auto" and training else list(Recompute)
     if not training:
         policies = [Recompute.NONE]
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
-    best: tuple[float, Plan] | None = None
+    best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
     error: InfeasibleError | None = None
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy)
         say("strategies" if policy is policies[0] else "recompute")
-        built = _build(captured, cluster, opts, annotations, limit, timings)
+        free, built = _build(captured, cluster, opts, annotations, limit, timings, kinds)
         try:
             say("solve")
             t0 = time.perf_counter()
@@ -105,24 +113,30 @@ def plan(
             error = error or e  # the error without recomputation names what does not fit
             continue
         timings["total"] = time.perf_counter() - start
-        found = extract_plan(
-            built,
-            solution,
-            model=type(model).__name__,
-            block_prefix=captured.blocks.prefix if captured.blocks else None,
-            output_order=_output_order(captured),
-            timings=timings,
-            notes=tuple(notes) + _recompute_note(policy, recompute),
-            memory_limit=limit if limit != float("inf") else None,
-        )
-        if best is None or found.predicted_step_time < best[0]:
-            best = (found.predicted_step_time, found)
+
+        def read(problem: BuiltProblem, chosen: Solution, policy: Recompute = policy) -> Plan:
+            return extract_plan(
+                problem,
+                chosen,
+                model=type(model).__name__,
+                block_prefix=captured.blocks.prefix if captured.blocks else None,
+                output_order=_output_order(captured),
+                timings=timings,
+                notes=tuple(notes) + _recompute_note(policy, recompute),
+                memory_limit=limit if limit != float("inf") else None,
+            )
+
+        found = read(built, solution)
+        if best is None or found.predicted_step_time < best[0].predicted_step_time:
+            best = (found, free, built, read)
         if policy is Recompute.NONE and _budget_idle(built, solution, search, time_limit):
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if best is None:
         assert error is not None
         raise error
-    return best[1]
+    found, free, built, read = best
+    price = _unpinned(free, search, time_limit, read) if built is not free else None
+    return dataclasses.replace(found, unpinned_step_time=price)
 
 
 def _budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:
@@ -149,25 +163,29 @@ def _build(
     annotations: Mapping[str, Any] | None,
     limit: float,
     timings: dict[str, float],
-) -> BuiltProblem:
+    kinds: frozenset[str] = frozenset(),
+) -> tuple[BuiltProblem, BuiltProblem]:
+    """The problem as priced, and the same with the user's pins folded in (the same object without pins)."""
     t0 = time.perf_counter()
     built = build_problem(captured, cluster, opts, memory_limit=limit if limit != float("inf") else None)
     timings["strategies_and_costs"] = time.perf_counter() - t0
-    if annotations:
-        masks = resolve_annotations(
-            annotations,
-            built.infos,
-            built.strategies,
-            built.template,
-            cluster.mesh_shape,
-            captured.blocks.prefix if captured.blocks else None,
-        )
-        allowed: list[np.ndarray | None] = [None] * built.problem.num_nodes
-        for name, mask in masks.items():
-            allowed[built.variables.index(built.template[name])] = mask
-        problem = dataclasses.replace(built.problem, allowed=tuple(allowed))
-        built = dataclasses.replace(built, problem=problem)
-    return built
+    if not (annotations or kinds):
+        return built, built
+    prefix = captured.blocks.prefix if captured.blocks else None
+    return built, pin_problem(built, annotations, kinds, prefix)
+
+
+def _unpinned(
+    built: BuiltProblem,
+    search: SearchMethod,
+    time_limit: float,
+    read: Callable[[BuiltProblem, Solution], Plan],
+) -> float | None:
+    """The predicted step time of the best plan without the user's pins (``None`` when none fits)."""
+    try:
+        return read(built, solve(built.problem, method=search, time_limit=time_limit)).predicted_step_time
+    except InfeasibleError:
+        return None
 
 
 def _output_order(captured: Captured) -> tuple[str, ...]:
