@@ -99,7 +99,7 @@ def _sp_plan(model: nn.Module, x: torch.Tensor, cluster) -> autoshard.Plan:
     """At toy size the search (rightly) prefers plain TP; pin the norms' ops and the residual adds (the
     only 3-D adds: RoPE's are 4-D) to the sequence split as well."""
     captured = capture(model, (x,), {})
-    built = _build(captured, cluster, CostOptions(), MEGATRON_SP, float("inf"), {})
+    _, built = _build(captured, cluster, CostOptions(), MEGATRON_SP, float("inf"), {})  # (unpinned, pinned)
     seq = ShardingSpec.parse(("S(1)",))
     allowed = list(built.problem.allowed or [None] * built.problem.num_nodes)
     for k, name in enumerate(built.variables):
