@@ -55,7 +55,7 @@ from autoshard.problem.costs import (
     reissued,
     steps_time,
 )
-from autoshard.problem.fanout import FanOut, complete_choice, fanout_arrays, fanout_edges, split_uses
+from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
@@ -92,6 +92,9 @@ class BuiltProblem:
     # one fan-out node per tensor whose consumers can share a redistribution (problem/fanout.py); their
     # solver variables follow the graph's: ``problem.num_nodes == len(variables) + len(fanouts)``
     fanouts: tuple[FanOut, ...] = ()
+    # groups of uses priced one by one (nothing to share, or too many layouts for a fan-out node): codegen
+    # still moves a tensor once per layout, so the plan lists them that way (problem/extract.py)
+    apart: tuple[Group, ...] = ()
     notes: tuple[str, ...] = ()
 
     def index(self, name: str) -> int:
@@ -234,6 +237,7 @@ def build_problem(
         seconds=time.perf_counter() - start,
         keeps=keeps,
         fanouts=tuple(fans),
+        apart=tuple(unshared),
         notes=tuple(notes),
     )
 

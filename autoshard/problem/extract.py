@@ -250,18 +250,16 @@ def _edge_collectives(
 class _Shared:
     """Which uses of a tensor are served by a redistribution already listed (problem/fanout.py groups).
 
-    A use in a fan-out group, or a tensor made outside the layers and read by every layer, lists its
-    collectives only for the first consumer that wants its layout; the key names the tensor by its
-    template producer and the layer that made it.
+    A use in a group of uses of one tensor (a fan-out node's, or one the solver priced use by use as an
+    upper bound: codegen moves the tensor once per layout all the same), or a tensor made outside the
+    layers and read by every layer, lists its collectives only for the first consumer that wants its
+    layout; the key names the tensor by its template producer and the layer that made it.
     """
 
     def __init__(self, built: BuiltProblem, pick: dict[str, OpStrategy], namer: _LayerNamer) -> None:
         self.built, self.pick, self.namer = built, pick, namer
-        self.grouped = {
-            (fan.group.producer, c, fan.group.which, p): fan.group.weight
-            for fan in built.fanouts
-            for c, p in fan.group.entries
-        }
+        groups = [fan.group for fan in built.fanouts] + list(built.apart)
+        self.grouped = {(g.producer, c, g.which, p): g.weight for g in groups for c, p in g.entries}
         self.seen: set[tuple] = set()
 
     def first_uses(self, use: EdgeUse, layers: list[tuple[int | None, str]]) -> list[tuple[int | None, str]]:

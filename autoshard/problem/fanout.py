@@ -40,7 +40,16 @@ from autoshard.search import fanout as search_fanout
 from autoshard.search.fanout import FanOutNode, best_state, fanout_node, shareable
 from autoshard.strategies import OpStrategy
 
-__all__ = ["FanOut", "Sharing", "UseKey", "complete_choice", "element_of", "fanout_arrays", "split_uses"]
+__all__ = [
+    "FanOut",
+    "Group",
+    "Sharing",
+    "UseKey",
+    "complete_choice",
+    "element_of",
+    "fanout_arrays",
+    "split_uses",
+]
 
 UseKey = tuple[str, str, int, int]  # (template producer, template consumer, which output, input position)
 
