@@ -25,6 +25,7 @@ from autoshard.problem.costs import (
     optimizer_time,
     output_fix_steps,
     reissued,
+    repeats,
 )
 from autoshard.problem.fanout import element_of
 from autoshard.problem.step import critical_path, unowned_memory
@@ -174,7 +175,8 @@ def _node_table(
             key, outside = f"outside:{outside}", outside + 1
         inputs = tuple(built.infos[s] for s in info.inputs)
         fwd, bwd = node_compute(info, strat, built.cluster, built.options, inputs)
-        compute = (fwd + bwd + optimizer_time(info, strat, built.cluster, built.options)) * count
+        per_step = (fwd + bwd) * built.options.microbatches
+        compute = (per_step + optimizer_time(info, strat, built.cluster, built.options)) * count
         keeps = built.keeps.get(name, True)
         memory = node_memory_total(info, strat, built.cluster, built.options, keeps, count)
         total_compute += compute
@@ -196,13 +198,14 @@ def _node_table(
 
 
 def _records(
-    steps: tuple[Step, ...], phase: str, use_node: str, tensor: str, layers, built
+    steps: tuple[Step, ...], phase: str, use_node: str, tensor: str, layers, built, times: int = 1
 ) -> list[Collective]:
+    """One record per collective and layer; ``seconds`` is per step (``times`` = repeats per step)."""
     out: list[Collective] = []
     for step in steps:
         if step.kind not in COLLECTIVE_KINDS:
             continue
-        seconds = built.cluster.collective_time(step.kind, step.nbytes, axis=step.mesh_axis)
+        seconds = built.cluster.collective_time(step.kind, step.nbytes, axis=step.mesh_axis) * times
         for layer, path in layers:
             out.append(
                 Collective(
@@ -233,17 +236,26 @@ def _edge_collectives(
         layers = shared.first_uses(use, layers)  # one redistribution per (tensor, layout)
         # names of the shared (layer 0) nodes, as in Plan.nodes; Collective.layer tells the copies apart
         served, moved = built.template[consumer.name], built.template[producer.name]
-        out += _records(steps.forward, "forward", served, moved, layers, built)
+        parameter = producer.kind == "parameter"
+        fwd_times = repeats(built.options, parameter=parameter, backward=False)
+        bwd_times = repeats(built.options, parameter=parameter, backward=True)
+        out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if reissued(producer, consumer, built.options):  # run again when backward recomputes the block
-            out += _records(steps.forward, "forward", served, moved, layers, built)
+            out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if producer.fqn:  # gradient synchronisation serves the parameter of each layer
             for layer, path in layers:
                 fqn = built.infos[moved].fqn
                 out += _records(
-                    steps.backward, "backward", namer.module(fqn, layer), moved, [(layer, path)], built
+                    steps.backward,
+                    "backward",
+                    namer.module(fqn, layer),
+                    moved,
+                    [(layer, path)],
+                    built,
+                    bwd_times,
                 )
         else:
-            out += _records(steps.backward, "backward", served, moved, layers, built)
+            out += _records(steps.backward, "backward", served, moved, layers, built, bwd_times)
     return out
 
 
@@ -296,7 +308,7 @@ def _output_collectives(
             continue
         steps = output_fix_steps(info, chosen[name], built.cache)
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
-        out += _records(steps, "forward", "output", name, layers, built)
+        out += _records(steps, "forward", "output", name, layers, built, built.options.microbatches)
     return out
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoshard.problem.costs import CostOptions, StepCache, dual_spec, reissued
+from autoshard.problem.costs import CostOptions, StepCache, dual_spec, reissued, repeats
 from autoshard.problem.graph import NodeInfo
 from autoshard.search import Edge
 from autoshard.search import fanout as search_fanout
@@ -201,14 +201,17 @@ def _element_cost(
     assert meta is not None
     cost = np.zeros((len(src_list), len(elements)))
     backward = opts.training and producer.requires_grad
+    parameter = producer.kind == "parameter"
+    fwd_times = repeats(opts, parameter=parameter, backward=False)  # per step: microbatches, or once
+    bwd_times = repeats(opts, parameter=parameter, backward=True)
     for a, s in enumerate(src_list):
         have = s.outputs[which] if which < len(s.outputs) else None
         have_id = cache.intern(have)
         dual_id = cache.intern(dual_spec(have)) if have is not None else -1
         for e, (want, grad) in enumerate(elements):
-            t = cache.time(have_id, want, meta.shape, meta.itemsize)
+            t = cache.time(have_id, want, meta.shape, meta.itemsize) * fwd_times
             if backward:
-                t += cache.time(grad, dual_id, meta.shape, meta.itemsize)
+                t += cache.time(grad, dual_id, meta.shape, meta.itemsize) * bwd_times
             cost[a, e] = t
     return cost
 
