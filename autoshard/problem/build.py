@@ -48,16 +48,15 @@ from autoshard.problem.costs import (
     StepCache,
     dual_spec,
     node_compute,
-    node_memory_total,
     optimizer_time,
     output_fix_steps,
     recomputed,
-    reissued,
     repeats,
     steps_time,
 )
 from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
+from autoshard.problem.recompute import node_memory_total, reissued
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 

@@ -62,10 +62,8 @@ __all__ = [
     "edge_steps",
     "node_compute",
     "node_memory",
-    "node_memory_total",
     "output_fix_steps",
     "recomputed",
-    "reissued",
     "repeats",
     "steps_time",
 ]
@@ -78,14 +76,9 @@ a nanosecond: it never outweighs a real difference in time."""
 
 
 class Recompute(str, Enum):
-    """Activation recomputation of the repeated blocks, searched by the planner (one choice per stack).
-
-    ``SELECTIVE`` is torchtitan's op-level selective activation checkpointing (``selective_ac_option="op"``,
-    built on ``torch.utils.checkpoint.create_selective_checkpoint_contexts``): the outputs of matmul-like ops
-    (linear / mm, fused attention) are saved and the cheap ops between them (norms, activations, RoPE,
-    softmax and dropout outside a fused kernel) are re-run.  Korthikanti et al. 2022 re-run the attention
-    core (QK^T, softmax, dropout, AV): a fused attention kernel (SDPA, whole in our graphs) does that anyway.
-    """
+    """Recomputation of the repeated blocks, searched by the planner.  ``SELECTIVE``: torchtitan's op-level
+    selective checkpointing (``create_selective_checkpoint_contexts``), matmul-like outputs saved, the rest
+    re-run; Korthikanti et al.'s attention-core recompute is what a fused SDPA kernel does anyway."""
 
     NONE = "none"  # keep every activation backward needs
     SELECTIVE = "selective"  # keep matmul-like outputs; re-run the rest of each block in backward
@@ -201,23 +194,6 @@ def recomputed(info: NodeInfo, policy: Recompute) -> bool:
     if info.block is None or policy is Recompute.NONE:
         return False
     return policy is Recompute.FULL or not info.is_matmul_like
-
-
-def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
-    """Whether backward re-runs the move ``producer -> consumer``: the recomputed region is a whole block, and
-    a move between block nodes is inside it (codegen/recompute.py leaves moves from outside out of it)."""
-    training = opts.training and opts.recompute is not Recompute.NONE
-    return training and producer.block is not None and consumer.block is not None
-
-
-def node_memory_total(
-    info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions, keeps: bool, count: int
-) -> float:
-    """Bytes per device of ``count`` copies, plus the recompute working set (one block's re-run activations)."""
-    total = node_memory(info, strategy, cluster, opts, keeps) * count
-    if not keeps and info.block is not None and opts.recompute is not Recompute.NONE:
-        total += node_memory(info, strategy, cluster, opts, True)
-    return total
 
 
 _GEMM_OPS = frozenset({"linear", "mm", "addmm", "matmul", "bmm", "baddbmm"})

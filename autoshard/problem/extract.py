@@ -21,13 +21,12 @@ from autoshard.problem.costs import (
     dual_spec,
     edge_steps,
     node_compute,
-    node_memory_total,
     optimizer_time,
     output_fix_steps,
-    reissued,
     repeats,
 )
 from autoshard.problem.fanout import element_of
+from autoshard.problem.recompute import node_memory_total, reissued
 from autoshard.problem.step import critical_path, unowned_memory
 from autoshard.redistribute import Step
 from autoshard.search import Solution

@@ -33,8 +33,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from autoshard.problem.costs import CostOptions, StepCache, dual_spec, reissued, repeats
+from autoshard.problem.costs import CostOptions, StepCache, dual_spec, repeats
 from autoshard.problem.graph import NodeInfo
+from autoshard.problem.recompute import reissued
 from autoshard.search import Edge
 from autoshard.search import fanout as search_fanout
 from autoshard.search.fanout import FanOutNode, best_state, fanout_node, shareable
