@@ -332,7 +332,8 @@ def pin_problem(
                 + ": allow that kind or drop the annotation"
             )
         masks[name] = both
-    allowed = tuple(masks.get(v) for v in built.variables)
+    fanouts = (None,) * len(built.fanouts)  # the fan-out nodes follow the variables
+    allowed = tuple(masks.get(v) for v in built.variables) + fanouts
     edges = built.problem.edges
     if "fsdp" in kinds:
         edges = _forbid_gathers(built)

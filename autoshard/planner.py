@@ -9,7 +9,11 @@ The order, and why:
 4. solve exactly (dynamic programming / variable elimination); when a memory budget binds, CP-SAT under the
    budget, warm-started from the exact unconstrained plan; with ``search="propagate"``, BFS from the
    annotations only (milliseconds, no optimality claim);
-5. when ``recompute="auto"`` and nothing fits the memory, retry with full activation recomputation;
+5. search the recomputation of the repeated blocks (``recompute="auto"``): none, selective or full, each
+   solved exactly and the fastest plan that fits kept.  Recomputation only ever adds time (compute and
+   re-issued forward collectives) and only saves memory, so when the memory budget does not bind the plan
+   without it (its optimum is the unconstrained optimum), that plan is optimal over all three and the
+   others are not solved;
 6. read the plan back from the same cost functions, so its step time is the solver's objective;
 7. when capture fused grouped-GEMM expert MLPs (:mod:`autoshard.capture.experts`: cheap expert parallelism,
    but no K/N split inside the experts), plan the unfused capture too and keep the cheaper plan (a note says
@@ -64,7 +68,7 @@ def plan(
     annotations: Mapping[str, Any] | None = None,
     training: bool = True,
     memory_limit: float | None = None,
-    recompute: Literal["auto", "none", "full"] = "auto",
+    recompute: Literal["auto", "none", "selective", "full"] = "auto",
     search: SearchMethod = "auto",
     time_limit: float = 60.0,
     blocks: Literal["auto", "full"] | None = "auto",
@@ -86,7 +90,8 @@ def plan(
         training: plan forward + backward + optimizer (``True``) or inference only.
         memory_limit: bytes per device; default the device's memory from the profile.  ``float("inf")``
             disables the budget.
-        recompute: activation recomputation; ``"auto"`` keeps activations unless that cannot fit.
+        recompute: activation recomputation of the repeated blocks; ``"auto"`` searches none / selective /
+            full (step 5 above), or pin one.
         search: ``"auto"`` (exact, CP-SAT under a binding budget), ``"exact"``, ``"ilp"`` or ``"propagate"``.
         time_limit: seconds for the solver; past it the best plan and its gap are reported.
         blocks: ``"auto"`` solves identical repeated layers once; ``None`` plans the full graph.
@@ -177,49 +182,76 @@ def _plan_captured(
     annotations: Mapping[str, Any] | None,
     training: bool,
     limit: float,
-    recompute: Literal["auto", "none", "full"],
+    recompute: Literal["auto", "none", "selective", "full"],
     search: SearchMethod,
     time_limit: float,
     say: Callable[[str], None],
     kinds: frozenset[str],
 ) -> Plan:
-    """Strategies, costs, pins and search on one capture (with the recomputation retry)."""
-    policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
+    """Strategies, costs, pins, the recomputation search and the solve on one capture."""
+    start = time.perf_counter()
+    policies = [Recompute(recompute)] if recompute != "auto" and training else list(Recompute)
+    if not training:
+        policies = [Recompute.NONE]
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
+    best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
     error: InfeasibleError | None = None
     for policy in policies:
-        opts = CostOptions(training=training, recompute=policy if training else Recompute.NONE)
+        opts = CostOptions(training=training, recompute=policy)
         say("strategies" if policy is policies[0] else "recompute")
         free, built = _build(captured, cluster, opts, annotations, limit, timings, kinds)
         try:
             say("solve")
             t0 = time.perf_counter()
             solution = solve(built.problem, method=search, time_limit=time_limit)
-            timings["solve"] = time.perf_counter() - t0
+            timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
-            error = e
+            error = error or e  # the error without recomputation names what does not fit
             continue
-        if policy is Recompute.FULL and recompute == "auto":
-            notes.append("activations do not fit without recomputation: planned with full recomputation")
+        timings["total"] = time.perf_counter() - start
 
-        def read(problem: BuiltProblem, chosen: Solution) -> Plan:
+        def read(problem: BuiltProblem, chosen: Solution, policy: Recompute = policy) -> Plan:
             return extract_plan(
                 problem,
                 chosen,
                 model=type(model).__name__,
                 block_prefix=captured.blocks.prefix if captured.blocks else None,
+                block_first=captured.blocks.first if captured.blocks else 0,
                 output_order=_output_order(captured),
                 timings=dict(timings),
-                notes=tuple(notes),
+                notes=tuple(notes) + _recompute_note(policy, recompute),
                 memory_limit=limit if limit != float("inf") else None,
-                block_first=captured.blocks.first if captured.blocks else 0,
             )
 
-        price = _unpinned(free, search, time_limit, read) if built is not free else None
-        flat = dataclasses.replace(read(built, solution), unpinned_step_time=price)
-        return dataclasses.replace(flat, degrees=degrees_of(flat))
-    assert error is not None
-    raise error
+        found = read(built, solution)
+        if best is None or found.predicted_step_time < best[0].predicted_step_time:
+            best = (found, free, built, read)
+        if policy is Recompute.NONE and _budget_idle(built, solution, search, time_limit):
+            break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
+    if best is None:
+        assert error is not None
+        raise error
+    found, free, built, read = best
+    price = _unpinned(free, search, time_limit, read) if built is not free else None
+    flat = dataclasses.replace(found, unpinned_step_time=price)
+    return dataclasses.replace(flat, degrees=degrees_of(flat))
+
+
+def _budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:
+    """Whether the memory budget leaves the optimum unchanged (then no recomputation can beat it)."""
+    if built.problem.memory_limit is None or solution.budget_binding is False:
+        return True
+    free = solve(dataclasses.replace(built.problem, memory_limit=None), method=search, time_limit=time_limit)
+    return solution.optimal and free.optimal and solution.objective <= free.objective * (1 + 1e-12)
+
+
+def _recompute_note(policy: Recompute, asked: str) -> tuple[str, ...]:
+    if policy is Recompute.NONE or asked != "auto":
+        return ()
+    return (
+        f"activations do not fit without recomputation: {policy.value} recomputation of the repeated blocks "
+        "(the fastest plan that fits; none, selective and full searched)",
+    )
 
 
 def _has_stage_pin(annotations: Mapping[str, Any] | None) -> bool:
@@ -235,7 +267,7 @@ def _plan_pipelined(
     annotations: Mapping[str, Any] | None,
     training: bool,
     memory_limit: float | None,
-    recompute: Literal["auto", "none", "full"],
+    recompute: Literal["auto", "none", "selective", "full"],
     search: SearchMethod,
     time_limit: float,
     blocks: Literal["auto", "full"] | None,

@@ -9,6 +9,7 @@
     autoshard explain plan.json [--node fc1]
     autoshard diff a.json b.json
     autoshard profile --out node.json [--ranks 4] [--base a100x8]
+    autoshard whatif plan.json --against other.json [...] --vary batch=1..1024 [--vary seq=...] [--show]
     autoshard ops MODEL [--json]
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from autoshard.cli import diff, dot, explain, ops, profile, search, show, verify
+from autoshard.cli import diff, dot, explain, ops, profile, search, show, verify, whatif
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -45,6 +46,7 @@ COMMANDS: dict[str, ModuleType] = {
     "explain": explain,
     "diff": diff,
     "profile": profile,
+    "whatif": whatif,
     "ops": ops,
 }
 

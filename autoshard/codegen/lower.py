@@ -14,6 +14,9 @@ priced on, and this device's mesh coordinate.  Output: a :class:`LoweredGraph` -
   :func:`~autoshard.codegen.collectives.redistribute` node carrying the steps of
   :func:`autoshard.problem.costs.edge_steps` -- the very function the cost model prices, called with the same
   cluster, so the collectives emitted are the collectives priced;
+- one redistribution per (tensor, layout): consumers of one tensor that need the same steps both ways share
+  one ``redistribute`` node, so its forward runs once and autograd sums their gradients before its one
+  backward (the fan-out nodes of :mod:`autoshard.problem.fanout` price exactly that);
 - model outputs left ``Partial`` are reduced (:func:`~autoshard.problem.costs.output_fix_steps`).
 
 Two details keep every rank issuing the same collectives in the same order.  The backward of a custom
@@ -58,6 +61,7 @@ from autoshard.strategies import OpStrategy, local_call
 
 __all__ = [
     "COMM_ATTR",
+    "META_BLOCK",
     "META_LOCAL_SHAPE",
     "META_STEPS",
     "AttrSpec",
@@ -70,6 +74,8 @@ __all__ = [
 
 META_LOCAL_SHAPE = "autoshard_local_shape"
 META_STEPS = "autoshard_steps"
+META_BLOCK = "autoshard_block"
+"""Repeated-block index of an emitted op, parameter or move between block nodes (codegen/recompute.py)."""
 COMM_ATTR = "autoshard_comm"
 """Attribute of the emitted module holding its :class:`~autoshard.codegen.collectives.MeshComm`."""
 
@@ -178,6 +184,7 @@ class _Lowering:
         self.inputs: list[tuple[str, ShardingSpec, tuple[int, ...]]] = []
         self.outputs: list[tuple[ShardingSpec, tuple[int, ...]]] = []
         self.edges: list[EdgeRecord] = []
+        self.shared: dict[tuple[fx.Node, str, str], fx.Node] = {}  # one redistribution per (tensor, layout)
         self.aliasing: set[fx.Node] = set()  # outputs of custom Functions: may be views of their inputs
         self.comm = self.graph.get_attr(COMM_ATTR)
 
@@ -243,6 +250,7 @@ class _Lowering:
             "call_function", call.target, tuple(call.args), self._on_device(dict(call.kwargs)), name=node.name
         )
         new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
+        new.meta[META_BLOCK] = _block(info)
         new = self._join(new, node, moved, call.args, call.kwargs)
         if node.meta.get(META_NO_GRAD):
             new = self.graph.call_function(aten.detach.default, (new,))
@@ -287,7 +295,16 @@ class _Lowering:
                 f"edge {src.name} -> {dst.name}: no redistribution turns {self.strategies[src.name]} into what "
                 f"{self.strategies[dst.name]} needs; the plan is inconsistent with this graph: re-plan"
             )
-        return self._insert(value, src.name, dst.name, steps.forward, steps.backward)
+        moved = self._insert(value, src.name, dst.name, steps.forward, steps.backward)
+        if moved is value:
+            return moved
+        block = _block(self.infos[dst.name]) if _block(self.infos[src.name]) is not None else None
+        if moved.meta.get(META_BLOCK, block) != block:
+            block = None  # shared by consumers in two blocks: in neither
+        # a move between block nodes belongs to its consumer's block (re-run when that block is recomputed,
+        # as problem/costs.reissued prices it); a move of a tensor made outside the blocks to none
+        moved.meta[META_BLOCK] = block
+        return moved
 
     def _insert(
         self, value: fx.Node, producer: str, consumer: str, fwd: tuple[Step, ...], bwd: tuple[Step, ...]
@@ -295,12 +312,16 @@ class _Lowering:
         if not fwd and not bwd:
             return value
         args = (value, self.comm, format_steps(fwd), format_steps(bwd))
+        key = (value, args[2], args[3])
+        if key in self.shared:
+            return self.shared[key]
         new = self.graph.create_node(
             "call_function", redistribute, args, {}, name=f"{producer}_to_{consumer}"
         )
         new.meta[META_STEPS] = (fwd, bwd)
         self.aliasing.add(new)
         self.edges.append(EdgeRecord(producer, consumer, fwd, bwd))
+        self.shared[key] = new
         return new
 
     def _join(
@@ -339,6 +360,10 @@ class _Lowering:
             assert isinstance(src, fx.Node)
             shape = self._global_shape(node.name)
             new.meta[META_LOCAL_SHAPE] = self._spec(node.name).local_shape(shape, self.mesh)
+
+
+def _block(info: NodeInfo) -> int | None:
+    return info.block[0] if info.block is not None else None
 
 
 def _mutates(node: fx.Node) -> bool:

@@ -46,6 +46,7 @@ from autoshard.cluster import Cluster
 from autoshard.codegen.assign import PlanMismatchError, PlanMismatchWarning, assign_strategies
 from autoshard.codegen.collectives import MeshComm
 from autoshard.codegen.lower import COMM_ATTR, AttrSpec, EdgeRecord, collective_counts, lower_graph
+from autoshard.codegen.recompute import checkpoint_blocks
 from autoshard.codegen.shard import gather_full, local_piece, spec_of
 from autoshard.errors import MeshError, ProfileError
 from autoshard.placement import ShardingSpec
@@ -135,8 +136,9 @@ def parallelize(
     root: dict[str, Any] = {COMM_ATTR: comm}
     for attr in lowered.attrs:
         root[attr.fqn] = _local_tensor(model, captured, attr, comm, where)
-    _check_collectives(lowered.edges, plan)
     module = fx.GraphModule(root, lowered.graph, class_name=f"Parallel{plan.model}")
+    rerun = checkpoint_blocks(module, getattr(plan, "recompute", "none"))  # Plan.recompute: blocks re-run
+    _check_collectives((*lowered.edges, *rerun), plan)
     stateful = frozenset(a.fqn for a in lowered.attrs if _in_state_dict(model, a))
     info = ParallelInfo(
         plan, comm, lowered.attrs, lowered.input_specs, lowered.output_specs, lowered.edges, stateful

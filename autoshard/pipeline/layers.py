@@ -59,7 +59,10 @@ def _where(built: BuiltProblem) -> dict[str, int]:
 def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
     """Split the chosen plan's costs into one layer, pre and post (per device, per microbatch)."""
     opts, cluster, n = built.options, built.cluster, max(1, built.num_blocks)
-    chosen = {v: built.strategies[v][k] for v, k in zip(built.variables, solution.choice, strict=True)}
+    chosen = {
+        v: built.strategies[v][k]
+        for v, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
+    }
     pick = {name: chosen[built.template[name]] for name in built.infos}
     where = _where(built)
     sums: list[defaultdict[str, float]] = [defaultdict(float) for _ in range(3)]
@@ -100,7 +103,10 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
 def boundary_bytes(built: BuiltProblem, solution: Solution) -> float:
     """Bytes one device sends between consecutive layers per microbatch: the local shard of every tensor
     that flows from layer 0 into layer 1 (the residual stream), once per tensor."""
-    chosen = {v: built.strategies[v][k] for v, k in zip(built.variables, solution.choice, strict=True)}
+    chosen = {
+        v: built.strategies[v][k]
+        for v, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
+    }
     total, seen = 0.0, set()
     mesh = built.cluster.mesh_shape
     for use in built.edges:
@@ -129,12 +135,14 @@ def stage_memory_problem(built: BuiltProblem, degree: int, in_flight: float) -> 
         return problem
     reserve = runtime_reserve(built)
     memory = []
-    for k, (name, mem) in enumerate(zip(built.variables, problem.memory, strict=True)):
+    graph_nodes = problem.memory[: len(built.variables)]  # fan-out nodes follow, holding nothing
+    for k, (name, mem) in enumerate(zip(built.variables, graph_nodes, strict=True)):
         info = built.infos[name]
         static = info.kind in ("parameter", "buffer", "constant")
         layer = 1.0 / degree if info.block is not None else 1.0
         own = np.asarray(mem) - (reserve if k == 0 else 0.0)  # the builder put the reserve on node 0
         memory.append(own * layer * (1.0 if static else in_flight) + (reserve if k == 0 else 0.0))
+    memory += problem.memory[len(built.variables) :]
     return dataclasses.replace(problem, memory=tuple(memory))
 
 

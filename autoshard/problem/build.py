@@ -20,6 +20,10 @@ edge out of one block                 1            only the last layer's output 
 anything else                         1
 ====================================  ===========  ==========================================
 
+A tensor made outside the layers and read by every layer is moved once for all of them (they share one
+layout): :mod:`autoshard.problem.fanout` prices it at weight 1, and prices the uses of one tensor that want
+the same layout as one redistribution.
+
 The optimum is then exact among plans that give identical layers identical strategies (the plans people
 write); ``tests/problem`` checks it against solving the un-collapsed graph.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,13 +48,15 @@ from autoshard.problem.costs import (
     StepCache,
     dual_spec,
     node_compute,
-    node_memory,
     optimizer_time,
     output_fix_steps,
+    recomputed,
     repeats,
     steps_time,
 )
+from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
+from autoshard.problem.recompute import node_memory_total, reissued
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
@@ -82,9 +89,21 @@ class BuiltProblem:
     cache: StepCache
     seconds: float
     keeps: dict[str, bool] = field(default_factory=dict)
+    # one fan-out node per tensor whose consumers can share a redistribution (problem/fanout.py); their
+    # solver variables follow the graph's: ``problem.num_nodes == len(variables) + len(fanouts)``
+    fanouts: tuple[FanOut, ...] = ()
+    # groups of uses priced one by one (nothing to share, or too many layouts for a fan-out node): codegen
+    # still moves a tensor once per layout, so the plan lists them that way (problem/extract.py)
+    apart: tuple[Group, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def index(self, name: str) -> int:
         return self.variables.index(self.template[name])
+
+    def full_choice(self, choice: Sequence[int]) -> tuple[int, ...]:
+        """A solver choice for the variables alone, completed with the state every fan-out node then needs."""
+        chosen = dict(zip(self.variables, choice, strict=True))
+        return tuple(choice) + tuple(complete_choice(self.fanouts, chosen, self.strategies))
 
 
 def _templates(infos: tuple[NodeInfo, ...], captured: Captured) -> tuple[dict[str, str], int]:
@@ -141,10 +160,11 @@ def _weight(u: NodeInfo, v: NodeInfo, n: int, copies: set[int]) -> int:
 
 
 def _keeps(infos: dict[str, NodeInfo], opts: CostOptions) -> dict[str, bool]:
-    """Whether backward keeps each node's output (full recompute keeps only what leaves a block)."""
+    """Whether backward keeps each node's output (recompute keeps what leaves a block and what it does not
+    re-run)."""
     if opts.recompute is Recompute.NONE:
         return {name: True for name in infos}
-    leaves: dict[str, bool] = {name: info.block is None for name, info in infos.items()}
+    leaves: dict[str, bool] = {name: not recomputed(info, opts.recompute) for name, info in infos.items()}
     for consumer in infos.values():
         for src in consumer.inputs:
             producer = infos[src]
@@ -186,15 +206,25 @@ def build_problem(
         # whatever the plan: a constant on one node counts it against the budget and changes no choice
         memory[0] = memory[0] + cluster.profile.memory.runtime_reserve
     uses = _edge_weights(infos, template, n_blocks)
-    edges = _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cache)
+    # one redistribution per (tensor, layout): a separate step, so pricing changes above merge cleanly
+    sharing = split_uses(uses, infos, template, n_blocks)
+    fans, unshared, notes = fanout_arrays(sharing, infos, index, strategies, opts, cache)
+    weights = dict(sharing.single)
+    for group in unshared:  # no layout two consumers could share: ordinary edges price them exactly
+        weights.update({(group.producer, c, group.which, p): group.weight for c, p in group.entries})
+    edges = _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache)
+    edges += fanout_edges(fans, index)
+    names = [_display_name(infos[v]) for v in variables] + [f"fanout {f.group.producer}" for f in fans]
+    labels = [tuple(str(s) for s in strategies[v]) for v in variables]
+    labels += [tuple(f.node.label(k) for k in range(len(f.node.states))) for f in fans]
     problem = SearchProblem(
-        node_costs=tuple(node_costs),
+        node_costs=tuple(node_costs) + tuple(np.zeros(len(f.node.states)) for f in fans),
         edges=tuple(edges),
-        memory=tuple(memory),
+        memory=tuple(memory) + tuple(np.zeros(len(f.node.states)) for f in fans),
         memory_limit=memory_limit,
-        allowed=_allowed(variables, template, allowed),
-        names=tuple(_display_name(infos[v]) for v in variables),
-        strategy_labels=tuple(tuple(str(s) for s in strategies[v]) for v in variables),
+        allowed=_allowed(variables, template, allowed, len(fans)),
+        names=tuple(names),
+        strategy_labels=tuple(labels),
     )
     return BuiltProblem(
         problem=problem,
@@ -210,6 +240,9 @@ def build_problem(
         cache=cache,
         seconds=time.perf_counter() - start,
         keeps=keeps,
+        fanouts=tuple(fans),
+        apart=tuple(unshared),
+        notes=tuple(notes),
     )
 
 
@@ -232,17 +265,14 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
             if info.is_output:
                 per_microbatch += steps_time(output_fix_steps(info, strat, cache), cluster)
             extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)
-            mem[k] = node_memory(info, strat, cluster, opts, keeps[name]) * mult[name]
+            mem[k] = node_memory_total(info, strat, cluster, opts, keeps[name], mult[name])
             cost[k] = extra * mult[name] + MEMORY_TIE_BREAK * mem[k]
         node_costs.append(cost)
         memory.append(mem)
     return node_costs, memory
 
 
-def _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cache) -> list[Edge]:
-    weights: dict[tuple[str, str, int, int], int] = defaultdict(int)
-    for use in uses:
-        weights[(template[use.producer], template[use.consumer], use.which, use.position)] += use.weight
+def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache) -> list[Edge]:
     edges: list[Edge] = []
     forward_only = dataclasses.replace(opts, training=False)
     for (tu, tv, which, pos), weight in weights.items():
@@ -256,6 +286,9 @@ def _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cac
             # much).  Forward steps (FSDP gathers) keep every copy.
             fwd = edge_matrix(producer, which, strategies[tu], strategies[tv], pos, forward_only, cache)
             matrix = fwd * weight + (matrix / weight - fwd)
+        if reissued(infos[tu], infos[tv], opts):  # backward re-runs the block, moves inside it included
+            again = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, forward_only, cache)
+            matrix = matrix + again * weight
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
             node_costs[index[tu]] += np.diag(matrix)
             continue
@@ -309,10 +342,10 @@ def _pairwise(src: np.ndarray, dst: np.ndarray, shape, itemsize: int, cache: Ste
     return table[si][:, di]
 
 
-def _allowed(variables, template, allowed) -> tuple[np.ndarray | None, ...] | None:
+def _allowed(variables, template, allowed, extra: int = 0) -> tuple[np.ndarray | None, ...] | None:
     if not allowed:
         return None
-    masks: list[np.ndarray | None] = [None] * len(variables)
+    masks: list[np.ndarray | None] = [None] * (len(variables) + extra)
     position = {name: k for k, name in enumerate(variables)}
     for name, mask in allowed.items():
         k = position[template[name]]

@@ -8,7 +8,9 @@ report itemises the chosen ones with the same functions (one source of truth for
 The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Training"):
 
 - compute: a matmul-like op's backward costs twice its forward (a gradient for each operand), any other op
-  that carries gradients once; ``recompute="full"`` adds the forward of every repeated-block node again;
+  that carries gradients once; recomputation (:class:`Recompute`, one choice for the repeated blocks) adds
+  the forward of every block node it re-runs again (:func:`recomputed`), and re-issues the forward
+  redistributions into those blocks (priced by the builder on the edges);
 - communication on an edge ``u → v``: forward, ``u``'s output spec is redistributed to the spec ``v``'s
   strategy wants; backward, the gradient ``v``'s strategy yields (``OpStrategy.input_grads``) is redistributed
   to the dual of ``u``'s output spec (``S(d) → S(d)``, ``P → R``, ``R → R``).  Gradient synchronisation of
@@ -18,10 +20,11 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
 - memory per device: each parameter's shard and its gradient (the parameter's itemsize per element each, or
   the bytes of ``CostOptions.precision``), its Adam state (fp32 master + two moments, 12 bytes per element,
   for 16-bit parameters; two moments, 8 bytes, for fp32 ones), plus the activations backward keeps (outputs
-  of non-view ops that carry gradients; under full recomputation only the tensors that leave a repeated
-  block), plus an fp32 copy of each returned float tensor and its gradient (the loss upcasts logits).  The
-  plan adds what no node owns (:mod:`autoshard.problem.extract`): the runtime reserve, gathered FSDP weights
-  and the largest temporary;
+  of non-view ops that carry gradients; under recomputation only the tensors that leave a repeated block,
+  and under the selective policy the outputs of matmul-like ops too), plus the recompute working set (one
+  block's re-run activations at a time), plus an fp32 copy of each returned float tensor and its gradient
+  (the loss upcasts logits).  The plan adds what no node owns (:mod:`autoshard.problem.extract`): the
+  runtime reserve, gathered FSDP weights and the largest temporary;
 - optimizer: with ``shard_optimizer`` (the default, as Megatron's distributed optimizer and ZeRO-1 do), the
   Adam state and its update are split over every device, whatever the parameter's placement: a replicated
   parameter's gradient is reduce-scattered and the updated shard all-gathered, which moves exactly the
@@ -60,6 +63,7 @@ __all__ = [
     "node_compute",
     "node_memory",
     "output_fix_steps",
+    "recomputed",
     "repeats",
     "steps_time",
 ]
@@ -72,9 +76,12 @@ a nanosecond: it never outweighs a real difference in time."""
 
 
 class Recompute(str, Enum):
-    """Activation recomputation policy."""
+    """Recomputation of the repeated blocks, searched by the planner.  ``SELECTIVE``: torchtitan's op-level
+    selective checkpointing (``create_selective_checkpoint_contexts``), matmul-like outputs saved, the rest
+    re-run; Korthikanti et al.'s attention-core recompute is what a fused SDPA kernel does anyway."""
 
     NONE = "none"  # keep every activation backward needs
+    SELECTIVE = "selective"  # keep matmul-like outputs; re-run the rest of each block in backward
     FULL = "full"  # keep only each repeated block's inputs; recompute the block in backward
 
 
@@ -177,9 +184,16 @@ def node_compute(
     if not (opts.training and info.requires_grad):
         return fwd, 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
-    if opts.recompute is Recompute.FULL and info.block is not None:
+    if recomputed(info, opts.recompute):
         bwd += fwd
     return fwd, bwd
+
+
+def recomputed(info: NodeInfo, policy: Recompute) -> bool:
+    """Whether backward re-runs this node's forward under ``policy`` (block nodes only)."""
+    if info.block is None or policy is Recompute.NONE:
+        return False
+    return policy is Recompute.FULL or not info.is_matmul_like
 
 
 _GEMM_OPS = frozenset({"linear", "mm", "addmm", "matmul", "bmm", "baddbmm"})

@@ -21,11 +21,12 @@ from autoshard.problem.costs import (
     dual_spec,
     edge_steps,
     node_compute,
-    node_memory,
     optimizer_time,
     output_fix_steps,
     repeats,
 )
+from autoshard.problem.fanout import element_of
+from autoshard.problem.recompute import node_memory_total, reissued
 from autoshard.problem.step import critical_path, unowned_memory
 from autoshard.redistribute import Step
 from autoshard.search import Solution
@@ -47,7 +48,8 @@ def extract_plan(
     block_first: int = 0,
 ) -> Plan:
     chosen = {
-        name: built.strategies[name][k] for name, k in zip(built.variables, solution.choice, strict=True)
+        name: built.strategies[name][k]
+        for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
     }
     pick = {name: chosen[built.template[name]] for name in built.infos}
     layer_of = _LayerNamer(built, block_prefix, block_first)
@@ -108,7 +110,8 @@ def extract_plan(
             log=tuple(solution.log),
         ),
         timings=dict(timings),
-        notes=notes,
+        notes=notes + built.notes,
+        recompute=built.options.recompute.value,
         memory_limit=memory_limit,
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
@@ -149,7 +152,7 @@ class _LayerNamer:
         n = self.n
         if weight == n:
             return list(range(n))
-        if weight == n - 1 and n > 1:
+        if weight == n - 1 and n > 2:  # with two layers each copy is its own layer: the block says which
             return list(range(1, n)) if inward else list(range(0, n - 1))
         return [0 if block == 0 else n - 1]
 
@@ -175,7 +178,8 @@ def _node_table(
         fwd, bwd = node_compute(info, strat, built.cluster, built.options, inputs)
         per_step = (fwd + bwd) * built.options.microbatches
         compute = (per_step + optimizer_time(info, strat, built.cluster, built.options)) * count
-        memory = node_memory(info, strat, built.cluster, built.options, built.keeps.get(name, True)) * count
+        keeps = built.keeps.get(name, True)
+        memory = node_memory_total(info, strat, built.cluster, built.options, keeps, count)
         total_compute += compute
         total_memory += memory
         rows.append(
@@ -216,6 +220,7 @@ def _edge_collectives(
     built: BuiltProblem, pick: dict[str, OpStrategy], namer: _LayerNamer
 ) -> list[Collective]:
     out: list[Collective] = []
+    shared = _Shared(built, pick, namer)
     for use in built.edges:
         producer, consumer = built.infos[use.producer], built.infos[use.consumer]
         steps = edge_steps(
@@ -229,12 +234,15 @@ def _edge_collectives(
         )
         # a parameter's gradient synchronisation serves the parameter; everything else serves the consumer
         layers = [(layer, namer.module(consumer.module, layer)) for layer in namer.layers_of_edge(use)]
+        layers = shared.first_uses(use, layers)  # one redistribution per (tensor, layout)
         # names of the shared (layer 0) nodes, as in Plan.nodes; Collective.layer tells the copies apart
         served, moved = built.template[consumer.name], built.template[producer.name]
         parameter = producer.kind == "parameter"
         fwd_times = repeats(built.options, parameter=parameter, backward=False)
         bwd_times = repeats(built.options, parameter=parameter, backward=True)
         out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
+        if reissued(producer, consumer, built.options):  # run again when backward recomputes the block
+            out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if producer.fqn:  # gradient synchronisation serves the parameter of each layer
             for layer, path in layers:
                 fqn = built.infos[moved].fqn
@@ -250,6 +258,45 @@ def _edge_collectives(
         else:
             out += _records(steps.backward, "backward", served, moved, layers, built, bwd_times)
     return out
+
+
+class _Shared:
+    """Which uses of a tensor are served by a redistribution already listed (problem/fanout.py groups).
+
+    A use in a group of uses of one tensor (a fan-out node's, or one the solver priced use by use as an
+    upper bound: codegen moves the tensor once per layout all the same), or a tensor made outside the
+    layers and read by every layer, lists its collectives only for the first consumer that wants its
+    layout; the key names the tensor by its template producer and the layer that made it.
+    """
+
+    def __init__(self, built: BuiltProblem, pick: dict[str, OpStrategy], namer: _LayerNamer) -> None:
+        self.built, self.pick, self.namer = built, pick, namer
+        groups = [fan.group for fan in built.fanouts] + list(built.apart)
+        self.grouped = {(g.producer, c, g.which, p): g.weight for g in groups for c, p in g.entries}
+        self.seen: set[tuple] = set()
+
+    def first_uses(self, use: EdgeUse, layers: list[tuple[int | None, str]]) -> list[tuple[int | None, str]]:
+        built = self.built
+        tu, tv = built.template[use.producer], built.template[use.consumer]
+        producer, consumer = built.infos[use.producer], built.infos[use.consumer]
+        across = built.num_blocks > 1 and producer.block is None and consumer.block is not None
+        weight = self.grouped.get((tu, tv, use.which, use.position))
+        if weight is None and not across:
+            return layers
+        element = element_of(producer, self.pick[use.consumer], use.position, built.options, built.cache)
+        step_back = int(
+            producer.block is not None
+            and consumer.block is not None
+            and producer.block[0] != consumer.block[0]
+        )
+        kept = []
+        for layer, path in layers:
+            made_in = None if producer.block is None or layer is None else layer - step_back
+            key = (tu, use.which, weight, element, made_in)
+            if key not in self.seen:
+                self.seen.add(key)
+                kept.append((layer, path))
+        return kept
 
 
 def _output_collectives(

@@ -246,5 +246,6 @@ def verify_plan(
 
 
 def _pin(built: BuiltProblem, allowed: dict[str, np.ndarray]) -> BuiltProblem:
-    masks = tuple(allowed.get(v) for v in built.variables)
+    fanouts = (None,) * len(built.fanouts)  # the fan-out nodes follow the variables
+    masks = tuple(allowed.get(v) for v in built.variables) + fanouts
     return dataclasses.replace(built, problem=dataclasses.replace(built.problem, allowed=masks))

@@ -214,6 +214,9 @@ class Solution:
     method: str
     seconds: float
     log: tuple[str, ...] = field(default=())
+    # False when a memory budget was set but the unconstrained optimum fits it (the budget changed nothing);
+    # None when there was no budget or the solver did not find out
+    budget_binding: bool | None = None
 
 
 def relative_gap(objective: float, lower_bound: float) -> float:

@@ -234,7 +234,9 @@ def _fits_unconstrained(run: _Run, ex: ExactSolver) -> Solution | None:
         f"exact: the optimum without the budget fits ({format_bytes(memory_of(rp, plan) + off)} of "
         f"{format_bytes(rp.memory_limit + off)}), so it is optimal under the budget too"
     )
-    return run.finish(plan, value + run.offset(), True, _exact_label(ex))
+    return dataclasses.replace(
+        run.finish(plan, value + run.offset(), True, _exact_label(ex)), budget_binding=False
+    )
 
 
 def _with_budget(run: _Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float) -> Solution:

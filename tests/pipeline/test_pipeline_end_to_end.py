@@ -72,6 +72,8 @@ def test_planned_pipeline_runs_and_matches_one_device() -> None:
     losses = [r["loss"] for r in results if r["loss"] is not None]
     assert len(losses) == 2  # the last stage's two ranks report the loss
     for got in losses:
-        torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-12)
+        # LLaMA's RMSNorm computes in float32 inside the float64 model: sums the plan reassociates (one
+        # all-reduce of a tensor's gradients summed over its consumers) agree to float32 precision
+        torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-7)
     assert {tuple(r["stages"]) for r in results} == {(0,), (1,)}
     assert all(r["collectives"] > 0 for r in results)  # the stages' tensor-parallel collectives ran

@@ -243,6 +243,14 @@ def _single_device() -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[
     return losses, grads, {k: p.detach().clone() for k, p in model.named_parameters()}
 
 
+# LLaMA's RMSNorm computes in float32 inside the float64 model, so sums reassociated by the plan (one
+# all-reduce of gradients summed over a tensor's consumers, fan-out) agree to float32 precision only
+FLOAT32_ISLAND = {"rtol": 1e-5, "atol": 1e-7}
+# AdamW divides by each gradient's own scale: an element whose gradient is near zero moves by up to lr (1e-2)
+# times that gradient's relative error (seen: 1e-5 on one element of 8192)
+AFTER_ADAMW = {"rtol": 1e-5, "atol": 1e-4}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_pipeline_equals_single_device(family: str) -> None:
@@ -271,7 +279,7 @@ def test_pipeline_equals_single_device(family: str) -> None:
             for got, want in zip(r["losses"], ref_losses, strict=True):
                 assert (got is not None) == last
                 if last:
-                    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+                    torch.testing.assert_close(got, want, **FLOAT32_ISLAND)
             # p2p: per step and microbatch, one activation out of every non-last stage and one gradient out of
             # every non-first stage of this rank whose neighbour is on the other pipeline rank; as many received;
             # all of the boundary activation's local shape
@@ -293,9 +301,9 @@ def test_pipeline_equals_single_device(family: str) -> None:
                 assert planned and ran == +expected, (schedule, rank, ran, expected)
         assert sorted(grads) == sorted(ref_grads) == sorted(weights)
         for name, want in ref_grads.items():
-            torch.testing.assert_close(grads[name], want, rtol=0, atol=1e-12, msg=f"{schedule}: grad {name}")
+            torch.testing.assert_close(grads[name], want, **FLOAT32_ISLAND, msg=f"{schedule}: grad {name}")
         for name, want in ref_weights.items():
-            torch.testing.assert_close(weights[name], want, rtol=0, atol=1e-12, msg=f"{schedule}: {name}")
+            torch.testing.assert_close(weights[name], want, **AFTER_ADAMW, msg=f"{schedule}: {name}")
 
 
 # -- bad input: one line, before any process group is needed -------------------------------------------------

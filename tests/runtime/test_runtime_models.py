@@ -55,7 +55,9 @@ def test_emitted_module_matches_single_device(case: str) -> None:
     assert report.emitted == report.planned and report.ranks_agree
     assert must <= set(report.emitted), f"the forced plan lost its collectives: {report.emitted}"
     assert len(report.grads) == len(list(m.model.parameters()))
-    assert max(d.max_abs for d in report.outputs) < 1e-9
+    # LLaMA's RMSNorm computes in float32 inside the float64 model: one all-reduce of summed gradients (one
+    # redistribution per tensor and layout) reassociates sums that it rounds at float32 precision
+    assert max(d.max_abs for d in report.outputs) < (1e-6 if name == "llama" else 1e-9)
 
 
 def test_ops_without_rules_run_replicated_and_stay_right() -> None:

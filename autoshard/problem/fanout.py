@@ -1,0 +1,237 @@
+"""One redistribution per (tensor, target layout): group the uses of a tensor and build its fan-out node.
+
+Input: the weighted uses of :func:`autoshard.problem.build._edge_weights` (template producer, template
+consumer, output, input position, weight in the full model).  Output: a :class:`Sharing` that says which
+uses are priced alone (an ordinary edge) and which share one fan-out node
+(:mod:`autoshard.search.fanout` has the exact formulation), and :func:`fanout_arrays`, the node costs and
+edges of those nodes, appended after the graph's own variables.
+
+Grouping, per template producer output and weight (the weights of ``build``'s module docstring):
+
+- uses of one tensor with the same weight form one group: inside a layer (weight N: the norm's output read
+  by q, k and v), from one layer into the next (N - 1: the residual read by the next norm and add), from
+  outside into the first layer (1);
+- a tensor made outside the repeated layers and read by every layer (an attention mask, RoPE tables) is
+  one tensor: all layers pick the same strategy, so they want the same layout and share one
+  redistribution.  Its weight is 1, not N, and it joins the producer's other weight-1 uses;
+- a use whose producer and consumer share a template (a node feeding its own copy in the next layer)
+  stays an edge (it is folded into the node cost).
+
+Left out, said here: a layer's output read both inside its own layer and by the next layer (weights N
+and N - 1) forms two groups, so a layout both want is priced twice (codegen moves it once).  No
+transformer in the zoo has that shape.
+
+Element of a consumer strategy: ``(forward spec wanted, gradient spec given back)``, interned ids.  Two
+consumers with the same element run the same redistribution both ways, which is what codegen shares.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from autoshard.problem.costs import CostOptions, StepCache, dual_spec, repeats
+from autoshard.problem.graph import NodeInfo
+from autoshard.problem.recompute import reissued
+from autoshard.search import Edge
+from autoshard.search import fanout as search_fanout
+from autoshard.search.fanout import FanOutNode, best_state, fanout_node, shareable
+from autoshard.strategies import OpStrategy
+
+__all__ = [
+    "FanOut",
+    "Group",
+    "Sharing",
+    "UseKey",
+    "complete_choice",
+    "element_of",
+    "fanout_arrays",
+    "split_uses",
+]
+
+UseKey = tuple[str, str, int, int]  # (template producer, template consumer, which output, input position)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Uses of one producer output with one weight: candidates for one fan-out node."""
+
+    producer: str
+    which: int
+    weight: int
+    entries: tuple[tuple[str, int], ...]  # (template consumer, input position)
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Which uses are ordinary edges (with their weight) and which groups get a fan-out node."""
+
+    single: dict[UseKey, int]
+    groups: tuple[Group, ...]
+
+    def group_of(self) -> dict[UseKey, Group]:
+        return {(g.producer, c, g.which, p): g for g in self.groups for c, p in g.entries}
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """A fan-out node of the built problem: its variable index and the group it prices."""
+
+    index: int
+    group: Group
+    node: FanOutNode
+
+
+def split_uses(
+    uses: Sequence, infos: Mapping[str, NodeInfo], template: Mapping[str, str], n_blocks: int
+) -> Sharing:
+    """Aggregate uses by template key (as ``build`` did) and group those one redistribution can serve."""
+    weights: dict[UseKey, int] = defaultdict(int)
+    relation: dict[UseKey, str] = {}
+    for use in uses:
+        key = (template[use.producer], template[use.consumer], use.which, use.position)
+        weights[key] += use.weight
+        relation.setdefault(key, _relation(infos[use.producer], infos[use.consumer]))
+    single: dict[UseKey, int] = {}
+    by_tensor: dict[tuple[str, int, int, str], list[tuple[str, int]]] = defaultdict(list)
+    for (tu, tv, which, pos), weight in weights.items():
+        if n_blocks > 1 and infos[tu].block is None and infos[tv].block is not None:
+            weight = 1  # one tensor read by every layer: one layout for all, moved once
+        meta = infos[tu].outputs[which] if which < len(infos[tu].outputs) else None
+        if tu == tv or meta is None:
+            single[(tu, tv, which, pos)] = weight
+        else:
+            by_tensor[(tu, which, weight, relation[(tu, tv, which, pos)])].append((tv, pos))
+    groups = []
+    for (tu, which, weight, _), entries in by_tensor.items():
+        if len(entries) == 1:
+            single[(tu, entries[0][0], which, entries[0][1])] = weight
+        else:
+            groups.append(Group(tu, which, weight, tuple(entries)))
+    return Sharing(single, tuple(groups))
+
+
+def _relation(producer: NodeInfo, consumer: NodeInfo) -> str:
+    """Which copy of a block producer a use reads: the same layer's, the previous layer's, or the last
+    layer's (read outside); uses of one template producer in different relations read different tensors."""
+    if producer.block is None:
+        return "outside"
+    if consumer.block is None:
+        return "leaves"
+    return "same" if producer.block[0] == consumer.block[0] else "next"
+
+
+def element_of(
+    producer: NodeInfo, dst: OpStrategy, pos: int, opts: CostOptions, cache: StepCache
+) -> tuple[int, int]:
+    """``(forward spec id, gradient spec id)`` a consumer strategy needs of this input (-1 for none)."""
+    want = cache.intern(dst.inputs[pos])
+    grad = cache.intern(dst.input_grads[pos]) if opts.training and producer.requires_grad else -1
+    return want, grad
+
+
+def fanout_arrays(
+    sharing: Sharing,
+    infos: Mapping[str, NodeInfo],
+    index: Mapping[str, int],
+    strategies: Mapping[str, tuple[OpStrategy, ...]],
+    opts: CostOptions,
+    cache: StepCache,
+) -> tuple[list[FanOut], list[Group], list[str]]:
+    """Fan-out nodes (indices from ``len(index)`` on), the groups with nothing to share (their uses are
+    ordinary edges, exactly priced), and a note per node that is only an upper bound."""
+    fans: list[FanOut] = []
+    unshared: list[Group] = []
+    notes: list[str] = []
+    for group in sharing.groups:
+        consumer = infos[group.entries[0][0]]  # the uses of a group share their relation to the blocks
+        node, entries = _group_node(group, infos[group.producer], consumer, strategies, opts, cache)
+        if node is None:
+            unshared.append(group)
+            if shareable(entries):
+                notes.append(
+                    f"{group.producer}: its {len(group.entries)} consumers can combine too many layouts to "
+                    f"price one redistribution per layout (over {search_fanout.MAX_FANOUT_STATES} states); "
+                    "priced once per consumer (an upper bound)"
+                )
+            continue
+        fans.append(FanOut(len(index) + len(fans), group, node))
+        if not node.exact:
+            notes.append(
+                f"{group.producer}: {len(group.entries)} consumers want too many layout combinations to price "
+                "sharing exactly; two layouts each shared by several of them are priced as if one were not "
+                "shared (an upper bound)"
+            )
+    return fans, unshared, notes
+
+
+def _group_node(
+    group: Group,
+    producer: NodeInfo,
+    consumer: NodeInfo,
+    strategies: Mapping[str, tuple[OpStrategy, ...]],
+    opts: CostOptions,
+    cache: StepCache,
+) -> tuple[FanOutNode | None, list[np.ndarray]]:
+    ids: dict[tuple[int, int], int] = {}
+    entries = []
+    for name, pos in group.entries:
+        elems = [element_of(producer, s, pos, opts, cache) for s in strategies[name]]
+        entries.append(np.array([ids.setdefault(e, len(ids)) for e in elems]))
+    element_cost = _element_cost(producer, group.which, strategies[group.producer], list(ids), opts, cache)
+    if reissued(producer, consumer, opts):  # the shared move is re-run once when the block is recomputed
+        forward = replace(opts, training=False)
+        again = _element_cost(producer, group.which, strategies[group.producer], list(ids), forward, cache)
+        element_cost = element_cost + again
+    return fanout_node(element_cost * group.weight, entries, search_fanout.MAX_FANOUT_STATES), entries
+
+
+def _element_cost(
+    producer: NodeInfo,
+    which: int,
+    src_list: tuple[OpStrategy, ...],
+    elements: list[tuple[int, int]],
+    opts: CostOptions,
+    cache: StepCache,
+) -> np.ndarray:
+    """``C[a, e]``: forward + backward seconds of element ``e`` when the producer runs ``a`` (one layer)."""
+    meta = producer.outputs[which]
+    assert meta is not None
+    cost = np.zeros((len(src_list), len(elements)))
+    backward = opts.training and producer.requires_grad
+    parameter = producer.kind == "parameter"
+    fwd_times = repeats(opts, parameter=parameter, backward=False)  # per step: microbatches, or once
+    bwd_times = repeats(opts, parameter=parameter, backward=True)
+    for a, s in enumerate(src_list):
+        have = s.outputs[which] if which < len(s.outputs) else None
+        have_id = cache.intern(have)
+        dual_id = cache.intern(dual_spec(have)) if have is not None else -1
+        for e, (want, grad) in enumerate(elements):
+            t = cache.time(have_id, want, meta.shape, meta.itemsize) * fwd_times
+            if backward:
+                t += cache.time(grad, dual_id, meta.shape, meta.itemsize) * bwd_times
+            cost[a, e] = t
+    return cost
+
+
+def fanout_edges(fans: Sequence[FanOut], index: Mapping[str, int]) -> list[Edge]:
+    """Producer → F and F → consumer edges of every fan-out node."""
+    edges: list[Edge] = []
+    for fan in fans:
+        edges.append(Edge(index[fan.group.producer], fan.index, fan.node.producer_cost))
+        for (consumer, _), matrix in zip(fan.group.entries, fan.node.consumer_costs, strict=True):
+            edges.append(Edge(fan.index, index[consumer], matrix))
+    return edges
+
+
+def complete_choice(
+    fans: Sequence[FanOut], choice: Mapping[str, int], strategies: Mapping[str, tuple[OpStrategy, ...]]
+) -> list[int]:
+    """The best state of every fan-out node once the variables' strategy indices ``choice`` are fixed."""
+    return [
+        best_state(fan.node, choice[fan.group.producer], [choice[c] for c, _ in fan.group.entries])
+        for fan in fans
+    ]

@@ -1,0 +1,200 @@
+"""What-if: a plan's step time as a sympy expression, and where another plan overtakes it.
+
+Input: saved :class:`~autoshard.plans.Plan` records.  Output: :class:`PlanCost` (the expression) and
+:class:`Crossover` records (the value of one variable where two plans cost the same, and which one wins on
+each side).  Nothing is re-planned: every plan keeps its strategies; what changes is the size of the work
+they are applied to.
+
+Symbols: ``batch`` (global batch ``B``), ``seq`` (sequence length ``S``), ``devices`` (``D``, for plans on
+a 1-D mesh) and ``bandwidth`` (``W``, link bandwidth as a multiple of the profile's).  The plan was priced
+at ``B0, S0, D0, W = 1``; each priced term of the plan is scaled to first order:
+
+================================  ==============================================================
+term (from the plan)              scaled by
+================================  ==============================================================
+compute of a node fed by the      ``(B/B0) (S/S0)`` -- ``(S/S0)^2`` for attention
+user inputs (an activation op)    (``scaled_dot_product_attention``, flash/efficient attention);
+                                  ``D0/D`` when its strategy splits it (a ``S(..)`` or ``P`` in it)
+compute of any other node         1 (parameters and their optimizer step)
+(parameters, optimizer)           ``D0/D`` when split
+collective: latency part          ``(D-1)/(D0-1)`` ring steps
+(its time at 1 byte)
+collective: bandwidth part        ``(B/B0)(S/S0)`` when it moves an activation (1 for a parameter or
+(the rest)                        its gradient), ``((D-1)/D) / ((D0-1)/D0)`` and ``1/W``
+================================  ==============================================================
+
+The step is the sum of these terms minus what overlap hid in the plan (``compute + communication -
+predicted step``), held constant.
+That is the roofline and alpha-beta model of ``cost_models`` read at first order: launch floors, the
+efficiency ramp, the bus-bandwidth curve and the overlap are not re-applied away from the planned size, so
+figures far from ``B0, S0`` are extrapolations of the priced plan, not re-priced plans.
+:func:`crossovers` solves ``cost_a = cost_b`` exactly (``sympy.solve``) for the varied symbol, the others
+held at the reference.
+
+Example::
+
+    dp, tp = plan_cost(load_plan("dp.json"), "dp"), plan_cost(load_plan("tp.json"), "tp")
+    for c in crossovers(dp, [tp], "batch", 1, 1024):
+        print(c)          # batch = 37.5: tp faster below, dp faster above (both 1.92 ms)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import sympy
+
+from autoshard.errors import AutoshardError
+from autoshard.plans import Plan
+
+__all__ = ["SYMBOLS", "Crossover", "PlanCost", "WhatIfError", "crossovers", "plan_cost"]
+
+Variable = Literal["batch", "seq", "devices", "bandwidth"]
+SYMBOLS: dict[str, sympy.Symbol] = {
+    name: sympy.Symbol(name, positive=True) for name in ("batch", "seq", "devices", "bandwidth")
+}
+_ATTENTION = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+
+
+class WhatIfError(AutoshardError):
+    """A what-if that cannot be answered from these plans (the message says which and why)."""
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """A plan's step time as ``expr`` in :data:`SYMBOLS`, and the point it was priced at."""
+
+    name: str
+    expr: sympy.Expr
+    reference: dict[str, float]
+
+    def at(self, **values: float) -> float:
+        """Seconds at ``values`` (the reference for any symbol not given)."""
+        point = {**self.reference, **values}
+        return float(self.expr.subs({SYMBOLS[k]: v for k, v in point.items()}))
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where plans ``a`` and ``b`` cost the same as ``variable`` varies."""
+
+    variable: str
+    value: float
+    seconds: float
+    below: str  # the faster plan just below ``value``
+    above: str  # the faster plan just above
+
+    def __str__(self) -> str:
+        return (
+            f"{self.variable} = {self.value:.6g}: {self.below} faster below, {self.above} faster above "
+            f"(both {self.seconds * 1e3:.4g} ms)"
+        )
+
+
+def _reference(plan: Plan) -> dict[str, float]:
+    shapes = [shape for shape, _ in plan.input_shapes.values()]
+    if not shapes or not shapes[0]:
+        raise WhatIfError(
+            f"plan of {plan.model} records no input shape: batch and sequence are unknown; re-plan"
+        )
+    shape = shapes[0]
+    return {
+        "batch": float(shape[0]),
+        "seq": float(shape[1]) if len(shape) > 1 else 1.0,
+        "devices": float(plan.num_devices),
+        "bandwidth": 1.0,
+    }
+
+
+def _activations(plan: Plan) -> set[str]:
+    """Nodes whose value depends on a user input (forward reachability over ``NodePlan.inputs``)."""
+    reached = set(plan.input_placements) | set(plan.input_shapes)
+    for node in plan.nodes:  # plan.nodes is in graph order: inputs come before their users
+        if any(i in reached for i in node.inputs):
+            reached.add(node.name)
+    return reached
+
+
+def _split(strategy: str) -> bool:
+    return "S(" in strategy or "P" in strategy
+
+
+def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
+    """The step time of ``plan`` as a sympy expression (module docstring)."""
+    from autoshard.codegen.parallelize import plan_cluster  # the cluster the plan was priced on
+
+    ref = _reference(plan)
+    b, s, d, w = (SYMBOLS[k] for k in ("batch", "seq", "devices", "bandwidth"))
+    tokens = (b / ref["batch"]) * (s / ref["seq"])
+    one_axis = len(plan.mesh_shape) == 1
+    d0 = ref["devices"]
+    shrink = d0 / d if one_axis else sympy.Integer(1)
+    act = _activations(plan)
+    terms: list[sympy.Expr] = []
+    for node in plan.nodes:
+        scale: sympy.Expr = sympy.Integer(1)
+        if node.name in act:
+            attention = any(a in node.target for a in _ATTENTION)
+            scale = tokens * (s / ref["seq"] if attention else 1)
+        if _split(node.strategy):
+            scale = scale * shrink
+        terms.append(sympy.Float(node.compute_seconds) * scale)
+    cluster = plan_cluster(plan)
+    ring_lat = (d - 1) / (d0 - 1) if one_axis and d0 > 1 else sympy.Integer(1)
+    ring_bw = ((d - 1) / d) / ((d0 - 1) / d0) if one_axis and d0 > 1 else sympy.Integer(1)
+    for c in plan.collectives:
+        latency = min(c.seconds, cluster.collective_time(c.kind, 1, axis=c.mesh_axis))
+        moved = tokens if c.tensor in act else sympy.Integer(1)
+        terms.append(sympy.Float(latency) * ring_lat + sympy.Float(c.seconds - latency) * moved * ring_bw / w)
+    # the plan's step is a critical path (autoshard.problem.step): what overlap hid is kept constant
+    hidden = plan.compute_time + plan.communication_time - plan.predicted_step_time
+    return PlanCost(name or plan.model, sympy.Add(*terms) - sympy.Float(max(hidden, 0.0)), ref)
+
+
+def crossovers(
+    base: PlanCost, others: Sequence[PlanCost], variable: str, lo: float, hi: float
+) -> list[Crossover]:
+    """Every value of ``variable`` in ``[lo, hi]`` where ``base`` and one of ``others`` cost the same."""
+    if variable not in SYMBOLS:
+        raise WhatIfError(f"cannot vary {variable!r}: choose one of {', '.join(SYMBOLS)}")
+    if not (0 < lo < hi):
+        raise WhatIfError(f"range {lo}..{hi} for {variable}: give 0 < low < high, e.g. {variable}=1..1024")
+    x = SYMBOLS[variable]
+    found: list[Crossover] = []
+    for other in others:
+        fixed = {SYMBOLS[k]: v for k, v in base.reference.items() if k != variable}
+        diff = sympy.simplify((base.expr - other.expr).subs(fixed))
+        if diff.free_symbols - {x}:
+            raise WhatIfError(
+                f"{other.name}: plans priced at different points cannot be compared; re-plan both"
+            )
+        for root in _real_roots(diff, x, lo, hi):
+            seconds = float(base.expr.subs(fixed).subs(x, root))
+            below, above = _winners(diff, x, root)
+            names = {True: base.name, False: other.name}
+            found.append(Crossover(variable, root, seconds, names[below], names[above]))
+    return sorted(found, key=lambda c: c.value)
+
+
+def _real_roots(diff: sympy.Expr, x: sympy.Symbol, lo: float, hi: float) -> list[float]:
+    if diff == 0:
+        return []
+    try:
+        roots = sympy.solve(sympy.Eq(diff, 0), x)
+    except NotImplementedError:  # transcendental: not produced by plan_cost, but say so rather than guess
+        raise WhatIfError(f"cannot solve {diff} = 0 for {x} in closed form") from None
+    out = []
+    for r in roots:
+        value = complex(sympy.N(r))
+        if abs(value.imag) < 1e-9 * max(1.0, abs(value.real)) and lo <= value.real <= hi:
+            out.append(value.real)
+    return sorted(set(out))
+
+
+def _winners(diff: sympy.Expr, x: sympy.Symbol, root: float) -> tuple[bool, bool]:
+    """Is the base plan faster just below and just above ``root``?  (``diff`` = base - other.)"""
+    eps = max(1e-9, 1e-6 * abs(root))
+    f = sympy.lambdify(x, diff, "math")
+    return bool(f(root - eps) < 0), bool(f(root + eps) < 0)

@@ -1,0 +1,96 @@
+"""``autoshard whatif``: a plan's step time as a sympy expression, and the crossover where another plan
+becomes faster -- checked on the seed model (data vs tensor parallel) against a hand computation."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from cli_support import run_main
+
+import autoshard
+from autoshard import zoo
+from autoshard.codegen.parallelize import plan_cluster
+from autoshard.whatif import crossovers, plan_cost
+
+B0, S0 = 2048, 512
+TENSOR_PARALLEL = {"ids": ("R",), "proj": ((1, 1, 1), (8, 1)), "head": ((1, 1, 8), (1, 8))}
+
+
+@functools.cache
+def seed_plans() -> tuple[autoshard.Plan, autoshard.Plan]:
+    """The searched plan (data parallel, the known optimum) and Megatron column -> row on 8 x A100."""
+    case = zoo.build("seed", batch=B0, seq=S0, device="meta")
+    cluster = autoshard.load_cluster("a100x8")
+    dp = autoshard.plan(case.model, cluster, case.args, case.kwargs)
+    tp = autoshard.plan(case.model, cluster, case.args, case.kwargs, annotations=TENSOR_PARALLEL)
+    assert set(dp.param_placements.values()) == {("R",)}
+    return dp, tp
+
+
+def _by_hand(plan: autoshard.Plan) -> tuple[float, float]:
+    """(seconds that grow with the batch at B0, seconds that do not), reading the plan's records.
+
+    The seed model's activations are everything downstream of ``ids``: embedding, proj, head, mean and
+    their gradients; its parameters and their optimizer steps do not grow with the batch.  A collective's
+    time is its latency (its time for one byte) plus a bandwidth part that grows with the tensor it moves.
+    """
+    activations = {"ids"}
+    for node in plan.nodes:
+        if set(node.inputs) & activations:
+            activations.add(node.name)
+    grows = sum(n.compute_seconds for n in plan.nodes if n.name in activations)
+    fixed = sum(n.compute_seconds for n in plan.nodes if n.name not in activations)
+    fixed -= plan.compute_time + plan.communication_time - plan.predicted_step_time  # hidden by overlap
+    cluster = plan_cluster(plan)
+    for c in plan.collectives:
+        latency = min(c.seconds, cluster.collective_time(c.kind, 1, axis=c.mesh_axis))
+        fixed += latency
+        if c.tensor in activations:
+            grows += c.seconds - latency
+        else:
+            fixed += c.seconds - latency
+    return grows, fixed
+
+
+@pytest.mark.slow  # plans the seed model twice (~3 s)
+def test_seed_data_vs_tensor_parallel_crossover_matches_a_hand_computation() -> None:
+    dp, tp = seed_plans()
+    (g_dp, f_dp), (g_tp, f_tp) = _by_hand(dp), _by_hand(tp)
+    assert g_dp + f_dp == pytest.approx(dp.predicted_step_time, rel=1e-9)
+    assert g_tp + f_tp == pytest.approx(tp.predicted_step_time, rel=1e-9)
+    # T(B) = grows * B / B0 + fixed for both: equal at B* = B0 (f_tp - f_dp) / (g_dp - g_tp)
+    by_hand = B0 * (f_tp - f_dp) / (g_dp - g_tp)
+    assert 1 < by_hand < B0, "DP wins at the planned batch; TP must win at some smaller one"
+    found = crossovers(plan_cost(dp, "dp"), [plan_cost(tp, "tp")], "batch", 1, 4 * B0)
+    assert len(found) == 1
+    assert found[0].value == pytest.approx(by_hand, rel=1e-9)
+    assert (found[0].below, found[0].above) == ("tp", "dp")
+
+
+def test_the_expression_reproduces_the_plan_and_scales_as_documented() -> None:
+    dp, _ = seed_plans()
+    cost = plan_cost(dp, "dp")
+    assert cost.at() == pytest.approx(dp.predicted_step_time, rel=1e-9)
+    grows, fixed = _by_hand(dp)
+    assert cost.at(batch=2 * B0) == pytest.approx(2 * grows + fixed, rel=1e-9)
+    # DP's gradient all-reduce is the only communication: twice the bandwidth halves its bandwidth part
+    comm = sum(c.seconds for c in dp.collectives)
+    assert cost.at(bandwidth=2.0) < cost.at() and cost.at() - cost.at(bandwidth=2.0) < comm / 2 + 1e-15
+
+
+def test_cli_prints_the_crossover_naming_both_plans(tmp_path) -> None:
+    dp, tp = seed_plans()
+    dp.save(tmp_path / "dp.json")
+    tp.save(tmp_path / "tp.json")
+    result = run_main(
+        "whatif", str(tmp_path / "dp.json"), "--against", str(tmp_path / "tp.json"),
+        "--vary", "batch=1..8192", "--vary", "bandwidth=0.5..2", "--show",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "batch = " in result.out and "tp faster below, dp faster above" in result.out
+    assert "bandwidth in 0.5..2:" in result.out and "= " in result.out
+    bad = run_main(
+        "whatif", str(tmp_path / "dp.json"), "--against", str(tmp_path / "tp.json"), "--vary", "x=1..2"
+    )
+    assert bad.code == 2 and "NAME is one of batch, seq, devices, bandwidth" in bad.err

@@ -1,0 +1,98 @@
+"""Recomputation is a searched choice for the repeated blocks: none / selective / full, priced in compute,
+re-issued forward collectives and memory; the fastest plan that fits the memory wins."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+
+import autoshard
+from autoshard import zoo
+from autoshard.plans import Plan
+
+# data parallel pinned, so that only recomputation (not more sharding) can save activation memory
+DATA_PARALLEL = {
+    "input_ids": ("S(0)",),
+    "*_proj": "replicate",
+    "lm_head": "replicate",
+    "model.embed_tokens": "replicate",
+}
+
+
+@functools.cache
+def forced(policy: str, megatron: bool = False, limit: float | None = None) -> Plan | None:
+    """The plan under ``policy`` ("auto": searched), or None when none fits ``limit``."""
+    case = zoo.build("llama-tiny", layers=2, batch=8, seq=256, device="meta")
+    annotations = MEGATRON if megatron else DATA_PARALLEL
+    cluster = autoshard.load_cluster("a100x8", mesh=(8,))
+    try:
+        return autoshard.plan(
+            case.model,
+            cluster,
+            case.args,
+            case.kwargs,
+            annotations=annotations,
+            recompute=policy,  # type: ignore[arg-type]
+            memory_limit=limit,
+        )
+    except autoshard.InfeasibleError:
+        return None
+
+
+COLUMN, ROW = ((1, 1, 1), (8, 1)), ((1, 1, 8), (1, 8))  # linear on (B, S, H): input R / input split
+MEGATRON = {
+    **{f"*.{m}": COLUMN for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")},
+    **{f"*.{m}": ROW for m in ("o_proj", "down_proj")},
+}
+
+
+@pytest.mark.slow
+def test_each_policy_trades_time_for_memory() -> None:
+    none, selective, full = (forced(p) for p in ("none", "selective", "full"))
+    assert none is not None and selective is not None and full is not None
+    assert [p.recompute for p in (none, selective, full)] == ["none", "selective", "full"]
+    assert none.predicted_step_time < selective.predicted_step_time < full.predicted_step_time
+    assert none.memory_per_device > selective.memory_per_device > full.memory_per_device
+
+
+@pytest.mark.slow
+def test_the_search_picks_the_fastest_policy_that_fits() -> None:
+    """Under a budget just above what selective recomputation needs, the searched plan is the fastest of the
+    three policies solved one by one under the same budget (none may still fit by sharding more)."""
+    selective = forced("selective")
+    assert selective is not None
+    limit = selective.memory_per_device * 1.01
+    each = {p: forced(p, limit=limit) for p in ("none", "selective", "full")}
+    fitting = {p: plan for p, plan in each.items() if plan is not None}
+    assert "selective" in fitting and "full" in fitting
+    searched = forced("auto", limit=limit)
+    assert searched is not None
+    best = min(fitting, key=lambda p: fitting[p].predicted_step_time)
+    assert searched.recompute == best
+    assert searched.predicted_step_time == pytest.approx(fitting[best].predicted_step_time, rel=1e-9)
+    assert searched.memory_per_device <= limit
+    if best != "none":
+        assert any("recomputation" in n for n in searched.notes)
+
+
+def test_full_recompute_reissues_the_forward_collectives_inside_blocks() -> None:
+    none, full = forced("none", megatron=True), forced("full", megatron=True)
+    assert none is not None and full is not None
+    # every forward move between two block nodes runs again when backward recomputes the block (listed
+    # twice); moves out of a block (to the final norm) or into it from outside (the embedding) run once
+    in_block = {n.name for n in full.nodes if n.key.startswith("block:")}
+    runs = Counter((c.kind, c.tensor, c.node, c.layer) for c in full.collectives if c.phase == "forward")
+    inside = {k for k in runs if k[1] in in_block and k[2] in in_block}
+    assert inside, "Megatron moves inside the layers"
+    assert all(runs[k] == (2 if k in inside else 1) for k in runs)
+    assert full.collective_counts("backward") == none.collective_counts("backward")
+    assert none.collective_counts("forward")["all_reduce"] == 4  # after o_proj and down_proj, per layer
+
+
+def test_plan_records_the_choice_through_json(tmp_path) -> None:
+    plan = forced("selective")
+    assert plan is not None
+    plan.save(tmp_path / "plan.json")
+    assert autoshard.load_plan(tmp_path / "plan.json").recompute == "selective"
