@@ -34,7 +34,7 @@ import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,7 @@ from autoshard.plans import Plan
 __all__ = [
     "INFO_ATTR",
     "ParallelInfo",
+    "WeightSource",
     "full_grads",
     "full_state_dict",
     "gather_outputs",
@@ -67,6 +68,14 @@ __all__ = [
 
 INFO_ATTR = "autoshard"
 """Attribute of an emitted module holding its :class:`ParallelInfo` (read it with :func:`parallel_info`)."""
+
+
+class WeightSource(Protocol):
+    """Where a model planned on ``meta`` gets this rank's pieces (:mod:`autoshard.runtime.materialize`)."""
+
+    def local(self, attr: AttrSpec, mesh_shape: Sequence[int], coord: Sequence[int]) -> torch.Tensor:
+        """The piece of ``attr``'s global tensor that device ``coord`` holds, on the CPU."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ def parallelize(
     captured: Captured | None = None,
     device: torch.device | str | None = None,
     record: bool = False,
+    weights: WeightSource | None = None,
 ) -> fx.GraphModule:
     """This rank's module under ``plan`` (module doc).
 
@@ -109,6 +119,9 @@ def parallelize(
         captured: a capture of ``model`` with every layer (``capture(..., blocks="full")``) to reuse.
         device: where this rank computes; default ``cuda`` under NCCL, else ``cpu``.
         record: log every collective (``module.autoshard.comm.log``) to compare ranks.
+        weights: where each piece comes from for a model on ``meta`` (shard-only materialisation:
+            :class:`~autoshard.runtime.materialize.InitWeights` or ``SafetensorsWeights``); default the
+            model's own tensors, sliced.
 
     Raises:
         MeshError: no process group, or one of the wrong size.  PlanMismatchError: the model is not the one
@@ -132,7 +145,7 @@ def parallelize(
     )
     root: dict[str, Any] = {COMM_ATTR: comm}
     for attr in lowered.attrs:
-        root[attr.fqn] = _local_tensor(model, captured, attr, comm, where)
+        root[attr.fqn] = _local_tensor(model, captured, attr, comm, where, weights)
     _check_collectives(lowered.edges, plan)
     module = fx.GraphModule(root, lowered.graph, class_name=f"Parallel{plan.model}")
     stateful = frozenset(a.fqn for a in lowered.attrs if _in_state_dict(model, a))
@@ -191,8 +204,23 @@ def _default_device() -> torch.device:
 
 
 def _local_tensor(
-    model: nn.Module, captured: Captured, attr: AttrSpec, comm: MeshComm, device: torch.device
+    model: nn.Module,
+    captured: Captured,
+    attr: AttrSpec,
+    comm: MeshComm,
+    device: torch.device,
+    weights: WeightSource | None = None,
 ) -> torch.Tensor:
+    requires_grad = attr.kind == "parameter" and model.get_parameter(attr.fqn).requires_grad
+    if weights is not None:
+        piece = weights.local(attr, comm.mesh_shape, comm.coord).to(device)
+        want = spec_of_local(attr, comm)
+        if tuple(piece.shape) != want:
+            raise PlanMismatchError(
+                f"{attr.kind} {attr.fqn}: the weight source gave a piece of shape {tuple(piece.shape)}, this "
+                f"rank holds {want} under {attr.spec}"
+            )
+        return nn.Parameter(piece, requires_grad=requires_grad) if attr.kind == "parameter" else piece
     if attr.kind == "parameter":
         whole: torch.Tensor = model.get_parameter(attr.fqn)
     elif attr.kind == "buffer":
@@ -201,13 +229,18 @@ def _local_tensor(
         whole = captured.constants[attr.fqn]
     if whole.device.type == "meta":
         raise PlanMismatchError(
-            f"{attr.kind} {attr.fqn} is on the meta device: parallelize needs the real weights (build or load "
-            "the model on the CPU)"
+            f"{attr.kind} {attr.fqn} is on the meta device: pass parallelize(..., weights=InitWeights(model) or "
+            "SafetensorsWeights(directory, model)) from autoshard.runtime.materialize, or build the model on the CPU"
         )
     piece = local_piece(whole, attr.spec, comm.mesh_shape, comm.coord).to(device)
     if attr.kind == "parameter":
         return nn.Parameter(piece, requires_grad=whole.requires_grad)
     return piece
+
+
+def spec_of_local(attr: AttrSpec, comm: MeshComm) -> tuple[int, ...]:
+    """The shape of this rank's piece of ``attr``."""
+    return tuple(attr.spec.local_shape(attr.global_shape, comm.mesh_shape))
 
 
 def _in_state_dict(model: nn.Module, attr: AttrSpec) -> bool:
