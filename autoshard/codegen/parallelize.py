@@ -17,7 +17,10 @@ Output: an ``fx.GraphModule`` whose
 
 Steps: capture with every layer (``blocks="full"``), read the plan's decision for every node
 (:func:`~autoshard.codegen.assign.assign_strategies`), lower the graph for this rank's coordinate
-(:func:`~autoshard.codegen.lower.lower_graph`) with the cluster the plan was priced on, cut each weight's piece.
+(:func:`~autoshard.codegen.lower.lower_graph`) with the cluster the plan was priced on, make dropout draw the
+single-device masks (:mod:`autoshard.runtime.rng`), cut each weight's piece -- from the model's own tensors,
+or, for a model on ``meta``, from a ``weights`` source (:mod:`autoshard.runtime.materialize`: only this
+rank's shards are ever allocated).
 
 Example (on every rank, e.g. under ``torchrun``)::
 
@@ -143,6 +146,7 @@ def parallelize(
     lowered = lower_graph(
         captured, strategies, cluster or plan_cluster(plan), comm.coord, training=plan.training, device=where
     )
+    _reproducible_randomness(lowered.graph, strategies, comm)
     root: dict[str, Any] = {COMM_ATTR: comm}
     for attr in lowered.attrs:
         root[attr.fqn] = _local_tensor(model, captured, attr, comm, where, weights)
@@ -195,6 +199,13 @@ def _mesh(plan: Plan) -> Any:
             f"{dist.get_world_size()} ranks: launch {plan.num_devices} ranks or re-plan for this many"
         )
     return device_mesh(plan.mesh_shape)
+
+
+def _reproducible_randomness(graph: fx.Graph, strategies: Mapping[str, Any], comm: MeshComm) -> None:
+    """Dropout draws the single-device model's masks (:mod:`autoshard.runtime.rng`)."""
+    from autoshard.runtime.rng import reproducible_randomness
+
+    reproducible_randomness(graph, strategies, comm.mesh_shape, comm.coord)
 
 
 def _default_device() -> torch.device:
