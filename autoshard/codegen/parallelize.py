@@ -92,6 +92,7 @@ class ParallelInfo:
     outputs: tuple[tuple[ShardingSpec, tuple[int, ...]], ...]
     edges: tuple[EdgeRecord, ...]
     stateful: frozenset[str] = frozenset()  # FQNs in a state dict: no constants, no non-persistent buffers
+    mesh: Any = None  # the DeviceMesh the module runs on (checkpoints build DTensors over it)
 
     def in_state(self, attr: AttrSpec) -> bool:
         return attr.fqn in self.stateful
@@ -130,7 +131,8 @@ def parallelize(
         MeshError: no process group, or one of the wrong size.  PlanMismatchError: the model is not the one
         planned.  UnsupportedOpError: a graph codegen cannot lower.
     """
-    comm = MeshComm.from_device_mesh(mesh if mesh is not None else _mesh(plan), record=record)
+    mesh = mesh if mesh is not None else _mesh(plan)
+    comm = MeshComm.from_device_mesh(mesh, record=record)
     if comm.mesh_shape != tuple(plan.mesh_shape):
         raise MeshError(f"mesh {comm.mesh_shape} does not match the plan's mesh {plan.mesh_shape}")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
@@ -154,7 +156,7 @@ def parallelize(
     module = fx.GraphModule(root, lowered.graph, class_name=f"Parallel{plan.model}")
     stateful = frozenset(a.fqn for a in lowered.attrs if _in_state_dict(model, a))
     info = ParallelInfo(
-        plan, comm, lowered.attrs, lowered.input_specs, lowered.output_specs, lowered.edges, stateful
+        plan, comm, lowered.attrs, lowered.input_specs, lowered.output_specs, lowered.edges, stateful, mesh
     )
     setattr(module, INFO_ATTR, info)
     return module
