@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,9 @@ def save_checkpoint(
     return _atomic(Path(directory), lambda tmp: dcp.save(state, checkpoint_id=str(tmp)))
 
 
-def check_checkpoint(directory: str | Path, expected: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+def check_checkpoint(
+    directory: str | Path, expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+) -> None:
     """Raise :class:`CheckpointError` unless the DCP checkpoint holds every ``name: (global shape, dtype)``."""
     import torch.distributed.checkpoint as dcp
 

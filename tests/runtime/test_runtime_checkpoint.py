@@ -70,7 +70,7 @@ def _build(nproc: int, mesh: Any, annotations: Any) -> tuple[Any, ZeroOptimizer]
     module = parallelize(
         m.model, plan("llama", nproc, mesh, annotations), m.args, captured=m.captured, record=True
     )
-    return module, ZeroOptimizer(module, torch.optim.AdamW, stage=1, **LR)  # type: ignore[arg-type]
+    return module, ZeroOptimizer(module, torch.optim.AdamW, stage=1, **LR)
 
 
 def _save_a(directory: Path, weight: torch.Tensor) -> list[float]:

@@ -11,7 +11,7 @@ from torch import nn
 
 import autoshard
 from autoshard.capture import Captured, capture
-from autoshard.codegen import full_grads, gather_outputs, parallelize, shard_inputs
+from autoshard.codegen import full_grads, gather_outputs, parallel_info, parallelize, shard_inputs
 from autoshard.codegen.shard import local_piece
 from autoshard.runtime.launch import launch
 from autoshard.runtime.verify import cluster_for
@@ -34,7 +34,7 @@ def _case(name: str) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any], Captur
     ids = torch.randint(0, 512, (4, 8), generator=torch.Generator().manual_seed(1))
     kwargs: dict[str, Any] = {}
     if name == "bert":
-        config = transformers.BertConfig(
+        config: Any = transformers.BertConfig(
             hidden_size=64,
             num_hidden_layers=2,
             num_attention_heads=4,
@@ -76,11 +76,11 @@ def _run(name: str, annotations: tuple[Any, ...]) -> tuple[list[Any], torch.Tens
         torch.manual_seed(SEED)
         local = module(*shard_inputs(plan, *args, **kwargs))
         first = local[0] if isinstance(local, tuple) else local
-        spec = module.autoshard.outputs[0][0]
-        first.backward(local_piece(grad, spec, plan.mesh_shape, module.autoshard.comm.coord))
+        spec = parallel_info(module).outputs[0][0]
+        first.backward(local_piece(grad, spec, plan.mesh_shape, parallel_info(module).comm.coord))
         out = gather_outputs(module, local)
         out = out[0] if isinstance(out, tuple) else out
-        log = module.autoshard.comm.log or []
+        log = parallel_info(module).comm.log or []
         return out, full_grads(module), len(log), "seeded_dropout" in module.code
 
     ranks = launch(work, 2)
