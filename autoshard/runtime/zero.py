@@ -23,6 +23,8 @@ exactly that:
   module all-gathers before use and whose gradients its backward reduce-scatters (the edges the cost model
   priced).  On such a module this optimizer has nothing left to split for sharded parameters and behaves as
   stage 2 for any replicated remainder (norms); ``stage=3`` checks that the large parameters are sharded.
+  Freeing each gathered weight after use (FSDP's reshard-after-forward) is
+  :func:`autoshard.runtime.reshard.reshard_after_forward`.
 
 The flat chunk a rank owns: the local piece flattened, zero-padded to a multiple of ``k`` (the product of the
 replicated axes' sizes), chunk ``sum_i coord[a_i] * prod_{j>i} k_j`` of ``k``.  Padding stays zero under

@@ -97,3 +97,42 @@ def test_zero3_refuses_a_replicated_plan() -> None:
     finally:
         zero.STAGE3_MAX_REPLICATED = saved
     assert all("plan FSDP" in msg and "\n" not in msg for msg in messages)
+
+
+FSDP = (
+    ("input_ids", ("S(0)",)),
+    ("*_proj", ((2, 1, 1), (1, 1))),
+    ("*_proj.weight", ("S(0)",)),
+    ("lm_head", ((2, 1, 1), (1, 1))),
+    ("lm_head.weight", ("S(0)",)),
+)
+
+
+def _train_fsdp() -> tuple[dict[str, torch.Tensor], dict[str, int], int]:
+    from autoshard.runtime.reshard import reshard_after_forward
+
+    m, p = model("llama"), plan("llama", 2, None, FSDP)
+    module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
+    rewired = reshard_after_forward(module)
+    opt = ZeroOptimizer(module, torch.optim.AdamW, stage=3, lr=1e-2, weight_decay=0.1)
+    for ids in _batches():
+        opt.zero_grad()
+        (module(*shard_inputs(p, ids)).square().sum() / (4 * 8 * 512)).backward()
+        opt.step()
+    counts: dict[str, int] = {}
+    for rec in parallel_info(module).comm.log or []:
+        counts[f"{rec.phase}:{rec.kind}"] = counts.get(f"{rec.phase}:{rec.kind}", 0) + 1
+    return full_state_dict(module), counts, rewired
+
+
+@pytest.mark.slow
+def test_zero3_fsdp_plan_reshards_after_forward_and_matches() -> None:
+    ranks = launch(_train_fsdp, 2)
+    reference = _reference()
+    for state, counts, rewired in ranks:
+        for name, value in reference.items():
+            torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
+        assert rewired == 15  # 7 projections x 2 layers + the LM head
+        assert counts["forward:all_gather"] >= rewired * STEPS
+        assert counts["regather:all_gather"] == rewired * STEPS  # each gathered weight re-gathered once
+        assert counts["backward:reduce_scatter"] >= (rewired - 1) * STEPS  # the sharded gradients
