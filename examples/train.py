@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -98,16 +97,17 @@ def _layout(kind: str, mesh: tuple[int, ...]) -> dict[str, Any] | None:
     columns, rows = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"), ("o_proj", "down_proj")
     if kind == "fsdp":  # weights stored split over every device, the batch split the same way
         split, n = tuple("S(0)" for _ in mesh), math.prod(mesh)
-        batch = ("S(0)",) * len(mesh)
-        return {"input_ids": batch, "labels": batch, "lm_head": ((n, 1, 1), (1, 1)), "lm_head.weight": split,
+        ids = ("S(0)",) * len(mesh)
+        return {"input_ids": ids, "labels": ids, "lm_head": ((n, 1, 1), (1, 1)), "lm_head.weight": split,
                 **{f"*.{m}": ((n, 1, 1), (1, 1)) for m in (*columns, *rows)},
                 **{f"*.{m}.weight": split for m in (*columns, *rows)}}  # fmt: skip
     if kind == "tp-dp":  # Megatron on the last axis, the batch split over the others
-        rep, batch = ("R",) * (len(mesh) - 1), (*mesh[:-1], 1, 1)
+        rep: tuple[str, ...] = ("R",) * (len(mesh) - 1)
+        split_batch: tuple[int, ...] = (*mesh[:-1], 1, 1)
         dp = ("S(0)",) * (len(mesh) - 1) + ("R",)
         return {"input_ids": dp, "labels": dp,
                 **{f"*.{m}.weight": (*rep, "S(0)") for m in columns}, **{f"*.{m}.weight": (*rep, "S(1)") for m in rows},
-                **{f"*.{m}": (batch,) for m in columns},
+                **{f"*.{m}": (split_batch,) for m in columns},
                 **{f"*.{m}": ((*mesh[:-1], 1, mesh[-1]),) for m in rows}}  # fmt: skip
     raise SystemExit(f"unknown layout {kind!r}: use auto, fsdp or tp-dp")
 
@@ -163,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         load_checkpoint(module, args.resume, optimizer)
         first = int(json.loads((Path(args.resume) / "autoshard-step.json").read_text())["next_step"])
     built = time.perf_counter() - start
-    vocab = int(model.config.vocab_size)
+    vocab = int(_config(args.model).vocab_size)
     losses, speeds = [], []
     for step in range(first, first + args.steps):
         tokens = _tokens(step, batch, seq, vocab)
@@ -269,4 +269,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
