@@ -128,7 +128,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
 
 def _rss_bytes() -> int:
+    """Peak resident memory of this process so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _rss_now() -> int:
+    """Resident memory now (Linux ``/proc``): the baseline of imports before the model is built."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -143,6 +149,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     from autoshard.runtime.reshard import reshard_after_forward
     from autoshard.runtime.zero import ZeroOptimizer
 
+    start_rss = _rss_now()
     device = init_from_env()
     rank, world = dist.get_rank(), dist.get_world_size()
     plan = autoshard.load_plan(args.plan)
@@ -157,12 +164,14 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
     if args.zero == 3:
         reshard_after_forward(module)
-    optimizer = ZeroOptimizer(module, torch.optim.AdamW, stage=args.zero, lr=args.lr, weight_decay=0.0)
+    optimizer = ZeroOptimizer(
+        module, torch.optim.AdamW, stage=args.zero, lr=args.lr, weight_decay=0.0, foreach=False
+    )
     first = 0
     if args.resume:
         load_checkpoint(module, args.resume, optimizer)
         first = int(json.loads((Path(args.resume) / "autoshard-step.json").read_text())["next_step"])
-    built = time.perf_counter() - start
+    built, built_rss = time.perf_counter() - start, _rss_bytes()
     vocab = int(_config(args.model).vocab_size)
     losses, speeds = [], []
     for step in range(first, first + args.steps):
@@ -186,22 +195,25 @@ def cmd_run(args: argparse.Namespace) -> None:
             )
     held = sum(p.numel() * p.element_size() for p in module.parameters())
     state = optimizer.state_elements() * 4
-    mine = torch.tensor([_rss_bytes(), held, state], dtype=torch.float64)
-    every = [torch.zeros(3, dtype=torch.float64) for _ in range(world)]
+    mine = torch.tensor([_rss_bytes(), held, state, built_rss, start_rss], dtype=torch.float64)
+    every = [torch.zeros(5, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(every, mine)
     if rank == 0:
         full = sum(p.numel() * p.element_size() for p in model.parameters())
         print(f"built in {built:.1f} s; model {full / 2**20:.0f} MiB of parameters")
-        for r, (rss, params, optim) in enumerate(t.tolist() for t in every):
-            print(f"rank {r}: peak RSS {rss / 2**20:.0f} MiB; parameters {params / 2**20:.0f} MiB, "
-                  f"optimizer state {optim / 2**20:.0f} MiB")  # fmt: skip
+        for r, (rss, params, optim, before, _) in enumerate(t.tolist() for t in every):
+            print(f"rank {r}: peak RSS {rss / 2**20:.0f} MiB ({before / 2**20:.0f} MiB once built); parameters "
+                  f"{params / 2**20:.0f} MiB, optimizer state {optim / 2**20:.0f} MiB")  # fmt: skip
         if args.metrics:
             counts = parallel_info(module).collective_counts()
             Path(args.metrics).write_text(json.dumps({
                 "losses": losses, "tokens_per_s": speeds, "model_bytes": full, "collectives": counts,
-                "ranks": [dict(zip(("peak_rss", "params", "optimizer"), t.tolist(), strict=True)) for t in every],
+                "ranks": [dict(zip(FIELDS, t.tolist(), strict=True)) for t in every],
             }, indent=1))  # fmt: skip
     dist.destroy_process_group()
+
+
+FIELDS = ("peak_rss", "params", "optimizer", "built_rss", "start_rss")
 
 
 def plan_batch(plan: Any) -> tuple[int, int]:
