@@ -19,6 +19,8 @@ exactly that:
   parameter's) and all-gathers the updated chunks into the parameters.
 - ``stage=2`` (ZeRO-2): the reduce-scatter runs in each parameter's post-accumulate-grad hook during backward
   and the whole gradient is freed at once; only chunks of gradients stay.
+- ``overlap=True`` (with ``stage=2``): those reduce-scatters are bucketed and issued asynchronously while
+  backward goes on (:mod:`autoshard.runtime.overlap`).
 - ``stage=3`` (FSDP / ZeRO-3) is a *plan*: parameters placed ``S(d)`` over the data axes, which the emitted
   module all-gathers before use and whose gradients its backward reduce-scatters (the edges the cost model
   priced).  On such a module this optimizer has nothing left to split for sharded parameters and behaves as
@@ -53,6 +55,7 @@ from autoshard.codegen.parallelize import parallel_info
 from autoshard.errors import AutoshardError
 from autoshard.placement import Replicate, ShardingSpec
 from autoshard.redistribute import Step
+from autoshard.runtime.overlap import BUCKET_BYTES, GradBuckets
 
 __all__ = ["FlatShard", "ZeroError", "ZeroOptimizer", "defer_grad_sync"]
 
@@ -169,6 +172,8 @@ class ZeroOptimizer:
         optimizer_cls: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
         *,
         stage: Stage = 1,
+        overlap: bool = False,
+        bucket_bytes: int = BUCKET_BYTES,
         **optimizer_kwargs: Any,
     ) -> None:
         if stage not in (1, 2, 3):
@@ -195,6 +200,8 @@ class ZeroOptimizer:
             master = nn.Parameter(flat.take(whole) if axes else whole)
             self.params.append((param, flat, master))
         self.inner = optimizer_cls([m for _, _, m in self.params], **optimizer_kwargs)
+        split = [(flat, master) for _, flat, master in self.params if flat.axes]
+        self.buckets = GradBuckets(split, self.comm, bucket_bytes) if overlap and stage >= 2 else None
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook(flat, master))
             for p, flat, master in self.params
@@ -204,6 +211,10 @@ class ZeroOptimizer:
     def _hook(self, flat: FlatShard, master: nn.Parameter) -> Callable[[torch.Tensor], None]:
         def reduce_now(param: torch.Tensor) -> None:
             assert param.grad is not None
+            if self.buckets is not None and self.buckets.handles(master):
+                self.buckets.add(master, param.grad)  # reduce-scattered asynchronously with its bucket
+                param.grad = None
+                return
             part = flat.reduce(param.grad, self.comm)
             master.grad = part if master.grad is None else master.grad.add_(part)
             param.grad = None  # ZeRO-2: the whole gradient is freed as soon as it is reduced
@@ -226,6 +237,8 @@ class ZeroOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         """Reduce (stage 1), update the chunks, all-gather them into the module's parameters."""
+        if self.buckets is not None:
+            self.buckets.finish()
         for param, flat, master in self.params:
             if (self.stage == 1 or not flat.axes) and param.grad is not None:
                 master.grad = flat.reduce(param.grad, self.comm) if flat.axes else param.grad.reshape(-1)

@@ -34,11 +34,19 @@ def _reference() -> dict[str, torch.Tensor]:
 
 
 def _train(
-    kind: str, stage: Literal[1, 2, 3]
-) -> tuple[dict[str, torch.Tensor], dict[str, int], int, int, int]:
+    kind: str, stage: Literal[1, 2, 3], overlap: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, int], int, int, int, int]:
     m, p = model("llama"), plan("llama", 2, None, PLANS[kind])
     module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
-    opt = ZeroOptimizer(module, torch.optim.AdamW, stage=stage, lr=1e-2, weight_decay=0.1)
+    opt = ZeroOptimizer(
+        module,
+        torch.optim.AdamW,
+        stage=stage,
+        overlap=overlap,
+        bucket_bytes=64 << 10,
+        lr=1e-2,
+        weight_decay=0.1,
+    )
     for ids in _batches():
         opt.zero_grad()
         logits = module(*shard_inputs(p, ids))
@@ -53,15 +61,18 @@ def _train(
     for rec in log:
         counts[f"{rec.phase}:{rec.kind}"] = counts.get(f"{rec.phase}:{rec.kind}", 0) + 1
     held = sum(f.chunk for _, f, _ in opt.params)
-    return full_state_dict(module), counts, opt.state_elements(), held, len(opt.deferred)
+    buckets = len(opt.buckets.buckets) if opt.buckets is not None else 0
+    return full_state_dict(module), counts, opt.state_elements(), held, len(opt.deferred), buckets
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "stage"), [("dp", 1), ("dp", 2), ("megatron", 1)])
-def test_zero_matches_single_process_adamw(kind: str, stage: Literal[1, 2, 3]) -> None:
-    ranks = launch(_train, 2, kind, stage)
+@pytest.mark.parametrize(
+    ("kind", "stage", "overlap"), [("dp", 1, False), ("dp", 2, True), ("megatron", 2, False)]
+)
+def test_zero_matches_single_process_adamw(kind: str, stage: Literal[1, 2, 3], overlap: bool) -> None:
+    ranks = launch(_train, 2, kind, stage, overlap)
     reference = _reference()
-    for state, counts, state_elements, held, deferred in ranks:
+    for state, counts, state_elements, held, deferred, buckets in ranks:
         for name, value in reference.items():
             torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
         assert state_elements == 2 * held  # AdamW's two moments, over this rank's chunks only
@@ -70,7 +81,11 @@ def test_zero_matches_single_process_adamw(kind: str, stage: Literal[1, 2, 3]) -
         if kind == "dp":
             assert deferred == len(reference)  # every parameter's gradient all-reduce became a reduce-scatter
             assert counts.get("backward:all_reduce", 0) == 0
-            assert counts["optimizer:reduce_scatter"] == STEPS * deferred
+            if overlap:  # bucketed, issued during backward: fewer, larger reduce-scatters
+                assert 1 < buckets < deferred
+                assert counts["backward:reduce_scatter"] == STEPS * buckets
+            else:
+                assert counts["optimizer:reduce_scatter"] == STEPS * deferred
             assert counts["optimizer:all_gather"] == STEPS * deferred
         else:
             assert counts.get("optimizer:reduce_scatter", 0) == 0  # norm gradients are already whole: sliced
