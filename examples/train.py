@@ -149,11 +149,11 @@ def cmd_run(args: argparse.Namespace) -> None:
     from autoshard.runtime.reshard import reshard_after_forward
     from autoshard.runtime.zero import ZeroOptimizer
 
-    start_rss = _rss_now()
     device = init_from_env()
     rank, world = dist.get_rank(), dist.get_world_size()
     plan = autoshard.load_plan(args.plan)
     model = _meta_model(args.model)
+    start_rss = _rss_now()  # imports, the process group and the model on meta: nothing of the weights yet
     batch, seq = plan_batch(plan)
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     has_weights = any(Path(args.model).glob("*.safetensors"))
