@@ -230,6 +230,7 @@ def cmd_reference(args: argparse.Namespace) -> None:
     """The same training in one process, without autoshard: the losses ``run`` must reproduce."""
     import transformers
 
+    start_rss = _rss_now()
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -244,7 +245,8 @@ def cmd_reference(args: argparse.Namespace) -> None:
         print(f"step {step}: loss {losses[-1]:.6f}", flush=True)
     print(f"peak RSS {_rss_bytes() / 2**20:.0f} MiB")
     if args.metrics:
-        Path(args.metrics).write_text(json.dumps({"losses": losses, "peak_rss": _rss_bytes()}))
+        figures = {"losses": losses, "peak_rss": _rss_bytes(), "start_rss": start_rss}
+        Path(args.metrics).write_text(json.dumps(figures))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,7 +78,7 @@ MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 @pytest.fixture(scope="module")
-def llama_100m(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[float]]:
+def llama_100m(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """The checkpoint written to safetensors, and the single-process losses of 5 AdamW steps."""
     sys.path.insert(0, str(ROOT / "examples"))
     import train
@@ -99,17 +100,18 @@ def llama_100m(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[flo
             str(ref),
         ]
     )
-    return ckpt, json.loads(ref.read_text())["losses"]
+    return ckpt, json.loads(ref.read_text())
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "mesh", "zero"), [("tp-dp", "2x2", "1"), ("fsdp", "", "3")])
 def test_100m_llama_trains_in_a_fraction_of_its_memory(
-    tmp_path: Path, llama_100m: tuple[Path, list[float]], layout: str, mesh: str, zero: str
+    tmp_path: Path, llama_100m: tuple[Path, dict[str, Any]], layout: str, mesh: str, zero: str
 ) -> None:
     import train
 
     ckpt, reference = llama_100m
+    single = reference["peak_rss"] - reference["start_rss"]  # one process: weights, grads, AdamW, activations
     plan = ["plan", "--model", str(ckpt), "--nproc", "4", "--layout", layout, "--batch", "4", "--seq", "32"]
     train.main([*plan, "--out", str(tmp_path / "plan.json"), *(["--mesh", mesh] if mesh else [])])
     metrics = tmp_path / "metrics.json"
@@ -120,10 +122,12 @@ def test_100m_llama_trains_in_a_fraction_of_its_memory(
         **MALLOC,
     )
     figures = json.loads(metrics.read_text())
-    assert figures["losses"] == pytest.approx(reference, rel=1e-5)  # float32, other reduction orders
+    assert figures["losses"] == pytest.approx(
+        reference["losses"], rel=1e-5
+    )  # float32, other reduction orders
     whole = figures["model_bytes"]
     assert whole > 350 * 2**20
     for rank in figures["ranks"]:
         grown = rank["peak_rss"] - rank["start_rss"]
         assert grown < 2 * rank["params"] + rank["optimizer"] + OVERHEAD, rank
-        assert grown < 0.5 * 4 * whole  # one process needs parameters + gradients + two moments
+        assert grown < 0.6 * single  # measured: 40-46% at this size, where the fixed overhead weighs most
