@@ -60,6 +60,7 @@ from autoshard.runtime.overlap import BUCKET_BYTES, GradBuckets
 __all__ = ["FlatShard", "ZeroError", "ZeroOptimizer", "defer_grad_sync"]
 
 Stage = Literal[1, 2, 3]
+DEFERRED_ATTR = "_autoshard_deferred_grad_sync"
 STAGE3_MAX_REPLICATED = 1 << 20
 """Elements above which a replicated parameter is refused under ``stage=3`` (norm weights and biases are far
 below; a replicated weight matrix means the plan is not FSDP)."""
@@ -72,10 +73,11 @@ class ZeroError(AutoshardError, ValueError):
 def defer_grad_sync(module: fx.GraphModule) -> dict[str, tuple[int, ...]]:
     """Take the gradient all-reduces of replicated parameters out of ``module``'s graph (module doc).
 
-    Returns ``{parameter FQN: mesh axes left Partial}``.  Idempotent: a second call finds nothing to defer.
+    Returns ``{parameter FQN: mesh axes left Partial}``.  Idempotent: a second call returns what the first
+    deferred (kept on the module), so a second optimizer over the same module still reduces those gradients.
     """
     info = parallel_info(module)
-    deferred: dict[str, tuple[int, ...]] = {}
+    deferred: dict[str, tuple[int, ...]] = dict(getattr(module, DEFERRED_ATTR, {}))
     nodes = {n.target: n for n in module.graph.nodes if n.op == "get_attr"}
     for attr in info.attrs:
         node = nodes.get(attr.fqn)
@@ -101,6 +103,7 @@ def defer_grad_sync(module: fx.GraphModule) -> dict[str, tuple[int, ...]]:
         deferred[attr.fqn] = tuple(sorted(axes))
     if deferred:
         module.recompile()
+        setattr(module, DEFERRED_ATTR, dict(deferred))
     return deferred
 
 
