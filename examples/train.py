@@ -121,7 +121,10 @@ def cmd_plan(args: argparse.Namespace) -> None:
     model = _meta_model(args.model)
     ids = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
     cluster = cluster_for(args.profile, args.nproc, mesh)
-    plan = autoshard.plan(model, cluster, (ids,), {"labels": ids}, annotations=_layout(args.layout, mesh))
+    limit = args.memory_limit * 2**30 if args.memory_limit else None
+    plan = autoshard.plan(
+        model, cluster, (ids,), {"labels": ids}, annotations=_layout(args.layout, mesh), memory_limit=limit
+    )
     plan.save(args.out)
     print(plan.summary())
     print(f"saved {args.out}")
@@ -260,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     plan.add_argument("--mesh", default="")
     plan.add_argument("--layout", choices=["auto", "fsdp", "tp-dp"], default="auto")
     plan.add_argument("--profile", default="cpu")
+    plan.add_argument(
+        "--memory-limit", type=float, default=0.0, help="GiB per device (default: the profile's)"
+    )
     plan.add_argument("--out", default="plan.json")
     run = sub.add_parser("run", help="train under torchrun with a saved plan")
     run.add_argument("--plan", required=True)
