@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         for label, (layout, mesh, zero) in PLANS.items():
             plan = Path(tmp) / f"{layout}.json"
             extra = ["--mesh", mesh] if mesh else []
-            _run([py, str(TRAIN), "plan", "--model", str(ckpt), "--nproc", "4", "--layout", layout, *extra, *shape, "--memory-limit", "16",
+            extra += ["--memory-limit", "16"]  # GiB: the cpu profile's 4 GiB devices are too small at 1B
+            _run([py, str(TRAIN), "plan", "--model", str(ckpt), "--nproc", "4", "--layout", layout, *extra, *shape,
                   "--out", str(plan)])  # fmt: skip
             metrics = Path(tmp) / f"{layout}-metrics.json"
             start = time.perf_counter()
