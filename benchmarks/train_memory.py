@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--reference", action="store_true")
+    parser.add_argument(
+        "--plans",
+        default=",".join(PLANS),
+        help=f"comma-separated subset of {list(PLANS)} (at 1B in float32, "
+        "TP x DP holds half the model, its gradients and half its AdamW state per rank: ~5.5 GiB x 4 ranks)",
+    )
     args = parser.parse_args(argv)
     py = sys.executable
     results: dict[str, object] = {
@@ -55,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         ckpt = Path(tmp) / "ckpt"
         print(_run([py, str(TRAIN), "init", "--model", str(ckpt), "--preset", args.preset]).strip())
         shape = ["--batch", str(args.batch), "--seq", str(args.seq)]
-        for label, (layout, mesh, zero) in PLANS.items():
+        for label in args.plans.split(","):
+            layout, mesh, zero = PLANS[label]
             plan = Path(tmp) / f"{layout}.json"
             extra = ["--mesh", mesh] if mesh else []
             extra += ["--memory-limit", "16"]  # GiB: the cpu profile's 4 GiB devices are too small at 1B
