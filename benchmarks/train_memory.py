@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "train.py"
-PLANS = {"tp-dp 2x2, ZeRO-1": ("tp-dp", "2x2", "1"), "fsdp 4, ZeRO-3": ("fsdp", "", "3")}
+PLANS = {"tp-dp": ("tp-dp", "2x2", "1"), "fsdp": ("fsdp", "", "3")}  # 2 x 2 mesh with ZeRO-1; 4 ranks, ZeRO-3
 
 
 def _run(argv: list[str]) -> str:
