@@ -36,6 +36,7 @@ from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.problem.graph import NodeInfo
+from autoshard.problem.pricing import PriceTable
 from autoshard.redistribute import Step, plan_redistribute, redistribute_time
 from autoshard.strategies import OpStrategy
 
@@ -191,6 +192,11 @@ class StepCache:
         self._specs: list[ShardingSpec] = []
         self._steps: dict[tuple, tuple[Step, ...] | None] = {}
         self._times: dict[tuple, float] = {}
+        self.prices = PriceTable(cluster)  # whole edge matrices at once (the builder's hot path)
+
+    def spec(self, spec_id: int) -> ShardingSpec | None:
+        """The spec an :meth:`intern` id names (None for -1)."""
+        return None if spec_id < 0 else self._specs[spec_id]
 
     def intern(self, spec: ShardingSpec | None) -> int:
         """A small integer naming ``spec`` (-1 for None)."""
