@@ -205,15 +205,21 @@ def _bellman_ford(graph: _Graph, mask: tuple[bool, ...], starts: list[int]) -> n
     u, v, w = graph.u[allowed], graph.v[allowed], graph.w[allowed]
     order = np.argsort(v, kind="stable")
     u, v, w = u[order], v[order], w[order]
-    heads = np.flatnonzero(np.r_[True, v[1:] != v[:-1]])
-    targets = v[heads]
     dist = np.full((len(starts), len(graph.index)), math.inf)
     dist[np.arange(len(starts)), starts] = 0.0
+    changed = np.zeros(len(graph.index), dtype=bool)
+    changed[starts] = True
     for _ in range(len(graph.index)):
-        relaxed = np.minimum.reduceat(dist[:, u] + w, heads, axis=1)
+        active = changed[u]  # only moves out of a layout whose price just fell can lower anything
+        if not active.any():
+            break
+        au, av, aw = u[active], v[active], w[active]
+        heads = np.flatnonzero(np.r_[True, av[1:] != av[:-1]])
+        targets = av[heads]
+        relaxed = np.minimum.reduceat(dist[:, au] + aw, heads, axis=1)
         current = dist[:, targets]
         better = relaxed < current
-        if not better.any():
-            break
+        changed[:] = False
+        changed[targets] = better.any(axis=0)
         dist[:, targets] = np.where(better, relaxed, current)
     return dist
