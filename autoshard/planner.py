@@ -52,6 +52,7 @@ def plan(
     time_limit: float = 60.0,
     blocks: Literal["auto", "full"] | None = "auto",
     progress: Callable[[str], None] | None = None,
+    captured: Captured | None = None,
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -69,6 +70,8 @@ def plan(
         blocks: ``"auto"`` solves identical repeated layers once; ``None`` plans the full graph.
         progress: called with the name of each stage as it starts ("capture", "strategies", "solve",
             "recompute" when the plan is retried with activation recomputation).
+        captured: a capture of this model and these inputs to reuse (the mesh search plans one capture
+            on many meshes); default: capture now.
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError: all :class:`AutoshardError`.
@@ -78,7 +81,8 @@ def plan(
     say = progress or (lambda stage: None)
     say("capture")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
-    captured = capture(model, args, dict(example_kwargs or {}), blocks=blocks)
+    if captured is None:
+        captured = capture(model, args, dict(example_kwargs or {}), blocks=blocks)
     timings["capture"] = time.perf_counter() - start
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
     policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]

@@ -34,7 +34,15 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "--model", default=DEFAULT_MODEL, help="zoo name (default gpt2) or path/to/file.py:function"
     )
     s.add_argument("--nodes", type=positive, default=1, help="number of nodes (default 1)")
-    s.add_argument("--mesh", type=mesh, default=None, help="mesh axis sizes, e.g. 2x8 (default: one axis)")
+    s.add_argument(
+        "--mesh",
+        type=mesh,
+        default="auto",
+        help="mesh axis sizes, e.g. 2x8, or auto (default): try 1-D to 4-D meshes, keep the best",
+    )
+    s.add_argument(
+        "--max-axes", type=positive, default=4, help="with --mesh auto: the most mesh axes to try (default 4)"
+    )
     s.add_argument("--batch", type=positive, default=None, help="global batch size (zoo models)")
     s.add_argument("--seq", type=positive, default=None, help="sequence length (zoo models)")
     s.add_argument(
@@ -63,10 +71,15 @@ def run(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     start = time.perf_counter()
-    cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=args.mesh)
+    auto = args.mesh == "auto"
+    cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=None if auto else args.mesh)
     with Progress(f"building {args.model}") as progress:
         case = _model_case(args)
-        plan = _plan(case, cluster, args, dict(args.annotate) or None, progress, f"planning {case.name}")
+        title = f"planning {case.name}"
+        if auto:
+            plan, cluster = _plan_auto(case, args, dict(args.annotate) or None, progress, title)
+        else:
+            plan = _plan(case, cluster, args, dict(args.annotate) or None, progress, title)
         baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress)
     elapsed = time.perf_counter() - start
     _write_outputs(plan, args)
@@ -108,6 +121,40 @@ def _model_case(args: argparse.Namespace) -> ModelCase:
         raise CliError(f"{args.model}: building the model failed: {type(e).__name__}: {e}") from e
 
 
+def _plan_auto(
+    case: ModelCase,
+    args: argparse.Namespace,
+    annotations: dict[str, Any] | None,
+    progress: Progress,
+    title: str,
+) -> tuple[Plan, Cluster]:
+    """--mesh auto: every candidate mesh planned from one capture; the best plan and its cluster."""
+    import autoshard
+    from autoshard.meshsearch import search_mesh
+
+    progress.start(title)
+    found = search_mesh(
+        case.model,
+        args.profile,
+        case.args,
+        case.kwargs,
+        nodes=args.nodes,
+        max_axes=args.max_axes,
+        progress=progress.stage,
+        **_options(args, annotations),
+    )
+    return found.plan, autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=found.mesh_shape)
+
+
+def _options(args: argparse.Namespace, annotations: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "annotations": annotations,
+        "training": not args.inference,
+        "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
+        "time_limit": args.time_limit,
+    }
+
+
 def _plan(
     case: ModelCase,
     cluster: Cluster,
@@ -118,12 +165,7 @@ def _plan(
 ) -> Plan:
     import autoshard
 
-    options: dict[str, Any] = {
-        "annotations": annotations,
-        "training": not args.inference,
-        "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
-        "time_limit": args.time_limit,
-    }
+    options = _options(args, annotations)
     if "progress" in inspect.signature(autoshard.plan).parameters:  # when the pipeline reports its stages
         options["progress"] = progress.stage
     progress.start(title)

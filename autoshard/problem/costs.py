@@ -192,7 +192,7 @@ class StepCache:
         self._specs: list[ShardingSpec] = []
         self._steps: dict[tuple, tuple[Step, ...] | None] = {}
         self._times: dict[tuple, float] = {}
-        self.prices = PriceTable(cluster)  # whole edge matrices at once (the builder's hot path)
+        self.prices = PriceTable.for_cluster(cluster)  # whole edge matrices at once (the builder's hot path)
 
     def spec(self, spec_id: int) -> ShardingSpec | None:
         """The spec an :meth:`intern` id names (None for -1)."""

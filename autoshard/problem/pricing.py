@@ -21,6 +21,7 @@ specs cost 0, a spec that does not fit the tensor or a non-sum ``Partial`` makes
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -64,6 +65,13 @@ class PriceTable:
         # (shape, itemsize, P-axis mask) -> (start index -> row, distances (rows, layouts))
         self._rows: dict[tuple, tuple[dict[int, int], np.ndarray]] = {}
         self._prices: dict[tuple[str, int, int], float] = {}
+
+    @staticmethod
+    @functools.lru_cache(maxsize=8)
+    def for_cluster(cluster: Cluster) -> PriceTable:
+        """One shared table per cluster: a re-plan on the same mesh (the recomputation retry, another
+        input shape) reuses every layout graph and shortest path already priced."""
+        return PriceTable(cluster)
 
     # -- the public entry --------------------------------------------------------------------------------------
     def pairwise(
