@@ -1,0 +1,225 @@
+"""Context parallelism: causal attention with the sequence split over one mesh axis's process group.
+
+torch's ``context_parallel`` fails on CPU (ARCHITECTURE.md), so the two variants are written here with plain
+``torch.distributed`` point-to-point and collective calls, as autograd functions:
+
+- :func:`ring_attention`: K/V chunks travel around the ring (``isend``/``irecv`` to the next rank) while each
+  rank attends its queries to the chunk it holds; partial results merge by log-sum-exp.  Backward runs the ring
+  again, the K/V gradients travelling with their chunks and arriving home after one extra hop.
+- :func:`allgather_kv_attention`: K and V are all-gathered once; backward all-reduces their gradients and keeps
+  the local chunks (gloo has no reduce-scatter).
+
+Sequence layout.  With ``layout="zigzag"`` (the load-balanced one) the sequence is cut into ``2n`` chunks and
+rank ``r`` holds chunks ``r`` and ``2n-1-r``: under a causal mask every rank then does the same work.  With
+``"contiguous"`` rank ``r`` holds chunk ``r`` of ``n`` (rank ``n-1`` does ``2n-1`` times rank 0's work).
+:func:`shard_sequence` / :func:`unshard_sequence` map a whole tensor to a rank's piece and back.
+
+Shapes: ``q (B, H, L, E)``, ``k (B, Hkv, L, E)``, ``v (B, Hkv, L, Ev)`` with ``L`` the local length and
+``H`` a multiple of ``Hkv`` (grouped-query attention: query head ``h`` reads kv head ``h // (H / Hkv)``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "Layout",
+    "allgather_kv_attention",
+    "chunk_ids",
+    "ring_attention",
+    "shard_sequence",
+    "unshard_sequence",
+]
+
+Layout = Literal["zigzag", "contiguous"]
+
+
+def chunk_ids(rank: int, size: int, layout: Layout) -> tuple[int, ...]:
+    """Global chunk indices a rank holds, in local order (chunks are ``L_global / (2n)`` or ``/ n`` long)."""
+    return (rank, 2 * size - 1 - rank) if layout == "zigzag" else (rank,)
+
+
+def _chunks(size: int, layout: Layout) -> int:
+    return 2 * size if layout == "zigzag" else size
+
+
+def shard_sequence(
+    x: torch.Tensor, dim: int, rank: int, size: int, layout: Layout = "zigzag"
+) -> torch.Tensor:
+    """The piece of ``x`` (whole sequence along ``dim``) that ``rank`` of ``size`` holds."""
+    pieces = x.chunk(_chunks(size, layout), dim=dim)
+    return torch.cat([pieces[i] for i in chunk_ids(rank, size, layout)], dim=dim)
+
+
+def unshard_sequence(pieces: list[torch.Tensor], dim: int, layout: Layout = "zigzag") -> torch.Tensor:
+    """The whole sequence from every rank's piece (``pieces[r]`` from rank ``r``)."""
+    size = len(pieces)
+    ordered: dict[int, torch.Tensor] = {}
+    for rank, piece in enumerate(pieces):
+        ids = chunk_ids(rank, size, layout)
+        for i, part in zip(ids, piece.chunk(len(ids), dim=dim), strict=True):
+            ordered[i] = part
+    return torch.cat([ordered[i] for i in range(_chunks(size, layout))], dim=dim)
+
+
+def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _fold_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Sum the gradient of an expanded K/V over each group of query heads."""
+    b, h, length, e = grad.shape
+    return grad if h == kv_heads else grad.view(b, kv_heads, h // kv_heads, length, e).sum(2)
+
+
+def _mask(q_ids: tuple[int, ...], k_ids: tuple[int, ...], chunk: int, device: torch.device) -> torch.Tensor:
+    """Causal visibility (True = attend) between local query chunks and held key chunks, by global position."""
+    pos_q = torch.cat([torch.arange(i * chunk, (i + 1) * chunk, device=device) for i in q_ids])
+    pos_k = torch.cat([torch.arange(i * chunk, (i + 1) * chunk, device=device) for i in k_ids])
+    return pos_k[None, :] <= pos_q[:, None]
+
+
+def _peers(group: Any) -> tuple[int, int, int, int]:
+    group = group if group is not None else dist.group.WORLD
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    nxt = dist.get_global_rank(group, (rank + 1) % size)
+    prv = dist.get_global_rank(group, (rank - 1) % size)
+    return rank, size, nxt, prv
+
+
+def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list[torch.Tensor]:
+    """Send each tensor to the next rank, receive the previous rank's (one ring hop)."""
+    received = [torch.empty_like(t) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, prv, group) for r in received]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return received
+
+
+class _Ring(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, layout: Layout
+    ) -> torch.Tensor:
+        rank, size, nxt, prv = _peers(group)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        ids = chunk_ids(rank, size, layout)
+        chunk = q.shape[2] // len(ids)
+        heads = q.shape[1]
+        lse = torch.full(q.shape[:3], -math.inf, dtype=q.dtype, device=q.device)  # (B, H, L)
+        out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
+        kv = [k, v]
+        for step in range(size):
+            owner = (rank - step) % size
+            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device)
+            if visible.any():
+                scores = (q @ _expand_kv(kv[0], heads).transpose(-1, -2)) * scale
+                scores = scores.masked_fill(~visible, -math.inf)
+                block_lse = torch.logsumexp(scores, dim=-1)
+                new_lse = torch.logaddexp(lse, block_lse)
+                weights = torch.exp(scores - new_lse[..., None]).nan_to_num(0.0)
+                out = out * torch.exp(lse - new_lse).nan_to_num(0.0)[..., None] + weights @ _expand_kv(
+                    kv[1], heads
+                )
+                lse = new_lse
+            if step + 1 < size:
+                kv = _rotate(kv, nxt, prv, group)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.group, ctx.layout = group, layout
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        group, layout = ctx.group, ctx.layout
+        rank, size, nxt, prv = _peers(group)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        ids = chunk_ids(rank, size, layout)
+        chunk = q.shape[2] // len(ids)
+        heads, kv_heads = q.shape[1], k.shape[1]
+        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
+        dq = torch.zeros_like(q)
+        travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
+        for step in range(size):
+            owner = (rank - step) % size
+            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device)
+            kk, vv, dk, dv = travelling
+            if visible.any():
+                ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
+                scores = ((q @ ke.transpose(-1, -2)) * scale).masked_fill(~visible, -math.inf)
+                probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+                dv = dv + _fold_kv(probs.transpose(-1, -2) @ grad_out, kv_heads)
+                dscores = probs * (grad_out @ ve.transpose(-1, -2) - delta)
+                dq = dq + (dscores @ ke) * scale
+                dk = dk + _fold_kv((dscores.transpose(-1, -2) @ q) * scale, kv_heads)
+            travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)  # the last hop brings dK, dV home
+        return dq, travelling[2], travelling[3], None, None
+
+
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, layout: Layout = "zigzag"
+) -> torch.Tensor:
+    """Causal attention of this rank's sequence piece (``layout``) against the whole sequence, by a K/V ring."""
+    return _Ring.apply(q, k, v, group, layout)
+
+
+def _local_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    heads = q.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, _expand_kv(k, heads), _expand_kv(v, heads), attn_mask=visible
+    )
+
+
+class _Gathered(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, layout: Layout
+    ) -> torch.Tensor:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        ids = chunk_ids(rank, size, layout)
+        chunk = q.shape[2] // len(ids)
+        whole_k, whole_v = (_all_gather_sequence(t, group, layout) for t in (k, v))
+        visible = _mask(ids, tuple(range(_chunks(size, layout))), chunk, q.device)
+        ctx.save_for_backward(q, whole_k, whole_v, visible)
+        ctx.group, ctx.layout = group, layout
+        return _local_attention(q, whole_k, whole_v, visible)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, whole_k, whole_v, visible = ctx.saved_tensors
+        group, layout = ctx.group, ctx.layout
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(True) for t in (q, whole_k, whole_v)]
+            out = _local_attention(*leaves, visible)
+            dq, dk, dv = torch.autograd.grad(out, leaves, grad_out)
+        for grad in (dk, dv):  # every rank's queries read every key: sum, then keep this rank's piece
+            dist.all_reduce(grad, group=group)
+        dim = 2
+        return (
+            dq,
+            shard_sequence(dk, dim, rank, size, layout),
+            shard_sequence(dv, dim, rank, size, layout),
+            None,
+            None,
+        )
+
+
+def _all_gather_sequence(t: torch.Tensor, group: Any, layout: Layout) -> torch.Tensor:
+    pieces = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, t.contiguous(), group=group)
+    return unshard_sequence(pieces, 2, layout)
+
+
+def allgather_kv_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, layout: Layout = "zigzag"
+) -> torch.Tensor:
+    """Causal attention of this rank's sequence piece against the whole sequence, K/V all-gathered once."""
+    return _Gathered.apply(q, k, v, group, layout)
