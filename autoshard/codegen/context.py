@@ -198,7 +198,7 @@ class _Gathered(torch.autograd.Function):
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_(True) for t in (q, whole_k, whole_v)]
-            out = _local_attention(*leaves, visible)
+            out = _local_attention(leaves[0], leaves[1], leaves[2], visible)
             dq, dk, dv = torch.autograd.grad(out, leaves, grad_out)
         for grad in (dk, dv):  # every rank's queries read every key: sum, then keep this rank's piece
             dist.all_reduce(grad, group=group)
