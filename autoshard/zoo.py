@@ -306,6 +306,7 @@ _ZOO: dict[str, _Entry] = {
     "gpt2-xl": _Entry(_gpt2("gpt2-xl", 1600, 48, 25), 8, 1024, "meta", F32),
     "llama3-8b": _Entry(_llama("llama3-8b", 4096, 32, 32, 8, 14336), 8, 4096, "meta", BF16),
     "llama3-70b": _Entry(_llama("llama3-70b", 8192, 80, 64, 8, 28672), 8, 4096, "meta", BF16),
+    "llama3-405b": _Entry(_llama("llama3-405b", 16384, 126, 128, 8, 53248), 8, 4096, "meta", BF16),
     "bert-base": _Entry(_bert("bert-base", 768, 12, 12, 3072), 32, 512, "meta", F32),
     "bert-large": _Entry(_bert("bert-large", 1024, 24, 16, 4096), 32, 512, "meta", F32),
     "mixtral-8x7b": _Entry(_mixtral("mixtral-8x7b", 4096, 32, 32, 8, 14336, 8, 32000), 8, 4096, "meta", BF16),
