@@ -76,11 +76,23 @@ def _fold_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return grad if h == kv_heads else grad.view(b, kv_heads, h // kv_heads, length, e).sum(2)
 
 
-def _mask(q_ids: tuple[int, ...], k_ids: tuple[int, ...], chunk: int, device: torch.device) -> torch.Tensor:
-    """Causal visibility (True = attend) between local query chunks and held key chunks, by global position."""
-    pos_q = torch.cat([torch.arange(i * chunk, (i + 1) * chunk, device=device) for i in q_ids])
-    pos_k = torch.cat([torch.arange(i * chunk, (i + 1) * chunk, device=device) for i in k_ids])
-    return pos_k[None, :] <= pos_q[:, None]
+def _positions(ids: tuple[int, ...], chunk: int, device: torch.device) -> torch.Tensor:
+    return torch.cat([torch.arange(i * chunk, (i + 1) * chunk, device=device) for i in ids])
+
+
+def _mask(
+    q_ids: tuple[int, ...],
+    k_ids: tuple[int, ...],
+    chunk: int,
+    device: torch.device,
+    rows: torch.Tensor | None,
+) -> torch.Tensor:
+    """Visibility (True = attend) of the held key chunks from the local queries: causal by global position,
+    or the columns of ``rows`` (this rank's rows of an explicit boolean mask over every key)."""
+    pos_k = _positions(k_ids, chunk, device)
+    if rows is not None:
+        return rows[..., pos_k]
+    return pos_k[None, :] <= _positions(q_ids, chunk, device)[:, None]
 
 
 def _peers(group: Any) -> tuple[int, int, int, int]:
@@ -104,10 +116,17 @@ def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list
 class _Ring(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, layout: Layout
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        group: Any,
+        layout: Layout,
+        mask: torch.Tensor | None,
+        scale: float | None,
     ) -> torch.Tensor:
         rank, size, nxt, prv = _peers(group)
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         ids = chunk_ids(rank, size, layout)
         chunk = q.shape[2] // len(ids)
         heads = q.shape[1]
@@ -116,7 +135,7 @@ class _Ring(torch.autograd.Function):
         kv = [k, v]
         for step in range(size):
             owner = (rank - step) % size
-            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device)
+            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device, mask)
             if visible.any():
                 scores = (q @ _expand_kv(kv[0], heads).transpose(-1, -2)) * scale
                 scores = scores.masked_fill(~visible, -math.inf)
@@ -129,16 +148,15 @@ class _Ring(torch.autograd.Function):
                 lse = new_lse
             if step + 1 < size:
                 kv = _rotate(kv, nxt, prv, group)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.layout = group, layout
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.group, ctx.layout, ctx.scale = group, layout, scale
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        group, layout = ctx.group, ctx.layout
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        group, layout, scale = ctx.group, ctx.layout, ctx.scale
         rank, size, nxt, prv = _peers(group)
-        scale = 1.0 / math.sqrt(q.shape[-1])
         ids = chunk_ids(rank, size, layout)
         chunk = q.shape[2] // len(ids)
         heads, kv_heads = q.shape[1], k.shape[1]
@@ -147,7 +165,7 @@ class _Ring(torch.autograd.Function):
         travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
         for step in range(size):
             owner = (rank - step) % size
-            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device)
+            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device, mask)
             kk, vv, dk, dv = travelling
             if visible.any():
                 ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
@@ -158,14 +176,24 @@ class _Ring(torch.autograd.Function):
                 dq = dq + (dscores @ ke) * scale
                 dk = dk + _fold_kv((dscores.transpose(-1, -2) @ q) * scale, kv_heads)
             travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)  # the last hop brings dK, dV home
-        return dq, travelling[2], travelling[3], None, None
+        return dq, travelling[2], travelling[3], None, None, None, None
 
 
 def ring_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, layout: Layout = "zigzag"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: Any = None,
+    layout: Layout = "zigzag",
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of this rank's sequence piece (``layout``) against the whole sequence, by a K/V ring."""
-    return _Ring.apply(q, k, v, group, layout)
+    """Attention of this rank's sequence piece (``layout``) against the whole sequence, by a K/V ring.
+
+    Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
+    order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
+    """
+    return _Ring.apply(q, k, v, group, layout, mask, scale)
 
 
 def _local_attention(
@@ -186,7 +214,7 @@ class _Gathered(torch.autograd.Function):
         ids = chunk_ids(rank, size, layout)
         chunk = q.shape[2] // len(ids)
         whole_k, whole_v = (_all_gather_sequence(t, group, layout) for t in (k, v))
-        visible = _mask(ids, tuple(range(_chunks(size, layout))), chunk, q.device)
+        visible = _mask(ids, tuple(range(_chunks(size, layout))), chunk, q.device, None)
         ctx.save_for_backward(q, whole_k, whole_v, visible)
         ctx.group, ctx.layout = group, layout
         return _local_attention(q, whole_k, whole_v, visible)
@@ -223,3 +251,33 @@ def allgather_kv_attention(
 ) -> torch.Tensor:
     """Causal attention of this rank's sequence piece against the whole sequence, K/V all-gathered once."""
     return _Gathered.apply(q, k, v, group, layout)
+
+
+def context_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    *,
+    axis: int,
+    comm: Any,
+    scale: float | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """What an emitted module runs for ``scaled_dot_product_attention`` under a ring strategy on ``axis``.
+
+    The plan's specs split the sequence in contiguous blocks (``S(d)``), so the ring runs with the
+    contiguous layout; ``attn_mask`` holds this rank's query rows over every key.  Without a mask and
+    without ``is_causal`` every key is visible.  ``comm`` is the emitted module's
+    :class:`~autoshard.codegen.collectives.MeshComm`.
+    """
+    if attn_mask is None and not is_causal:
+        attn_mask = torch.ones(
+            q.shape[-2], k.shape[-2] * comm.mesh_shape[axis], dtype=torch.bool, device=q.device
+        )
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise TypeError(f"ring attention takes a boolean mask, got {attn_mask.dtype}")
+    return ring_attention(q, k, v, comm.group(axis), "contiguous", attn_mask, scale)
+
+
+context_sdpa.takes_comm = True  # type: ignore[attr-defined]  # codegen passes the module's MeshComm

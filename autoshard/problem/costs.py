@@ -35,6 +35,7 @@ from enum import Enum
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
+from autoshard.problem.context import ring_seconds
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pricing import PriceTable
 from autoshard.redistribute import Step, plan_redistribute, redistribute_time
@@ -128,11 +129,12 @@ def node_compute(
         return 0.0, 0.0
     fwd = cluster.compute_time(info.flops / strategy.work_divisor, moved, dtype)
     if not (opts.training and info.requires_grad):
-        return fwd, 0.0
+        return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0)[0], 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
     if opts.recompute is Recompute.FULL and info.block is not None:
         bwd += fwd
-    return fwd, bwd
+    ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd)  # context parallel only
+    return fwd + ring_fwd, bwd + ring_bwd
 
 
 def node_memory(
