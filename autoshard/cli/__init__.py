@@ -6,6 +6,7 @@
     autoshard show plan.json
     autoshard dot plan.json [-o plan.svg] [--ops]
     autoshard verify --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
+    autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x1024:0.7,8x4096:0.3
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
 split over all devices) and prints both side by side.  Errors print one line on stderr and exit with code 2
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from autoshard.cli import dot, search, show, verify
+from autoshard.cli import dot, search, shapes, show, verify
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -29,7 +30,13 @@ __all__ = ["COMMANDS", "VERIFY_MODULE", "CliError", "main", "parse_choice"]
 
 # One module per subcommand, each with ``HELP``, ``add_arguments(parser)`` and ``run(args) -> exit code``.
 # A new subcommand is a new module and one entry here.
-COMMANDS: dict[str, ModuleType] = {"search": search, "show": show, "dot": dot, "verify": verify}
+COMMANDS: dict[str, ModuleType] = {
+    "search": search,
+    "show": show,
+    "dot": dot,
+    "verify": verify,
+    "shapes": shapes,
+}
 
 
 def _parser() -> argparse.ArgumentParser:
