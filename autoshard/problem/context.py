@@ -26,7 +26,7 @@ from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
 
-__all__ = ["ring_seconds"]
+__all__ = ["context_degrees", "ring_seconds"]
 
 _SDPA = "scaled_dot_product_attention"
 
@@ -57,6 +57,29 @@ def ring_seconds(
     causal_triangle = len(inputs) < 4  # no explicit mask: FLOPs counted for the causal triangle
     skew = (n - 1) / n if causal_triangle else 0.0
     return skew * fwd + max(0.0, comm_fwd - fwd), skew * bwd + max(0.0, comm_bwd - bwd)
+
+
+def context_degrees(
+    infos: dict[str, NodeInfo], chosen: dict[str, OpStrategy], mesh_shape: tuple[int, ...]
+) -> dict[str, int]:
+    """``{"cp": n}`` when some attention node of the plan rings over an axis of ``n`` devices, else ``{}``."""
+    degree = 1
+    for name, strategy in chosen.items():
+        info = infos[name]
+        if _SDPA not in info.target or len(strategy.inputs) < 3 or strategy.inputs[1] is None:
+            continue
+        k = _meta_of_input(infos, info, 1)
+        if k is None:
+            continue
+        seq = len(k.shape) - 2
+        for a, p in enumerate(strategy.inputs[1].placements):
+            if isinstance(p, Shard) and p.dim == seq:
+                degree = max(degree, mesh_shape[a])
+    return {"cp": degree} if degree > 1 else {}
+
+
+def _meta_of_input(infos: dict[str, NodeInfo], info: NodeInfo, position: int) -> TensorMeta | None:
+    return _meta(infos[info.inputs[position]], info.input_outputs[position])
 
 
 def _meta(info: NodeInfo, which: int) -> TensorMeta | None:

@@ -15,6 +15,7 @@ import re
 from autoshard.placement import ShardingSpec
 from autoshard.plans import Collective, NodePlan, Plan, SolverReport
 from autoshard.problem.build import BuiltProblem, EdgeUse
+from autoshard.problem.context import context_degrees
 from autoshard.problem.costs import (
     COLLECTIVE_KINDS,
     dual_spec,
@@ -95,6 +96,7 @@ def extract_plan(
         timings=dict(timings),
         notes=notes,
         memory_limit=memory_limit,
+        degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
     )
 
 

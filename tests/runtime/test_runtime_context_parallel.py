@@ -34,6 +34,7 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
     plan = autoshard.plan(model, cluster_for("cpu", 4), (x,))
     (sdpa,) = [n for n in plan.nodes if "scaled_dot_product_attention" in n.target]
     assert sdpa.strategy == "S(2), S(2), S(2) -> S(2)"  # q, k, v and the output split along the sequence
+    assert plan.degrees == {"cp": 4}
     hops = tmp_path / "hops"
     rotate = context._rotate
 
