@@ -46,12 +46,13 @@ def plan_case(model: str, profile: str, mesh: list[int], nodes: int, batch: int,
 
     case = zoo.build(model, batch=batch, seq=seq, device="meta")
     cluster = autoshard.load_cluster(profile, nodes=nodes, mesh=tuple(mesh))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     plan = autoshard.plan(case.model, cluster, case.args, case.kwargs)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
     sdpa = [n.strategy for n in plan.nodes if "scaled_dot_product_attention" in n.target]
     return {
         "total_s": total,
+        "cpu_s": cpu,  # this process's CPU seconds: what the wall time would be on an idle core
         "timings": {k: round(v, 2) for k, v in plan.timings.items()},
         "objective": plan.solver.objective,
         "optimal": plan.solver.optimal,
@@ -105,7 +106,8 @@ def _line(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{r['case']}: error {r['error'][:300]}"
     text = (
-        f"{r['case']} ({r['devices']} devices): {r['total_s']:.1f} s {r['timings']}, peak RSS "
+        f"{r['case']} ({r['devices']} devices): {r['total_s']:.1f} s wall, {r.get('cpu_s', float('nan')):.1f} s CPU "
+        f"{r['timings']}, peak RSS "
         f"{r['peak_rss_gib']:.2f} GiB, step {r['step_s']:.4g} s, {r['memory_gib']:.1f} GiB/device, "
         f"optimal {r['optimal']}, ring attention on {r['ring']}"
     )
