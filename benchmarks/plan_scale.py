@@ -65,12 +65,15 @@ def plan_case(model: str, profile: str, mesh: list[int], nodes: int, batch: int,
 
 def _ring_axes(strategy: str, mesh: tuple[int, ...]) -> str:
     """Which axes split K along its sequence (the ring), read from the strategy label of SDPA."""
-    if not strategy:
+    from autoshard.placement import Shard, ShardingSpec
+
+    specs = strategy.split(" -> ")[0].replace("), (", ")|(").split("|")
+    if len(specs) < 2:
         return "-"
-    k_spec = strategy.split(" -> ")[0]
-    parts = [p.strip(" ()") for p in k_spec.replace("), (", ")|(").split("|")]
-    placements = [x.strip() for x in parts[1].split(",")] if len(parts) > 1 else []
-    axes = [f"axis {a} ({mesh[a]})" for a, p in enumerate(placements) if p == "S(2)"]
+    k = ShardingSpec.parse(specs[1])
+    axes = [
+        f"axis {a} ({mesh[a]})" for a, p in enumerate(k.placements) if isinstance(p, Shard) and p.dim == 2
+    ]
     return ", ".join(axes) or "none"
 
 
