@@ -48,7 +48,7 @@ def ring_seconds(
         return 0.0, 0.0
     seq = len(k.shape) - 2
     axis = next((a for a, p in enumerate(spec.placements) if isinstance(p, Shard) and p.dim == seq), None)
-    if axis is None:
+    if axis is None or cluster.mesh_shape[axis] == 1:  # no ring (an axis of one device moves nothing)
         return 0.0, 0.0
     n = cluster.mesh_shape[axis]
     local = _local_bytes(k.nbytes, spec, cluster) + _local_bytes(v.nbytes, strategy.inputs[2], cluster)
