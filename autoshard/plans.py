@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autoshard.errors import PlanFileError
+from cost_models.overlap import OverlapPolicy
 
 __all__ = ["Collective", "NodePlan", "PipelinePlan", "PipelineStage", "Plan", "SolverReport", "load_plan"]
 
@@ -146,6 +147,11 @@ class Plan:
     degrees: dict[str, int] = field(default_factory=dict)
     microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
     pipeline: PipelinePlan | None = None
+    # The overlap / bucket / prefetch policy the predicted step time assumes and the runtime executes.
+    overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
+    # Bytes per device that memory_per_device holds beyond the per-node sum, by name (runtime reserve,
+    # gathered FSDP weights, largest temporary: autoshard.problem.step).
+    memory_breakdown: dict[str, float] = field(default_factory=dict)
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -208,6 +214,8 @@ class Plan:
                 degrees={str(k): int(v) for k, v in data.get("degrees", {}).items()},
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
+                overlap=OverlapPolicy.from_json(data.get("overlap")),
+                memory_breakdown={str(k): float(v) for k, v in data.get("memory_breakdown", {}).items()},
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

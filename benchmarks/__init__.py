@@ -10,7 +10,7 @@ Sections, one module each (each returns :class:`~benchmarks.report.Table` record
                                    before/after the exact reductions
 2. :mod:`~benchmarks.optimality`  the solver against brute force on random graphs; CP-SAT against the chain DP
 3. :mod:`~benchmarks.quality`     autoshard's plan against hand plans (:mod:`~benchmarks.hand_plans`)
-4. :mod:`~benchmarks.fidelity`    collective bus bandwidth against nccl-tests; Megatron iteration times
+4. :mod:`~benchmarks.fidelity`    collective bus bandwidth against nccl-tests; 16 published training runs
 5. :mod:`~benchmarks.runtime`     emitted module against DTensor (``runtime_vs_dtensor.py``) on gloo ranks
 6. :mod:`~benchmarks.runtime`     emitted module against eager on one GPU (CPU stand-in without one); the
                                    H100 probe of ``gpu_probe.py``

@@ -19,6 +19,19 @@ The launch floor enters through ``max``, not ``+``: in eager mode the host issue
 so a stream of tiny ops runs at the host's issue rate (measured 6.3 µs per op on an H100 host) while a large
 op hides the host's cost entirely.  Adding the floor would overcharge every mid-sized op by up to 2×.
 
+Shape matters beyond F for matrix products and attention (:func:`matmul_time`, :func:`attention_time`):
+
+* **tile and wave quantisation** (NVIDIA's *Matrix Multiplication Background* guide): a GEMM's M × N output
+  is cut into T × T tiles (``compute.gemm_tile``), one per multiprocessor at a time (``compute.multiprocessors``
+  of them), so the device does ``ceil(M/T)·ceil(N/T)`` tiles in whole waves (split-K when they are fewer
+  than the multiprocessors).  The useful fraction ``gemm_efficiency`` = useful work / the waves' tile slots
+  multiplies η_max: ≈ 1 for large products, lower when a ragged edge wastes part of a tile or the last wave
+  leaves multiprocessors idle;
+* small K is memory-bound through the roofline's byte term (intensity ≈ K FLOP/byte when M, N ≫ K);
+* a fused attention kernel (FlashAttention, behind torch's SDPA) runs at ``compute.attention_efficiency`` of
+  peak rather than η_max, its FLOPs halved when causal (the kernel skips masked blocks);
+* memory-bound ops (norms, activations, elementwise) stream at the achieved HBM bandwidth (the byte term).
+
 Integer and bool dtypes are priced at the float32 peak (see :meth:`ComputeSpec.peak`); pure data movement
 (F = 0) needs no peak at all.
 
@@ -32,14 +45,25 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from cost_models.memory import itemsize
 from cost_models.profile import HardwareProfile
 
-__all__ = ["Bound", "bound", "compute_time", "compute_times", "ridge_intensity"]
+__all__ = [
+    "Bound",
+    "attention_time",
+    "bound",
+    "compute_time",
+    "compute_times",
+    "gemm_efficiency",
+    "matmul_time",
+    "ridge_intensity",
+]
 
 Bound = Literal["compute", "memory", "launch"]
 
@@ -89,3 +113,82 @@ def _terms(flops: float, bytes_moved: float, dtype: object, profile: HardwarePro
     if flops > 0:
         t_flops = flops / (c.peak(dtype, profile.name) * c.efficiency_max) + c.efficiency_half_time
     return t_flops, bytes_moved / (profile.memory.bandwidth * profile.memory.efficiency)
+
+
+def gemm_efficiency(m: float, n: float, profile: HardwareProfile, batch: int = 1, k: float = 0) -> float:
+    """Useful fraction of the multiprocessors' tile slots for an M × N output (``batch`` of them): (0, 1].
+
+    Each output dim d is cut into tiles of edge ``T = compute.gemm_tile`` or T/2 (the library holds kernels of
+    several tile shapes; the best of the four is taken), or, when d is shorter, of the power of two
+    that holds it (the library picks a narrower kernel for a skinny product): a ragged edge wastes part of a
+    tile.  When the tiles are fewer than the multiprocessors and K is long, the library splits K (split-K)
+    into up to ``ceil(K / T)`` parts to fill them.  The units run in whole waves of ``SMs``; the efficiency is
+    useful work over the slots those waves hold (module docstring).  1 for a profile without a tile, and for
+    a product of less than one wave: a small kernel's cost is the ramp τ (fitted on measured small GEMMs)
+    and the launch floor, and the library would pick a narrower tile than we can model.
+    """
+    if m <= 0 or n <= 0 or batch < 1:
+        raise ValueError(f"gemm_efficiency needs m, n > 0 and batch >= 1, got {m}, {n}, {batch}")
+    c = profile.compute
+    tile, sms = c.gemm_tile, c.multiprocessors
+    best = 0.0
+    for tm in (tile, tile // 2 or 1):  # the library holds kernels of several tile shapes and picks the best
+        for tn in (tile, tile // 2 or 1):
+            best = max(best, _tiled(m, n, k, batch, tm, tn, sms))
+    return best
+
+
+def _tiled(m: float, n: float, k: float, batch: int, tile_m: int, tile_n: int, sms: int) -> float:
+    """gemm_efficiency for one tile shape (a dim shorter than its tile uses the power of two that holds it)."""
+
+    def edge(d: float, t: int) -> tuple[float, int]:  # (tile edge used, tiles along d)
+        t = t if d >= t else 2 ** max(0, math.ceil(math.log2(d)))
+        return float(t), math.ceil(d / t)
+
+    (tm, nm), (tn, nn) = edge(m, tile_m), edge(n, tile_n)
+    tiles = nm * nn * batch
+    split = 1
+    if tiles < sms and k > 0:
+        split = max(1, min(sms // tiles, math.ceil(k / max(tile_m, tile_n))))
+    units = tiles * split
+    if units < sms:  # less than one wave: a small kernel, priced by the ramp τ and the launch floor
+        return 1.0
+    waves = math.ceil(units / sms)
+    useful = m * n * batch / (tiles * tm * tn)  # ragged edges
+    return float(min(1.0, useful * units / (waves * sms)))
+
+
+def matmul_time(m: int, n: int, k: int, dtype: object, profile: HardwareProfile, batch: int = 1) -> float:
+    """Seconds of ``batch`` products (M × K) · (K × N) on one device: the roofline at η_max · gemm_efficiency."""
+    if min(m, n, k) <= 0:
+        return profile.compute.launch_floor
+    flops = 2.0 * batch * m * n * k
+    moved = float(itemsize(dtype)) * batch * (m * k + k * n + m * n)
+    return _shaped_time(flops, moved, dtype, profile, gemm_efficiency(m, n, profile, batch, k))
+
+
+def attention_time(
+    batch_heads: int,
+    seq_q: int,
+    seq_kv: int,
+    head_dim: int,
+    dtype: object,
+    profile: HardwareProfile,
+    causal: bool = True,
+) -> float:
+    """Seconds of one fused attention forward (QKᵀ, softmax, ·V) over ``batch_heads`` heads on one device.
+
+    FLOPs 4·BH·S_q·S_kv·d, halved when causal; rate ``attention_efficiency`` of peak (η_max when the profile
+    gives none); bytes: Q, K, V read and O written once (the fused kernel keeps the S × S scores on chip).
+    """
+    flops = 4.0 * batch_heads * seq_q * seq_kv * head_dim * (0.5 if causal else 1.0)
+    moved = float(itemsize(dtype)) * batch_heads * head_dim * (2 * seq_q + 2 * seq_kv)
+    c = profile.compute
+    factor = (c.attention_efficiency or c.efficiency_max) / c.efficiency_max
+    return _shaped_time(flops, moved, dtype, profile, factor)
+
+
+def _shaped_time(flops: float, moved: float, dtype: object, profile: HardwareProfile, factor: float) -> float:
+    """The roofline with the FLOP term at ``factor`` · η_max (``factor`` from the op's shape)."""
+    t_flops, t_mem = _terms(flops / factor, moved, dtype, profile)
+    return max(profile.compute.launch_floor, t_flops, t_mem)

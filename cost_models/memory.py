@@ -34,12 +34,17 @@ __all__ = [
     "FP32_ADAM",
     "ITEMSIZE",
     "MIXED_PRECISION_ADAM",
+    "PrecisionPolicy",
     "StateBytes",
     "StateRecipe",
+    "gathered_weight_bytes",
     "itemsize",
     "local_shard_bytes",
+    "logits_bytes",
+    "microbatches_in_flight",
     "sharded_bytes",
     "training_state_bytes",
+    "transformer_activation_bytes",
 ]
 
 ITEMSIZE: dict[str, int] = {
@@ -139,3 +144,91 @@ def training_state_bytes(
         gradients=part(recipe.gradients, 2),
         optimizer=part(recipe.optimizer, 1),
     )
+
+
+# -- the rest of a step's memory -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisionPolicy:
+    """The mixed-precision policy of a training step: what each part of the state is stored in.
+
+    Attributes:
+        param_dtype: dtype of the weights the model computes with.
+        grad_dtype: dtype of the gradients as reduced.
+        fp32_grad_accumulation: keep an fp32 gradient buffer (Megatron's ``main_grad``, the default with
+            bf16 and ``--accumulate-allreduce-grads-in-fp32``): gradients cost 4 bytes per parameter.
+        master_weights: keep an fp32 master copy for the optimizer when ``param_dtype`` is narrower.
+        optimizer_states: fp32 moments per parameter (Adam: 2, SGD with momentum: 1, SGD: 0).
+    """
+
+    param_dtype: str = "bfloat16"
+    grad_dtype: str = "bfloat16"
+    fp32_grad_accumulation: bool = False
+    master_weights: bool = True
+    optimizer_states: int = 2
+
+    def recipe(self) -> StateRecipe:
+        """Bytes per parameter of weights, gradients and optimizer state under this policy."""
+        weights = itemsize(self.param_dtype)
+        grads = 4 if self.fp32_grad_accumulation else itemsize(self.grad_dtype)
+        master = 4 if self.master_weights and weights < 4 else 0
+        name = f"{canonical_dtype(self.param_dtype)} weights, {grads}-byte grads, {self.optimizer_states} fp32 moments"
+        return StateRecipe(
+            name, weights=weights, gradients=grads, optimizer=master + 4 * self.optimizer_states
+        )
+
+    def describe(self) -> str:
+        """One line for the report."""
+        r = self.recipe()
+        return f"{r.name} ({r.total} B/param before sharding)"
+
+
+Recomputation = str  # "none" | "selective" | "full"
+
+
+def transformer_activation_bytes(
+    seq: int,
+    micro_batch: int,
+    hidden: int,
+    heads: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: Recomputation = "none",
+) -> float:
+    """Bytes one transformer layer keeps for backward, 16-bit activations (Korthikanti et al., 2022, §4).
+
+    none: ``sbh(10 + 24/t + 5as/(ht))`` (TP), ``sbh(34 + 5as/h)/t`` with sequence parallelism; selective
+    (attention core recomputed, with SP): ``34·sbh/t``; full: the layer input ``2sbh`` (÷t with SP).
+    """
+    sbh = float(seq) * micro_batch * hidden
+    if recompute == "full":
+        return 2 * sbh / (tp if sequence_parallel else 1)
+    if recompute == "selective":
+        return 34 * sbh / tp if sequence_parallel else sbh * (10 + 24 / tp)
+    if recompute != "none":
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    attention = 5 * heads * seq / (hidden * tp)
+    if sequence_parallel:
+        return sbh * (34 / tp + attention)
+    return sbh * (10 + 24 / tp + attention)
+
+
+def microbatches_in_flight(stages: int, virtual_stages: int = 1, microbatches: int | None = None) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at its peak under 1F1B.
+
+    ``p`` for plain 1F1B, ``p · (1 + (p − 1)/(p · v))`` interleaved (Korthikanti et al., 2022, §4.2.3), never
+    more than the micro-batches there are.
+    """
+    held = stages * (1 + (stages - 1) / (stages * virtual_stages)) if virtual_stages > 1 else float(stages)
+    return min(held, float(microbatches)) if microbatches is not None else held
+
+
+def logits_bytes(tokens: float, vocab: int, tp: int = 1) -> float:
+    """fp32 logits the loss keeps (cross-entropy in fp32 over the vocabulary shard): ``4 · tokens · V / t``."""
+    return 4.0 * tokens * vocab / tp
+
+
+def gathered_weight_bytes(layer_param_bytes: float, prefetch: int) -> float:
+    """FSDP: the unsharded weights of the layer computing plus the ``prefetch`` layers gathered ahead."""
+    return layer_param_bytes * (1 + prefetch)

@@ -104,12 +104,20 @@ class ComputeSpec:
             whose ideal time F / (peak · η_max) equals τ reaches half of η_max.  Equivalently every op with
             FLOPs pays τ on top of its ideal time.  A time, not a FLOP count, so one number fits all dtypes.
         launch_floor: seconds; no op takes less (host-side launch cost, overlapped with the device's work).
+        multiprocessors: streaming multiprocessors (GPU) or cores that run one output tile each at a time; with
+            ``gemm_tile`` it sets the tile and wave quantisation of :func:`cost_models.compute.gemm_efficiency`.
+        gemm_tile: edge, in elements, of the output tile one multiprocessor computes (1: no quantisation).
+        attention_efficiency: fraction of peak a fused attention kernel (FlashAttention) reaches on large
+            problems; ``None`` means the profile gives none and ``efficiency_max`` is used.
     """
 
     peak_flops: tuple[tuple[str, float], ...]
     efficiency_max: float
     efficiency_half_time: float
     launch_floor: float
+    multiprocessors: int = 1
+    gemm_tile: int = 1
+    attention_efficiency: float | None = None
 
     def peak(self, dtype: object, profile_name: str = "this profile") -> float:
         """Dense peak FLOP/s for ``dtype``; integer and bool dtypes use the float32 peak (ALU-class work)."""
@@ -134,6 +142,7 @@ class MemorySpec:
     capacity: int
     bandwidth: float
     efficiency: float
+    runtime_reserve: float = 0.0  # bytes the runtime holds before the model: CUDA context, NCCL, allocator
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +225,13 @@ class _Quantity:
 
 
 @dataclass(frozen=True, slots=True)
+class _Optional:
+    """A field a profile may leave out; then :func:`_build` applies the documented default."""
+
+    inner: _Quantity
+
+
+@dataclass(frozen=True, slots=True)
 class _DTypeMap:
     dimension: Dimension
     required: tuple[str, ...]
@@ -235,11 +251,15 @@ _SPEC: _Spec = {
         "efficiency_max": _Quantity("fraction"),
         "efficiency_half_time": _Quantity("time"),
         "launch_floor": _Quantity("time"),
+        "multiprocessors": _Optional(_Quantity("count")),  # default 1
+        "gemm_tile": _Optional(_Quantity("count")),  # default 1: no tile quantisation
+        "attention_efficiency": _Optional(_Quantity("fraction")),  # default: efficiency_max
     },
     "memory": {
         "capacity": _Quantity("bytes"),
         "bandwidth": _Quantity("bandwidth"),
         "efficiency": _Quantity("fraction"),
+        "runtime_reserve": _Optional(_Quantity("bytes")),  # default 0
     },
     "intra_node": {
         "bus_bandwidth": {k: _Quantity("bandwidth") for k in BusBandwidth.__slots__},
@@ -278,6 +298,10 @@ class _Validator:
                 did_you_mean = f"did you mean '{hint[0]}'? " if hint else ""
                 raise self.fail(where + key, f"unknown field; {did_you_mean}expected one of {sorted(spec)}")
         for key, sub in spec.items():
+            if isinstance(sub, _Optional):
+                if key in node:
+                    self.field(node[key], sub.inner, where + key)
+                continue
             if key not in node:
                 raise self.fail(where + key, f"missing; expected {_describe(sub)}")
             self.field(node[key], sub, where + key)
@@ -364,6 +388,8 @@ def _kind(node: object) -> str:
 def _describe(spec: Any) -> str:
     if spec is _Text:
         return "a non-empty string"
+    if isinstance(spec, _Optional):
+        return _describe(spec.inner) + " (optional)"
     if isinstance(spec, _Quantity):
         words = _WORDS[spec.dimension]
         if spec.dimension in UNITS:
@@ -415,8 +441,16 @@ def _build(v: _Validator, origin: str) -> HardwareProfile:
             efficiency_max=x["compute.efficiency_max"],
             efficiency_half_time=x["compute.efficiency_half_time"],
             launch_floor=x["compute.launch_floor"],
+            multiprocessors=x.get("compute.multiprocessors", 1),
+            gemm_tile=x.get("compute.gemm_tile", 1),
+            attention_efficiency=x.get("compute.attention_efficiency"),
         ),
-        memory=MemorySpec(round(x["memory.capacity"]), x["memory.bandwidth"], x["memory.efficiency"]),
+        memory=MemorySpec(
+            round(x["memory.capacity"]),
+            x["memory.bandwidth"],
+            x["memory.efficiency"],
+            x.get("memory.runtime_reserve", 0.0),
+        ),
         intra_node=IntraNodeLink(bus, x["intra_node.step_latency"]),
         inter_node=InterNodeLink(
             x["inter_node.nics_per_node"],

@@ -7,6 +7,7 @@
     autoshard dot plan.json [-o plan.svg] [--ops]
     autoshard verify --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
     autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x1024:0.7,8x4096:0.3
+    autoshard profile --out node.json [--ranks 4] [--base a100x8]
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
 split over all devices) and prints both side by side.  Errors print one line on stderr and exit with code 2
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from autoshard.cli import dot, search, shapes, show, verify
+from autoshard.cli import dot, profile, search, shapes, show, verify
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -36,6 +37,7 @@ COMMANDS: dict[str, ModuleType] = {
     "dot": dot,
     "verify": verify,
     "shapes": shapes,
+    "profile": profile,
 }
 
 

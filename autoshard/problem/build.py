@@ -26,6 +26,7 @@ write); ``tests/problem`` checks it against solving the un-collapsed graph.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -176,6 +177,9 @@ def build_problem(
     cache = StepCache(cluster)
     keeps = _keeps(infos, opts)
     node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
+    if memory:  # the runtime reserve (profile memory.runtime_reserve: CUDA context, NCCL, allocator) is held
+        # whatever the plan: a constant on one node counts it against the budget and changes no choice
+        memory[0] = memory[0] + cluster.profile.memory.runtime_reserve
     uses = _edge_weights(infos, template, n_blocks)
     edges = _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cache)
     problem = SearchProblem(
@@ -234,8 +238,18 @@ def _edge_arrays(uses, infos, template, index, strategies, node_costs, opts, cac
     for use in uses:
         weights[(template[use.producer], template[use.consumer], use.which, use.position)] += use.weight
     edges: list[Edge] = []
+    forward_only = dataclasses.replace(opts, training=False)
     for (tu, tv, which, pos), weight in weights.items():
         matrix = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, opts, cache) * weight
+        producer = infos[tu]
+        repeated_param = weight > 1 and producer.kind == "parameter" and producer.block is not None
+        if repeated_param and opts.training and opts.overlap.overlap_grad_sync:
+            # Gradient sync of a repeated layer's parameter overlaps the backward of the layers after it
+            # (cost_models.overlap): only the last layer's copy is exposed -- exact while a layer's sync is
+            # shorter than a layer's backward, optimistic beyond (the plan's critical path then says by how
+            # much).  Forward steps (FSDP gathers) keep every copy.
+            fwd = edge_matrix(producer, which, strategies[tu], strategies[tv], pos, forward_only, cache)
+            matrix = fwd * weight + (matrix / weight - fwd)
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
             node_costs[index[tu]] += np.diag(matrix)
             continue

@@ -15,10 +15,13 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
   replicated parameters is this rule on the parameter's edges: a batch-split consumer yields a ``P`` gradient
   and the parameter's dual spec is ``R``, hence one all-reduce; an ``S(0)`` (ZeRO-3/FSDP) parameter gets a
   reduce-scatter instead;
-- memory per device: each parameter's shard and its gradient (2 × the parameter's itemsize per element), its
-  Adam state (fp32 master + two moments, 12 bytes per element, for 16-bit parameters; two moments, 8 bytes,
-  for fp32 ones), plus the activations backward keeps (outputs of non-view ops that carry gradients; under
-  full recomputation only the tensors that leave a repeated block);
+- memory per device: each parameter's shard and its gradient (the parameter's itemsize per element each, or
+  the bytes of ``CostOptions.precision``), its Adam state (fp32 master + two moments, 12 bytes per element,
+  for 16-bit parameters; two moments, 8 bytes, for fp32 ones), plus the activations backward keeps (outputs
+  of non-view ops that carry gradients; under full recomputation only the tensors that leave a repeated
+  block), plus an fp32 copy of each returned float tensor and its gradient (the loss upcasts logits).  The
+  plan adds what no node owns (:mod:`autoshard.problem.extract`): the runtime reserve, gathered FSDP weights
+  and the largest temporary;
 - optimizer: with ``shard_optimizer`` (the default, as Megatron's distributed optimizer and ZeRO-1 do), the
   Adam state and its update are split over every device, whatever the parameter's placement: a replicated
   parameter's gradient is reduce-scattered and the updated shard all-gathered, which moves exactly the
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from autoshard.cluster import Cluster
@@ -40,6 +43,9 @@ from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pricing import PriceTable
 from autoshard.redistribute import Step, plan_redistribute, redistribute_time
 from autoshard.strategies import OpStrategy
+from cost_models.compute import gemm_efficiency
+from cost_models.memory import PrecisionPolicy
+from cost_models.overlap import OverlapPolicy
 
 __all__ = [
     "MEMORY_TIE_BREAK",
@@ -70,15 +76,30 @@ class Recompute(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class CostOptions:
-    """Knobs of the cost model that are not hardware."""
+    """Knobs of the cost model that are not hardware.
+
+    ``overlap`` is the one overlap / bucket / prefetch policy of the step: the plan's predicted step time
+    prices it (:mod:`cost_models.overlap`) and the plan records it for the runtime to execute.
+    ``precision`` fixes the bytes per parameter of weights, gradients and optimizer state; None derives
+    them from each parameter's dtype (16-bit: fp32 master + Adam moments; fp32: moments only).
+    """
 
     training: bool = True
     recompute: Recompute = Recompute.NONE
     shard_optimizer: bool = True  # ZeRO-1 / distributed optimizer: Adam state split over all devices
+    overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
+    precision: PrecisionPolicy | None = None
 
     def adam_bytes(self, itemsize: int) -> int:
-        """Adam state per element: fp32 master + m + v for 16-bit parameters, m + v for fp32 ones."""
+        """Optimizer state per element: the precision policy's, else fp32 master + m + v for 16-bit
+        parameters and m + v for fp32 ones."""
+        if self.precision is not None:
+            return self.precision.recipe().optimizer
         return 12 if itemsize <= 2 else 8
+
+    def grad_bytes(self, itemsize: int) -> int:
+        """Gradient bytes per element: the precision policy's, else the parameter's own itemsize."""
+        return itemsize if self.precision is None else self.precision.recipe().gradients
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +148,10 @@ def node_compute(
     dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
     if info.is_view:
         return 0.0, 0.0
-    fwd = cluster.compute_time(info.flops / strategy.work_divisor, moved, dtype)
+    # shape-aware rate (cost_models.compute): tile/wave quantisation of the local GEMM, fused attention's own
+    # efficiency; priced by scaling the FLOPs the roofline sees
+    factor = _shape_factor(info, strategy, inputs, cluster)
+    fwd = cluster.compute_time(info.flops / strategy.work_divisor / factor, moved, dtype)
     if not (opts.training and info.requires_grad):
         return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0)[0], 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
@@ -135,6 +159,52 @@ def node_compute(
         bwd += fwd
     ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd)  # context parallel only
     return fwd + ring_fwd, bwd + ring_bwd
+
+
+_GEMM_OPS = frozenset({"linear", "mm", "addmm", "matmul", "bmm", "baddbmm"})
+_ATTENTION_OPS = frozenset(
+    {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
+)  # fmt: skip
+
+
+def _local_shape(shape: tuple[int, ...], spec: ShardingSpec | None, mesh: tuple[int, ...]) -> tuple[int, ...]:
+    dims = list(shape)
+    if spec is not None:
+        for p, size in zip(spec.placements, mesh, strict=True):
+            if isinstance(p, Shard) and p.dim < len(dims):
+                dims[p.dim] = -(-dims[p.dim] // size)
+    return tuple(dims)
+
+
+def _shape_factor(
+    info: NodeInfo, strategy: OpStrategy, inputs: tuple[NodeInfo, ...], cluster: Cluster
+) -> float:
+    """Fraction of η_max the op reaches for its local shape: ``gemm_efficiency`` of a matrix product's local
+    M × N output, ``attention_efficiency / efficiency_max`` for fused attention, 1 otherwise."""
+    profile = cluster.profile
+    if info.op in _ATTENTION_OPS:
+        c = profile.compute
+        return (c.attention_efficiency or c.efficiency_max) / c.efficiency_max
+    if info.op not in _GEMM_OPS or len(inputs) < 2:
+        return 1.0
+    shapes = []
+    for src, which, spec in zip(inputs, info.input_outputs, strategy.inputs, strict=True):
+        meta = src.outputs[which] if which < len(src.outputs) else None
+        shapes.append(None if meta is None else _local_shape(tuple(meta.shape), spec, cluster.mesh_shape))
+    a, b = (shapes[0], shapes[1]) if info.op == "linear" else (shapes[-2], shapes[-1])
+    if a is None or b is None or len(a) < 1 or len(b) < 1:
+        return 1.0
+    batch, k = 1, a[-1]
+    if info.op == "linear":
+        m, n = math.prod(a[:-1]), b[0]
+    elif info.op in ("bmm", "baddbmm") and len(a) == 3 and len(b) == 3:
+        batch, m, n = a[0], a[1], b[2]
+    else:
+        m, n = math.prod(a[:-1]), (b[-1] if len(b) >= 2 else 1)
+    if m < 1 or n < 1:
+        return 1.0
+    return gemm_efficiency(m, n, profile, batch, k)
 
 
 def node_memory(
@@ -154,14 +224,21 @@ def node_memory(
     if info.kind == "parameter":
         if not opts.training:
             return local
-        return 2 * local + _optimizer_elements(meta.numel, spec, cluster, opts) * opts.adam_bytes(
-            meta.itemsize
+        grads = local * opts.grad_bytes(meta.itemsize) / meta.itemsize
+        return (
+            local
+            + grads
+            + _optimizer_elements(meta.numel, spec, cluster, opts) * opts.adam_bytes(meta.itemsize)
         )
     if info.kind in ("buffer", "constant", "user_input"):
         return local
+    held = 0.0
+    if opts.training and info.is_output and info.requires_grad and meta.dtype.startswith(("float", "bfloat")):
+        # the loss upcasts a returned float tensor (logits) to fp32 and keeps it and its gradient
+        held += 8 * local / meta.itemsize
     if opts.training and keeps and info.requires_grad and not info.is_view:
-        return local
-    return 0.0
+        return held + local
+    return held
 
 
 def optimizer_time(info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions) -> float:

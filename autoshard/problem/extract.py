@@ -2,7 +2,8 @@
 
 Input: a :class:`~autoshard.problem.build.BuiltProblem` and a :class:`~autoshard.search.Solution`.
 Output: a :class:`~autoshard.plans.Plan` whose figures are recomputed from the same cost functions the solver
-was fed (``autoshard.problem.costs``), so the plan's predicted step time equals the solver's objective.
+was fed (``autoshard.problem.costs``).  Its predicted step time is the critical path under the overlap policy
+(:mod:`autoshard.problem.step`): the solver's objective, less the communication that compute hides.
 
 Repeated layers are expanded: every layer's parameters get their placement, and every collective is listed
 once per layer it occurs in (``Collective.layer``), so counts in the plan are counts in the full model.
@@ -25,6 +26,7 @@ from autoshard.problem.costs import (
     optimizer_time,
     output_fix_steps,
 )
+from autoshard.problem.step import critical_path, unowned_memory
 from autoshard.redistribute import Step
 from autoshard.search import Solution
 from autoshard.strategies import OpStrategy
@@ -51,6 +53,17 @@ def extract_plan(
     nodes, compute, memory = _node_table(built, chosen)
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
     comm = sum(c.seconds for c in collectives)
+    step, _exposed = critical_path(built, chosen, collectives, compute)
+    extra_memory = unowned_memory(built, pick, collectives)
+    total_memory = memory + sum(extra_memory.values())
+    if memory_limit is not None and total_memory > memory_limit:
+        over = total_memory - memory_limit
+        notes = (
+            *notes,
+            f"memory {total_memory / 2**30:.2f} GiB per device is {over / 2**30:.2f} GiB over the budget: "
+            "gathered FSDP weights and the largest temporary are priced after the search; lower the budget "
+            "or allow recomputation",
+        )
     cluster = built.cluster
     return Plan(
         model=model,
@@ -79,10 +92,10 @@ def extract_plan(
         },
         nodes=nodes,
         collectives=tuple(collectives),
-        predicted_step_time=compute + comm,
+        predicted_step_time=step,  # the critical path under options.overlap (autoshard.problem.step)
         compute_time=compute,
         communication_time=comm,
-        memory_per_device=memory,
+        memory_per_device=total_memory,
         device_memory=float(cluster.device_memory),
         solver=SolverReport(
             method=solution.method,
@@ -97,6 +110,8 @@ def extract_plan(
         notes=notes,
         memory_limit=memory_limit,
         degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
+        overlap=built.options.overlap,
+        memory_breakdown=extra_memory,
     )
 
 

@@ -266,7 +266,10 @@ def _figures(plan: Plan, baseline: Baseline | None, width: int, budget: float | 
     mine_params = _param_memory(plan)
     names = ("step time", "  compute", "  communication", "memory per device", "  weights, grads, optimizer")
     mine: tuple[float, ...] = (plan.predicted_step_time, plan.compute_time, plan.communication_time)
-    mine += (plan.memory_per_device, mine_params, plan.memory_per_device - mine_params)
+    unowned = sum(
+        plan.memory_breakdown.values()
+    )  # reserve, gathered weights, temporary: shown in _assumptions
+    mine += (plan.memory_per_device, mine_params, plan.memory_per_device - mine_params - unowned)
     theirs: tuple[float, ...] = ()
     if dp is not None and dp.step_time is not None:
         theirs = (dp.step_time, dp.compute, dp.communication, dp.memory, dp.param_memory)
@@ -276,7 +279,22 @@ def _figures(plan: Plan, baseline: Baseline | None, width: int, budget: float | 
         fmt = fmt_seconds if i < 3 else fmt_bytes
         lines.append(f"  {name:<28}{fmt(mine[i]):>12}" + (f"{fmt(theirs[i]):>16}" if theirs else ""))
     lines.append(_capacity(plan, budget))
-    return lines + _comparison(plan, baseline, width)
+    return lines + _assumptions(plan, width) + _comparison(plan, baseline, width)
+
+
+def _assumptions(plan: Plan, width: int) -> list[str]:
+    """Two lines: what the figures assume (dtypes, optimizer, micro-batches, recompute; overlap, memory)."""
+    recompute = "full" if any("recomputation" in n for n in plan.notes) else "none"
+    first = (
+        f"assumes: captured dtypes, Adam (fp32 master + moments) sharded, "
+        f"{plan.microbatches} micro-batch{'es' * (plan.microbatches > 1)}, recompute {recompute}"
+    )
+    exposed = plan.predicted_step_time - plan.compute_time
+    memory = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in plan.memory_breakdown.items() if v > 0)
+    second = f"overlap: {plan.overlap.describe()}; {fmt_seconds(exposed)} comm exposed" + (
+        f"; + {memory}" if memory else ""
+    )
+    return _wrap(first, width, "    ", "  ") + _wrap(second, width, "    ", "  ")
 
 
 def _capacity(plan: Plan, budget: float | None) -> str:

@@ -1,0 +1,83 @@
+"""``autoshard profile --out my.json``: measure this machine and write a hardware profile ``search`` accepts.
+
+    autoshard profile --out node.json [--ranks 4] [--base a100x8] [--dtype bfloat16]
+                      [--gemm-sizes 256,1024,4096] [--message-sizes 65536,1048576,16777216] [--raw raw.json]
+
+GEMM rate by size, memory bandwidth, and the bus bandwidth of each collective by message size among
+``--ranks`` ranks (NCCL on the GPUs of this node when CUDA is present, forked gloo ranks on the CPU
+otherwise); :mod:`autoshard.profiling` says how each field is derived.  ``--base`` keeps a bundled profile's
+datasheet peaks and network, so efficiencies are fractions of a published peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from autoshard.cli.args import CliError, mesh, positive
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "measure this machine (GEMMs, memory, collectives by size) and write a hardware profile"
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"sizes {text!r}: expected whole numbers separated by commas"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes {text!r}: expected whole numbers >= 1, e.g. 256,1024")
+    return sizes
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="where to write the profile JSON")
+    p.add_argument("--name", default=None, help="profile name (default: the file's stem)")
+    p.add_argument("--ranks", type=positive, default=None, help="ranks for collectives (default: GPUs, or 2)")
+    p.add_argument("--base", default=None, help="bundled profile whose peaks and network to keep")
+    p.add_argument("--dtype", default=None, help="GEMM dtype (default bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--gemm-sizes", type=_sizes, default=None, help="square GEMM sizes, e.g. 256,1024,4096")
+    p.add_argument("--stream-mib", type=positive, default=None, help="MiB copied for the bandwidth")
+    p.add_argument("--message-sizes", type=_sizes, default=None, help="collective sizes in bytes")
+    p.add_argument("--repeats", type=positive, default=5, help="timed repetitions (median)")
+    p.add_argument("--raw", default=None, help="also write the raw measurements here")
+    p.add_argument("--mesh", type=mesh, default=None, help="also time each axis of this mesh, e.g. 2x4")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from autoshard.profiling import axis_bus_bandwidths, measure, write_profile
+
+    out = Path(args.out)
+    if not out.resolve().parent.is_dir():
+        raise CliError(f"--out {args.out}: directory {out.parent} does not exist; create it first")
+    cuda = torch.cuda.is_available()
+    dtype_name = args.dtype or ("bfloat16" if cuda else "float32")
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise CliError(f"--dtype {dtype_name}: not a torch floating dtype; write e.g. bfloat16 or float32")
+    ranks = args.ranks or (max(1, torch.cuda.device_count()) if cuda else 2)
+    gemm = args.gemm_sizes or ((1024, 2048, 4096, 8192) if cuda else (128, 256, 512))
+    stream = (args.stream_mib or (1024 if cuda else 64)) * 2**20
+    messages = args.message_sizes or tuple(2**k for k in range(10, 31 if cuda else 25, 2))
+    if args.mesh is not None and math.prod(args.mesh) != ranks:
+        raise CliError(
+            f"--mesh {'x'.join(map(str, args.mesh))} has {math.prod(args.mesh)} ranks; --ranks is {ranks}"
+        )
+    m = measure(gemm, stream, messages, ranks, dtype, repeats=args.repeats, mesh=args.mesh)
+    profile = write_profile(m, str(out), args.name or out.stem, base=args.base, raw=args.raw)
+    bus = profile.intra_node.bus_bandwidth
+    stream = profile.memory.bandwidth * profile.memory.efficiency
+    print(
+        f"wrote {out}: {profile.devices_per_node} x {profile.device}; GEMM efficiency "
+        f"{profile.compute.efficiency_max:.2f}, memory {stream / 1e9:.1f} "
+        f"GB/s, all_reduce busbw {bus.all_reduce / 1e9:.2f} GB/s"
+    )
+    for axis, kinds in axis_bus_bandwidths(m).items():
+        print(f"  {axis}: " + ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in kinds.items()))
+    return 0

@@ -1,0 +1,166 @@
+"""Step time as the critical path of one training step: which communication compute hides, and which it waits for.
+
+Input: per-layer compute and communication times (seconds, from :mod:`cost_models.compute` and
+:mod:`cost_models.collectives`) and an :class:`OverlapPolicy`.
+Output: the seconds of communication left *exposed* on the critical path.
+
+The model, as the runtime (DDP / FSDP2 / Megatron) executes a step — compute on one stream, collectives on
+another, each stream in issue order:
+
+1. **Tensor- and sequence-parallel collectives are exposed.**  The next op needs their result; unless the plan
+   asks for async TP (``OverlapPolicy.async_tp``: collective matmul, torch's ``_micro_pipeline_tp``), they add
+   to the step in full.
+2. **Gradient synchronisation overlaps the rest of backward.**  Backward visits layers L … 1.  Gradients are
+   grouped, in that order, into buckets of at least ``bucket_bytes`` (DDP's ``bucket_cap_mb``; FSDP2 buckets
+   per module, i.e. per layer).  A bucket's reduction (all-reduce or reduce-scatter) is issued when the
+   backward of its last layer ends and runs on the communication stream after the previous bucket's.  The
+   communication stream's finish time minus the compute stream's is exposed.  For L identical layers, each
+   with backward compute c and reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward
+   compute after the last layer (embedding): the last bucket always shows, the others only where they are
+   slower than the compute that hides them (:func:`exposed_sync_repeated`).
+3. **FSDP all-gathers are prefetched** (``prefetch`` layers ahead, FSDP2's default 1): the gather of layer i + 1
+   runs under the compute of layer i, so the first is exposed and each other one only beyond that compute:
+   ``g_1 + Σ_{i≥2} max(0, g_i − c_{i−1})`` (:func:`exposed_prefetched_gathers`).  Without prefetch every
+   gather is exposed.
+4. **Pipeline point-to-point** transfers are priced by the pipeline schedule (``autoshard.pipeline``), not here.
+
+Step time = compute + exposed TP collectives + exposed gathers + exposed gradient sync (+ pipeline bubble).
+
+The intra-op solver adds per-node and per-edge costs, and ``max(0, s − c)`` couples a layer's communication to
+its compute, so the solver linearises item 2 for repeated layers: the gradient sync of one copy (the last
+layer's) is priced in full and the other L − 1 copies as hidden.  That is exact while a layer's sync is
+shorter than a layer's backward (the usual regime for large models), and optimistic beyond it; syncs outside
+the repeated layers and FSDP gathers are priced in full.  The plan's predicted step time is this critical
+path (``Plan.predicted_step_time``), so where the linearisation is optimistic the plan says by how much;
+``Plan.communication_time`` stays the sum of all collectives.
+
+Example::
+
+    >>> exposed_sync_repeated(compute=2.0, sync=1.0, layers=10)   # syncs hide under the next layer's backward
+    1.0
+    >>> exposed_sync_repeated(compute=1.0, sync=2.0, layers=10)   # communication-bound: 2 + 9 · 1
+    11.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DDP_BUCKET_BYTES",
+    "OverlapPolicy",
+    "bucket_layers",
+    "exposed_gradient_sync",
+    "exposed_prefetched_gathers",
+    "exposed_sync_repeated",
+]
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""torch DistributedDataParallel's default gradient bucket, ``bucket_cap_mb=25`` (torch.nn.parallel docs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OverlapPolicy:
+    """How a step overlaps communication with compute: priced by :mod:`cost_models.overlap`, executed by the runtime.
+
+    Attributes:
+        overlap_grad_sync: reduce gradients bucket by bucket during backward (DDP, FSDP2, Megatron's
+            ``--overlap-grad-reduce``); False: all after backward, fully exposed.
+        bucket_bytes: the smallest gradient bucket, bytes (DDP default 25 MiB).
+        prefetch: FSDP all-gathers issued this many layers ahead (FSDP2 default 1; 0: no prefetch).
+        async_tp: tensor-parallel collectives overlapped with their matmuls (collective matmul); False:
+            exposed, the default of DTensor TP and Megatron without ``--tp-comm-overlap``.
+    """
+
+    overlap_grad_sync: bool = True
+    bucket_bytes: int = DDP_BUCKET_BYTES
+    prefetch: int = 1
+    async_tp: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bucket_bytes < 1:
+            raise ValueError(f"OverlapPolicy.bucket_bytes must be >= 1, got {self.bucket_bytes}")
+        if self.prefetch < 0:
+            raise ValueError(f"OverlapPolicy.prefetch must be >= 0 (0: no prefetch), got {self.prefetch}")
+
+    def describe(self) -> str:
+        """One line for the report."""
+        sync = "grad sync after backward"
+        if self.overlap_grad_sync:
+            sync = f"grad sync in {self.bucket_bytes / 2**20:.0f} MiB buckets"
+        gathers = f"prefetch {self.prefetch}" if self.prefetch else "no prefetch"
+        return f"{sync}, {gathers}, TP {'async' if self.async_tp else 'exposed'}"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> OverlapPolicy:
+        return cls() if data is None else cls(**data)
+
+
+def bucket_layers(grad_bytes: Sequence[float], bucket_bytes: float) -> list[list[int]]:
+    """Group layers (in backward order) into buckets: add layers until a bucket holds ``bucket_bytes``."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    held = 0.0
+    for i, nbytes in enumerate(grad_bytes):
+        current.append(i)
+        held += nbytes
+        if held >= bucket_bytes:
+            buckets.append(current)
+            current, held = [], 0.0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def exposed_gradient_sync(
+    backward: Sequence[float],
+    sync: Sequence[float],
+    policy: OverlapPolicy,
+    grad_bytes: Sequence[float] | None = None,
+    tail_compute: float = 0.0,
+) -> float:
+    """Exposed seconds of gradient reduction (model item 2).
+
+    ``backward[j]`` and ``sync[j]`` are the backward compute and the gradient reduction of the j-th layer *in
+    backward order*; ``grad_bytes[j]`` its gradient bytes (for bucketing; None: one bucket per layer);
+    ``tail_compute`` is backward compute that follows the last layer and hides its reduction too.
+    """
+    if len(backward) != len(sync):
+        raise ValueError(f"need one backward time per sync time, got {len(backward)} and {len(sync)}")
+    total_sync = sum(sync)
+    if not policy.overlap_grad_sync:
+        return total_sync
+    groups = (
+        [[j] for j in range(len(sync))]
+        if grad_bytes is None
+        else bucket_layers(grad_bytes, policy.bucket_bytes)
+    )
+    clock = comm_end = 0.0
+    for group in groups:
+        clock += sum(backward[j] for j in group)  # the bucket is ready when its last layer's backward ends
+        comm_end = max(comm_end, clock) + sum(sync[j] for j in group)
+    return max(0.0, comm_end - (clock + tail_compute))
+
+
+def exposed_sync_repeated(compute: float, sync: float, layers: int, tail_compute: float = 0.0) -> float:
+    """Closed form of :func:`exposed_gradient_sync` for ``layers`` identical layers: s + (L−1)·max(0, s−c)."""
+    if layers < 1:
+        return 0.0
+    return max(0.0, sync + (layers - 1) * max(0.0, sync - compute) - tail_compute)
+
+
+def exposed_prefetched_gathers(gathers: Sequence[float], compute: Sequence[float], prefetch: int) -> float:
+    """Exposed seconds of per-layer all-gathers prefetched under the previous layer's compute (model item 3).
+
+    ``gathers[i]`` and ``compute[i]`` are layer i's gather and compute, in execution order.
+    """
+    if len(gathers) != len(compute):
+        raise ValueError(f"need one compute time per gather, got {len(gathers)} and {len(compute)}")
+    if prefetch < 1 or not gathers:
+        return float(sum(gathers))
+    exposed = gathers[0]
+    for i in range(1, len(gathers)):
+        exposed += max(0.0, gathers[i] - compute[i - 1])
+    return exposed

@@ -1,0 +1,43 @@
+"""``autoshard profile`` on CPU/gloo writes a profile that loads and plans (tiny sizes: a few seconds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import autoshard
+from cost_models import load_profile
+
+
+@pytest.mark.slow  # forks four gloo ranks
+def test_profile_on_cpu_writes_a_profile_that_loads_and_plans(cli, tmp_path: Path) -> None:
+    out, raw = tmp_path / "node.json", tmp_path / "raw.json"
+    r = cli(
+        "profile", "--out", str(out), "--ranks", "4", "--mesh", "2x2", "--gemm-sizes", "32,64",
+        "--stream-mib", "1", "--message-sizes", "4096,65536", "--repeats", "2", "--raw", str(raw),
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    profile = load_profile(out)
+    assert profile.devices_per_node == 4 and profile.compute.efficiency_max == 1.0
+    measured = json.loads(raw.read_text())
+    # the collectives really ran on two gloo ranks, every kind at every size
+    assert {k: [s for s, _ in v] for k, v in measured["collectives"].items()} == {
+        k: [4096, 65536] for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+    }
+    assert all(t > 0 for v in measured["collectives"].values() for _, t in v)
+    assert set(measured["axes"]) == {"axis0 (2 ranks)", "axis1 (2 ranks)"}  # each mesh axis timed too
+    assert "axis0 (2 ranks): all_reduce" in r.out
+    assert all("autoshard profile" in profile.source_of(p) for p in ("intra_node.bus_bandwidth.all_reduce",))
+    cluster = autoshard.load_cluster(str(out))
+    plan = autoshard.plan(torch.nn.Linear(8, 8), cluster, (torch.randn(4, 8),))
+    assert plan.cluster["profile"] == "node"
+
+
+def test_profile_refuses_bad_sizes(cli, tmp_path: Path) -> None:
+    r = cli("profile", "--out", str(tmp_path / "p.json"), "--gemm-sizes", "64,x")
+    assert r.code == 2 and "whole numbers" in r.err
+    r = cli("profile", "--out", str(tmp_path / "p.json"), "--ranks", "2", "--mesh", "2x2")
+    assert r.code == 2 and "--mesh 2x2 has 4 ranks" in r.err
