@@ -19,6 +19,7 @@ def _buckets() -> list[tuple[float, tuple, dict]]:
     return [(WEIGHTS[0], short.args, dict(short.kwargs)), (WEIGHTS[1], long.args, dict(long.kwargs))]
 
 
+@pytest.mark.slow
 def test_two_sequence_buckets_share_parameters_and_beat_either_single_shape_layout() -> None:
     model = zoo.build("gpt2-tiny").model
     cluster = autoshard.load_cluster("a100x8", mesh=(8,))
