@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import re
@@ -36,11 +37,21 @@ from typing import Any
 import numpy as np
 
 from autoshard.errors import AnnotationError, ShardingError
-from autoshard.placement import Replicate, Shard, ShardingSpec, from_strategy_tuple
+from autoshard.placement import Partial, Replicate, Shard, ShardingSpec, from_strategy_tuple
+from autoshard.problem.build import BuiltProblem
 from autoshard.problem.graph import NodeInfo
+from autoshard.search.problem import Edge
 from autoshard.strategies import OpStrategy
 
-__all__ = ["Annotation", "resolve_annotations"]
+__all__ = [
+    "KINDS",
+    "Annotation",
+    "forbidden_kinds",
+    "kind_masks",
+    "no_gather",
+    "pin_problem",
+    "resolve_annotations",
+]
 
 _PATTERNS = {"column": Shard(0), "row": Shard(1), "vocab": Shard(0), "replicate": Replicate()}
 
@@ -68,14 +79,18 @@ def resolve_annotations(
         else list(annotations)
     )
     masks: dict[str, np.ndarray] = {}
+    owner: dict[str, Annotation] = {}
     for ann in items:
         for node, mask in _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix).items():
             masks[node] = mask if node not in masks else masks[node] & mask
             if not masks[node].any():
+                first = owner[node]
                 raise AnnotationError(
-                    f"annotation {ann.target!r} = {ann.choice!r} conflicts with an earlier annotation on "
-                    f"{infos[node].fqn or infos[node].module or node}: no strategy satisfies both; drop one"
+                    f"annotation {ann.target!r} = {ann.choice!r} conflicts with annotation {first.target!r} = "
+                    f"{first.choice!r}: no strategy of {infos[node].fqn or infos[node].module or node} "
+                    f"({infos[node].op}) satisfies both; drop one"
                 )
+            owner.setdefault(node, ann)
     return masks
 
 
@@ -109,7 +124,8 @@ def _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix) -> 
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
             raise AnnotationError(_no_match(ann, infos, "a module with parameters"))
-        return {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape) for i in by_module}
+        pinned = {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape) for i in by_module}
+        return pinned | _computation_masks(ann, by_module, infos, strategies, template, mesh_shape)
     if not by_param:
         raise AnnotationError(_no_match(ann, infos, "a parameter, buffer or input"))
     spec = _parse_spec(ann, mesh_shape)
@@ -147,7 +163,7 @@ def _pattern_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape
     name, _, axis_text = str(ann.choice).partition("@")
     axis = int(axis_text) if axis_text else len(mesh_shape) - 1
     want = _PATTERNS[name]
-    is_bias = info.fqn.endswith("bias") or (info.outputs[0] is not None and len(info.outputs[0].shape) == 1)
+    is_bias = _is_bias(info)
     if is_bias and name != "column":
         want = Replicate()  # a row-split (or replicated) linear's bias is whole on every device
     if is_bias and name == "column":
@@ -160,6 +176,44 @@ def _pattern_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape
             f"(size {mesh_shape[axis]}); check divisibility or choose another pattern"
         )
     return mask
+
+
+def _computation_masks(ann, params, infos, strategies, template, mesh_shape) -> dict[str, np.ndarray]:
+    """Pin how the module's ops *use* its weight, not only where the weight is stored: ``column`` runs on
+    the local ``S(0)`` shard with the output split on its last (feature) dim, ``row`` on the local ``S(1)``
+    shard with a Partial sum out, ``vocab`` on the local rows of the table, ``replicate`` on the whole weight.
+    Together with the weight's own pin, no gather can sit between the weight and its op on that axis."""
+    name, _, axis_text = str(ann.choice).partition("@")
+    axis = int(axis_text) if axis_text else len(mesh_shape) - 1
+    weights = {i.name for i in params if not _is_bias(i)}
+    masks: dict[str, np.ndarray] = {}
+    for op in infos.values():
+        if op.kind != "op" or template[op.name] != op.name or not weights & set(op.inputs):
+            continue
+        k = next(k for k, src in enumerate(op.inputs) if src in weights)
+        ndim = len(op.outputs[0].shape) if op.outputs and op.outputs[0] is not None else 0
+
+        def fits(s: OpStrategy, k: int = k, ndim: int = ndim) -> bool:
+            used, out = _placements(s.inputs[k])[axis], s.outputs[0]
+            if name == "column":
+                return used == Shard(0) and out is not None and out.placements[axis] == Shard(ndim - 1)
+            if name == "row":
+                return used == Shard(1) and out is not None and isinstance(out.placements[axis], Partial)
+            return used == _PATTERNS[name]
+
+        mask = np.array([fits(s) for s in strategies[op.name]], dtype=bool)
+        if not mask.any():
+            raise AnnotationError(
+                f"annotation {ann.target!r} = {ann.choice!r}: {op.target} in {op.module or '<root>'} has no "
+                f"{name}-parallel strategy on axis {axis} (size {mesh_shape[axis]}); check that the split dims "
+                "divide by the axis size, or pin the weight's placements instead"
+            )
+        masks[op.name] = mask
+    return masks
+
+
+def _is_bias(info: NodeInfo) -> bool:
+    return info.fqn.endswith("bias") or (info.outputs[0] is not None and len(info.outputs[0].shape) == 1)
 
 
 def _tuple_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape) -> np.ndarray:
@@ -186,3 +240,100 @@ def _no_match(ann: Annotation, infos: Mapping[str, NodeInfo], what: str) -> str:
     close = difflib.get_close_matches(ann.target, names, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; targets are module paths or parameter names"
     return f"annotation {ann.target!r} matches no {what}{hint}"
+
+
+# -- steering by kind of parallelism ---------------------------------------------------------------------------
+KINDS = ("dp", "tp", "fsdp")
+"""Kinds ``allow=`` / ``forbid=`` understand: ``dp`` (the batch split over devices), ``tp`` (an op computing
+on a sharded weight: tensor, vocabulary and expert parallelism), ``fsdp`` (a weight stored sharded and gathered
+before use: FSDP / ZeRO-3)."""
+
+
+def forbidden_kinds(allow: Sequence[str] = (), forbid: Sequence[str] = ()) -> frozenset[str]:
+    """The kinds to rule out: ``forbid``, plus every known kind not in ``allow`` when ``allow`` is given."""
+    for kind in (*allow, *forbid):
+        if kind not in KINDS:
+            raise AnnotationError(
+                f"unknown parallelism kind {kind!r} in allow/forbid; known kinds: {', '.join(KINDS)}"
+            )
+    both = set(allow) & set(forbid)
+    if both:
+        raise AnnotationError(f"{', '.join(sorted(both))} both allowed and forbidden: drop one side")
+    return frozenset(forbid) | (frozenset(KINDS) - frozenset(allow) if allow else frozenset())
+
+
+def kind_masks(
+    kinds: frozenset[str], infos: Mapping[str, NodeInfo], strategies: Mapping[str, Sequence[OpStrategy]],
+    template: Mapping[str, str],
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Node masks for ``dp`` and ``tp`` (``fsdp`` constrains edges: :func:`no_gather`)."""
+    masks: dict[str, np.ndarray] = {}
+    params = {i.name for i in infos.values() if i.kind == "parameter"}
+    for info in infos.values():
+        if template[info.name] != info.name:
+            continue
+        options = strategies[info.name]
+        if "dp" in kinds and info.kind == "user_input":
+            masks[info.name] = np.array([Shard(0) not in _placements(s.outputs[0]) for s in options])
+        elif "tp" in kinds and info.kind == "op" and params & set(info.inputs):
+            ks = [k for k, src in enumerate(info.inputs) if src in params]
+            masks[info.name] = np.array(
+                [not any(isinstance(p, Shard) for k in ks for p in _placements(s.inputs[k])) for s in options]
+            )
+    return masks
+
+
+def no_gather(param: OpStrategy, use: OpStrategy, position: int) -> bool:
+    """Whether a weight stored as ``param`` chose is used exactly as stored by the op at ``position`` (no FSDP)."""
+    return param.outputs[0] == use.inputs[position]
+
+
+def _placements(spec: ShardingSpec | None) -> tuple[Any, ...]:
+    return tuple(spec.placements) if spec is not None else ()
+
+
+def pin_problem(
+    built: BuiltProblem,
+    annotations: Mapping[str, Any] | None,
+    kinds: frozenset[str] = frozenset(),
+    block_prefix: str | None = None,
+) -> BuiltProblem:
+    """``built`` with the annotations' masks and the forbidden kinds folded into its search problem."""
+    infos, strategies, template = built.infos, built.strategies, built.template
+    mesh = built.cluster.mesh_shape
+    masks = resolve_annotations(annotations, infos, strategies, template, mesh, block_prefix)
+    for name, mask in kind_masks(kinds, infos, strategies, template).items():
+        both = mask & masks[name] if name in masks else mask
+        if not both.any():
+            what = infos[name].fqn or infos[name].module or name
+            raise AnnotationError(
+                f"forbidding {', '.join(sorted(kinds))} leaves {what} ({infos[name].op}) no strategy"
+                + (" its annotation allows" if name in masks else "")
+                + ": allow that kind or drop the annotation"
+            )
+        masks[name] = both
+    allowed = tuple(masks.get(v) for v in built.variables)
+    edges = built.problem.edges
+    if "fsdp" in kinds:
+        edges = _forbid_gathers(built)
+    problem = dataclasses.replace(built.problem, allowed=allowed, edges=edges)
+    return dataclasses.replace(built, problem=problem)
+
+
+def _forbid_gathers(built: BuiltProblem) -> tuple[Edge, ...]:
+    """Edges from a weight to its op cost ``inf`` wherever the op would use it other than as stored."""
+    index = {name: k for k, name in enumerate(built.variables)}
+    rules: dict[tuple[int, int], list[int]] = {}
+    for use in built.edges:
+        if built.infos[use.producer].kind == "parameter":
+            u, v = index[built.template[use.producer]], index[built.template[use.consumer]]
+            rules.setdefault((u, v), []).append(use.position)
+    out = []
+    for edge in built.problem.edges:
+        positions = rules.get((edge.u, edge.v))
+        if positions:
+            src, dst = built.strategies[built.variables[edge.u]], built.strategies[built.variables[edge.v]]
+            keep = np.array([[all(no_gather(a, b, p) for p in positions) for b in dst] for a in src])
+            edge = Edge(edge.u, edge.v, np.where(keep, edge.cost, np.inf))
+        out.append(edge)
+    return tuple(out)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from autoshard.capture import capture
+from autoshard.capture import Captured, capture
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AutoshardError, MeshError
 from autoshard.plans import Plan
@@ -124,11 +124,13 @@ def search_mesh(
     max_axes: int = 4,
     meshes: list[tuple[int, ...]] | None = None,
     progress: Callable[[str], None] | None = None,
+    captured: Captured | None = None,
     **plan_options: Any,
 ) -> MeshSearch:
     """Plan ``model`` on every candidate mesh of ``nodes`` nodes of ``profile``; the best plan wins.
 
-    ``meshes`` overrides the candidates; ``plan_options`` go to :func:`autoshard.plan` unchanged.  The
+    ``meshes`` overrides the candidates; ``captured`` is a capture of this model and these inputs to reuse;
+    ``plan_options`` go to :func:`autoshard.plan` unchanged.  The
     returned plan's notes list the runners-up with their predicted step times.  Raises the first candidate's
     :class:`~autoshard.errors.AutoshardError` (the 1-D mesh's: the simplest to act on) when no mesh gives a plan.
     """
@@ -137,7 +139,8 @@ def search_mesh(
     base = load_cluster(profile, nodes=nodes)
     shapes = meshes or candidate_meshes(nodes, base.devices_per_node, max_axes)
     args = example_args if isinstance(example_args, tuple) else (example_args,)
-    captured = capture(model, args, dict(example_kwargs or {}), blocks=plan_options.get("blocks", "auto"))
+    if captured is None:
+        captured = capture(model, args, dict(example_kwargs or {}), blocks=plan_options.get("blocks", "auto"))
     results: list[tuple[MeshCandidate, Plan | None]] = []
     first_error: AutoshardError | None = None
     for shape in shapes:

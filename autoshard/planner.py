@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
-from autoshard.annotations import resolve_annotations
+from autoshard.annotations import forbidden_kinds, pin_problem
 from autoshard.capture import Captured, capture
 from autoshard.cluster import Cluster
 from autoshard.errors import InfeasibleError
@@ -52,6 +51,8 @@ def plan(
     time_limit: float = 60.0,
     blocks: Literal["auto", "full"] | None = "auto",
     progress: Callable[[str], None] | None = None,
+    allow: Sequence[str] = (),
+    forbid: Sequence[str] = (),
     captured: Captured | None = None,
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
@@ -70,8 +71,11 @@ def plan(
         blocks: ``"auto"`` solves identical repeated layers once; ``None`` plans the full graph.
         progress: called with the name of each stage as it starts ("capture", "strategies", "solve",
             "recompute" when the plan is retried with activation recomputation).
-        captured: a capture of this model and these inputs to reuse (the mesh search plans one capture
-            on many meshes); default: capture now.
+        allow / forbid: kinds of parallelism (``"dp"``, ``"tp"``, ``"fsdp"``: :data:`autoshard.annotations.KINDS`)
+            the plan may use only / must not use.  With annotations or kinds, the plan also records the step
+            time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
+        captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
+            model twice (e.g. free and as pure data parallel) without capturing it again.
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError: all :class:`AutoshardError`.
@@ -81,8 +85,8 @@ def plan(
     say = progress or (lambda stage: None)
     say("capture")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
-    if captured is None:
-        captured = capture(model, args, dict(example_kwargs or {}), blocks=blocks)
+    kinds = forbidden_kinds(allow, forbid)
+    captured = captured or capture(model, args, dict(example_kwargs or {}), blocks=blocks)
     timings["capture"] = time.perf_counter() - start
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
     policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
@@ -91,7 +95,7 @@ def plan(
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy if training else Recompute.NONE)
         say("strategies" if policy is policies[0] else "recompute")
-        built = _build(captured, cluster, opts, annotations, limit, timings)
+        free, built = _build(captured, cluster, opts, annotations, limit, timings, kinds)
         try:
             say("solve")
             t0 = time.perf_counter()
@@ -103,16 +107,21 @@ def plan(
         if policy is Recompute.FULL and recompute == "auto":
             notes.append("activations do not fit without recomputation: planned with full recomputation")
         timings["total"] = time.perf_counter() - start
-        return extract_plan(
-            built,
-            solution,
-            model=type(model).__name__,
-            block_prefix=captured.blocks.prefix if captured.blocks else None,
-            output_order=_output_order(captured),
-            timings=timings,
-            notes=tuple(notes),
-            memory_limit=limit if limit != float("inf") else None,
-        )
+
+        def read(problem: BuiltProblem, chosen: Solution) -> Plan:
+            return extract_plan(
+                problem,
+                chosen,
+                model=type(model).__name__,
+                block_prefix=captured.blocks.prefix if captured.blocks else None,
+                output_order=_output_order(captured),
+                timings=timings,
+                notes=tuple(notes),
+                memory_limit=limit if limit != float("inf") else None,
+            )
+
+        price = _unpinned(free, search, time_limit, read) if built is not free else None
+        return dataclasses.replace(read(built, solution), unpinned_step_time=price)
     assert error is not None
     raise error
 
@@ -124,25 +133,29 @@ def _build(
     annotations: Mapping[str, Any] | None,
     limit: float,
     timings: dict[str, float],
-) -> BuiltProblem:
+    kinds: frozenset[str] = frozenset(),
+) -> tuple[BuiltProblem, BuiltProblem]:
+    """The problem as priced, and the same with the user's pins folded in (the same object without pins)."""
     t0 = time.perf_counter()
     built = build_problem(captured, cluster, opts, memory_limit=limit if limit != float("inf") else None)
     timings["strategies_and_costs"] = time.perf_counter() - t0
-    if annotations:
-        masks = resolve_annotations(
-            annotations,
-            built.infos,
-            built.strategies,
-            built.template,
-            cluster.mesh_shape,
-            captured.blocks.prefix if captured.blocks else None,
-        )
-        allowed: list[np.ndarray | None] = [None] * len(built.variables)
-        for name, mask in masks.items():
-            allowed[built.variables.index(built.template[name])] = mask
-        problem = dataclasses.replace(built.problem, allowed=tuple(allowed))
-        built = dataclasses.replace(built, problem=problem)
-    return built
+    if not (annotations or kinds):
+        return built, built
+    prefix = captured.blocks.prefix if captured.blocks else None
+    return built, pin_problem(built, annotations, kinds, prefix)
+
+
+def _unpinned(
+    built: BuiltProblem,
+    search: SearchMethod,
+    time_limit: float,
+    read: Callable[[BuiltProblem, Solution], Plan],
+) -> float | None:
+    """The predicted step time of the best plan without the user's pins (``None`` when none fits)."""
+    try:
+        return read(built, solve(built.problem, method=search, time_limit=time_limit)).predicted_step_time
+    except InfeasibleError:
+        return None
 
 
 def _output_order(captured: Captured) -> tuple[str, ...]:

@@ -145,8 +145,15 @@ class Plan:
     # Degree per kind of parallelism the plan uses: keys among "dp", "fsdp", "tp", "sp", "cp", "ep", "pp";
     # a kind that is unused is absent (or 1).  Filled by the planner; read by the report's headline.
     degrees: dict[str, int] = field(default_factory=dict)
-    microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global batch / microbatch)
+    microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global / micro batch)
     pipeline: PipelinePlan | None = None
+    # How to rebuild the model this plan was made for (what ``verify --plan`` maps it onto): ``{"spec": zoo
+    # name or "path/to/file.py:function"}`` plus the options it was built with (``"batch"``, ``"seq"``); empty
+    # when the plan was made from a Python object.  Filled by the CLI; API users may fill it themselves.
+    source: dict[str, Any] = field(default_factory=dict)
+    # The step time of the best plan without the user's annotations / allow / forbid (the price of the pins
+    # is predicted_step_time minus this); None when nothing was pinned.
+    unpinned_step_time: float | None = None
     # The overlap / bucket / prefetch policy the predicted step time assumes and the runtime executes.
     overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
     # Bytes per device that memory_per_device holds beyond the per-node sum, by name (runtime reserve,
@@ -190,6 +197,9 @@ class Plan:
                 f"{source}: plan version {data.get('version')!r} is not supported (this autoshard reads "
                 f"version {VERSION}); re-create it with `autoshard search ... --out`"
             )
+        from autoshard.plan_check import check_data
+
+        check_data(data, source)
         try:
             return cls(
                 model=data["model"],
@@ -214,6 +224,8 @@ class Plan:
                 degrees={str(k): int(v) for k, v in data.get("degrees", {}).items()},
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
+                source=dict(data.get("source", {})),
+                unpinned_step_time=_optional_float(data.get("unpinned_step_time")),
                 overlap=OverlapPolicy.from_json(data.get("overlap")),
                 memory_breakdown={str(k): float(v) for k, v in data.get("memory_breakdown", {}).items()},
                 version=int(data["version"]),
@@ -247,17 +259,24 @@ def _pipeline_from_json(data: dict[str, Any] | None) -> PipelinePlan | None:
     )
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def load_plan(path: str | Path) -> Plan:
     """Load a plan saved by :meth:`Plan.save`; errors name the file and what is wrong."""
     p = Path(path)
+    from autoshard.plan_check import check_text
+
     try:
-        text = p.read_text()
+        text = check_text(p.read_bytes(), str(p))
     except OSError as e:
         raise PlanFileError(f"cannot read plan file {p}: {e.strerror}; check the path") from e
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise PlanFileError(f"{p}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+        cut = " (the file ends early: truncated?)" if e.pos >= len(text.rstrip()) else ""
+        raise PlanFileError(f"{p}: broken JSON at line {e.lineno}, column {e.colno}: {e.msg}{cut}") from e
     if not isinstance(data, dict):
         raise PlanFileError(f"{p}: expected a JSON object at the top level")
     return Plan.from_json(data, source=str(p))

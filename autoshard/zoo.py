@@ -180,6 +180,15 @@ def _require_transformers() -> Any:
     return transformers
 
 
+def _positions(name: str, positions: int, seq: int) -> int:
+    """The model's position limit; a longer sequence is refused, never silently given a bigger table."""
+    if seq > positions:
+        raise UnknownModelError(
+            f"--seq {seq} is beyond the {positions} positions of {name}: use --seq {positions} or less"
+        )
+    return positions
+
+
 def _hf_common(vocab: int) -> dict[str, Any]:
     # bos/eos ids inside the vocabulary: transformers warns about tiny vocabularies otherwise.
     return {"use_cache": False, "attn_implementation": "sdpa", "bos_token_id": 0, "eos_token_id": vocab - 1}
@@ -197,7 +206,7 @@ def _gpt2(
             "n_layer": n,
             "n_head": heads,
             "vocab_size": vocab,
-            "n_positions": max(positions, o.seq),
+            "n_positions": _positions(name, positions, o.seq),
             "resid_pdrop": 0.0,
             "embd_pdrop": 0.0,
             "attn_pdrop": 0.0,
@@ -223,7 +232,7 @@ def _llama(
             "num_attention_heads": heads,
             "num_key_value_heads": kv,
             "vocab_size": vocab,
-            "max_position_embeddings": max(8192, o.seq),
+            "max_position_embeddings": _positions(name, 8192, o.seq),
             "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
             "rms_norm_eps": 1e-5,
             "attention_dropout": 0.0,
@@ -247,7 +256,7 @@ def _bert(name: str, hidden: int, layers: int, heads: int, ffn: int, vocab: int 
             "num_attention_heads": heads,
             "intermediate_size": ffn,
             "vocab_size": vocab,
-            "max_position_embeddings": max(512, o.seq),
+            "max_position_embeddings": _positions(name, 512, o.seq),
             "hidden_dropout_prob": 0.0,
             "attention_probs_dropout_prob": 0.0,
             "attn_implementation": "sdpa",
@@ -276,7 +285,7 @@ def _mixtral(
             "vocab_size": vocab,
             "num_local_experts": experts,
             "num_experts_per_tok": 2,
-            "max_position_embeddings": max(32768, o.seq),
+            "max_position_embeddings": _positions(name, 32768, o.seq),
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
             "attention_dropout": 0.0,
             "router_jitter_noise": 0.0,

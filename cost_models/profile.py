@@ -124,6 +124,8 @@ class ComputeSpec:
         name = canonical_dtype(dtype)
         if name.startswith(("int", "uint")) or name == "bool":
             name = "float32"
+        # a complex number is a pair of reals: its arithmetic runs at the real dtype's peak (its FLOPs count pairs)
+        name = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}.get(name, name)
         for dt, value in self.peak_flops:
             if dt == name:
                 return value

@@ -16,6 +16,7 @@ module is the nearest enclosing frame whose ``self`` is a submodule of the model
 from __future__ import annotations
 
 import os
+import re
 import sysconfig
 import traceback
 import types
@@ -64,6 +65,12 @@ def _module_of_frame(model: nn.Module, frame: types.FrameType) -> str | None:
     return None
 
 
+_SHAPES = re.compile(
+    r"same reduction dim|cannot be multiplied|size of tensor a|must match the size|shape .* is invalid for input"
+    r"|expected input.* to have|mismatch in shape|sizes? of tensors must match"
+)
+
+
 def _fix_for(model: nn.Module, e: BaseException) -> str:
     text = f"{type(e).__name__} {e}".lower()
     if "data-dependent" in text or "guardondatadependent" in text:
@@ -74,6 +81,11 @@ def _fix_for(model: nn.Module, e: BaseException) -> str:
         )
     elif "fake impl" in text or "fake kernel" in text or "meta kernel" in text:
         fix = "a custom op has no fake (meta) kernel: register one with @torch.library.register_fake"
+    elif _SHAPES.search(text):
+        fix = (
+            "the example inputs' shapes do not fit the model (a layer got a tensor of the wrong size): pass "
+            "inputs of the shapes its forward expects"
+        )
     elif "pytree" in text:
         fix = "return tensors, tuples, lists or dicts, or register the output class with torch.utils._pytree"
     else:

@@ -29,10 +29,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -175,8 +177,22 @@ def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], note
         return traced
 
 
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """Silence torch's own logging of an op that fails on fake tensors (a traceback on stderr): the failure
+    reaches the user once, as our CaptureError."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    before = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = before
+
+
 def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Traced:
-    ep = torch.export.export(model, args, kwargs, strict=False)
+    with _quiet_torch():
+        ep = torch.export.export(model, args, kwargs, strict=False)
     sig = ep.graph_signature
     placeholders = {
         spec.arg.name: PlaceholderInfo(_INPUT_KINDS.get(spec.kind.name, "user_input"), spec.target)

@@ -1,11 +1,13 @@
 """The ``autoshard`` command: a thin shell over the Python API and :mod:`autoshard.report`.
 
     autoshard search --profile a100x8.json [--model gpt2] [--nodes 2 --mesh 2x8] [--batch 8] [--seq 1024]
-                     [--annotate fc1=column ...] [--memory-limit 40] [--out plan.json] [--dot plan.dot]
-                     [--svg plan.svg] [--json] [--no-baseline]
+                     [--annotate fc1=column ...] [--allow dp | --forbid tp ...] [--memory-limit 40]
+                     [--out plan.json] [--dot plan.dot] [--svg plan.svg] [--json] [--no-baseline]
     autoshard show plan.json
     autoshard dot plan.json [-o plan.svg] [--ops]
-    autoshard verify --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
+    autoshard verify --plan plan.json | --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
+    autoshard explain plan.json [--node fc1]
+    autoshard diff a.json b.json
     autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x1024:0.7,8x4096:0.3
     autoshard profile --out node.json [--ranks 4] [--base a100x8]
 
@@ -18,11 +20,15 @@ when stderr is a terminal.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any, NoReturn
 
-from autoshard.cli import dot, profile, search, shapes, show, verify
+from autoshard.cli import diff, dot, explain, profile, search, shapes, show, verify
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -36,15 +42,28 @@ COMMANDS: dict[str, ModuleType] = {
     "show": show,
     "dot": dot,
     "verify": verify,
+    "explain": explain,
+    "diff": diff,
     "shapes": shapes,
     "profile": profile,
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (what, and where to read more), not argparse's usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
+def _warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
+    return f"autoshard: warning: {one_line(Exception(message))}\n"  # no file and line of autoshard's own code
+
+
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="autoshard", description="Auto-parallel planner for PyTorch models.", parents=[common]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -61,7 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code) if isinstance(e.code, int) else 2
     debug = getattr(args, "debug", False)
     try:
-        return int(COMMANDS[args.command].run(args))
+        with warnings.catch_warnings():
+            if not debug:
+                warnings.formatwarning = _warning
+            return int(COMMANDS[args.command].run(args))
+    except BrokenPipeError:  # `autoshard show plan.json | head -1`: the reader left
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no second error at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("autoshard: error: the output pipe closed before the report was written", file=sys.stderr)
+        return 2
     except AutoshardError as e:
         if debug:
             raise

@@ -33,7 +33,7 @@ def mesh(text: str) -> tuple[int, ...] | str:
     if text.strip().lower() == "auto":
         return "auto"
     try:
-        sizes = tuple(int(p) for p in text.lower().replace(",", "x").split("x") if p)
+        sizes = tuple(int(p) for p in text.lower().replace(",", "x").split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"mesh {text!r}: write axis sizes like 2x8 or 16") from None
     if not sizes or any(s < 1 for s in sizes):

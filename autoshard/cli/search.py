@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import time
@@ -14,6 +15,7 @@ from autoshard.cli.args import CliError, amount, annotation, first_clause, mesh,
 from autoshard.errors import AutoshardError
 
 if TYPE_CHECKING:
+    from autoshard.capture import Captured
     from autoshard.cluster import Cluster
     from autoshard.plans import Plan
     from autoshard.report.progress import Progress
@@ -54,6 +56,10 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         help="pin a module or tensor: fc1=column, fc2=row@0, lm_head.weight='(R, S(0))', x=S(0)",
     )
     s.add_argument(
+        "--allow", action="append", default=[], metavar="KIND", help="use only these kinds: dp, tp, fsdp"
+    )
+    s.add_argument("--forbid", action="append", default=[], metavar="KIND", help="never use a kind, e.g. tp")
+    s.add_argument(
         "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
     )
     s.add_argument("--inference", action="store_true", help="plan the forward pass only")
@@ -73,18 +79,51 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     auto = args.mesh == "auto"
     cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=None if auto else args.mesh)
+    _check_memory_limit(args.memory_limit, cluster)
     with Progress(f"building {args.model}") as progress:
         case = _model_case(args)
+        captured = None if args.no_baseline and not auto else _capture(case, progress)
+        annotations = dict(args.annotate) or None
         title = f"planning {case.name}"
-        if auto:
-            plan, cluster = _plan_auto(case, args, dict(args.annotate) or None, progress, title)
+        if auto:  # every candidate mesh plans the same capture
+            plan, cluster = _plan_auto(case, args, annotations, progress, title, captured)
         else:
-            plan = _plan(case, cluster, args, dict(args.annotate) or None, progress, title)
-        baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress)
+            plan = _plan(case, cluster, args, annotations, progress, title, captured=captured)
+        timings = plan.timings | ({"capture": captured.seconds} if captured is not None else {})
+        plan = dataclasses.replace(plan, source=_source(args), timings=timings)
+        baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress, captured)
     elapsed = time.perf_counter() - start
     _write_outputs(plan, args)
     _print_result(plan, baseline, args, elapsed)
     return 0
+
+
+def _capture(case: ModelCase, progress: Progress) -> Captured:
+    """One capture for both plans (the plan and its data-parallel baseline): capturing costs the most."""
+    from autoshard.capture import capture
+
+    progress.start(f"capturing {case.name}")
+    return capture(case.model, case.args, dict(case.kwargs), blocks="auto")
+
+
+def _source(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``verify --plan`` needs to rebuild the model (Plan.source)."""
+    options = {k: getattr(args, k) for k in ("batch", "seq") if getattr(args, k) is not None}
+    return {"spec": args.model, **options}
+
+
+def _check_memory_limit(gib: float | None, cluster: Cluster) -> None:
+    """A per-device budget above the device's memory, or below a MiB, is a unit mistake, not a budget."""
+    if gib is None:
+        return
+    device = cluster.device_memory / 2**30
+    if gib > device:
+        raise CliError(
+            f"--memory-limit {gib:g} GiB is more than the {device:g} GiB of one {cluster.profile.name} device "
+            f"(the limit is per device, in GiB): give at most {device:g}"
+        )
+    if gib < 2**-10:
+        raise CliError(f"--memory-limit {gib:g} GiB is below 1 MiB: the limit is per device, in GiB, e.g. 40")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -127,11 +166,20 @@ def _plan_auto(
     annotations: dict[str, Any] | None,
     progress: Progress,
     title: str,
+    captured: Captured | None,
 ) -> tuple[Plan, Cluster]:
     """--mesh auto: every candidate mesh planned from one capture; the best plan and its cluster."""
     import autoshard
     from autoshard.meshsearch import search_mesh
 
+    options: dict[str, Any] = {
+        "annotations": annotations,
+        "training": not args.inference,
+        "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
+        "time_limit": args.time_limit,
+    }
+    if args.allow or args.forbid:
+        options |= {"allow": args.allow, "forbid": args.forbid}
     progress.start(title)
     found = search_mesh(
         case.model,
@@ -141,18 +189,10 @@ def _plan_auto(
         nodes=args.nodes,
         max_axes=args.max_axes,
         progress=progress.stage,
-        **_options(args, annotations),
+        captured=captured,
+        **options,
     )
     return found.plan, autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=found.mesh_shape)
-
-
-def _options(args: argparse.Namespace, annotations: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        "annotations": annotations,
-        "training": not args.inference,
-        "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
-        "time_limit": args.time_limit,
-    }
 
 
 def _plan(
@@ -162,10 +202,22 @@ def _plan(
     annotations: dict[str, Any] | None,
     progress: Progress,
     title: str,
+    *,
+    steer: bool = True,
+    captured: Captured | None = None,
 ) -> Plan:
     import autoshard
 
-    options = _options(args, annotations)
+    options: dict[str, Any] = {
+        "annotations": annotations,
+        "training": not args.inference,
+        "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
+        "time_limit": args.time_limit,
+    }
+    if steer and (args.allow or args.forbid):  # not for the baseline: it pins every tensor itself
+        options |= {"allow": args.allow, "forbid": args.forbid}
+    if captured is not None:
+        options["captured"] = captured
     if "progress" in inspect.signature(autoshard.plan).parameters:  # when the pipeline reports its stages
         options["progress"] = progress.stage
     progress.start(title)
@@ -173,7 +225,12 @@ def _plan(
 
 
 def _baseline(
-    case: ModelCase, cluster: Cluster, plan: Plan, args: argparse.Namespace, progress: Progress
+    case: ModelCase,
+    cluster: Cluster,
+    plan: Plan,
+    args: argparse.Namespace,
+    progress: Progress,
+    captured: Captured | None = None,
 ) -> Baseline:
     """The same model as pure data parallel: every parameter replicated, the batch split over all devices."""
     from autoshard.errors import AnnotationError, InfeasibleError
@@ -191,7 +248,17 @@ def _baseline(
     annotations: dict[str, Any] = {name: replicate for name, _ in case.model.named_parameters()}
     annotations |= {name: ("S(0)",) * axes for name in plan.input_placements}
     try:
-        return Baseline.of(_plan(case, cluster, args, annotations, progress, "planning data parallel"))
+        dp = _plan(
+            case,
+            cluster,
+            args,
+            annotations,
+            progress,
+            "planning data parallel",
+            steer=False,
+            captured=captured,
+        )
+        return Baseline.of(dp)
     except InfeasibleError as e:
         return Baseline.impossible(f"does not fit: {first_clause(e)}")
     except AnnotationError as e:

@@ -74,7 +74,7 @@ def assign_strategies(captured: Captured, plan: Plan) -> dict[str, OpStrategy]:
         decision = decisions.get(keys[info.name])
         if decision is None:
             raise PlanMismatchError(
-                f"node {info.name} ({info.target}{_where(info)}) has no decision in the plan (key "
+                f"graph node {info.name} ({info.target}{_where(info)}) has no decision in the plan (key "
                 f"{keys[info.name]}): the model differs from the planned one; re-plan it"
             )
         chosen[info.name] = _pick(nodes[info.name], info, decision, plan.mesh_shape)
@@ -95,7 +95,7 @@ def _check_outside_count(keys: Mapping[str, str], decisions: Mapping[str, NodePl
 def _pick(node: fx.Node, info: NodeInfo, decision: NodePlan, mesh_shape: tuple[int, ...]) -> OpStrategy:
     if decision.target != info.target:
         raise PlanMismatchError(
-            f"node {info.name}{_where(info)} runs {info.target}, but the plan's decision {decision.key} is for "
+            f"graph node {info.name}{_where(info)} runs {info.target}, but the plan's decision {decision.key} is for "
             f"{decision.target} ({decision.name}): the model differs from the planned one; re-plan it"
         )
     candidates = strategies_for(node, mesh_shape)
@@ -104,7 +104,7 @@ def _pick(node: fx.Node, info: NodeInfo, decision: NodePlan, mesh_shape: tuple[i
             return strategy
     shown = ", ".join(repr(str(s)) for s in candidates[:6]) + (" ..." if len(candidates) > 6 else "")
     raise PlanMismatchError(
-        f"node {info.name} ({info.target}{_where(info)}): the plan chose {decision.strategy!r}, which is not a "
+        f"graph node {info.name} ({info.target}{_where(info)}): the plan chose {decision.strategy!r}, which is not a "
         f"strategy of this node on mesh {mesh_shape} (it has {shown}); the tensor shapes differ from the "
         "planned ones or the sharding rules changed since planning: re-plan"
     )

@@ -361,6 +361,7 @@ class LocalShapeChecker(fx.Interpreter):
         want = n.meta.get(META_LOCAL_SHAPE)
         if want is not None and isinstance(value, torch.Tensor) and tuple(value.shape) != tuple(want):
             raise PlanMismatchError(
-                f"node {n.name} ({n.target}): local shape {tuple(value.shape)}, but the plan implies {tuple(want)}"
+                f"graph node {n.name} ({n.target}): local shape {tuple(value.shape)}, but the plan implies "
+                f"{tuple(want)}"
             )
         return value

@@ -288,9 +288,10 @@ def _fsdp(view: PlanView, axis: int) -> Pattern | None:
 def _megatron(view: PlanView, axis: int) -> Pattern | None:
     pairs: list[str] = []
     gathers = _forward_gather_consumers(view, axis)
+    inputs = {n.name: n.inputs for n in view.plan.nodes}
     for group in _sections(view):
         for part in ("attention", "mlp", "experts", "head", "other"):
-            pair = _column_row_pair(group, part, axis, gathers)
+            pair = _column_row_pair(group, part, axis, gathers, inputs)
             if pair:
                 pairs.append(pair)
     if not pairs:
@@ -322,8 +323,11 @@ def _forward_gather_consumers(view: PlanView, axis: int) -> set[str]:
     return found
 
 
-def _column_row_pair(group: Group, part: str, axis: int, gathers: set[str]) -> str | None:
-    """``"mlp.c_fc → mlp.c_proj"`` when a column op is followed by a row op with no all-gather between."""
+def _column_row_pair(
+    group: Group, part: str, axis: int, gathers: set[str], inputs: dict[str, tuple[str, ...]]
+) -> str | None:
+    """``"mlp.c_fc → mlp.c_proj"`` when a column op feeds a row op with no all-gather between (a row op that
+    does not consume the column op's output, like v_proj after q_proj, is no pair)."""
     rows = [r for r in group.ops if r.part == part]
     cols: list[OpRow] = []
     for row in rows:
@@ -333,8 +337,22 @@ def _column_row_pair(group: Group, part: str, axis: int, gathers: set[str]) -> s
         if role == "column":
             cols.append(row)
         elif role == "row" and cols:
-            return _pair_text(cols, row, group)
+            upstream = _ancestors(row.node.name, inputs)
+            feeding = [c for c in cols if c.node.name in upstream] if any(inputs.values()) else cols
+            if feeding:
+                return _pair_text(feeding, row, group)
     return None
+
+
+def _ancestors(name: str, inputs: dict[str, tuple[str, ...]]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(inputs.get(name, ()))
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(inputs.get(n, ()))
+    return seen
 
 
 def _pair_text(cols: list[OpRow], row: OpRow, group: Group) -> str:

@@ -120,7 +120,7 @@ def render(
         _patterns(view, width),
         _collectives(view, width),
         _figures(plan, baseline, width, memory_budget),
-        _footer(plan, planned_seconds, width),
+        _footer(plan, planned_seconds, width, baseline is not None and baseline.step_time is not None),
     ]
     text = "\n\n".join("\n".join(lines) for lines in sections if lines)
     return "\n".join(_fit(line, width) for line in text.splitlines())
@@ -279,7 +279,20 @@ def _figures(plan: Plan, baseline: Baseline | None, width: int, budget: float | 
         fmt = fmt_seconds if i < 3 else fmt_bytes
         lines.append(f"  {name:<28}{fmt(mine[i]):>12}" + (f"{fmt(theirs[i]):>16}" if theirs else ""))
     lines.append(_capacity(plan, budget))
-    return lines + _assumptions(plan, width) + _comparison(plan, baseline, width)
+    return lines + _assumptions(plan, width) + _price(plan) + _comparison(plan, baseline, width)
+
+
+def _price(plan: Plan) -> list[str]:
+    """The price of the user's annotations: the pinned plan's step time beside the unpinned optimum's."""
+    free = plan.unpinned_step_time
+    if free is None:
+        return []
+    extra = plan.predicted_step_time / free - 1 if free else 0.0
+    cost = f"{extra:+.1%}" if extra >= 0.0005 else "no extra cost"
+    return [
+        f"  price of your annotations: {fmt_seconds(plan.predicted_step_time)} pinned vs "
+        f"{fmt_seconds(free)} unpinned optimum ({cost})"
+    ]
 
 
 def _assumptions(plan: Plan, width: int) -> list[str]:
@@ -323,7 +336,7 @@ def _comparison(plan: Plan, baseline: Baseline | None, width: int) -> list[str]:
     return [f"  this plan is {verdict}"]
 
 
-def _footer(plan: Plan, planned_seconds: float | None, width: int) -> list[str]:
+def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline: bool = False) -> list[str]:
     s = plan.solver
     proof = "optimal" if s.optimal else f"not proven optimal (gap {s.gap:.2%})"
     line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}"
@@ -332,6 +345,10 @@ def _footer(plan: Plan, planned_seconds: float | None, width: int) -> list[str]:
     )
     if planned_seconds is not None:
         line += f"; planned in {planned_seconds:.1f} s"
+        rest = planned_seconds - sum(v for k, v in plan.timings.items() if k != "total")
+        if stages:  # the stages are the plan's own; say what the rest of the wall time went to
+            what = "building the model and planning the baseline" if with_baseline else "building the model"
+            stages += f", other {fmt_seconds(max(rest, 0.0))}: {what}"
     if stages:
         line += f" ({stages})"
     lines = _wrap(line, width, "  ", "")

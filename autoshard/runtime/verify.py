@@ -13,8 +13,7 @@ forks ``nproc`` ranks (:func:`~autoshard.runtime.launch.launch`): each builds it
 :func:`~autoshard.parallelize`, runs its pieces of the same inputs and output gradients, and the ranks gather
 outputs and gradients back whole.  Every rank sees identical weights and inputs (forked from the parent).
 
-CLI: :func:`main` implements ``autoshard verify --model SPEC --nproc N [--mesh AxB] [--profile P]
-[--annotate TARGET=CHOICE] [--float64]``; :func:`run_verify` is the same as a function.
+CLI: ``autoshard verify`` (:mod:`autoshard.cli.verify`) calls :func:`run_verify`.
 
 Example::
 
@@ -25,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import sys
@@ -86,11 +84,28 @@ class VerifyReport:
     emitted: dict[str, int]  # collectives per step by "phase kind", as the ranks ran them
     planned: dict[str, int]  # the same, as the plan lists them
     seconds: float
+    split: bool = False  # the plan splits some input or parameter over some axis
+    exercised: tuple[str, ...] = ()  # mapped decisions that shard something ("module op: strategy")
+    unmapped: tuple[str, ...] = ()  # decisions of the deployed plan that could not be carried over
+    source: str = ""  # what plan this checks, e.g. "plan for llama3-70b on mesh (128, 8), mapped"
+    allow_replicated: bool = False  # the user accepts a check in which nothing distributed ran
+
+    @property
+    def distributed(self) -> bool:
+        """Whether anything distributed was checked: some collective ran or something was split."""
+        return self.split or sum(self.emitted.values()) > 0
 
     @property
     def ok(self) -> bool:
         same = self.emitted == self.planned
-        return same and self.ranks_agree and all(d.ok for d in (*self.outputs, *self.grads))
+        numbers = same and self.ranks_agree and all(d.ok for d in (*self.outputs, *self.grads))
+        return numbers and (self.distributed or self.allow_replicated)
+
+    @property
+    def verdict(self) -> str:
+        if not self.distributed and not self.allow_replicated:
+            return "NOTHING DISTRIBUTED CHECKED"
+        return "OK" if self.ok else "MISMATCH"
 
     def worst(self, k: int = 5) -> list[Difference]:
         """The ``k`` tensors furthest from the reference, relative to their tolerance."""
@@ -101,13 +116,28 @@ class VerifyReport:
 
     def __str__(self) -> str:
         head = (
-            f"verify {self.model} on mesh {self.mesh_shape} ({self.dtype}): {'OK' if self.ok else 'MISMATCH'} "
+            f"verify {self.model} on mesh {self.mesh_shape} ({self.dtype}): {self.verdict} "
             f"in {self.seconds:.1f} s; {len(self.outputs)} outputs, {len(self.grads)} gradients compared"
         )
-        lines = [head, "largest differences:", *(f"  {d}" for d in self.worst())]
+        lines = [head] + ([f"checks the {self.source}"] if self.source else [])
+        lines += ["largest differences:", *(f"  {d}" for d in self.worst())]
         lines.append(f"collectives per step: {_counts(self.emitted)} (plan: {_counts(self.planned)})")
         if not self.ranks_agree:
             lines.append("FAIL ranks issued different collective sequences (see module.autoshard.comm.log)")
+        if not self.distributed:
+            lines.append(
+                "no collective ran and nothing was split: this checks nothing distributed"
+                + (
+                    ""
+                    if self.allow_replicated
+                    else "; verify a plan that shards (--plan) or pass --allow-replicated"
+                )
+            )
+        if self.source:
+            lines.append(f"strategies exercised that split or reduce ({len(self.exercised)}):")
+            lines += [f"  {e}" for e in self.exercised] or ["  none"]
+            lines.append(f"not mapped ({len(self.unmapped)}):")
+            lines += [f"  {u}" for u in self.unmapped] or ["  none"]
         return "\n".join(lines)
 
 
@@ -127,6 +157,7 @@ class _Job:
     kwargs: dict[str, Any]
     user_inputs: tuple[torch.Tensor, ...]  # the graph's user inputs, in placeholder order
     out_grads: tuple[torch.Tensor, ...]
+    fault: str | None = None  # a collective kind to break on purpose (tests of the verdict)
 
 
 def verify(
@@ -142,13 +173,17 @@ def verify(
     captured: Captured | None = None,
     seed: int = 0,
     timeout: float = 300.0,
+    fault: str | None = None,
+    allow_replicated: bool = False,
 ) -> VerifyReport:
     """Check a plan numerically on ``plan.num_devices`` gloo ranks (module doc).
 
     Without ``plan``, plans on ``cluster`` (default :func:`cluster_for` ``("cpu", nproc)``) with
     ``annotations``.  ``captured``: a ``blocks="full"`` capture of ``model`` with inputs of these shapes, to
-    reuse.  Raises :class:`AutoshardError` when the model cannot be planned or lowered; a wrong
-    result is not an exception but ``report.ok == False``.
+    reuse.  ``fault``: a collective kind ("all_reduce", ...) every rank skips while still logging it, to
+    show that a broken collective is caught.  ``allow_replicated``: accept a check in which nothing distributed
+    ran (otherwise ``report.ok`` is ``False``).  Raises :class:`AutoshardError` when the model cannot be
+    planned or lowered; a wrong result is not an exception but ``report.ok == False``.
     """
     import autoshard
 
@@ -168,9 +203,10 @@ def verify(
     user = tuple(
         v for n, v in zip(captured.placeholders(), values, strict=True) if n.meta[META_KIND] == "user_input"
     )
-    job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads)
+    job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads, fault)
     results = launch(_rank_work, plan.num_devices, job, timeout=timeout)
-    return _report(name or type(model).__name__, model, plan, (reference, ref_grads), results, start)
+    report = _report(name or type(model).__name__, model, plan, (reference, ref_grads), results, start)
+    return dataclasses.replace(report, allow_replicated=allow_replicated)
 
 
 def _report(
@@ -197,6 +233,11 @@ def _report(
         emitted=dict(Counter(f"{r.phase} {r.kind}" for r in logs[0] if r.phase in ("forward", "backward"))),
         planned=dict(Counter(f"{c.phase} {c.kind}" for c in plan.collectives)),
         seconds=time.perf_counter() - start,
+        split=any(
+            p.startswith("S(")
+            for ps in (*plan.param_placements.values(), *plan.input_placements.values())
+            for p in ps
+        ),
     )
 
 
@@ -236,7 +277,16 @@ def _reference(
     return [o.detach() for o in outs], grads, out_grads
 
 
+def _break(kind: str) -> None:
+    """In this (forked) rank only: ``kind`` collectives are logged but move nothing (the test hook)."""
+    from autoshard.codegen import collectives
+
+    collectives._RUNNERS[kind] = lambda x, step, comm: (x.clone(), x.numel() * x.element_size())  # type: ignore[index]
+
+
 def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
+    if job.fault is not None:
+        _break(job.fault)
     module = parallelize(
         job.model, job.plan, job.args, job.kwargs, captured=job.captured, cluster=job.cluster, record=True
     )
@@ -297,59 +347,54 @@ def cluster_for(profile: str, nproc: int, mesh: Sequence[int] | None = None) -> 
 
 
 def run_verify(
-    spec: str,
-    nproc: int,
+    spec: str | None,
+    nproc: int | None = None,
     mesh: Sequence[int] | None = None,
     profile: str = "cpu",
     *,
+    plan: Plan | str | None = None,
+    nodes: int | None = None,
     annotations: Mapping[str, Any] | None = None,
     float64: bool = False,
+    allow_replicated: bool = False,
     seed: int = 0,
+    fault: str | None = None,
 ) -> VerifyReport:
-    """:func:`verify` a zoo model or ``path/to/file.py:function`` on ``nproc`` ranks (what the CLI runs)."""
+    """``autoshard verify``: ``plan`` (or its file) goes to :func:`~autoshard.runtime.mapping.verify_plan`;
+    else ``spec`` is planned at real size (``nodes`` whole nodes of ``profile``, else ``nproc`` devices) and that
+    plan verified, mapped onto a scaled-down copy past 8 devices or for a model built on meta."""
     from autoshard import zoo
+    from autoshard.plans import load_plan
+    from autoshard.runtime.mapping import verify_plan
 
-    case = zoo.load_spec(spec)
-    model = case.model
-    if any(p.device.type == "meta" for p in model.parameters()):
-        raise AutoshardError(
-            f"{spec} is built on the meta device (a large model): verify needs real weights; use a tiny "
-            "variant (gpt2-tiny, llama-tiny, ...) or a spec that builds on the CPU"
+    flags: dict[str, Any] = {"allow_replicated": allow_replicated, "seed": seed, "fault": fault}
+    if plan is not None:
+        return verify_plan(
+            plan if isinstance(plan, Plan) else load_plan(plan), spec, float64=float64, **flags
         )
-    args, kwargs = case.args, dict(case.kwargs)
+    if spec is None:
+        raise AutoshardError("verify needs a plan or a model: --plan PLAN.json or --model SPEC")
+    case = zoo.load_spec(spec)
+    if nodes is not None:
+        cluster = load_cluster(profile, nodes=nodes, mesh=mesh)
+    else:
+        cluster = cluster_for(profile, nproc or (math.prod(mesh) if mesh else 4), mesh)
+    if cluster.num_devices > 8 or any(p.device.type == "meta" for p in case.model.parameters()):
+        import autoshard
+
+        deployed = autoshard.plan(case.model, cluster, case.args, case.kwargs, annotations=annotations)
+        return verify_plan(
+            dataclasses.replace(deployed, source={"spec": spec}), spec, float64=float64, **flags
+        )
+    model, args, kwargs = case.model, case.args, dict(case.kwargs)
     if float64:
         model = model.to(torch.float64)
         args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
-    cluster = cluster_for(profile, nproc, mesh)
-    return verify(model, args, kwargs, cluster=cluster, annotations=annotations, name=spec, seed=seed)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="autoshard verify", description=__doc__.split("\n")[0] if __doc__ else ""
-    )
-    p.add_argument("--model", required=True, help="zoo name or path/to/file.py:function")
-    p.add_argument("--nproc", type=int, required=True, help="gloo ranks to launch")
-    p.add_argument("--mesh", default=None, help="mesh axis sizes, e.g. 2x2 (default: one axis)")
-    p.add_argument("--profile", default="cpu", help="hardware profile to plan on (default cpu)")
-    p.add_argument("--annotate", action="append", default=[], metavar="TARGET=CHOICE")
-    p.add_argument("--float64", action="store_true", help="run in float64 for tight tolerances")
-    return p
+    return verify(model, args, kwargs, cluster=cluster, annotations=annotations, name=spec, **flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``autoshard verify ...``: print the report; exit 0 when it matches, 1 when not, 2 on errors."""
-    ns = _parser().parse_args(argv)
-    mesh = tuple(int(s) for s in ns.mesh.lower().split("x")) if ns.mesh else None
-    annotations = dict(a.split("=", 1) for a in ns.annotate) or None
-    try:
-        report = run_verify(ns.model, ns.nproc, mesh, ns.profile, annotations=annotations, float64=ns.float64)
-    except AutoshardError as e:
-        print(f"autoshard verify: error: {e}", file=sys.stderr)
-        return 2
-    print(report)
-    return 0 if report.ok else 1
+    """``autoshard verify ARGV``: the command line of :mod:`autoshard.cli.verify`."""
+    from autoshard.cli import main as cli_main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return cli_main(["verify", *(sys.argv[1:] if argv is None else argv)])

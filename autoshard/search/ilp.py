@@ -144,7 +144,7 @@ class _Model:
             allowed = np.flatnonzero(np.isfinite(c))
             if allowed.size == 0:
                 raise InfeasibleError(
-                    f"node {self.problem.names[i]}: every allowed strategy has infinite cost"
+                    f"graph node {self.problem.names[i]}: every allowed strategy has infinite cost"
                 )
             base = float(c[allowed].min())
             self.offset += base

@@ -63,7 +63,7 @@ class FactorCapExceeded(Exception):
 
     def __init__(self, size: float, cap: float, node: int, why: str = "") -> None:
         super().__init__(
-            f"variable elimination needs a table of {size:.3g} entries at node {node} (cap {cap:.3g}){why}"
+            f"variable elimination needs a table of {size:.3g} entries at graph node {node} (cap {cap:.3g}){why}"
         )
         self.size = size
         self.cap = cap

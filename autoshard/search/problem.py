@@ -179,7 +179,7 @@ class SearchProblem:
             if mask.shape != self.node_costs[i].shape:
                 raise ValueError(f"allowed[{i}] ({self.names[i]}) shape {mask.shape} != node cost shape")
             if not mask.any():
-                raise AnnotationError(f"node {self.names[i]}: the annotation allows no strategy at all")
+                raise AnnotationError(f"graph node {self.names[i]}: the annotation allows no strategy at all")
             masks.append(mask)
         object.__setattr__(self, "allowed", tuple(masks))
 

@@ -82,7 +82,7 @@ def _wipeout_error(problem: SearchProblem, node: int, cause: Sequence[set[int]])
                 stack.append(y)
     involved = sorted(closure)
     pinned = [i for i in involved if _annotated(problem, i)]
-    where = f"node {problem.names[node]} has no strategy left"
+    where = f"graph node {problem.names[node]} has no strategy left"
     if pinned:
         return AnnotationConflictError(
             f"the annotations on {_name_list(problem, pinned)} conflict: {where} that is compatible with all "

@@ -208,10 +208,15 @@ def module_path(node: fx.Node) -> str:
     return "<unknown module>"
 
 
+def _user_module(path: str) -> str:
+    return f"module {path}" if path not in ("", "<root>", "<unknown module>") else "the model's own forward"
+
+
 def _warn_unsupported(node: fx.Node) -> None:
     warnings.warn(
-        f"no sharding rule for {node.target} (node {node.name!r} in module {module_path(node)!r}); "
-        "it will run replicated on every device. Add a rule in autoshard/strategies/rules/ to shard it.",
+        f"no sharding rule for {node.target} (graph node {node.name!r} in "
+        f"{_user_module(module_path(node))}); it runs replicated on every device: correct, but nothing of it "
+        "is split",
         UnsupportedOpWarning,
         stacklevel=3,
     )

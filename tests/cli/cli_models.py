@@ -44,3 +44,10 @@ def wide_stack() -> tuple[nn.Module, torch.Tensor]:
 
 def broken() -> tuple[nn.Module, torch.Tensor]:
     raise RuntimeError("this model cannot be built")
+
+
+def small_mlp() -> tuple[nn.Module, torch.Tensor]:
+    """A small Megatron MLP (64 -> 256 -> 64) with a large batch: data parallel is its free optimum."""
+    from autoshard.zoo import MLP
+
+    return MLP(64, 256), torch.zeros(512, 64)

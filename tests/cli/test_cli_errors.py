@@ -86,7 +86,7 @@ def test_svg_without_graphviz_fails_before_planning(cli, tmp_path: Path, monkeyp
     [
         ("{broken", "broken JSON at line 1"),
         ('{"format": "other"}', "not an autoshard plan"),
-        ('{"format": "autoshard-plan", "version": 1}', "malformed plan"),
+        ('{"format": "autoshard-plan", "version": 1}', "field 'model': missing"),
     ],
 )
 def test_unreadable_plan_files(cli, tmp_path: Path, text: str, fragment: str) -> None:

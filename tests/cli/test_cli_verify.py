@@ -13,9 +13,18 @@ from autoshard.cli import VERIFY_MODULE
 
 def test_verify_runs_a_tiny_model_on_two_processes(cli) -> None:
     pytest.importorskip(VERIFY_MODULE)
-    r = cli("verify", "--model", "mlp-deep", "--nproc", "2")
+    r = cli("verify", "--model", "mlp-deep", "--nproc", "2", "--annotate", "x=S(0)")
     assert r.code == 0, r.err
     assert r.out.startswith("verify mlp-deep on mesh (2,)") and "OK" in r.out
+
+
+def test_verify_of_a_replicated_plan_is_not_ok(cli) -> None:
+    pytest.importorskip(VERIFY_MODULE)
+    r = cli("verify", "--model", "mlp-deep", "--nproc", "2")  # the small model's optimum: replication
+    assert r.code == 1
+    assert "NOTHING DISTRIBUTED CHECKED" in r.out.splitlines()[0] and "--allow-replicated" in r.out
+    r = cli("verify", "--model", "mlp-deep", "--nproc", "2", "--allow-replicated")
+    assert r.code == 0 and " OK " in r.out.splitlines()[0]
 
 
 def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch) -> None:
@@ -33,6 +42,17 @@ def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch
     )  # fmt: skip
     assert r.code == 1
     assert calls == [("llama-tiny", 4, (2, 2), "a100x8", {"annotations": {"fc1": "column"}, "float64": True})]
+    calls.clear()
+    assert cli("verify", "--plan", "p.json", "--allow-replicated").code == 1
+    assert calls == [
+        (
+            None,
+            None,
+            None,
+            "cpu",
+            {"annotations": None, "float64": False, "plan": "p.json", "allow_replicated": True},
+        )
+    ]
 
 
 def test_verify_missing_from_the_build(cli, monkeypatch) -> None:
@@ -49,5 +69,39 @@ def test_verify_missing_from_the_build(cli, monkeypatch) -> None:
 
 
 def test_verify_usage_errors(cli) -> None:
-    assert cli("verify", "--model", "mlp-deep").code == 2  # --nproc is required
+    assert cli("verify", "--model", "mlp-deep", "--nproc", "x").code == 2
     assert cli("verify", "--model", "mlp-deep", "--nproc", "0").code == 2
+
+
+def test_verify_needs_a_plan_or_a_model_and_plan_fixes_the_mesh(cli) -> None:
+    pytest.importorskip(VERIFY_MODULE)
+    r = cli("verify")
+    assert r.code == 2 and r.err.count("\n") == 1 and "--plan PLAN.json" in r.err
+    r = cli("verify", "--plan", "p.json", "--nproc", "4")
+    assert r.code == 2 and r.err.count("\n") == 1 and "the plan fixes them" in r.err
+
+
+def test_verify_model_plans_at_real_size_then_maps(cli, tmp_path) -> None:
+    """--model without --plan: the plan the model gets on the cluster it is meant for (the 8192-wide MLP on a
+    2 x 4 node), mapped onto the scaled-down copy on 2 x 2 -- not the small model's own (replicated) optimum."""
+    pytest.importorskip(VERIFY_MODULE)
+    r = cli("verify", "--model", "mlp", "--profile", "a100x8", "--nodes", "1", "--mesh", "2x4")
+    assert r.code == 0, r.out + r.err
+    lines = r.out.splitlines()
+    assert lines[0].startswith("verify mlp on mesh (2, 2)") and " OK " in lines[0]
+    assert lines[1].startswith(
+        "checks the plan for mlp on mesh (2, 4), mapped onto a scaled-down copy on mesh (2, 2)"
+    )
+    assert "8 of 8 graph-node decisions carried over" in lines[1]
+    assert "forward all_reduce" in r.out and "fc1 linear:" in r.out
+    # the same plan saved by search and verified with --plan gives the same collectives
+    path = tmp_path / "mlp.json"
+    assert cli("search", "--profile", "a100x8", "--model", "mlp", "--mesh", "2x4", "--no-baseline",
+               "--out", str(path)).code == 0  # fmt: skip
+    again = cli("verify", "--plan", str(path))
+    assert again.code == 0, again.out + again.err
+
+    def collectives(text: str) -> str:
+        return next(line for line in text.splitlines() if line.startswith("collectives per step"))
+
+    assert collectives(again.out) == collectives(r.out)

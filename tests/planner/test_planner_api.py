@@ -54,7 +54,7 @@ def test_plan_round_trips_through_json(tmp_path, cluster) -> None:
         ("[]", "expected a JSON object"),
         ('{"format": "other"}', "not an autoshard plan"),
         ('{"format": "autoshard-plan", "version": 99}', "version 99 is not supported"),
-        ('{"format": "autoshard-plan", "version": 1}', "malformed plan"),
+        ('{"format": "autoshard-plan", "version": 1}', "field 'model': missing"),
     ],
 )
 def test_bad_plan_files_say_what_is_wrong(tmp_path, text: str, match: str) -> None:

@@ -47,7 +47,10 @@ def test_emitted_module_matches_single_device(case: str) -> None:
     name, nproc, mesh, annotations, must = CASES[case]
     m = model(name)
     p = plan(name, nproc, mesh, tuple(annotations.items()))
-    report = verify(m.model, m.args, m.kwargs, plan=p, captured=m.captured, name=case)
+    # a case that forces no collective (must == set()) checks replication on purpose
+    report = verify(
+        m.model, m.args, m.kwargs, plan=p, captured=m.captured, name=case, allow_replicated=not must
+    )
     assert report.ok, str(report)
     assert report.emitted == report.planned and report.ranks_agree
     assert must <= set(report.emitted), f"the forced plan lost its collectives: {report.emitted}"

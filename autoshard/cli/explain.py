@@ -1,0 +1,32 @@
+"""``autoshard explain PLAN.json [--node NAME] [--model SPEC]``: why each strategy, and not the runner-up."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "why the plan chose each strategy and not the runner-up"
+
+
+def add_arguments(e: argparse.ArgumentParser) -> None:
+    e.add_argument("plan", help="a plan saved with search --out")
+    e.add_argument(
+        "--node",
+        default=None,
+        help="a graph node, module path or glob (default: the 10 costliest graph nodes)",
+    )
+    e.add_argument("--model", default=None, help="the model the plan was made for (default: the plan's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from autoshard.plans import load_plan
+    from autoshard.report.explain import explain, rebuild, render, render_summary
+
+    plan = load_plan(args.plan)
+    found = explain(plan, rebuild(plan, args.model), args.node)
+    if args.node is None:
+        print(render_summary(found))
+    else:
+        print("\n\n".join(render(e) for e in found))
+    return 0

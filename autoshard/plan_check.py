@@ -1,0 +1,248 @@
+"""Validate a plan file before anything trusts it: ``show``, ``dot``, ``verify`` and ``parallelize`` all load
+plans through :func:`autoshard.plans.load_plan`, which calls :func:`check_text` on the bytes and
+:func:`check_data` on the parsed JSON.
+
+What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line naming the file and field:
+
+- the file: UTF-8 text, not binary, complete JSON (a cut-off file says so), a JSON object;
+- the record: format and version, no unknown fields (at the top level and inside nodes, collectives, the
+  solver report and the pipeline), the value types that matter;
+- the mesh: positive axis sizes, their product equal to the cluster's devices, the cluster's own mesh equal;
+- placements: every parameter, input and output placement tuple parses (``S(d)``, ``R``, ``P``) and has one
+  placement per mesh axis; every node's strategy label parses with the same arity; a parameter's placement
+  agrees with its graph node's decision;
+- shapes: every input shape is positive, sharded dims exist in the input and divide by the axes that split
+  them;
+- degrees: known kinds, each at least 1 and dividing the device count; microbatches at least 1; pipeline
+  stage ranks on the mesh.
+
+Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
+:func:`~autoshard.codegen.assign.assign_strategies` and verify's mapping (which lists what does not map).
+A plan file is data: loading one never imports or runs anything it names.
+
+Example::
+
+    check_data(json.loads(text), "plan.json")     # raises PlanFileError("plan.json: field 'mesh_shape' ...")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autoshard.errors import PlanFileError, ShardingError
+from autoshard.placement import Shard, parse_placement
+
+__all__ = ["DEGREE_KINDS", "check_data", "check_text"]
+
+DEGREE_KINDS = ("dp", "fsdp", "tp", "sp", "cp", "ep", "pp")
+_EXTRA_TOP = frozenset({"format", "report"})  # ``report``: written by ``search --json`` beside the plan
+_FIX = "re-create it with `autoshard search ... --out`"
+
+
+def check_text(raw: bytes, source: str) -> str:
+    """The file's text, or a one-line error for binary, non-UTF-8 or empty files."""
+    if b"\x00" in raw[:4096]:
+        raise PlanFileError(f"{source}: a binary file (NUL bytes), not a plan: {_FIX}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PlanFileError(
+            f"{source}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}), not a plan file: {_FIX}"
+        ) from e
+    if not text.strip():
+        raise PlanFileError(f"{source}: the file is empty: {_FIX}")
+    return text
+
+
+def check_data(data: Mapping[str, Any], source: str) -> None:
+    """Every structural check of the module doc on a parsed plan file; raises :class:`PlanFileError`."""
+    from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan, SolverReport
+
+    _known(data, Plan, source, "", _EXTRA_TOP)
+    for i, node in enumerate(_list(data, "nodes", source)):
+        _known(node, NodePlan, source, f"nodes[{i}].")
+    for i, c in enumerate(_list(data, "collectives", source)):
+        _known(c, Collective, source, f"collectives[{i}].")
+    if isinstance(data.get("solver"), Mapping):
+        _known(data["solver"], SolverReport, source, "solver.")
+    pipeline = data.get("pipeline")
+    if isinstance(pipeline, Mapping):
+        _known(pipeline, PipelinePlan, source, "pipeline.")
+        for i, st in enumerate(pipeline.get("stages") or ()):
+            _known(st, PipelineStage, source, f"pipeline.stages[{i}].")
+    mesh = _mesh(data, source)
+    _placements(data, mesh, source)
+    _node_labels(data, mesh, source)
+    _shapes(data, mesh, source)
+    _degrees(data, math.prod(mesh), source)
+
+
+def _fail(source: str, field: str, what: str) -> PlanFileError:
+    return PlanFileError(f"{source}: field {field!r}: {what}; {_FIX}")
+
+
+def _known(obj: Any, record: type, source: str, prefix: str, extra: frozenset[str] = frozenset()) -> None:
+    if not isinstance(obj, Mapping):
+        raise _fail(source, prefix.rstrip(".") or "<top>", f"expected an object, got {type(obj).__name__}")
+    names = {f.name for f in dataclasses.fields(record)} | extra
+    fields = dataclasses.fields(record)
+    missing = [
+        f.name for f in fields if f.name not in obj and f.default is f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise _fail(source, prefix + missing[0], f"missing (a {record.__name__} needs {', '.join(missing)})")
+    unknown = sorted(set(obj) - names)
+    if unknown:
+        raise _fail(
+            source, prefix + unknown[0], f"unknown field (a {record.__name__} has {', '.join(sorted(names))})"
+        )
+
+
+def _list(data: Mapping[str, Any], key: str, source: str) -> list[Any]:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise _fail(source, key, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _mesh(data: Mapping[str, Any], source: str) -> tuple[int, ...]:
+    mesh = data.get("mesh_shape")
+    if not isinstance(mesh, list) or not mesh or not all(isinstance(n, int) and n >= 1 for n in mesh):
+        raise _fail(source, "mesh_shape", f"{mesh!r} is not a list of positive axis sizes")
+    cluster = data.get("cluster")
+    if not isinstance(cluster, Mapping):
+        raise _fail(source, "cluster", "expected an object with profile, nodes, mesh_shape, devices")
+    devices = cluster.get("devices", math.prod(mesh))
+    if devices != math.prod(mesh):
+        raise _fail(
+            source,
+            "mesh_shape",
+            f"mesh {mesh} has {math.prod(mesh)} devices, the cluster {devices} (cluster.devices)",
+        )
+    if "mesh_shape" in cluster and list(cluster["mesh_shape"]) != list(mesh):
+        raise _fail(source, "cluster.mesh_shape", f"{cluster['mesh_shape']} differs from mesh_shape {mesh}")
+    return tuple(mesh)
+
+
+def _spec(value: Any, mesh: tuple[int, ...], source: str, field: str) -> tuple[Any, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise _fail(source, field, f'{value!r} is not a list of placements like ["S(0)", "R"]')
+    if len(value) != len(mesh):
+        raise _fail(
+            source, field, f"{len(value)} placements {value} for a {len(mesh)}-axis mesh {list(mesh)}"
+        )
+    try:
+        return tuple(parse_placement(p) for p in value)
+    except ShardingError as e:
+        raise _fail(source, field, str(e)) from e
+
+
+def _placements(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> None:
+    for key in ("param_placements", "input_placements"):
+        table = data.get(key, {})
+        if not isinstance(table, Mapping):
+            raise _fail(source, key, "expected an object of name -> placements")
+        for name, value in table.items():
+            _spec(value, mesh, source, f"{key}[{name!r}]")
+    for i, value in enumerate(_list(data, "output_placements", source)):
+        if value:  # a non-tensor output has no placements
+            _spec(value, mesh, source, f"output_placements[{i}]")
+
+
+_LABEL_SPEC = re.compile(r"\([^()]*(?:\([^()]*\)[^()]*)*\)|[^,\s]+")
+
+
+def _label_specs(label: str) -> list[str]:
+    """``"(S(0), R), R -> S(0)"`` → ``["(S(0), R)", "R", "S(0)"]``."""
+    inputs, arrow, output = label.partition("->")
+    if not arrow:
+        raise ShardingError(f"strategy {label!r} has no '->'")
+    return [*_LABEL_SPEC.findall(inputs), *_LABEL_SPEC.findall(output)]
+
+
+def _node_labels(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> None:
+    params = data.get("param_placements", {})
+    for i, node in enumerate(data.get("nodes", [])):
+        field = f"nodes[{i}].strategy"
+        label = node.get("strategy")
+        if not isinstance(label, str):
+            raise _fail(source, field, f"{label!r} is not a strategy label")
+        try:
+            specs = _label_specs(label)
+            for text in specs:
+                if text == "-":  # an operand that is not a tensor
+                    continue
+                inner = text[1:-1].split(", ") if text.startswith("(") else [text]
+                if len(inner) != len(mesh):
+                    raise ShardingError(f"{text} has {len(inner)} placements for a {len(mesh)}-axis mesh")
+                for p in inner:
+                    parse_placement(p)
+        except ShardingError as e:
+            raise _fail(source, field, f"{label!r}: {e}") from e
+        stored = params.get(node.get("module")) if node.get("target") == "placeholder" else None
+        if stored is not None and specs:
+            said = specs[-1][1:-1].split(", ") if specs[-1].startswith("(") else [specs[-1]]
+            if list(stored) != said:
+                raise _fail(
+                    source,
+                    f"param_placements[{node['module']!r}]",
+                    f"{stored} disagrees with its graph node's {said}",
+                )
+
+
+def _shapes(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> None:
+    shapes = data.get("input_shapes", {})
+    if not isinstance(shapes, Mapping):
+        raise _fail(source, "input_shapes", "expected an object of input -> [shape, dtype]")
+    placements = data.get("input_placements", {})
+    for name, entry in shapes.items():
+        field = f"input_shapes[{name!r}]"
+        ok = (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], list)
+            and isinstance(entry[1], str)
+        )
+        if not ok or not all(isinstance(n, int) and n >= 0 for n in entry[0]):
+            raise _fail(source, field, f"{entry!r} is not [[dims...], dtype] with non-negative dims")
+        shape = entry[0]
+        if name not in placements:
+            continue
+        ways: dict[int, int] = {}
+        for axis, p in enumerate(_spec(placements[name], mesh, source, f"input_placements[{name!r}]")):
+            if isinstance(p, Shard):
+                if not -len(shape) <= p.dim < len(shape):
+                    raise _fail(
+                        source, f"input_placements[{name!r}]", f"S({p.dim}) on an input of shape {shape}"
+                    )
+                ways[p.dim % len(shape)] = ways.get(p.dim % len(shape), 1) * mesh[axis]
+        for dim, n in ways.items():
+            if shape[dim] % n:
+                raise _fail(
+                    source, field, f"dim {dim} of {shape} does not split {n} ways as input_placements says"
+                )
+
+
+def _degrees(data: Mapping[str, Any], devices: int, source: str) -> None:
+    degrees = data.get("degrees", {})
+    if not isinstance(degrees, Mapping):
+        raise _fail(source, "degrees", "expected an object of kind -> degree")
+    for kind, n in degrees.items():
+        if kind not in DEGREE_KINDS:
+            raise _fail(source, f"degrees[{kind!r}]", f"unknown kind (known: {', '.join(DEGREE_KINDS)})")
+        if not isinstance(n, int) or n < 1 or devices % n:
+            raise _fail(
+                source, f"degrees[{kind!r}]", f"{n!r} must be a positive divisor of the {devices} devices"
+            )
+    micro = data.get("microbatches", 1)
+    if not isinstance(micro, int) or micro < 1:
+        raise _fail(source, "microbatches", f"{micro!r} must be a positive whole number")
+    pipeline = data.get("pipeline")
+    for i, st in enumerate((pipeline or {}).get("stages") or ()):
+        ranks: Sequence[Any] = st.get("ranks", ())
+        if not all(isinstance(r, int) and 0 <= r < devices for r in ranks):
+            raise _fail(source, f"pipeline.stages[{i}].ranks", f"ranks must lie in 0..{devices - 1}")

@@ -1,0 +1,219 @@
+"""Why a plan chose a strategy for a graph node, and not the runner-up: the cost terms side by side.
+
+Input: a :class:`~autoshard.plans.Plan` and the :class:`~autoshard.problem.build.BuiltProblem` of the same
+model on the same cluster (:func:`rebuild` makes it from the plan's ``source``).  Output: one
+:class:`Explanation` per graph node asked about.
+
+How: every other graph node keeps the plan's strategy; for the node explained, each of its strategies is
+priced in the solver's own terms -- its node cost (compute forward + backward and optimizer, for every
+repeated layer it stands for), the redistribution on the edges from its producers and to its consumers
+(forward + backward), and memory per device.  The chosen strategy is the cheapest of these local totals when
+the plan is optimal; the runner-up is the next cheapest.  (A strategy change that pays off only together with
+a neighbour's change does not show here: that is a different plan, compare two with ``autoshard diff``.)
+
+Example::
+
+    built = rebuild(plan)
+    for e in explain(plan, built, "fc1"):
+        print(render(e))
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.errors import AutoshardError
+from autoshard.plans import Plan
+from autoshard.problem.build import BuiltProblem
+from autoshard.report.labels import fmt_bytes, fmt_seconds
+
+__all__ = ["Explanation", "Terms", "explain", "rebuild", "render", "render_summary"]
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """One strategy of one graph node, priced with every neighbour at the plan's choice."""
+
+    strategy: str
+    node: float  # compute forward + backward + optimizer (all repeated copies), seconds
+    edges_in: float  # redistribution of its inputs (forward + backward), seconds
+    edges_out: float  # redistribution of its output to its consumers, seconds
+    memory: float  # bytes per device
+
+    @property
+    def total(self) -> float:
+        return self.node + self.edges_in + self.edges_out
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    name: str  # graph node
+    module: str
+    target: str
+    count: int  # graph nodes of the full model sharing the decision
+    chosen: Terms
+    runner_up: Terms | None  # None: the node has one strategy
+    options: int  # strategies the node had
+
+
+def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
+    """The search problem the plan was solved on: its model rebuilt from ``plan.source`` (or ``spec``, a zoo
+    name; model files are never run from a plan), captured and priced on the plan's cluster."""
+    from autoshard import zoo
+    from autoshard.capture import capture
+    from autoshard.codegen.parallelize import plan_cluster
+    from autoshard.problem.build import build_problem
+    from autoshard.problem.costs import CostOptions, Recompute
+
+    source = dict(plan.source)
+    name = spec or str(source.get("spec") or "")
+    if not name:
+        raise AutoshardError(f"the plan does not record its model ({plan.model}): pass --model SPEC")
+    if spec is None and name.rpartition(":")[0].endswith(".py"):
+        raise AutoshardError(
+            f"the plan was made from {name}; a plan never runs code it names: pass --model {name}"
+        )
+    batch, seq = source.get("batch"), source.get("seq")
+    if name.rpartition(":")[0].endswith(".py"):
+        case = zoo.load_spec(name)
+    else:
+        case = zoo.build(
+            name, batch=None if batch is None else int(batch), seq=None if seq is None else int(seq)
+        )
+    captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto")
+    full = any("full recomputation" in n for n in plan.notes)
+    opts = CostOptions(training=plan.training, recompute=Recompute.FULL if full else Recompute.NONE)
+    return build_problem(captured, plan_cluster(plan), opts)
+
+
+def _choices(plan: Plan, built: BuiltProblem) -> list[int]:
+    by_name = {n.name: n.strategy for n in plan.nodes}
+    choice = []
+    for v in built.variables:
+        labels = [str(s) for s in built.strategies[v]]
+        label = by_name.get(v)
+        if label not in labels:
+            raise AutoshardError(
+                f"graph node {v} of the rebuilt model has no decision {label!r} in the plan: the model or its "
+                "inputs differ from the planned ones (pass the --model it was planned with)"
+            )
+        choice.append(labels.index(label))
+    return choice
+
+
+def _terms(built: BuiltProblem, i: int, choice: list[int]) -> list[Terms]:
+    p = built.problem
+    into = np.zeros(len(p.node_costs[i]))
+    out = np.zeros(len(p.node_costs[i]))
+    for e in p.edges:
+        if e.v == i:
+            into += e.cost[choice[e.u], :]
+        elif e.u == i:
+            out += e.cost[:, choice[e.v]]
+    memory = p.memory[i] if p.memory is not None else np.zeros(len(p.node_costs[i]))
+    labels = (
+        p.strategy_labels[i] if p.strategy_labels else tuple(map(str, built.strategies[built.variables[i]]))
+    )
+    return [
+        Terms(labels[s], float(p.node_costs[i][s]), float(into[s]), float(out[s]), float(memory[s]))
+        for s in range(len(labels))
+    ]
+
+
+def explain(plan: Plan, built: BuiltProblem, node: str | None = None, top: int = 10) -> list[Explanation]:
+    """Explanations for the graph nodes named ``node`` (a graph node name, a module path or a glob over
+    either), else for the ``top`` costliest computing nodes."""
+    choice = _choices(plan, built)
+
+    def wanted(v: str) -> bool:
+        info = built.infos[v]
+        if node is None:
+            return info.kind == "op"
+        return any(fnmatch.fnmatchcase(t, node) for t in (v, info.module, info.fqn) if t)
+
+    picked = [i for i, v in enumerate(built.variables) if wanted(v)]
+    if node is not None and not picked:
+        raise AutoshardError(f"--node {node}: no graph node or module of the plan matches; try a module path")
+    out = []
+    for i in picked:
+        terms = _terms(built, i, choice)
+        chosen = terms[choice[i]]
+        others = sorted(
+            (t for k, t in enumerate(terms) if k != choice[i] and math.isfinite(t.total)), key=_key
+        )
+        v = built.variables[i]
+        info = built.infos[v]
+        out.append(
+            Explanation(v, info.fqn or info.module, info.target, built.multiplicity[v], chosen,
+                        others[0] if others else None, len(terms))
+        )  # fmt: skip
+    if node is None:
+        out = sorted(out, key=lambda e: -e.chosen.total)[:top]
+    return out
+
+
+def _key(t: Terms) -> tuple[float, float]:
+    return (t.total, t.memory)
+
+
+def render(e: Explanation) -> str:
+    """The chosen strategy beside the runner-up, term by term."""
+    head = f"graph node {e.name} ({e.target}) in {e.module or 'the model'}"
+    if e.count > 1:
+        head += f", x{e.count} repeated layers"
+    lines = [head, f"  {e.options} strategies; chosen {e.chosen.strategy}"]
+    if e.runner_up is None:
+        return "\n".join([*lines, "  no other strategy fits this node"])
+    a, b = e.chosen, e.runner_up
+    lines.append(f"  runner-up {b.strategy}")
+    lines.append(f"  {'term':<28}{'chosen':>12}{'runner-up':>12}{'difference':>12}")
+    rows = (("compute + optimizer", a.node, b.node), ("redistribution of inputs", a.edges_in, b.edges_in),
+            ("redistribution of output", a.edges_out, b.edges_out), ("total", a.total, b.total))  # fmt: skip
+    for name, x, y in rows:
+        lines.append(
+            f"  {name:<28}{fmt_seconds(x):>12}{fmt_seconds(y):>12}{_signed(y - x, fmt_seconds, max(x, y)):>12}"
+        )
+    lines.append(
+        f"  {'memory per device':<28}{fmt_bytes(a.memory):>12}{fmt_bytes(b.memory):>12}"
+        f"{_signed(b.memory - a.memory, fmt_bytes, max(a.memory, b.memory)):>12}"
+    )
+    lines.append(f"  why: {_why(a, b)}")
+    return "\n".join(lines)
+
+
+def _signed(x: float, fmt: object, scale: float = 1.0) -> str:
+    assert callable(fmt)
+    if abs(x) <= 1e-6 * max(scale, 1e-12):  # float noise of equal costs
+        return "="
+    return ("+" if x > 0 else "-") + str(fmt(abs(x)))
+
+
+def _why(a: Terms, b: Terms) -> str:
+    if b.total > a.total:
+        terms = {"compute": b.node - a.node, "input redistribution": b.edges_in - a.edges_in}
+        terms["output redistribution"] = b.edges_out - a.edges_out
+        worst = max(terms, key=lambda k: terms[k])
+        return f"the runner-up costs {fmt_seconds(b.total - a.total)} more, mostly in {worst}"
+    if b.total < a.total:
+        return (
+            f"the runner-up would be {fmt_seconds(a.total - b.total)} cheaper here: the choice is pinned (an "
+            "annotation, allow/forbid, the memory budget) or pays off only with its neighbours' choices"
+        )
+    if b.memory > a.memory:
+        return "same time; the runner-up needs more memory"
+    return "a tie: the solver kept the first strategy of equal cost"
+
+
+def render_summary(explanations: list[Explanation]) -> str:
+    """One line per graph node: chosen, runner-up and what choosing it would cost."""
+    lines = [f"{'graph node':<28}{'module':<34}{'chosen':>10}  runner-up (extra time)"]
+    for e in explanations:
+        extra = f"+{fmt_seconds(e.runner_up.total - e.chosen.total)}" if e.runner_up else "none"
+        other = e.runner_up.strategy if e.runner_up else "-"
+        lines.append(f"{e.name:<28}{e.module[:33]:<34}{fmt_seconds(e.chosen.total):>10}  {e.chosen.strategy}")
+        lines.append(f"{'':<72}vs {other} ({extra})")
+    return "\n".join(lines)

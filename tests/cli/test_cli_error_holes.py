@@ -1,0 +1,128 @@
+"""The error holes a new user fell into: each ends in one line on stderr and exit code 2, never a
+traceback, a usage block or torch's own log."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from cli_support import HERE
+
+from autoshard.cli import main
+
+BAD = """
+import torch
+from torch import nn
+
+
+def wrong_shape():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), torch.randn(4, 9)
+
+
+class Complex(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.view_as_complex(self.fc(x).reshape(4, 4, 2))
+        return torch.view_as_real(y * y).sum()
+
+
+def complex_model():
+    return Complex(), torch.randn(4, 8)
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bad") / "bad_models.py"
+    path.write_text(BAD)
+    return path
+
+
+def _one_line(result, *words: str) -> None:
+    assert result.code == 2, (result.out, result.err)
+    assert result.err.count("\n") == 1, result.err
+    assert "Traceback" not in result.err and "usage:" not in result.err
+    for w in words:
+        assert w in result.err, result.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (("search", "--profile"), "argument --profile: expected one argument; see `autoshard search --help`"),
+        (("search", "--profile", "a100x8", "--mesh", "8x"), "mesh '8x'"),
+        (("search", "--profile", "a100x8", "--nodes", "zero"), "'zero' is not a whole number"),
+        (("frobnicate",), "invalid choice"),
+        (
+            ("search", "--profile", "a100x8", "--memory-limit", "500"),
+            "more than the 80 GiB of one a100x8 device",
+        ),
+        (("search", "--profile", "a100x8", "--memory-limit", "1e-9"), "below 1 MiB"),
+        (
+            ("search", "--profile", "a100x8", "--model", "gpt2-tiny", "--seq", "128"),
+            "beyond the 64 positions",
+        ),
+    ],
+    ids=["missing-value", "mesh-8x", "nodes-word", "command", "memory-huge", "memory-tiny", "seq-positions"],
+)
+def test_argument_errors_are_one_line(cli, argv: tuple[str, ...], words: str) -> None:
+    _one_line(cli(*argv), words)
+
+
+def test_wrong_input_shape_is_one_line_without_torch_log(capfd, bad_models: Path) -> None:
+    code = main(["search", "--profile", "a100x8", "--model", f"{bad_models}:wrong_shape"])
+    out, err = capfd.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "fake_tensor" not in err and "Traceback" not in err, err
+    assert "shapes do not fit the model" in err and ".item()" not in err
+
+
+def test_complex_tensors_are_planned_and_warnings_name_the_op_not_our_files(capfd, bad_models: Path) -> None:
+    with warnings.catch_warnings():  # undo pytest's recording: print warnings as the command line does
+        warnings.simplefilter("always")
+        warnings.showwarning = _print_warning
+        code = main(
+            ["search", "--profile", "a100x8", "--model", f"{bad_models}:complex_model", "--no-baseline"]
+        )
+    _, err = capfd.readouterr()
+    assert code == 0, err
+    assert "profile" not in err
+    lines = [line for line in err.splitlines() if "warning" in line]
+    assert lines and all(w.startswith("autoshard: warning: no sharding rule for aten.view_as") for w in lines)
+    assert all("graph node" in w and "the model's own forward" in w and ".py" not in w for w in lines)
+
+
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """What Python does with a warning outside pytest: write ``formatwarning``'s text to stderr."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_show_into_a_closed_pipe(mlp_files: dict[str, Path]) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(_ClosedPipe()), contextlib.redirect_stderr(err):
+        code = main(["show", str(mlp_files["plan"])])
+    assert code == 2
+    assert err.getvalue() == "autoshard: error: the output pipe closed before the report was written\n"
+
+
+def test_timing_line_says_what_the_rest_was(mlp_files: dict[str, Path]) -> None:
+    report = mlp_files["report"].read_text()
+    footer = report[report.index("solver ") :]
+    assert "other " in footer and ": building the model" in footer
+
+
+def test_readme_says_svg_needs_graphviz() -> None:
+    readme = (HERE.parent.parent / "README.md").read_text()
+    assert "need graphviz's `dot` program" in readme

@@ -1,0 +1,69 @@
+"""``autoshard explain`` and ``autoshard diff`` on two plans of one model (the Megatron MLP: free, and with
+fc1 pinned row-parallel)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def pinned_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from cli_support import run_main
+
+    path = tmp_path_factory.mktemp("pinned") / "row.json"
+    r = run_main("search", "--profile", "a100x8", "--model", "mlp", "--annotate", "fc1=row", "--no-baseline",
+                 "--out", str(path))  # fmt: skip
+    assert r.code == 0, r.err
+    return path
+
+
+def test_diff_puts_what_differs_first(cli, mlp_files: dict[str, Path], pinned_plan: Path) -> None:
+    r = cli("diff", str(mlp_files["plan"]), str(pinned_plan))
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert lines[2] == "figures that differ"
+    assert lines[4].split()[:2] == ["step", "time"] and "+" in lines[4]
+    assert "parameter placements: 2 differ, 2 the same" in r.out
+    assert any(line.split()[:4] == ["fc1.weight", "S(0)", "->", "S(1)"] for line in lines)
+    assert "fc1 linear" in r.out and "=>" in r.out
+    assert lines[-1].startswith("the same in both: ") and "devices" in lines[-1]
+    assert r.out.index("figures that differ") < r.out.index("the same in both")
+
+
+def test_diff_of_a_plan_with_itself(cli, mlp_files: dict[str, Path]) -> None:
+    r = cli("diff", str(mlp_files["plan"]), str(mlp_files["plan"]))
+    assert r.code == 0 and "figures: all the same" in r.out
+    assert "parameter placements: 0 differ" in r.out and "graph-node strategies: 0 differ" in r.out
+
+
+def test_explain_a_node_against_its_runner_up(cli, mlp_files: dict[str, Path]) -> None:
+    r = cli("explain", str(mlp_files["plan"]), "--node", "fc1")
+    assert r.code == 0, r.err
+    block = r.out[r.out.index("graph node linear (aten.linear.default) in fc1") :]
+    assert "chosen R, S(0), S(0) -> S(2)" in block and "runner-up " in block
+    total = next(line for line in block.splitlines() if line.strip().startswith("total")).split()
+    assert total[-2].startswith("+")  # the runner-up costs more: "total 13.22 ms 15.49 ms +2.26 ms"
+    assert "why: the runner-up costs" in block
+
+
+def test_explain_lists_the_costliest_graph_nodes(cli, mlp_files: dict[str, Path], pinned_plan: Path) -> None:
+    r = cli("explain", str(mlp_files["plan"]))
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0].startswith("graph node") and "fc2" in r.out and "vs " in r.out
+    pinned = cli("explain", str(pinned_plan), "--node", "fc1.weight")
+    assert pinned.code == 0 and "chosen -> S(1)" in pinned.out
+
+
+def test_explain_errors_are_one_line(cli, tmp_path: Path, mlp_files: dict[str, Path]) -> None:
+    r = cli("explain", str(mlp_files["plan"]), "--node", "nothing_like_it")
+    assert r.code == 2 and r.err.count("\n") == 1 and "--node nothing_like_it" in r.err
+    data = json.loads(mlp_files["plan"].read_text())
+    data["source"] = {}
+    path = tmp_path / "nosource.json"
+    path.write_text(json.dumps(data))
+    r = cli("explain", str(path))
+    assert r.code == 2 and r.err.count("\n") == 1 and "--model SPEC" in r.err
+    assert cli("explain", str(path), "--model", "mlp").code == 0

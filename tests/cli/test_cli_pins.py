@@ -1,0 +1,27 @@
+"""``search --annotate fc1=column --annotate fc2=row`` and ``--forbid``: Megatron computation where data
+parallel would win, with the price of the pins in the report."""
+
+from __future__ import annotations
+
+from cli_support import HERE
+
+SMALL = f"{HERE / 'cli_models.py'}:small_mlp"
+
+
+def test_column_row_on_a_small_mlp_reports_one_all_reduce_and_the_price(cli) -> None:
+    r = cli(
+        "search", "--profile", "a100x8", "--model", SMALL, "--annotate", "fc1=column", "--annotate", "fc2=row"
+    )
+    assert r.code == 0, r.err
+    rows = [line.split() for line in r.out.splitlines() if line.lstrip().startswith(("fwd ", "bwd "))]
+    assert [row[:2] for row in rows if row[0] == "fwd"] == [["fwd", "all_reduce"]]
+    assert not any(row[1] == "all_gather" for row in rows)
+    assert "price of your annotations:" in r.out and "unpinned optimum (+" in r.out
+
+
+def test_forbid_and_allow_kinds(cli) -> None:
+    r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "tp", "--no-baseline")
+    assert r.code == 0, r.err
+    assert "price of your annotations" in r.out
+    r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "pp", "--no-baseline")
+    assert r.code == 2 and r.err.count("\n") == 1 and "unknown parallelism kind 'pp'" in r.err

@@ -1,0 +1,118 @@
+"""``verify --plan``: the plan you deploy, mapped onto a scaled-down copy of its model on a shrunk mesh, and
+the rule that a check in which nothing distributed ran is never reported OK."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import autoshard
+from autoshard import zoo
+from autoshard.cli import main
+from autoshard.plans import Plan
+from autoshard.runtime.mapping import map_plan, shrink_mesh
+from autoshard.runtime.scaled import build_scaled
+from autoshard.runtime.verify import cluster_for, run_verify
+
+
+@pytest.fixture(scope="module")
+def llama70b_plan() -> Plan:
+    """LLaMA-3-70B planned at real size on 128 nodes x 8 A100s (meta device, ~4 s)."""
+    case = zoo.build("llama3-70b")
+    cluster = autoshard.load_cluster("a100x8", nodes=128, mesh=(128, 8))
+    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs)
+    return dataclasses.replace(plan, source={"spec": "llama3-70b"})
+
+
+def test_shrink_mesh_keeps_axes_at_most_two_wide() -> None:
+    assert shrink_mesh((128, 8)) == (2, 2)
+    assert shrink_mesh((1, 16, 2)) == (1, 2, 2)
+
+
+@pytest.mark.slow
+def test_llama70b_plan_maps_every_decision_but_casts(llama70b_plan: Plan) -> None:
+    case = build_scaled("llama3-70b")
+    mapped = map_plan(llama70b_plan, case.model, case.args, case.kwargs, cluster_for("a100x8", 4, (2, 2)))
+    # the 16-bit original has casts a float32 copy lacks; everything else is carried over
+    assert all("aten.to." in u or "contiguous" in u for u in mapped.unmapped), mapped.unmapped
+    assert mapped.mapped >= len(llama70b_plan.nodes) - len(mapped.unmapped)
+    by_label = {n.strategy for n in mapped.plan.nodes}
+    for decision in llama70b_plan.nodes:
+        if decision.target == "aten.linear.default":
+            assert decision.strategy in by_label  # every linear runs exactly as planned at real size
+    assert any("q_proj linear" in e for e in mapped.exercised)
+
+
+@pytest.mark.slow
+def test_verify_plan_llama70b_passes_with_collectives(llama70b_plan: Plan, tmp_path, capsys) -> None:
+    """The acceptance: ``autoshard verify --plan`` on the saved 128 x 8 plan."""
+    path = tmp_path / "llama70b.json"
+    llama70b_plan.save(path)
+    code = main(["verify", "--plan", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("verify llama3-70b on mesh (2, 2) (float32): OK"), lines[0]
+    assert "mapped onto a scaled-down copy on mesh (2, 2)" in lines[1]
+    counts = next(line for line in lines if line.startswith("collectives per step: "))
+    assert "forward " in counts and "backward all_reduce" in counts
+    emitted, planned = counts.removeprefix("collectives per step: ").split(" (plan: ")
+    assert emitted == planned.rstrip(")")  # every collective the mapped plan prices ran
+    listed = lines[lines.index(next(x for x in lines if x.startswith("strategies exercised"))) + 1 :]
+    assert any("self_attn.q_proj linear: " in x for x in listed) and any(
+        "lm_head linear: " in x for x in listed
+    )
+
+
+@pytest.mark.slow
+def test_verify_plan_reports_a_broken_collective(llama70b_plan: Plan) -> None:
+    report = run_verify(None, plan=llama70b_plan, fault="all_reduce")
+    assert not report.ok
+    assert report.verdict == "MISMATCH"
+    assert report.emitted == report.planned  # the collectives ran (and were logged): their values are wrong
+    assert any(not d.ok for d in (*report.outputs, *report.grads))
+
+
+def test_llama_tiny_never_ok_with_zero_collectives() -> None:
+    report = run_verify("llama-tiny", 4)
+    if sum(report.emitted.values()) == 0:
+        assert not report.ok and report.verdict == "NOTHING DISTRIBUTED CHECKED"
+        assert "checks nothing distributed" in str(report)
+        allowed = dataclasses.replace(report, allow_replicated=True)  # what --allow-replicated sets
+        assert allowed.ok and allowed.verdict == "OK"
+    else:
+        assert report.ok
+
+
+def test_plan_without_source_asks_for_the_model(llama70b_plan: Plan) -> None:
+    with pytest.raises(autoshard.AutoshardError, match="--model SPEC"):
+        run_verify(None, plan=dataclasses.replace(llama70b_plan, source={}))
+
+
+def test_megatron_pairs_follow_the_data(llama70b_plan: Plan) -> None:
+    """q_proj is column-split and v_proj row-split on axis 1, but v_proj does not read q_proj's output: the
+    pair the report names is q_proj → o_proj."""
+    from autoshard.report.groups import PlanView
+    from autoshard.report.patterns import recognise
+
+    found = recognise(PlanView.of(llama70b_plan))
+    megatron = [p for p in found if p.name == "Megatron column→row"]
+    assert megatron, [p.name for p in found]
+    text = " ".join(megatron[0].where)
+    assert "self_attn.q_proj → model.layers.0–79.self_attn.o_proj" in text
+    assert "k_proj" not in text and "v_proj" not in text
+
+
+@pytest.mark.slow
+def test_verify_plan_mixtral_maps_the_grouped_experts() -> None:
+    """Mixtral 8x7B on 2 x 8: the scaled copy stays in bfloat16 so its experts are the same aten._grouped_mm
+    the plan decided (float32 would export an opaque fallback op instead)."""
+    case = zoo.build("mixtral-8x7b", layers=2, seq=256)  # the 8x7B architecture; depth and length cost time
+    cluster = autoshard.load_cluster("a100x8", nodes=2, mesh=(2, 8))
+    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs)
+    report = run_verify(None, plan=dataclasses.replace(plan, source={"spec": "mixtral-8x7b"}))
+    assert report.ok, str(report)
+    assert report.dtype == "bfloat16" and sum(report.emitted.values()) > 0
+    assert not any("grouped_mm" in u for u in report.unmapped), report.unmapped
+    assert any("experts" in e for e in report.exercised)
