@@ -24,11 +24,12 @@ from benchmarks.isolate import run_isolated
 
 __all__ = ["BEFORE", "plan_case", "run"]
 
-#: Objective (predicted step seconds) and planning seconds of the same problems before this work: main at
-#: 45d9df9, measured here on 2026-11-24 (2 shared cores, other jobs running) with the same cases.
+#: Objective (predicted step seconds) and planning seconds of the same problems with main's code before this
+#: work was merged (330b057: the calibrated cost model, without the pricing/dominance/elimination changes),
+#: measured here on 2026-11-24 on 2 shared cores under heavy load from other jobs.
 BEFORE: dict[str, tuple[float, float]] = {
-    "llama3-8b 2x4x8": (1.1961575181589708, 86.2),
-    "llama3-70b 16x8x8": (12.971524673289021, 46.7),
+    "llama3-8b 2x4x8": (1.1324306928780992, 133.4),
+    "llama3-70b 16x8x8": (12.80995132906476, 263.2),
 }
 
 CASES: tuple[tuple[str, str, tuple[int, ...], int, int, int], ...] = (
