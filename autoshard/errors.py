@@ -13,6 +13,7 @@ __all__ = [
     "CaptureError",
     "InfeasibleError",
     "MeshError",
+    "PipelineError",
     "PlanFileError",
     "ProfileError",
     "ShardingError",
@@ -54,3 +55,7 @@ class InfeasibleError(AutoshardError, RuntimeError):
 
 class PlanFileError(AutoshardError, ValueError):
     """A saved plan file is unreadable, of an unknown version, or malformed."""
+
+
+class PipelineError(AutoshardError, ValueError):
+    """A pipeline pin does not fit: stages, microbatches, schedule or a stage cut."""

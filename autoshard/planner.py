@@ -11,6 +11,11 @@ The order, and why:
    annotations only (milliseconds, no optimality claim);
 5. when ``recompute="auto"`` and nothing fits the memory, retry with full activation recomputation;
 6. read the plan back from the same cost functions, so its step time is the solver's objective.
+
+With ``pipeline`` / ``microbatches`` (or a ``"stage"`` annotation), steps 2–5 run inside
+:func:`autoshard.pipeline.search.search_pipeline` instead: once per (stage sub-mesh, microbatch size), with
+the stage DP and the schedules priced on top, and :mod:`autoshard.pipeline.assemble` fills the plan's
+``degrees``, ``microbatches`` and ``pipeline``.
 """
 
 from __future__ import annotations
@@ -24,11 +29,16 @@ import torch
 
 from autoshard.annotations import forbidden_kinds, pin_problem
 from autoshard.capture import Captured, capture
-from autoshard.cluster import Cluster
-from autoshard.errors import InfeasibleError
+from autoshard.capture.blocks import find_repeated_blocks
+from autoshard.cluster import Cluster, load_cluster
+from autoshard.errors import InfeasibleError, PipelineError
+from autoshard.pipeline.assemble import assemble
+from autoshard.pipeline.options import check_request, split_cut_pins
+from autoshard.pipeline.search import search_pipeline
+from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
-from autoshard.problem.costs import CostOptions, Recompute
+from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
 from autoshard.search import Solution, solve
 
@@ -51,6 +61,9 @@ def plan(
     time_limit: float = 60.0,
     blocks: Literal["auto", "full"] | None = "auto",
     progress: Callable[[str], None] | None = None,
+    pipeline: int | Literal["auto"] | None = None,
+    microbatches: int | Literal["auto"] = 1,
+    schedule: str = "auto",
     allow: Sequence[str] = (),
     forbid: Sequence[str] = (),
     captured: Captured | None = None,
@@ -71,6 +84,12 @@ def plan(
         blocks: ``"auto"`` solves identical repeated layers once; ``None`` plans the full graph.
         progress: called with the name of each stage as it starts ("capture", "strategies", "solve",
             "recompute" when the plan is retried with activation recomputation).
+        pipeline: pipeline stages: ``None`` (none), a degree, or ``"auto"`` (searched with everything else);
+            stages are laid over the outermost mesh axis (see :mod:`autoshard.pipeline.options`).
+        microbatches: microbatches per step (gradient accumulation, and the pipeline's microbatches): an
+            int dividing the global batch, or ``"auto"``.
+        schedule: ``"auto"`` or one of ``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``zb_v``,
+            ``interleaved_zb``.  A ``"stage"`` annotation on a repeated layer starts a stage there.
         allow / forbid: kinds of parallelism (``"dp"``, ``"tp"``, ``"fsdp"``: :data:`autoshard.annotations.KINDS`)
             the plan may use only / must not use.  With annotations or kinds, the plan also records the step
             time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
@@ -78,8 +97,17 @@ def plan(
             model twice (e.g. free and as pure data parallel) without capturing it again.
 
     Raises:
-        CaptureError, AnnotationError, InfeasibleError, ShardingError: all :class:`AutoshardError`.
+        CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
+        :class:`AutoshardError`.
     """
+    staged = pipeline is not None or microbatches != 1 or _has_stage_pin(annotations)
+    if staged:
+        return _plan_pipelined(
+            model, cluster, example_args, example_kwargs, annotations=annotations, training=training,
+            memory_limit=memory_limit, recompute=recompute, search=search, time_limit=time_limit,
+            blocks=blocks, progress=progress, pipeline=pipeline, microbatches=microbatches,
+            schedule=schedule, kinds=forbidden_kinds(allow, forbid),
+        )  # fmt: skip
     timings: dict[str, float] = {}
     start = time.perf_counter()
     say = progress or (lambda stage: None)
@@ -121,9 +149,120 @@ def plan(
             )
 
         price = _unpinned(free, search, time_limit, read) if built is not free else None
-        return dataclasses.replace(read(built, solution), unpinned_step_time=price)
+        flat = dataclasses.replace(read(built, solution), unpinned_step_time=price)
+        return dataclasses.replace(flat, degrees=degrees_of(flat))
     assert error is not None
     raise error
+
+
+def _has_stage_pin(annotations: Mapping[str, Any] | None) -> bool:
+    return any(isinstance(v, str) and v == "stage" for v in (annotations or {}).values())
+
+
+def _plan_pipelined(
+    model: torch.nn.Module,
+    cluster: Cluster,
+    example_args: tuple[Any, ...] | Any,
+    example_kwargs: Mapping[str, Any] | None,
+    *,
+    annotations: Mapping[str, Any] | None,
+    training: bool,
+    memory_limit: float | None,
+    recompute: Literal["auto", "none", "full"],
+    search: SearchMethod,
+    time_limit: float,
+    blocks: Literal["auto", "full"] | None,
+    progress: Callable[[str], None] | None,
+    pipeline: int | Literal["auto"] | None,
+    microbatches: int | Literal["auto"],
+    schedule: str,
+    kinds: frozenset[str] = frozenset(),
+) -> Plan:
+    """Stages and microbatches searched jointly with the intra-op plan (:mod:`autoshard.pipeline`)."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    args = example_args if isinstance(example_args, tuple) else (example_args,)
+    kwargs = dict(example_kwargs or {})
+    batch = _batch_size(args, kwargs)
+    repeated = find_repeated_blocks(model)
+    layers, prefix = (repeated.num_blocks, repeated.prefix) if repeated else (0, None)
+    rest, cuts = split_cut_pins(annotations, prefix, layers)
+    request = check_request(
+        pipeline, microbatches, schedule, batch=batch, layers=layers, devices=cluster.num_devices,
+        nodes=cluster.nodes, cuts=cuts,
+    )  # fmt: skip
+    if request.degree != 1 and layers < 2:
+        raise PipelineError(
+            f"pipeline={pipeline!r}: {type(model).__name__} has no stack of repeated layers to cut into "
+            f"stages; plan it with pipeline=None"
+        )
+    limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
+    policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
+    if not training:
+        policies = [Recompute.NONE]
+
+    def capture_fn(a: tuple[Any, ...], k: dict[str, Any]) -> Captured:
+        t0 = time.perf_counter()
+        # the 2-block shortcut is checked once; other microbatch sizes reuse that check
+        found = capture(model, a, k, blocks=blocks, check_blocks="capture" not in timings)
+        timings["capture"] = timings.get("capture", 0.0) + time.perf_counter() - t0
+        return found
+
+    caches: dict[Cluster, StepCache] = {}  # redistribution times are shared by builds on one sub-mesh
+
+    def build(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
+        cache = caches.setdefault(sub, StepCache(sub))
+        return _build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
+
+    best = search_pipeline(
+        request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, build=build,
+        policies=policies, training=training, memory_limit=limit, method=search, time_limit=time_limit,
+        say=progress or (lambda stage: None),
+    )  # fmt: skip
+    timings["total"] = time.perf_counter() - start
+    notes = list(best.captured.notes)
+    if len(best.priced) > 1:
+        notes.append("pipeline search priced: " + "; ".join(best.priced))
+    if best.recompute is Recompute.FULL and recompute == "auto":
+        notes.append("activations do not fit without recomputation: planned with full recomputation")
+    intra = extract_plan(
+        best.built,
+        best.solution,
+        model=type(model).__name__,
+        block_prefix=prefix,
+        output_order=_output_order(best.captured),
+        timings=timings,
+        notes=tuple(notes),
+        memory_limit=limit if limit != float("inf") else None,
+    )
+    whole = load_cluster(
+        cluster.profile, nodes=cluster.nodes, mesh=best.layout.mesh, axis_names=best.layout.axis_names
+    ) if best.split is not None else cluster  # fmt: skip
+    record = {
+        **intra.cluster,
+        "mesh_shape": list(best.layout.mesh),
+        "axis_names": list(best.layout.axis_names),
+    }
+    record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
+    plan = assemble(best, intra, prefix, record)
+    return dataclasses.replace(plan, input_shapes=_global_shapes(plan, args, batch))
+
+
+def _batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            return int(x.shape[0])
+    raise PipelineError(
+        "microbatches and pipeline stages split the batch: give a tensor input whose dim 0 is it"
+    )
+
+
+def _global_shapes(plan: Plan, args: tuple[Any, ...], batch: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The plan's input shapes at the global batch (it was captured at one microbatch's)."""
+    return {
+        name: (((batch, *shape[1:]) if shape else shape), dtype)
+        for name, (shape, dtype) in plan.input_shapes.items()
+    }
 
 
 def _build(
@@ -134,10 +273,14 @@ def _build(
     limit: float,
     timings: dict[str, float],
     kinds: frozenset[str] = frozenset(),
+    cache: StepCache | None = None,
 ) -> tuple[BuiltProblem, BuiltProblem]:
-    """The problem as priced, and the same with the user's pins folded in (the same object without pins)."""
+    """The problem as priced, and the same with the user's pins folded in (the same object without pins).
+
+    ``cache``: redistribution times already priced on ``cluster`` (the pipeline search builds often)."""
     t0 = time.perf_counter()
-    built = build_problem(captured, cluster, opts, memory_limit=limit if limit != float("inf") else None)
+    budget = limit if limit != float("inf") else None
+    built = build_problem(captured, cluster, opts, memory_limit=budget, cache=cache)
     timings["strategies_and_costs"] = time.perf_counter() - t0
     if not (annotations or kinds):
         return built, built

@@ -104,8 +104,13 @@ def capture(
     kwargs: Mapping[str, Any] | None = None,
     *,
     blocks: BlocksMode = "auto",
+    check_blocks: bool = True,
 ) -> Captured:
-    """Capture ``model(*args, **kwargs)`` as a cleaned, annotated graph (see the module docstring)."""
+    """Capture ``model(*args, **kwargs)`` as a cleaned, annotated graph (see the module docstring).
+
+    ``check_blocks=False`` skips the 3-block export that checks the 2-block shortcut: for a model already
+    checked at other input shapes (the pipeline search captures one model at several microbatch sizes).
+    """
     if blocks not in ("auto", "full", None):
         raise ValueError(f"capture(blocks={blocks!r}): use 'auto', 'full' or None")
     start = time.perf_counter()
@@ -114,7 +119,7 @@ def capture(
     notes: list[str] = []
     candidate = find_repeated_blocks(model) if blocks is not None else None
     if blocks == "auto" and candidate is not None and candidate.num_blocks >= MIN_BLOCKS_TO_CUT:
-        cut = _capture_cut(model, args, kwargs, candidate, notes)
+        cut = _capture_cut(model, args, kwargs, candidate, notes, check_blocks)
         if cut is not None:
             return replace(cut, seconds=time.perf_counter() - start, notes=tuple(notes))
     traced = _trace(model, args, kwargs, notes)
@@ -134,18 +139,20 @@ def _capture_cut(
     kwargs: dict[str, Any],
     candidate: BlockCandidate,
     notes: list[str],
+    check: bool = True,
 ) -> Captured | None:
     """The 2-block capture, checked against a 3-block one; ``None`` (and a note) when that fails."""
     cut_notes: list[str] = []  # kept only if the shortcut succeeds
     try:
         graphs: list[tuple[_Traced, BlockInfo]] = []
-        for k in (CUT_BLOCKS, CUT_BLOCKS + 1):
+        for k in (CUT_BLOCKS, CUT_BLOCKS + 1) if check else (CUT_BLOCKS,):
             with cut_blocks(model, candidate, k):
                 traced = _export(model, args, kwargs)
             _prepare(traced, model, cut_notes if k == CUT_BLOCKS else [])
             graphs.append((traced, annotate_blocks(traced.gm, candidate, k)))
-        (small, info_small), (big, info_big) = graphs
-        check_extension(small.gm, big.gm, info_small, info_big)
+        small, info_small = graphs[0]
+        if check:
+            check_extension(small.gm, graphs[1][0].gm, info_small, graphs[1][1])
     except Exception as e:  # any failure of the shortcut (BlockMismatch, export error): take the long road
         notes.append(
             f"2-block capture of {candidate.prefix} abandoned ({type(e).__name__}: {first_line(e)}); "
@@ -155,7 +162,11 @@ def _capture_cut(
     notes.extend(cut_notes)
     notes.append(
         f"captured {CUT_BLOCKS} of {candidate.num_blocks} blocks of {candidate.prefix}; "
-        f"checked that {CUT_BLOCKS + 1} blocks add exactly one block's {info_small.nodes_per_block} nodes"
+        + (
+            f"checked that {CUT_BLOCKS + 1} blocks add exactly one block's {info_small.nodes_per_block} nodes"
+            if check
+            else "the 3-block check was done at other input shapes"
+        )
     )
     return _record(small, model, info_small, 0.0, notes)
 

@@ -70,8 +70,11 @@ def annotation(text: str) -> tuple[str, Any]:
 
 
 def parse_choice(choice: str) -> Any:
-    """A pattern (``column``, ``row@0``), a split tuple (``((2, 1), (1, 4))``) or placements (``(R, S(0))``)."""
+    """``stage`` (a pipeline cut), a pattern (``column``, ``row@0``), a split tuple (``((2, 1), (1, 4))``) or
+    placements (``(R, S(0))``)."""
     name, _, axis = choice.partition("@")
+    if choice == "stage":  # a pipeline stage starts at this layer (autoshard.pipeline.options)
+        return choice
     if name in PATTERNS:
         if axis and not axis.isdigit():
             raise argparse.ArgumentTypeError(f"{choice!r}: write the axis as a number, e.g. {name}@0")

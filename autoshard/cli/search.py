@@ -62,6 +62,18 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
     )
+    s.add_argument(
+        "--pp", type=_count_or_auto, default=None, metavar="N|auto", help="pipeline stages (default: none)"
+    )
+    s.add_argument(
+        "--microbatches", type=_count_or_auto, default=1, metavar="N|auto", help="microbatches per step"
+    )
+    s.add_argument(
+        "--schedule",
+        default="auto",
+        metavar="NAME",
+        help="pipeline schedule: auto, gpipe, 1f1b, interleaved_1f1b, zb_v, interleaved_zb",
+    )
     s.add_argument("--inference", action="store_true", help="plan the forward pass only")
     s.add_argument("--time-limit", type=amount, default=60.0, metavar="SECONDS", help="solver time limit")
     s.add_argument("--no-baseline", action="store_true", help="skip the pure data-parallel comparison")
@@ -84,11 +96,12 @@ def run(args: argparse.Namespace) -> int:
         case = _model_case(args)
         captured = None if args.no_baseline and not auto else _capture(case, progress)
         annotations = dict(args.annotate) or None
+        staged = {"pipeline": args.pp, "microbatches": args.microbatches, "schedule": args.schedule}
         title = f"planning {case.name}"
         if auto:  # every candidate mesh plans the same capture
-            plan, cluster = _plan_auto(case, args, annotations, progress, title, captured)
+            plan, cluster = _plan_auto(case, args, annotations, progress, title, captured, staged)
         else:
-            plan = _plan(case, cluster, args, annotations, progress, title, captured=captured)
+            plan = _plan(case, cluster, args, annotations, progress, title, captured=captured, staged=staged)
         timings = plan.timings | ({"capture": captured.seconds} if captured is not None else {})
         plan = dataclasses.replace(plan, source=_source(args), timings=timings)
         baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress, captured)
@@ -96,6 +109,19 @@ def run(args: argparse.Namespace) -> int:
     _write_outputs(plan, args)
     _print_result(plan, baseline, args, elapsed)
     return 0
+
+
+def _count_or_auto(text: str) -> int | str:
+    """``auto`` or a whole number >= 1 (--pp, --microbatches)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor a whole number >= 1")
+    return value
 
 
 def _capture(case: ModelCase, progress: Progress) -> Captured:
@@ -167,6 +193,7 @@ def _plan_auto(
     progress: Progress,
     title: str,
     captured: Captured | None,
+    staged: dict[str, Any],
 ) -> tuple[Plan, Cluster]:
     """--mesh auto: every candidate mesh planned from one capture; the best plan and its cluster."""
     import autoshard
@@ -180,6 +207,7 @@ def _plan_auto(
     }
     if args.allow or args.forbid:
         options |= {"allow": args.allow, "forbid": args.forbid}
+    options |= staged  # pipeline stages, microbatches, schedule: planned on every candidate mesh
     progress.start(title)
     found = search_mesh(
         case.model,
@@ -205,10 +233,12 @@ def _plan(
     *,
     steer: bool = True,
     captured: Captured | None = None,
+    staged: dict[str, Any] | None = None,
 ) -> Plan:
     import autoshard
 
     options: dict[str, Any] = {
+        **(staged or {}),
         "annotations": annotations,
         "training": not args.inference,
         "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,

@@ -46,6 +46,7 @@ from autoshard.problem.costs import (
     node_memory,
     optimizer_time,
     output_fix_steps,
+    repeats,
     steps_time,
 )
 from autoshard.problem.graph import NodeInfo, describe
@@ -160,8 +161,12 @@ def build_problem(
     *,
     allowed: dict[str, np.ndarray] | None = None,
     memory_limit: float | None = None,
+    cache: StepCache | None = None,
 ) -> BuiltProblem:
-    """Price every strategy of every variable node and every strategy pair of every edge."""
+    """Price every strategy of every variable node and every strategy pair of every edge.
+
+    ``cache``: redistribution times already priced on the same cluster (the pipeline search builds one
+    model at several microbatch counts and recomputation policies on one sub-mesh)."""
     start = time.perf_counter()
     gm = captured.graph_module
     nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
@@ -174,7 +179,7 @@ def build_problem(
     strategies = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
     # a shared block variable stands for its node in every one of the N layers; everything else for itself
     mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
-    cache = StepCache(cluster)
+    cache = cache if cache is not None and cache.cluster == cluster else StepCache(cluster)
     keeps = _keeps(infos, opts)
     node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
     if memory:  # the runtime reserve (profile memory.runtime_reserve: CUDA context, NCCL, allocator) is held
@@ -223,11 +228,12 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
         mem = np.empty(len(strategies[name]))
         for k, strat in enumerate(strategies[name]):
             fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
-            extra = optimizer_time(info, strat, cluster, opts)
+            per_microbatch = fwd + bwd
             if info.is_output:
-                extra += steps_time(output_fix_steps(info, strat, cache), cluster)
+                per_microbatch += steps_time(output_fix_steps(info, strat, cache), cluster)
+            extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)
             mem[k] = node_memory(info, strat, cluster, opts, keeps[name]) * mult[name]
-            cost[k] = (fwd + bwd + extra) * mult[name] + MEMORY_TIE_BREAK * mem[k]
+            cost[k] = extra * mult[name] + MEMORY_TIE_BREAK * mem[k]
         node_costs.append(cost)
         memory.append(mem)
     return node_costs, memory
@@ -276,7 +282,9 @@ def edge_matrix(
         return np.zeros((len(src_list), len(dst_list)))
     have = np.array([cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in src_list])
     want = np.array([cache.intern(s.inputs[pos]) for s in dst_list])
+    parameter = producer.kind == "parameter"
     matrix = _pairwise(have, want, meta.shape, meta.itemsize, cache)
+    matrix = matrix * repeats(opts, parameter=parameter, backward=False)
     if opts.training and producer.requires_grad:
         duals = np.array(
             [
@@ -286,7 +294,8 @@ def edge_matrix(
         )
         grads = np.array([cache.intern(s.input_grads[pos]) for s in dst_list])
         # a consumer that needs the value but yields no gradient (None) costs nothing backward
-        matrix = matrix + _pairwise(grads, duals, meta.shape, meta.itemsize, cache).T
+        backward = _pairwise(grads, duals, meta.shape, meta.itemsize, cache).T
+        matrix = matrix + backward * repeats(opts, parameter=parameter, backward=True)
     return matrix
 
 

@@ -25,7 +25,12 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
 - optimizer: with ``shard_optimizer`` (the default, as Megatron's distributed optimizer and ZeRO-1 do), the
   Adam state and its update are split over every device, whatever the parameter's placement: a replicated
   parameter's gradient is reduce-scattered and the updated shard all-gathered, which moves exactly the
-  volume of the all-reduce the edge already pays, so only memory and update time change.
+  volume of the all-reduce the edge already pays, so only memory and update time change;
+- microbatches (gradient accumulation, ``CostOptions.microbatches = m``): the graph is captured at the
+  microbatch's shapes, so its FLOPs, activations and activation traffic are one microbatch's; compute and
+  every redistribution of activations (forward and backward) and every forward gather of a parameter
+  (ZeRO-3/FSDP re-gathers it for each microbatch) happen ``m`` times per step, while gradient
+  synchronisation (a parameter edge's backward) and the optimizer happen once (:func:`repeats`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ __all__ = [
     "node_compute",
     "node_memory",
     "output_fix_steps",
+    "repeats",
     "steps_time",
 ]
 
@@ -89,6 +95,17 @@ class CostOptions:
     shard_optimizer: bool = True  # ZeRO-1 / distributed optimizer: Adam state split over all devices
     overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
     precision: PrecisionPolicy | None = None
+    microbatches: int = 1  # per step; the graph is captured at one microbatch's shapes (see repeats)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.microbatches, bool)
+            or not isinstance(self.microbatches, int)
+            or self.microbatches < 1
+        ):
+            raise ValueError(
+                f"CostOptions.microbatches must be a whole number >= 1, got {self.microbatches!r}"
+            )
 
     def adam_bytes(self, itemsize: int) -> int:
         """Optimizer state per element: the precision policy's, else fp32 master + m + v for 16-bit
@@ -100,6 +117,13 @@ class CostOptions:
     def grad_bytes(self, itemsize: int) -> int:
         """Gradient bytes per element: the precision policy's, else the parameter's own itemsize."""
         return itemsize if self.precision is None else self.precision.recipe().gradients
+
+
+def repeats(opts: CostOptions, *, parameter: bool, backward: bool) -> int:
+    """How often per step a cost of one microbatch occurs: once for a parameter's gradient synchronisation
+    (the backward of a parameter edge), ``microbatches`` times for everything else (compute, activation
+    traffic both ways, a sharded parameter's forward gather)."""
+    return 1 if (parameter and backward) else opts.microbatches
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from autoshard.problem.costs import (
     node_memory,
     optimizer_time,
     output_fix_steps,
+    repeats,
 )
 from autoshard.problem.step import critical_path, unowned_memory
 from autoshard.redistribute import Step
@@ -172,7 +173,8 @@ def _node_table(
             key, outside = f"outside:{outside}", outside + 1
         inputs = tuple(built.infos[s] for s in info.inputs)
         fwd, bwd = node_compute(info, strat, built.cluster, built.options, inputs)
-        compute = (fwd + bwd + optimizer_time(info, strat, built.cluster, built.options)) * count
+        per_step = (fwd + bwd) * built.options.microbatches
+        compute = (per_step + optimizer_time(info, strat, built.cluster, built.options)) * count
         memory = node_memory(info, strat, built.cluster, built.options, built.keeps.get(name, True)) * count
         total_compute += compute
         total_memory += memory
@@ -193,13 +195,14 @@ def _node_table(
 
 
 def _records(
-    steps: tuple[Step, ...], phase: str, use_node: str, tensor: str, layers, built
+    steps: tuple[Step, ...], phase: str, use_node: str, tensor: str, layers, built, times: int = 1
 ) -> list[Collective]:
+    """One record per collective and layer; ``seconds`` is per step (``times`` = repeats per step)."""
     out: list[Collective] = []
     for step in steps:
         if step.kind not in COLLECTIVE_KINDS:
             continue
-        seconds = built.cluster.collective_time(step.kind, step.nbytes, axis=step.mesh_axis)
+        seconds = built.cluster.collective_time(step.kind, step.nbytes, axis=step.mesh_axis) * times
         for layer, path in layers:
             out.append(
                 Collective(
@@ -228,15 +231,24 @@ def _edge_collectives(
         layers = [(layer, namer.module(consumer.module, layer)) for layer in namer.layers_of_edge(use)]
         # names of the shared (layer 0) nodes, as in Plan.nodes; Collective.layer tells the copies apart
         served, moved = built.template[consumer.name], built.template[producer.name]
-        out += _records(steps.forward, "forward", served, moved, layers, built)
+        parameter = producer.kind == "parameter"
+        fwd_times = repeats(built.options, parameter=parameter, backward=False)
+        bwd_times = repeats(built.options, parameter=parameter, backward=True)
+        out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if producer.fqn:  # gradient synchronisation serves the parameter of each layer
             for layer, path in layers:
                 fqn = built.infos[moved].fqn
                 out += _records(
-                    steps.backward, "backward", namer.module(fqn, layer), moved, [(layer, path)], built
+                    steps.backward,
+                    "backward",
+                    namer.module(fqn, layer),
+                    moved,
+                    [(layer, path)],
+                    built,
+                    bwd_times,
                 )
         else:
-            out += _records(steps.backward, "backward", served, moved, layers, built)
+            out += _records(steps.backward, "backward", served, moved, layers, built, bwd_times)
     return out
 
 
@@ -250,7 +262,7 @@ def _output_collectives(
             continue
         steps = output_fix_steps(info, chosen[name], built.cache)
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
-        out += _records(steps, "forward", "output", name, layers, built)
+        out += _records(steps, "forward", "output", name, layers, built, built.options.microbatches)
     return out
 
 

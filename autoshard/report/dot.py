@@ -42,6 +42,7 @@ from autoshard.errors import AutoshardError
 from autoshard.plans import Collective, Plan
 from autoshard.report.groups import OpRow, PlanView
 from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text
+from autoshard.report.stages import add_stages
 
 __all__ = ["GraphvizError", "Level", "plan_graph", "render_dot", "to_dot", "write"]
 
@@ -89,6 +90,7 @@ def plan_graph(plan: Plan, level: Level = "module") -> nx.DiGraph:
     _add_collectives(g, view, unit_of)
     _add_output(g, plan, units)
     _add_params(g, view, unit_of, units)
+    add_stages(g, plan)
     _add_legend(g, plan)
     if not exact:
         g.graph["graph"]["label"] += "\ngrey dashed edges: program order (the plan records no operands)"
@@ -113,7 +115,7 @@ def _cluster(dot: object, index: int, title: str, members: list[str]) -> object:
     import pydot
 
     assert isinstance(dot, pydot.Dot)
-    name = "legend" if title == "legend" else f"stack{index}"
+    name = "legend" if title == "legend" else f"{'stage' if title.startswith('pipeline') else 'stack'}{index}"
     cluster = pydot.Cluster(name, label=title, style="rounded,dashed", color="grey40")
     for member in members:
         node = dot.get_node(member)[0]

@@ -27,6 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from autoshard.pipeline.summary import headline
 from autoshard.plans import Collective, Plan
 from autoshard.report.groups import Group, PlanView
 from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text
@@ -114,6 +115,7 @@ def render(
     """
     view = PlanView.of(plan)
     sections = [
+        [headline(plan)] if plan.degrees or plan.pipeline is not None or plan.microbatches > 1 else [],
         _header(plan, width),
         _strategy(view, width),
         _placements(view, width),

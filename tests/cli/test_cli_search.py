@@ -28,7 +28,8 @@ def test_readme_command_plans_gpt2_with_the_data_parallel_baseline() -> None:
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert out.startswith("autoshard plan: GPT2LMHeadModel, training, 8 devices")
+    # the first line is the degrees headline (issue 12), the report proper follows
+    assert "\nautoshard plan: GPT2LMHeadModel, training, 8 devices\n" in "\n" + out
     assert "transformer.h.0–11 (×12)" in out  # the 12 layers shown once
     assert "data parallel on axis 0" in out  # REFERENCE: GPT-2 124M on 8 GPUs gets data parallel or ZeRO
     assert "predicted step time, memory" in out and "this plan" in out and "data parallel" in out

@@ -1,0 +1,172 @@
+"""The winning candidate as a :class:`~autoshard.plans.Plan`: degrees, microbatches, stages, headline.
+
+Input: a :class:`~autoshard.pipeline.search.Candidate` and the intra-op :class:`Plan` extracted from its
+solution on the stage sub-mesh (:func:`~autoshard.problem.extract.extract_plan`).
+Output: the Plan of the whole cluster.  With stages, the mesh gains the pipeline axis first (``"pp"``) and
+every placement gains an ``R`` for it (along the pipeline axis a tensor is not split: which stage holds it
+is ``Plan.pipeline.stages[i].modules``); collectives' mesh axes shift by one; ``predicted_step_time`` is the
+schedule's step time (bubble included) and ``memory_per_device`` the worst device's peak.
+
+The node table's labels gain the ``R`` too, and its memory column is the device of the highest peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from autoshard.pipeline.layers import boundary_bytes
+from autoshard.pipeline.schedules import device_of_chunk, in_flight, p2p_time
+from autoshard.pipeline.search import Candidate
+from autoshard.pipeline.summary import degrees_of
+from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan
+from autoshard.report.labels import parse_label
+
+__all__ = ["assemble", "widen_label"]
+
+
+def widen_label(label: str) -> str:
+    """A strategy label on the stage sub-mesh written on the whole mesh: ``R`` first for the pipeline axis."""
+    parsed = parse_label(label)
+
+    def text(specs: tuple[tuple[str, ...] | None, ...]) -> str:
+        return ", ".join("-" if sp is None else "(" + ", ".join(("R", *sp)) + ")" for sp in specs)
+
+    return f"{text(parsed.inputs)} -> {text(parsed.outputs)}".strip()
+
+
+def _modules(candidate: Candidate) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Modules owning parameters or buffers read before the repeated layers, and after them, in graph order
+    (a tied weight, or a buffer read on both sides, is in both)."""
+    infos = candidate.built.infos
+    order = list(infos)
+    first = next(
+        (i for i, n in enumerate(order) if infos[n].block is not None and infos[n].kind == "op"), len(order)
+    )
+    position = {name: i for i, name in enumerate(order)}
+    pre: dict[str, None] = {}
+    post: dict[str, None] = {}
+    for consumer in infos.values():
+        if consumer.block is not None:
+            continue
+        for src in consumer.inputs:
+            info = infos[src]
+            if info.kind not in ("parameter", "buffer") or not info.fqn or info.block is not None:
+                continue
+            (pre if position[consumer.name] < first else post)[info.fqn.rpartition(".")[0]] = None
+    return tuple(k for k in pre if k), tuple(k for k in post if k)
+
+
+def _stages(candidate: Candidate, prefix: str) -> tuple[PipelineStage, ...]:
+    split = candidate.split
+    assert split is not None
+    pre, post = _modules(candidate)
+    group = candidate.layout.sub.num_devices
+    chunks = len(split.bounds) - 1
+    stages = []
+    for c in range(chunks):
+        start, end = split.bounds[c], split.bounds[c + 1]
+        modules = (pre if c == 0 else ()) + tuple(f"{prefix}.{i}" for i in range(start, end))
+        modules += post if c == chunks - 1 else ()
+        d = device_of_chunk(split.schedule, c, split.degree)
+        stages.append(
+            PipelineStage(
+                index=c,
+                modules=modules,
+                layers=(start, end),
+                ranks=tuple(range(d * group, (d + 1) * group)),
+                compute_seconds=split.chunk_seconds[c],
+                memory_bytes=split.memory[d],
+            )
+        )
+    return tuple(stages)
+
+
+def assemble(candidate: Candidate, intra: Plan, prefix: str | None, cluster_record: dict) -> Plan:
+    """The whole-cluster plan (see the module docstring)."""
+    m = candidate.microbatches
+    if candidate.split is None:
+        plan = dataclasses.replace(intra, microbatches=m)
+        return dataclasses.replace(plan, degrees=degrees_of(plan))
+    split = candidate.split
+    where = candidate.layout
+
+    def widen(p: tuple[str, ...]) -> tuple[str, ...]:
+        return ("R", *p) if p else p
+
+    collectives = tuple(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in intra.collectives)
+    worst = max(range(split.degree), key=lambda d: split.forward[d] + split.backward[d])
+    share = split.forward[worst] + split.backward[worst]
+    total = sum(split.forward) + sum(split.backward)
+    comm = _communication(intra.collectives, share / total if total > 0 else 1.0)
+    p2p = m * 2 * _p2p_seconds(candidate)
+    bubble = 1.0 - m * share / split.pipeline_seconds if split.pipeline_seconds > 0 else 0.0
+    note = (
+        f"{split.degree} pipeline stages on mesh axis 0 ('pp'); each stage runs the plan on its "
+        f"sub-mesh {where.sub.mesh_shape}; compute time includes the bubble"
+    )
+    pipeline = PipelinePlan(
+        stages=_stages(candidate, prefix or ""),
+        schedule=split.schedule.value,
+        virtual_stages=split.virtual,
+        bubble_fraction=max(0.0, bubble),
+        mesh_axis=0,
+    )
+    plan = dataclasses.replace(
+        intra,
+        cluster=cluster_record,
+        mesh_shape=where.mesh,
+        param_placements={k: widen(v) for k, v in intra.param_placements.items()},
+        input_placements={k: widen(v) for k, v in intra.input_placements.items()},
+        output_placements=tuple(widen(p) for p in intra.output_placements),
+        collectives=collectives,
+        nodes=_worst_device_nodes(candidate, intra),
+        predicted_step_time=split.step_seconds,
+        communication_time=comm + p2p,
+        compute_time=split.step_seconds - comm - p2p,
+        memory_per_device=max(split.memory),
+        microbatches=m,
+        pipeline=pipeline,
+        notes=(*intra.notes, note),
+    )
+    return dataclasses.replace(plan, degrees=degrees_of(plan, pipeline_axis=0))
+
+
+def _communication(collectives: tuple[Collective, ...], share: float) -> float:
+    return math.fsum(c.seconds for c in collectives) * share
+
+
+def _p2p_seconds(candidate: Candidate) -> float:
+    where = candidate.layout
+    nbytes = boundary_bytes(candidate.built, candidate.solution)
+    return p2p_time(nbytes, where.p2p_bandwidth, where.p2p_latency)
+
+
+def _worst_device_nodes(candidate: Candidate, intra: Plan) -> tuple[NodePlan, ...]:
+    """The node table with labels on the whole mesh and memory as the device of the highest peak holds it:
+    its layers' share of each layer node, its microbatches in flight on activations, ``pre`` / ``post``
+    nodes only when it holds the first / last chunk."""
+    split = candidate.split
+    assert split is not None
+    chunks = len(split.bounds) - 1
+    worst = max(range(split.degree), key=lambda d: split.memory[d])
+    mine = [c for c in range(chunks) if device_of_chunk(split.schedule, c, split.degree) == worst]
+    layers = sum(split.bounds[c + 1] - split.bounds[c] for c in mine)
+    flight = in_flight(split.schedule, worst, split.degree, split.virtual, split.microbatches)
+    infos, total = candidate.built.infos, max(1, candidate.built.num_blocks)
+    order = list(infos)
+    first = next((i for i, n in enumerate(order) if infos[n].block is not None and infos[n].kind == "op"), 0)
+    position = {name: i for i, name in enumerate(order)}
+    rows = []
+    for row in intra.nodes:
+        info = infos.get(row.name)
+        static = info is not None and info.kind in ("parameter", "buffer", "constant")
+        if info is not None and info.block is not None:
+            share = layers / total
+        elif info is not None and not static and position[row.name] >= first:
+            share = 1.0 if chunks - 1 in mine else 0.0
+        else:  # pre-layer ops, and parameters outside the layers (held where they are read)
+            share = 1.0 if (0 in mine or chunks - 1 in mine) else 0.0
+        memory = row.memory_bytes * share * (1.0 if static else flight)
+        rows.append(dataclasses.replace(row, strategy=widen_label(row.strategy), memory_bytes=memory))
+    return tuple(rows)

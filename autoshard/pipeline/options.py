@@ -1,0 +1,142 @@
+"""The pipeline pins a user gives, checked, and the candidates the search walks.
+
+``autoshard.plan(..., pipeline="auto" | int | None, microbatches="auto" | int, schedule="auto" | name)``:
+
+- ``pipeline``: ``None`` plans without stages; an int pins the degree; ``"auto"`` tries every degree that
+  divides the nodes (stages go across nodes, each stage keeps whole nodes) and the layers (identical layers
+  split evenly), with at least two layers a stage.  A
+  pinned degree that does not divide the nodes but divides a single node's devices puts stages inside it.
+- ``microbatches``: an int pins the count (it must divide the global batch); ``"auto"`` tries the whole batch
+  (``1``) and one microbatch size for every degree that leaves at least as many microbatches as stages
+  (:func:`~autoshard.pipeline.search.microbatch_sizes`: each size costs a capture and a build per degree).
+- ``schedule``: a :class:`~autoshard.pipeline.schedules.Schedule` value or ``"auto"`` (all of them).
+- stage cuts: an annotation whose value is ``"stage"`` on a repeated layer (``{"model.layers.24": "stage"}``)
+  starts a stage (a model chunk) at that layer; the pins fix every cut, so give ``S·v − 1`` of them.
+
+Every bad value raises :class:`~autoshard.errors.PipelineError` naming the value and what fits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autoshard.errors import PipelineError
+from autoshard.pipeline.schedules import Schedule
+
+__all__ = ["STAGE_PIN", "PipelineRequest", "check_request", "divisors", "split_cut_pins"]
+
+STAGE_PIN = "stage"
+"""Annotation value that starts a pipeline stage at a repeated layer."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineRequest:
+    """What the user pinned, validated: ``None`` fields are searched."""
+
+    degree: int | None  # None: search; 1 with no stages
+    microbatches: int | None
+    schedules: tuple[Schedule, ...]
+    cuts: tuple[int, ...]  # layer indices where a chunk starts (pinned), sorted
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_request(
+    pipeline: int | str | None,
+    microbatches: int | str,
+    schedule: str,
+    *,
+    batch: int,
+    layers: int,
+    devices: int,
+    nodes: int,
+    cuts: tuple[int, ...] = (),
+) -> PipelineRequest:
+    """Validate the pins against the model and cluster (the one-line errors of the module docstring)."""
+    if pipeline is None:
+        degree: int | None = 1
+    elif pipeline == "auto":
+        degree = None
+    elif _whole(pipeline) and pipeline >= 1:  # type: ignore[operator]
+        degree = int(pipeline)
+        fits = [d for d in divisors(devices) if d <= max(1, layers)]
+        if devices % degree:
+            raise PipelineError(
+                f"pipeline={degree}: {degree} stages do not divide the {devices} devices; use one of {fits}"
+            )
+        if degree > max(1, layers):
+            raise PipelineError(
+                f"pipeline={degree}: more stages than the model's {layers} repeated layers; use at most "
+                f"{layers} (one of {fits})"
+            )
+    else:
+        raise PipelineError(f"pipeline={pipeline!r}: use 'auto', None or a whole number of stages >= 1")
+    if microbatches == "auto":
+        count: int | None = None
+    elif _whole(microbatches) and microbatches >= 1:  # type: ignore[operator]
+        count = int(microbatches)
+        if batch % count:
+            raise PipelineError(
+                f"microbatches={count} does not divide the global batch of {batch}; use one of "
+                f"{divisors(batch)}"
+            )
+    else:
+        raise PipelineError(f"microbatches={microbatches!r}: use 'auto' or a whole number >= 1")
+    names = [s.value for s in Schedule]
+    if schedule == "auto":
+        schedules = tuple(Schedule)
+    elif schedule in names:
+        schedules = (Schedule(schedule),)
+    else:
+        raise PipelineError(f"schedule={schedule!r} is unknown; use 'auto' or one of {', '.join(names)}")
+    return PipelineRequest(degree, count, schedules, tuple(sorted(set(cuts))))
+
+
+def split_cut_pins(
+    annotations: Mapping[str, Any] | None, prefix: str | None, layers: int
+) -> tuple[dict[str, Any] | None, tuple[int, ...]]:
+    """Take the ``"stage"`` pins out of ``annotations``: (the rest, the layer indices where stages start)."""
+    if not annotations:
+        return (dict(annotations) if annotations is not None else None), ()
+    rest: dict[str, Any] = {}
+    cuts: list[int] = []
+    for name, value in annotations.items():
+        if not (isinstance(value, str) and value == STAGE_PIN):
+            rest[name] = value
+            continue
+        cuts.append(_cut_of(name, prefix, layers))
+    return rest, tuple(sorted(set(cuts)))
+
+
+def _cut_of(name: str, prefix: str | None, layers: int) -> int:
+    if prefix is None:
+        raise PipelineError(
+            f"annotation {name!r}: 'stage' pins a cut at a repeated layer, but the model has no repeated "
+            f"layers to cut"
+        )
+    match = re.fullmatch(rf"{re.escape(prefix)}\.(\d+)(\..+)?", name)
+    if match is None:
+        raise PipelineError(
+            f"annotation {name!r}: a stage can only start at a repeated layer; name one of "
+            f"{prefix}.1 .. {prefix}.{layers - 1}"
+        )
+    if match.group(2):
+        raise PipelineError(
+            f"annotation {name!r}: a cut inside a layer is not possible; pin the whole layer "
+            f"{prefix}.{match.group(1)} (a stage starts at a layer boundary)"
+        )
+    index = int(match.group(1))
+    if not 1 <= index < layers:
+        raise PipelineError(
+            f"annotation {name!r}: layer {index} cannot start a stage; use {prefix}.1 .. {prefix}.{layers - 1}"
+        )
+    return index

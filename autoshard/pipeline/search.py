@@ -1,0 +1,272 @@
+"""The joint search: pipeline degree, microbatches, schedule and cuts, each stage's intra-op plan inside.
+
+Input: a model and one global step's example inputs, a :class:`~autoshard.cluster.Cluster`, the user's
+pins (:mod:`autoshard.pipeline.options`) and a ``build`` function from the planner (capture → priced
+:class:`~autoshard.problem.build.BuiltProblem`, annotations applied).
+Output: the best :class:`Candidate`; :mod:`autoshard.pipeline.assemble` turns it into a Plan.
+
+For each degree ``p`` (stages laid over the outermost mesh axis, whole nodes per stage unless the degree
+only fits inside a node) and each microbatch count ``m``:
+
+1. capture the model at one microbatch's shapes (``B / m`` samples; cached per size, and identical layers
+   are captured twice and solved once, so the cost of all this is flat in depth);
+2. build the intra-op problem on the stage's sub-mesh with ``CostOptions(microbatches=m)`` and memory
+   re-weighted for the stage holding ``L / p`` layers and ``min(m, p)`` microbatches in flight
+   (:func:`~autoshard.pipeline.layers.stage_memory_problem`); solve it with the exact solver
+   (``search="auto"`` runs no CP-SAT inside this loop; under a binding budget that is the Lagrangian plan)
+   — one solve per (sub-mesh, microbatch count, recomputation), not per cut;
+3. split its costs into one layer, ``pre`` and ``post`` (:func:`~autoshard.pipeline.layers.part_costs`),
+   add the p2p time of one layer's output on the inter-stage link, and run the stage DP
+   (:func:`~autoshard.pipeline.stages.best_split`) for every schedule and chunk count ``v`` that torch's
+   schedule classes accept (:func:`~autoshard.pipeline.schedules.torch_refuses`).
+
+``p = 1`` is the intra-op planner with ``m`` microbatches (gradient accumulation), priced by the same
+solver.  The least step time over all of them wins; ties keep the smaller ``p``, then fewer microbatches.
+With ``recompute="auto"``, a candidate that does not fit is retried with full recomputation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autoshard.capture import Captured
+from autoshard.cluster import Cluster, load_cluster
+from autoshard.errors import InfeasibleError, PipelineError
+from autoshard.pipeline.layers import boundary_bytes, part_costs, stage_memory_problem
+from autoshard.pipeline.options import PipelineRequest, divisors
+from autoshard.pipeline.schedules import (
+    Schedule,
+    in_flight,
+    p2p_time,
+    torch_refuses,
+    virtual_stage_options,
+)
+from autoshard.pipeline.stages import StageSplit, best_split
+from autoshard.problem.build import BuiltProblem
+from autoshard.problem.costs import CostOptions, Recompute
+from autoshard.search import Solution, solve
+
+__all__ = ["Candidate", "Layout", "layout", "search_pipeline"]
+
+BuildFn = Callable[[Captured, Cluster, CostOptions, float], BuiltProblem]
+CaptureFn = Callable[[tuple[Any, ...], dict[str, Any]], Captured]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where ``degree`` stages sit: each stage's sub-mesh cluster and the link between stages."""
+
+    degree: int
+    sub: Cluster
+    mesh: tuple[int, ...]  # the whole mesh, pipeline axis first when degree > 1
+    axis_names: tuple[str, ...]
+    across_nodes: bool
+    p2p_bandwidth: float  # bytes/s one device sends to the next stage
+    p2p_latency: float
+
+
+def layout(cluster: Cluster, degree: int) -> Layout:
+    """Lay ``degree`` stages over the outermost mesh axis: across nodes when they divide the nodes."""
+    if degree == 1:
+        return Layout(1, cluster, cluster.mesh_shape, cluster.axis_names, False, math.inf, 0.0)
+    shape, names, profile = cluster.mesh_shape, cluster.axis_names, cluster.profile
+    if shape[0] % degree:
+        raise PipelineError(
+            f"pipeline={degree}: the stages are laid along the outermost mesh axis, of size {shape[0]} "
+            f"(mesh {shape}), which {degree} does not divide; use one of {divisors(shape[0])}"
+        )
+    sub_shape = (shape[0] // degree, *shape[1:])
+    sub_names = names
+    if sub_shape[0] == 1 and len(sub_shape) > 1:
+        sub_shape, sub_names = sub_shape[1:], names[1:]
+    if cluster.nodes % degree == 0:
+        sub = load_cluster(profile, nodes=cluster.nodes // degree, mesh=sub_shape, axis_names=sub_names)
+        bandwidth = profile.inter_node.bandwidth_per_device(profile.devices_per_node)
+        latency, across = profile.inter_node.step_latency, True
+    elif cluster.nodes == 1 and profile.devices_per_node % degree == 0:
+        inner = dataclasses.replace(profile, devices_per_node=profile.devices_per_node // degree)
+        sub = load_cluster(inner, nodes=1, mesh=sub_shape, axis_names=sub_names)
+        # one device to one device over the node's fabric: the all-gather bus bandwidth is that link's rate
+        bandwidth = profile.intra_node.bus_bandwidth.all_gather
+        latency, across = profile.intra_node.step_latency, False
+    else:
+        raise PipelineError(
+            f"pipeline={degree}: stages must hold whole nodes ({cluster.nodes} nodes, so one of "
+            f"{divisors(cluster.nodes)}) or, on one node, divide its {profile.devices_per_node} devices"
+        )
+    return Layout(degree, sub, (degree, *sub_shape), ("pp", *sub_names), across, bandwidth, latency)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One priced (degree, microbatches, recomputation) choice with its intra-op solution."""
+
+    step_seconds: float
+    layout: Layout
+    microbatches: int
+    built: BuiltProblem
+    solution: Solution
+    captured: Captured
+    split: StageSplit | None  # None without stages
+    recompute: Recompute
+    priced: tuple[str, ...] = ()  # every candidate the search priced, one line each (on the winner)
+
+    def describe(self) -> str:
+        """``pp 8 × 96 microbatches (zb_v, v=2, no recompute): 17.264 s``."""
+        how = f"{self.split.schedule.value}, v={self.split.virtual}, " if self.split else ""
+        return (
+            f"pp {self.layout.degree} × {self.microbatches} microbatches ({how}{self.recompute.value} "
+            f"recompute): {self.step_seconds:.4g} s"
+        )
+
+
+def _microbatch_args(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any], batch: int, size: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def cut(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == batch:
+            return x.narrow(0, 0, size)
+        return x
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def microbatch_sizes(batch: int, nodes: int) -> tuple[int, ...]:
+    """The microbatch size ``"auto"`` tries with stages: the largest divisor of the batch up to ``nodes / 8``
+    samples (one per data-parallel rank when each of 8 stages holds an eighth of the nodes: Megatron's
+    micro-batch of 1).  Each size costs a capture and a build per degree, so there is one; pin
+    ``microbatches`` to price others."""
+    return (max(d for d in divisors(batch) if d <= max(1, nodes // 8)),)
+
+
+def _candidates(request: PipelineRequest, cluster: Cluster, batch: int, layers: int) -> list[tuple[int, int]]:
+    """(degree, microbatches) pairs to price (see :mod:`autoshard.pipeline.options`)."""
+    if request.degree is not None:
+        degrees = [request.degree]
+    else:
+        # degrees that divide the layers (identical layers split evenly; pin others), at least two layers a
+        # stage (one layer per stage leaves nothing to balance and doubles the p2p)
+        degrees = [
+            d
+            for d in divisors(cluster.nodes)
+            if layers % d == 0 and 2 * d <= layers and cluster.mesh_shape[0] % d == 0
+        ]
+    pairs: list[tuple[int, int]] = []
+    sizes = microbatch_sizes(batch, cluster.nodes)
+    for p in degrees:
+        if request.microbatches is not None:
+            pairs.append((p, request.microbatches))
+            continue
+        counts = {1} if p == 1 else set()
+        counts |= {batch // b for b in sizes if batch // b >= p}
+        pairs += [(p, m) for m in sorted(counts)]
+    return pairs
+
+
+def search_pipeline(
+    request: PipelineRequest,
+    cluster: Cluster,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    batch: int,
+    layers: int,
+    capture_fn: CaptureFn,
+    build: BuildFn,
+    policies: list[Recompute],
+    training: bool,
+    memory_limit: float,
+    method: str,
+    time_limit: float,
+    say: Callable[[str], None],
+) -> Candidate:
+    """The least step time over every candidate; InfeasibleError when none fits."""
+    captures: dict[int, Captured] = {}
+    best: Candidate | None = None
+    errors: list[str] = []
+    priced: list[str] = []
+    for degree, count in _candidates(request, cluster, batch, layers):
+        where = layout(cluster, degree)
+        size = batch // count
+        if size not in captures:
+            say("capture")
+            captures[size] = capture_fn(*_microbatch_args(args, kwargs, batch, size))
+        for policy in policies:
+            say("strategies" if policy is policies[0] else "recompute")
+            opts = CostOptions(training=training, recompute=policy, microbatches=count)
+            try:
+                found = _price(
+                    request, where, count, captures[size], opts, build, memory_limit, method, time_limit
+                )
+            except InfeasibleError as e:
+                errors.append(f"pp {degree} x {count} microbatches ({policy.value}): {e}")
+                continue
+            if found is not None and (best is None or found.step_seconds < best.step_seconds * (1 - 1e-12)):
+                best = found
+            if found is not None:
+                priced.append(found.describe())
+                break
+        else:
+            priced.append(f"pp {degree} × {count} microbatches: does not fit")
+    if best is None:
+        detail = errors[-1] if errors else "no schedule and cut fits the memory"
+        raise InfeasibleError(f"no pipeline plan fits: {detail}")
+    return dataclasses.replace(best, priced=tuple(priced))
+
+
+def _price(
+    request: PipelineRequest,
+    where: Layout,
+    count: int,
+    captured: Captured,
+    opts: CostOptions,
+    build: BuildFn,
+    limit: float,
+    method: str,
+    time_limit: float,
+) -> Candidate | None:
+    search_method = "exact" if method == "auto" else method
+    degree = where.degree
+    budget = limit if math.isfinite(limit) else math.inf
+    built = build(captured, where.sub, opts, budget if degree == 1 else math.inf)
+    if degree == 1:
+        solution = solve(built.problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
+        return Candidate(solution.objective, where, count, built, solution, captured, None, opts.recompute)
+    flight = in_flight(Schedule.ONE_F_ONE_B, 0, degree, 1, count)
+    problem = stage_memory_problem(built, degree, flight)
+    if math.isfinite(budget):
+        problem = dataclasses.replace(problem, memory_limit=budget)
+    solution = solve(problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
+    costs = part_costs(built, solution)
+    hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
+    costs = dataclasses.replace(costs, p2p_seconds=hop)
+    best: StageSplit | None = None
+    refused: list[str] = []
+    for schedule in request.schedules:
+        for v in virtual_stage_options(schedule, degree, costs.layers):
+            why = torch_refuses(schedule, degree, v, count)
+            if why is not None:  # priced only what torch.distributed.pipelining can run
+                refused.append(why)
+                continue
+            if request.cuts and len(request.cuts) != degree * v - 1:
+                continue
+            split = best_split(costs, schedule, degree, v, count, budget, request.cuts)
+            if split is not None and (best is None or split.step_seconds < best.step_seconds):
+                best = split
+    if best is None:
+        if refused and len(request.schedules) == 1:
+            raise PipelineError(f"schedule={request.schedules[0].value!r} with {degree} stages: {refused[0]}")
+        if request.cuts:
+            raise PipelineError(
+                f"{len(request.cuts)} pinned stage cuts fit no schedule of {degree} stages: pin "
+                f"{degree - 1} cuts (or {degree} x v - 1 with v chunks per device), or make sure the "
+                f"pinned stages fit in memory"
+            )
+        return None
+    return Candidate(best.step_seconds, where, count, built, solution, captured, best, opts.recompute)

@@ -1,0 +1,225 @@
+"""The stage DP: where to cut the layer sequence into pipeline stages (Alpa's inter-op level, solved exactly).
+
+Input: :class:`StageCosts` — one microbatch's costs of one repeated layer, of the part before the layers
+(embedding: ``pre``) and of the part after them (final norm, head, loss: ``post``) on one device of a
+stage's sub-mesh, each already the optimum of the intra-op search on that sub-mesh — the schedule, the
+degree ``p``, chunks per device ``v``, microbatches ``m``, the per-device memory limit and any pinned cuts.
+Output: :class:`StageSplit` — the cut points, per-device times and memory, the step time.  Pure: no torch.
+
+A model of ``L`` identical layers is cut into ``C = p·v`` chunks; chunk ``c`` holds layers ``[l_c, l_{c+1})``
+(``l_0 = 0``, ``l_C = L``, every chunk at least one layer), chunk 0 also ``pre`` and chunk ``C − 1`` also
+``post`` (so the first and last stages are unequal), and runs on device ``device_of_chunk(c)``.  A chunk's
+per-microbatch time is its parts' forward + backward plus one p2p send per neighbour (activations to the
+next chunk, gradients to the previous); its once-per-step time (gradient synchronisation, optimizer) and
+static memory are its parts' sums (plus the runtime reserve once per device); its activation memory is its
+parts' per-microbatch activations times the microbatches its device holds in flight
+(:func:`~autoshard.pipeline.schedules.in_flight`).
+
+For ``v = 1`` the step time is ``Σ_d t_d + (m − 1) max_d t_d + max_d o_d`` (``t``: per microbatch, ``o``:
+once per step).  ``Σ_d t_d`` is the same for every cut (all layers and ``C − 1`` boundaries are paid once),
+so the optimum minimises ``(m − 1) τ + ω`` over the two bottlenecks.  The DP enumerates ``τ`` over the
+distinct chunk times in increasing order and, for each, solves the bottleneck recursion
+
+    H[c][l] = min over l' < l of max(H[c − 1][l'], o(c, l', l))   subject to  t(c, l', l) <= τ,
+              mem(c, l', l) <= limit, and no pinned cut strictly inside (l', l)
+    H[0][0] = 0,  H[0][l > 0] = inf,  ω(τ) = H[C][L]
+
+table ``H`` indexed by chunks placed ``c`` and layers consumed ``l``; one numpy reduction over ``l'`` per
+``c``, ``O(C·L²)`` per ``τ``.  It stops once ``(m − 1) τ`` alone exceeds the best objective found (for ``v > 1``,
+``(m − 1/v)(τ + (v − 1) t_layer)``: the device of a chunk of time ``τ`` runs ``v − 1`` more chunks), so it
+is exact (``tests/pipeline`` checks it against brute force over all cuts).  For ``v > 1`` the same
+recursion bounds each *chunk* by ``τ``, and the cuts it returns are priced exactly on their devices (a
+device's time is the sum of its ``v`` chunks): exact in the chunk bottleneck, a heuristic in the device's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.pipeline.schedules import Schedule, device_of_chunk, in_flight, step_time
+
+__all__ = ["Part", "StageCosts", "StageSplit", "best_split", "price_split"]
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One microbatch's costs of a piece of the model on one device of its stage's sub-mesh."""
+
+    forward: float = 0.0  # seconds per microbatch, compute + intra-op collectives
+    backward: float = 0.0  # seconds per microbatch
+    once: float = 0.0  # seconds per step: gradient synchronisation and optimizer update
+    static: float = 0.0  # bytes: parameters, gradients, optimizer state
+    activation: float = 0.0  # bytes kept for backward per microbatch
+
+    def __add__(self, other: Part) -> Part:
+        return Part(
+            self.forward + other.forward,
+            self.backward + other.backward,
+            self.once + other.once,
+            self.static + other.static,
+            self.activation + other.activation,
+        )
+
+    def times(self, k: int) -> Part:
+        return Part(k * self.forward, k * self.backward, k * self.once, k * self.static, k * self.activation)
+
+
+@dataclass(frozen=True, slots=True)
+class StageCosts:
+    """Everything the stage DP needs about a model on one sub-mesh at one microbatch size."""
+
+    layer: Part
+    pre: Part
+    post: Part
+    layers: int  # L, the repeated layers
+    p2p_seconds: float  # one send of a layer's output (activations forward or gradients backward)
+    reserve: float = 0.0  # bytes every device holds before the model (CUDA context, NCCL, allocator)
+
+
+@dataclass(frozen=True, slots=True)
+class StageSplit:
+    """A priced cut: ``bounds[c]`` is the first layer of chunk ``c`` (``bounds[C] = L``)."""
+
+    bounds: tuple[int, ...]
+    schedule: Schedule
+    degree: int
+    virtual: int
+    microbatches: int
+    step_seconds: float
+    pipeline_seconds: float  # the pipelined part (without the once-per-step tail)
+    forward: tuple[float, ...]  # per device, per microbatch
+    backward: tuple[float, ...]
+    once: tuple[float, ...]  # per device, per step
+    memory: tuple[float, ...]  # per device, bytes at its peak
+    chunk_seconds: tuple[float, ...]  # per chunk, forward + backward of one microbatch
+
+
+def _chunk(costs: StageCosts, c: int, chunks: int, start: int, end: int) -> Part:
+    part = costs.layer.times(end - start)
+    if c == 0:
+        part = part + costs.pre
+    if c == chunks - 1:
+        part = part + costs.post
+    sends = (c < chunks - 1, c > 0)  # activations to the next chunk, gradients to the previous
+    return part + Part(forward=costs.p2p_seconds * sends[0], backward=costs.p2p_seconds * sends[1])
+
+
+def price_split(
+    costs: StageCosts,
+    bounds: Sequence[int],
+    schedule: Schedule,
+    degree: int,
+    virtual: int,
+    microbatches: int,
+) -> StageSplit:
+    """The step time and per-device memory of one cut (the objective the DP minimises)."""
+    chunks = degree * virtual
+    assert len(bounds) == chunks + 1 and bounds[0] == 0 and bounds[-1] == costs.layers
+    parts = [_chunk(costs, c, chunks, bounds[c], bounds[c + 1]) for c in range(chunks)]
+    per_device = [Part() for _ in range(degree)]
+    for c, part in enumerate(parts):
+        d = device_of_chunk(schedule, c, degree)
+        per_device[d] = per_device[d] + part
+    forward = [p.forward for p in per_device]
+    backward = [p.backward for p in per_device]
+    pipelined = step_time(schedule, forward, backward, microbatches, virtual)
+    once = [p.once for p in per_device]
+    memory = [
+        costs.reserve + p.static + in_flight(schedule, d, degree, virtual, microbatches) * p.activation
+        for d, p in enumerate(per_device)
+    ]
+    return StageSplit(
+        bounds=tuple(bounds),
+        schedule=schedule,
+        degree=degree,
+        virtual=virtual,
+        microbatches=microbatches,
+        step_seconds=pipelined + max(once),
+        pipeline_seconds=pipelined,
+        forward=tuple(forward),
+        backward=tuple(backward),
+        once=tuple(once),
+        memory=tuple(memory),
+        chunk_seconds=tuple(p.forward + p.backward for p in parts),
+    )
+
+
+def _tables(
+    costs: StageCosts, schedule: Schedule, degree: int, virtual: int, microbatches: int, limit: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per chunk ``c``: time ``T[c, l', l]``, once ``O[c, l', l]`` and whether it fits ``F[c, l', l]``."""
+    n, chunks = costs.layers, degree * virtual
+    k = np.arange(n + 1)[None, :] - np.arange(n + 1)[:, None]  # layers in [l', l)
+    valid = k >= 1
+    lay = costs.layer
+    shape = (chunks, n + 1, n + 1)
+    t, o, fits = np.full(shape, np.inf), np.full(shape, np.inf), np.zeros(shape, dtype=bool)
+    for c in range(chunks):
+        extra = _chunk(costs, c, chunks, 0, 0)  # pre / post / p2p of this chunk, no layers
+        d = device_of_chunk(schedule, c, degree)
+        flight = in_flight(schedule, d, degree, virtual, microbatches)
+        time = extra.forward + extra.backward + k * (lay.forward + lay.backward)
+        memory = extra.static + k * lay.static + flight * (extra.activation + k * lay.activation)
+        ok = valid & (memory <= (limit - costs.reserve) / virtual)
+        t[c] = np.where(valid, time, np.inf)
+        o[c] = np.where(valid, extra.once + k * lay.once, np.inf)
+        fits[c] = ok
+    return t, o, fits
+
+
+def best_split(
+    costs: StageCosts,
+    schedule: Schedule,
+    degree: int,
+    virtual: int,
+    microbatches: int,
+    memory_limit: float = math.inf,
+    pinned_cuts: Sequence[int] = (),
+) -> StageSplit | None:
+    """The cut of least step time that fits ``memory_limit`` (see the module docstring), or None."""
+    n, chunks = costs.layers, degree * virtual
+    if chunks > n:
+        return None
+    t, o, fits = _tables(costs, schedule, degree, virtual, microbatches, memory_limit)
+    lo, hi = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
+    for cut in pinned_cuts:  # a chunk may end or start at a pinned cut, never straddle it
+        fits &= ~((lo < cut) & (cut < hi))[None]
+    if pinned_cuts and len(set(pinned_cuts)) != chunks - 1:
+        return None  # pins fix every boundary (the planner checks the count before calling)
+    weight = microbatches - 1.0 / virtual
+    # a split first found at τ has a chunk of time τ, and its device runs v − 1 more chunks of >= one layer
+    least = (virtual - 1) * (costs.layer.forward + costs.layer.backward)
+    best: StageSplit | None = None
+    for tau in np.unique(t[fits]):
+        if best is not None and weight * (tau + least) >= best.step_seconds:
+            break
+        bounds = _bottleneck(o, fits & (t <= tau), n, chunks)
+        if bounds is None:
+            continue
+        split = price_split(costs, bounds, schedule, degree, virtual, microbatches)
+        if max(split.memory) > memory_limit:
+            continue
+        if best is None or split.step_seconds < best.step_seconds:
+            best = split
+    return best
+
+
+def _bottleneck(once: np.ndarray, allowed: np.ndarray, n: int, chunks: int) -> list[int] | None:
+    """The bounds minimising the largest once-per-step chunk cost among allowed chunks (``H`` above)."""
+    h = np.full(n + 1, np.inf)
+    h[0] = 0.0
+    back = np.zeros((chunks, n + 1), dtype=np.int64)
+    for c in range(chunks):
+        cand = np.where(allowed[c], np.maximum(h[:, None], once[c]), np.inf)  # (l', l)
+        back[c] = np.argmin(cand, axis=0)
+        h = cand[back[c], np.arange(n + 1)]
+    if not np.isfinite(h[n]):
+        return None
+    bounds = [n]
+    for c in range(chunks - 1, -1, -1):
+        bounds.append(int(back[c][bounds[-1]]))
+    return bounds[::-1]

@@ -1,0 +1,49 @@
+"""``autoshard search --pp/--microbatches/--schedule``: a pipelined report, and bad values as one line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from autoshard.cli import main
+
+BASE = ("search", "--profile", "a100x8", "--nodes", "2", "--model", "llama-tiny", "--no-baseline")
+
+
+def _run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_search_with_stages_prints_the_headline_first(tmp_path) -> None:
+    path = tmp_path / "plan.json"
+    code, out, _ = _run(*BASE, "--batch", "8", "--pp", "2", "--microbatches", "4", "--out", str(path))
+    assert code == 0
+    assert out.splitlines()[0].startswith("PP 2 (") and "4 microbatches" in out.splitlines()[0]
+    data = json.loads(path.read_text())
+    assert data["microbatches"] == 4 and data["degrees"]["pp"] == 2
+    assert len(data["pipeline"]["stages"]) >= 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--pp", "3"), ["pipeline=3", "do not divide the 16 devices"]),
+        (("--pp", "4"), ["pipeline=4", "more stages than", "2 repeated layers"]),
+        (("--microbatches", "3"), ["microbatches=3", "does not divide the global batch"]),
+        (("--pp", "2", "--schedule", "zigzag"), ["schedule='zigzag'", "gpipe, 1f1b"]),
+        (("--annotate", "model.layers.1.mlp=stage", "--pp", "2"), ["cut inside a layer"]),
+    ],
+)
+def test_bad_pipeline_values_exit_2_with_one_line(extra, words) -> None:
+    code, out, err = _run(*BASE, *extra)
+    assert code == 2 and not out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    for word in words:
+        assert word in lines[0]
