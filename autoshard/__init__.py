@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from autoshard.codegen.parallelize import parallelize
     from autoshard.planner import plan
     from autoshard.plans import Plan, load_plan
+    from autoshard.runtime.export import export_to_dtensor
     from autoshard.runtime.verify import verify
 
 __version__ = "0.1.0"
@@ -53,6 +54,7 @@ _LAZY = {
     "plan": "autoshard.planner",
     "parallelize": "autoshard.codegen.parallelize",
     "verify": "autoshard.runtime.verify",
+    "export_to_dtensor": "autoshard.runtime.export",
 }
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "ProfileError",
     "ShardingError",
     "UnsupportedOpError",
+    "export_to_dtensor",
     "load_cluster",
     "load_plan",
     "parallelize",

@@ -219,7 +219,14 @@ def _gpt2(
 
 
 def _llama(
-    name: str, hidden: int, layers: int, heads: int, kv: int, ffn: int, vocab: int = 128256
+    name: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv: int,
+    ffn: int,
+    vocab: int = 128256,
+    positions: int = 8192,
 ) -> Builder:
     def build(o: _Options) -> ModelCase:
         transformers = _require_transformers()
@@ -232,7 +239,7 @@ def _llama(
             "num_attention_heads": heads,
             "num_key_value_heads": kv,
             "vocab_size": vocab,
-            "max_position_embeddings": _positions(name, 8192, o.seq),
+            "max_position_embeddings": _positions(name, positions, o.seq),
             "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
             "rms_norm_eps": 1e-5,
             "attention_dropout": 0.0,
@@ -315,6 +322,10 @@ _ZOO: dict[str, _Entry] = {
     "gpt2-xl": _Entry(_gpt2("gpt2-xl", 1600, 48, 25), 8, 1024, "meta", F32),
     "llama3-8b": _Entry(_llama("llama3-8b", 4096, 32, 32, 8, 14336), 8, 4096, "meta", BF16),
     "llama3-70b": _Entry(_llama("llama3-70b", 8192, 80, 64, 8, 28672), 8, 4096, "meta", BF16),
+    # Llama 3.1 405B's shape and 128K context
+    "llama3-405b": _Entry(
+        _llama("llama3-405b", 16384, 126, 128, 8, 53248, positions=131072), 8, 4096, "meta", BF16
+    ),
     "bert-base": _Entry(_bert("bert-base", 768, 12, 12, 3072), 32, 512, "meta", F32),
     "bert-large": _Entry(_bert("bert-large", 1024, 24, 16, 4096), 32, 512, "meta", F32),
     "mixtral-8x7b": _Entry(_mixtral("mixtral-8x7b", 4096, 32, 32, 8, 14336, 8, 32000), 8, 4096, "meta", BF16),

@@ -27,7 +27,7 @@ PARAMS = {  # published parameter counts, millions (Mixtral: 46.7 B)
 
 
 def test_names() -> None:
-    assert set(zoo.names()) == TINY | set(PARAMS) | {"bert-base", "bert-large"}
+    assert set(zoo.names()) == TINY | set(PARAMS) | {"bert-base", "bert-large", "llama3-405b"}
 
 
 @pytest.mark.parametrize("name", zoo.names())

@@ -8,6 +8,7 @@
     autoshard verify --plan plan.json | --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
     autoshard explain plan.json [--node fc1]
     autoshard diff a.json b.json
+    autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x1024:0.7,8x4096:0.3
     autoshard profile --out node.json [--ranks 4] [--base a100x8]
     autoshard whatif plan.json --against other.json [...] --vary batch=1..1024 [--vary seq=...] [--show]
     autoshard ops MODEL [--json]
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from autoshard.cli import diff, dot, explain, ops, profile, search, show, verify, whatif
+from autoshard.cli import diff, dot, explain, ops, profile, search, shapes, show, verify, whatif
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -45,6 +46,7 @@ COMMANDS: dict[str, ModuleType] = {
     "verify": verify,
     "explain": explain,
     "diff": diff,
+    "shapes": shapes,
     "profile": profile,
     "whatif": whatif,
     "ops": ops,

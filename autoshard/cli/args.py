@@ -28,7 +28,10 @@ class CliError(AutoshardError, ValueError):
     """A command-line option that cannot work (a bad value, a missing file or tool)."""
 
 
-def mesh(text: str) -> tuple[int, ...]:
+def mesh(text: str) -> tuple[int, ...] | str:
+    """Axis sizes (``2x8``), or ``auto``: search the mesh shape (:mod:`autoshard.meshsearch`)."""
+    if text.strip().lower() == "auto":
+        return "auto"
     try:
         sizes = tuple(int(p) for p in text.lower().replace(",", "x").split("x"))
     except ValueError:

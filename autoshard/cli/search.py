@@ -36,7 +36,15 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "--model", default=DEFAULT_MODEL, help="zoo name (default gpt2) or path/to/file.py:function"
     )
     s.add_argument("--nodes", type=positive, default=1, help="number of nodes (default 1)")
-    s.add_argument("--mesh", type=mesh, default=None, help="mesh axis sizes, e.g. 2x8 (default: one axis)")
+    s.add_argument(
+        "--mesh",
+        type=mesh,
+        default="auto",
+        help="mesh axis sizes, e.g. 2x8, or auto (default): try 1-D to 4-D meshes, keep the best",
+    )
+    s.add_argument(
+        "--max-axes", type=positive, default=4, help="with --mesh auto: the most mesh axes to try (default 4)"
+    )
     s.add_argument("--batch", type=positive, default=None, help="global batch size (zoo models)")
     s.add_argument("--seq", type=positive, default=None, help="sequence length (zoo models)")
     s.add_argument(
@@ -81,15 +89,19 @@ def run(args: argparse.Namespace) -> int:
 
     _check_outputs(args)
     start = time.perf_counter()
-    cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=args.mesh)
+    auto = args.mesh == "auto"
+    cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=None if auto else args.mesh)
     _check_memory_limit(args.memory_limit, cluster)
     with Progress(f"building {args.model}") as progress:
         case = _model_case(args)
-        captured = None if args.no_baseline else _capture(case, progress)
+        captured = None if args.no_baseline and not auto else _capture(case, progress)
         annotations = dict(args.annotate) or None
         staged = {"pipeline": args.pp, "microbatches": args.microbatches, "schedule": args.schedule}
         title = f"planning {case.name}"
-        plan = _plan(case, cluster, args, annotations, progress, title, captured=captured, staged=staged)
+        if auto:  # every candidate mesh plans the same capture
+            plan, cluster = _plan_auto(case, args, annotations, progress, title, captured, staged)
+        else:
+            plan = _plan(case, cluster, args, annotations, progress, title, captured=captured, staged=staged)
         timings = plan.timings | ({"capture": captured.seconds} if captured is not None else {})
         plan = dataclasses.replace(plan, source=_source(args), timings=timings)
         baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress, captured)
@@ -172,6 +184,43 @@ def _model_case(args: argparse.Namespace) -> ModelCase:
         raise
     except Exception as e:  # the user's own code failed: say where, keep the traceback for --debug
         raise CliError(f"{args.model}: building the model failed: {type(e).__name__}: {e}") from e
+
+
+def _plan_auto(
+    case: ModelCase,
+    args: argparse.Namespace,
+    annotations: dict[str, Any] | None,
+    progress: Progress,
+    title: str,
+    captured: Captured | None,
+    staged: dict[str, Any],
+) -> tuple[Plan, Cluster]:
+    """--mesh auto: every candidate mesh planned from one capture; the best plan and its cluster."""
+    import autoshard
+    from autoshard.meshsearch import search_mesh
+
+    options: dict[str, Any] = {
+        "annotations": annotations,
+        "training": not args.inference,
+        "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
+        "time_limit": args.time_limit,
+    }
+    if args.allow or args.forbid:
+        options |= {"allow": args.allow, "forbid": args.forbid}
+    options |= staged  # pipeline stages, microbatches, schedule: planned on every candidate mesh
+    progress.start(title)
+    found = search_mesh(
+        case.model,
+        args.profile,
+        case.args,
+        case.kwargs,
+        nodes=args.nodes,
+        max_axes=args.max_axes,
+        progress=progress.stage,
+        captured=captured,
+        **options,
+    )
+    return found.plan, autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=found.mesh_shape)
 
 
 def _plan(

@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             f"verify is not available in this build ({VERIFY_MODULE} is missing); plan with `autoshard search`"
         )
+    if args.mesh == "auto":
+        raise CliError("verify checks one plan on one mesh: give --mesh sizes, e.g. 2x2 (auto is for search)")
     run = getattr(importlib.import_module(VERIFY_MODULE), "run_verify", None)
     if not callable(run):
         raise CliError(f"verify is not available in this build ({VERIFY_MODULE} has no run_verify())")

@@ -195,7 +195,8 @@ def _all_to_all(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tens
 
 def _local_slice(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tensor, int]:
     n, k = comm.mesh_shape[step.mesh_axis], comm.coord[step.mesh_axis]
-    return x.chunk(n, dim=_dim(step.dst_dim))[k], 0
+    # a copy, not a view: a view would keep the whole tensor alive (a sliced gradient as .grad holds the full one)
+    return x.chunk(n, dim=_dim(step.dst_dim))[k].clone(memory_format=torch.contiguous_format), 0
 
 
 def _local_zero(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tensor, int]:

@@ -39,6 +39,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -246,6 +247,8 @@ class _Lowering:
             moved = {s: (self._clone(n) if n in self.aliasing else n) for s, n in moved.items()}
         args, kwargs = map_arg(node.args, moved.__getitem__), map_arg(node.kwargs, moved.__getitem__)
         call = local_call(node, self.strategies[node.name], self.mesh, self.coord, args, kwargs)
+        if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention)
+            call = dataclasses.replace(call, kwargs={**call.kwargs, "comm": self.comm})
         new = self.graph.create_node(
             "call_function", call.target, tuple(call.args), self._on_device(dict(call.kwargs)), name=node.name
         )

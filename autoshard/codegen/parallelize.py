@@ -17,7 +17,10 @@ Output: an ``fx.GraphModule`` whose
 
 Steps: capture with every layer (``blocks="full"``), read the plan's decision for every node
 (:func:`~autoshard.codegen.assign.assign_strategies`), lower the graph for this rank's coordinate
-(:func:`~autoshard.codegen.lower.lower_graph`) with the cluster the plan was priced on, cut each weight's piece.
+(:func:`~autoshard.codegen.lower.lower_graph`) with the cluster the plan was priced on, make dropout draw the
+single-device masks (:mod:`autoshard.runtime.rng`), cut each weight's piece -- from the model's own tensors,
+or, for a model on ``meta``, from a ``weights`` source (:mod:`autoshard.runtime.materialize`: only this
+rank's shards are ever allocated).
 
 Example (on every rank, e.g. under ``torchrun``)::
 
@@ -34,7 +37,7 @@ import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -55,6 +58,7 @@ from autoshard.plans import Plan
 __all__ = [
     "INFO_ATTR",
     "ParallelInfo",
+    "WeightSource",
     "full_grads",
     "full_state_dict",
     "gather_outputs",
@@ -71,6 +75,14 @@ INFO_ATTR = "autoshard"
 """Attribute of an emitted module holding its :class:`ParallelInfo` (read it with :func:`parallel_info`)."""
 
 
+class WeightSource(Protocol):
+    """Where a model planned on ``meta`` gets this rank's pieces (:mod:`autoshard.runtime.materialize`)."""
+
+    def local(self, attr: AttrSpec, mesh_shape: Sequence[int], coord: Sequence[int]) -> torch.Tensor:
+        """The piece of ``attr``'s global tensor that device ``coord`` holds, on the CPU."""
+        ...
+
+
 @dataclass(frozen=True)
 class ParallelInfo:
     """What an emitted module knows about itself (``module.autoshard``)."""
@@ -82,6 +94,7 @@ class ParallelInfo:
     outputs: tuple[tuple[ShardingSpec, tuple[int, ...]], ...]
     edges: tuple[EdgeRecord, ...]
     stateful: frozenset[str] = frozenset()  # FQNs in a state dict: no constants, no non-persistent buffers
+    mesh: Any = None  # the DeviceMesh the module runs on (checkpoints build DTensors over it)
 
     def in_state(self, attr: AttrSpec) -> bool:
         return attr.fqn in self.stateful
@@ -102,6 +115,7 @@ def parallelize(
     captured: Captured | None = None,
     device: torch.device | str | None = None,
     record: bool = False,
+    weights: WeightSource | None = None,
 ) -> fx.GraphModule:
     """This rank's module under ``plan`` (module doc).
 
@@ -111,12 +125,16 @@ def parallelize(
         captured: a capture of ``model`` with every layer (``capture(..., blocks="full")``) to reuse.
         device: where this rank computes; default ``cuda`` under NCCL, else ``cpu``.
         record: log every collective (``module.autoshard.comm.log``) to compare ranks.
+        weights: where each piece comes from for a model on ``meta`` (shard-only materialisation:
+            :class:`~autoshard.runtime.materialize.InitWeights` or ``SafetensorsWeights``); default the
+            model's own tensors, sliced.
 
     Raises:
         MeshError: no process group, or one of the wrong size.  PlanMismatchError: the model is not the one
         planned.  UnsupportedOpError: a graph codegen cannot lower.
     """
-    comm = MeshComm.from_device_mesh(mesh if mesh is not None else _mesh(plan), record=record)
+    mesh = mesh if mesh is not None else _mesh(plan)
+    comm = MeshComm.from_device_mesh(mesh, record=record)
     if comm.mesh_shape != tuple(plan.mesh_shape):
         raise MeshError(f"mesh {comm.mesh_shape} does not match the plan's mesh {plan.mesh_shape}")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
@@ -133,15 +151,16 @@ def parallelize(
     lowered = lower_graph(
         captured, strategies, cluster or plan_cluster(plan), comm.coord, training=plan.training, device=where
     )
+    _reproducible_randomness(lowered.graph, strategies, comm)
     root: dict[str, Any] = {COMM_ATTR: comm}
     for attr in lowered.attrs:
-        root[attr.fqn] = _local_tensor(model, captured, attr, comm, where)
+        root[attr.fqn] = _local_tensor(model, captured, attr, comm, where, weights)
     module = fx.GraphModule(root, lowered.graph, class_name=f"Parallel{plan.model}")
     rerun = checkpoint_blocks(module, getattr(plan, "recompute", "none"))  # Plan.recompute: blocks re-run
     _check_collectives((*lowered.edges, *rerun), plan)
     stateful = frozenset(a.fqn for a in lowered.attrs if _in_state_dict(model, a))
     info = ParallelInfo(
-        plan, comm, lowered.attrs, lowered.input_specs, lowered.output_specs, lowered.edges, stateful
+        plan, comm, lowered.attrs, lowered.input_specs, lowered.output_specs, lowered.edges, stateful, mesh
     )
     setattr(module, INFO_ATTR, info)
     return module
@@ -188,6 +207,13 @@ def _mesh(plan: Plan) -> Any:
     return device_mesh(plan.mesh_shape)
 
 
+def _reproducible_randomness(graph: fx.Graph, strategies: Mapping[str, Any], comm: MeshComm) -> None:
+    """Dropout draws the single-device model's masks (:mod:`autoshard.runtime.rng`)."""
+    from autoshard.runtime.rng import reproducible_randomness
+
+    reproducible_randomness(graph, strategies, comm.mesh_shape, comm.coord)
+
+
 def _default_device() -> torch.device:
     from autoshard.runtime.launch import default_device
 
@@ -195,8 +221,23 @@ def _default_device() -> torch.device:
 
 
 def _local_tensor(
-    model: nn.Module, captured: Captured, attr: AttrSpec, comm: MeshComm, device: torch.device
+    model: nn.Module,
+    captured: Captured,
+    attr: AttrSpec,
+    comm: MeshComm,
+    device: torch.device,
+    weights: WeightSource | None = None,
 ) -> torch.Tensor:
+    requires_grad = attr.kind == "parameter" and model.get_parameter(attr.fqn).requires_grad
+    if weights is not None:
+        piece = weights.local(attr, comm.mesh_shape, comm.coord).to(device)
+        want = spec_of_local(attr, comm)
+        if tuple(piece.shape) != want:
+            raise PlanMismatchError(
+                f"{attr.kind} {attr.fqn}: the weight source gave a piece of shape {tuple(piece.shape)}, this "
+                f"rank holds {want} under {attr.spec}"
+            )
+        return nn.Parameter(piece, requires_grad=requires_grad) if attr.kind == "parameter" else piece
     if attr.kind == "parameter":
         whole: torch.Tensor = model.get_parameter(attr.fqn)
     elif attr.kind == "buffer":
@@ -205,13 +246,18 @@ def _local_tensor(
         whole = captured.constants[attr.fqn]
     if whole.device.type == "meta":
         raise PlanMismatchError(
-            f"{attr.kind} {attr.fqn} is on the meta device: parallelize needs the real weights (build or load "
-            "the model on the CPU)"
+            f"{attr.kind} {attr.fqn} is on the meta device: pass parallelize(..., weights=InitWeights(model) or "
+            "SafetensorsWeights(directory, model)) from autoshard.runtime.materialize, or build the model on the CPU"
         )
     piece = local_piece(whole, attr.spec, comm.mesh_shape, comm.coord).to(device)
     if attr.kind == "parameter":
         return nn.Parameter(piece, requires_grad=whole.requires_grad)
     return piece
+
+
+def spec_of_local(attr: AttrSpec, comm: MeshComm) -> tuple[int, ...]:
+    """The shape of this rank's piece of ``attr``."""
+    return tuple(attr.spec.local_shape(attr.global_shape, comm.mesh_shape))
 
 
 def _in_state_dict(model: nn.Module, attr: AttrSpec) -> bool:

@@ -333,11 +333,11 @@ def edge_matrix(
 
 
 def _pairwise(src: np.ndarray, dst: np.ndarray, shape, itemsize: int, cache: StepCache) -> np.ndarray:
-    """``T[i, j]`` = time(src[i] → dst[j]), evaluated once per distinct pair."""
+    """``T[i, j]`` = time(src[i] → dst[j]), priced once per distinct pair, a whole table at a time."""
     us, si = np.unique(src, return_inverse=True)
     ud, di = np.unique(dst, return_inverse=True)
-    table = np.array([[cache.time(int(a), int(b), shape, itemsize) for b in ud] for a in us]).reshape(
-        len(us), len(ud)
+    table = cache.prices.pairwise(
+        [cache.spec(int(a)) for a in us], [cache.spec(int(b)) for b in ud], tuple(shape), int(itemsize)
     )
     return table[si][:, di]
 

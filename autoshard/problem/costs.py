@@ -46,7 +46,9 @@ from enum import Enum
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
+from autoshard.problem.context import ring_seconds
 from autoshard.problem.graph import NodeInfo
+from autoshard.problem.pricing import PriceTable
 from autoshard.redistribute import Step, plan_redistribute, redistribute_time
 from autoshard.strategies import OpStrategy
 from cost_models.compute import gemm_efficiency
@@ -182,11 +184,12 @@ def node_compute(
     factor = _shape_factor(info, strategy, inputs, cluster)
     fwd = cluster.compute_time(info.flops / strategy.work_divisor / factor, moved, dtype)
     if not (opts.training and info.requires_grad):
-        return fwd, 0.0
+        return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0)[0], 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
     if recomputed(info, opts.recompute):
         bwd += fwd
-    return fwd, bwd
+    ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd)  # context parallel only
+    return fwd + ring_fwd, bwd + ring_bwd
 
 
 def recomputed(info: NodeInfo, policy: Recompute) -> bool:
@@ -306,6 +309,11 @@ class StepCache:
         self._specs: list[ShardingSpec] = []
         self._steps: dict[tuple, tuple[Step, ...] | None] = {}
         self._times: dict[tuple, float] = {}
+        self.prices = PriceTable.for_cluster(cluster)  # whole edge matrices at once (the builder's hot path)
+
+    def spec(self, spec_id: int) -> ShardingSpec | None:
+        """The spec an :meth:`intern` id names (None for -1)."""
+        return None if spec_id < 0 else self._specs[spec_id]
 
     def intern(self, spec: ShardingSpec | None) -> int:
         """A small integer naming ``spec`` (-1 for None)."""

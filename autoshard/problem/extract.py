@@ -16,6 +16,7 @@ import re
 from autoshard.placement import ShardingSpec
 from autoshard.plans import Collective, NodePlan, Plan, SolverReport
 from autoshard.problem.build import BuiltProblem, EdgeUse
+from autoshard.problem.context import context_degrees
 from autoshard.problem.costs import (
     COLLECTIVE_KINDS,
     dual_spec,
@@ -113,6 +114,7 @@ def extract_plan(
         notes=notes + built.notes,
         recompute=built.options.recompute.value,
         memory_limit=memory_limit,
+        degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
     )

@@ -257,7 +257,7 @@ class ExactSolver:
             table = self._gather(scope, parts)
             axis = scope.index(step.var)
             arg = np.argmin(table, axis=axis)
-            best = table.min(axis=axis)
+            best = np.take_along_axis(table, np.expand_dims(arg, axis), axis).squeeze(axis)  # = min, one pass
             backs.append(arg)
             if step.rest:
                 add(step.rest, best)

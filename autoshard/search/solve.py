@@ -328,6 +328,12 @@ def solve(
         sol = _propagate(problem, start)
         if sol is not None:
             return sol
+    if problem.memory is not None and problem.memory_limit is not None:
+        # No plan needs less than every node at its least memory: when even that is over the budget, say so
+        # now rather than after two exact solves (the planner then retries with recomputation).
+        floor = memory_lower_bound(problem)
+        if floor > problem.memory_limit:
+            raise memory_infeasible_error(problem, floor, None)
     # Folding free nodes creates the pair matrices on which dominance prunes most (the LLaMA problems
     # reduce to nothing), and it shrinks the CP-SAT model.
     red = reduce_problem(problem)

@@ -21,17 +21,18 @@ def cli() -> Callable[..., Result]:
 
 @pytest.fixture(scope="session")
 def mlp_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The Megatron MLP on one a100x8 node, planned once: the ``--out`` file (``plan``), the ``--json``
-    output (``json``), the ``--dot`` file (``dot``) and the text report (``report``)."""
+    """The Megatron MLP on one a100x8 node (a 1-D mesh of 8, not --mesh auto), planned once: the ``--out``
+    file (``plan``), the ``--json`` output (``json``), the ``--dot`` file (``dot``) and the text report
+    (``report``)."""
     root = tmp_path_factory.mktemp("mlp")
     files = {"plan": root / "plan.json", "json": root / "stdout.json", "dot": root / "plan.dot"}
     result = run_main(
-        "search", "--profile", "a100x8", "--model", "mlp", "--out", str(files["plan"]),
+        "search", "--profile", "a100x8", "--model", "mlp", "--mesh", "8", "--out", str(files["plan"]),
         "--dot", str(files["dot"]), "--json",
     )  # fmt: skip
     assert result.code == 0, result.err
     files["json"].write_text(result.out)
-    report = run_main("search", "--profile", "a100x8", "--model", "mlp", "--no-baseline")
+    report = run_main("search", "--profile", "a100x8", "--model", "mlp", "--mesh", "8", "--no-baseline")
     assert report.code == 0, report.err
     files["report"] = root / "report.txt"
     files["report"].write_text(report.out)

@@ -14,8 +14,8 @@ def pinned_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from cli_support import run_main
 
     path = tmp_path_factory.mktemp("pinned") / "row.json"
-    r = run_main("search", "--profile", "a100x8", "--model", "mlp", "--annotate", "fc1=row", "--no-baseline",
-                 "--out", str(path))  # fmt: skip
+    r = run_main("search", "--profile", "a100x8", "--model", "mlp", "--mesh", "8", "--annotate", "fc1=row",
+                 "--no-baseline", "--out", str(path))  # fmt: skip
     assert r.code == 0, r.err
     return path
 

@@ -176,12 +176,13 @@ def test_linear_counts_on_llama_shapes() -> None:
 def test_sdpa_counts_on_llama_shapes() -> None:
     q = ((B, HEADS, S, HD), F32, "act")
     node = graph(aten.scaled_dot_product_attention.default, q, q, q, ((B, 1, S, S), torch.bool, "act"))
-    # per axis: R, S(batch), S(heads), S(query length), P(v)
-    assert len(strategies_for(node, (8,))) == 5
-    # 25 minus (S(b), S(b)) and (S(h), S(h)): 8 and 32 do not split 64 ways
-    assert len(strategies_for(node, (8, 8))) == 23
+    # per axis: R, S(batch), S(heads), S(query length), P(v), ring (context parallel: q, k, v split along S)
+    assert len(strategies_for(node, (8,))) == 6
+    # 25 minus (S(b), S(b)) and (S(h), S(h)): 8 and 32 do not split 64 ways; plus a ring on either axis with
+    # R, S(b), S(h) or P(v) on the other (no second ring, no query split beside a ring)
+    assert len(strategies_for(node, (8, 8))) == 23 + 8
     causal = graph(aten.scaled_dot_product_attention.default, q, q, q, is_causal=True)
-    assert len(strategies_for(causal, (8,))) == 4  # no query-length split under an implicit causal mask
+    assert len(strategies_for(causal, (8,))) == 5  # no query-length split under an implicit causal mask; ring
 
 
 def test_embedding_counts_on_llama_shapes() -> None:

@@ -10,8 +10,12 @@ the query length ``l``; k, v and the mask share the key length ``s``.
 - **query-length** split: q and the mask split along ``l``, k and v whole -- exact without ``is_causal``
   (an explicit mask is split with the queries, as HF models pass); with ``is_causal`` the implicit mask would
   be wrong per piece, so it is forbidden.
-- the **key length** ``s`` and head dims ``E``/``Ev`` never split: softmax needs every key (ring attention
-  would, and is not modelled); splitting ``Ev`` is valid but never better than a head split, so omitted.
+- **context parallel (ring)**: q, k, v, the output (and the mask's query rows) all split along the sequence
+  on one mesh axis; K/V blocks travel around that axis's ring (:func:`autoshard.codegen.context.context_sdpa`,
+  priced by :mod:`autoshard.problem.context`).  At most one axis rings, and then the queries split along
+  the sequence on no other axis.  Offered without dropout and with no mask or a boolean one.
+- otherwise the **key length** ``s`` and head dims ``E``/``Ev`` never split: softmax needs every key; splitting
+  ``Ev`` is valid but never better than a head split, so omitted.
 - Partial passes through ``v`` (the output is linear in it) when there is no dropout.
 
 A mask dim of size 1 (broadcast) stays whole.
@@ -22,10 +26,11 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from autoshard.placement import Replicate, Shard
 from autoshard.strategies.dimmap import DimMap, Letters, fresh_letters, strategies_from_map
-from autoshard.strategies.local import bind
+from autoshard.strategies.local import LocalCall, LocalContext, bind, default_call
 from autoshard.strategies.registry import register
-from autoshard.strategies.strategy import OpStrategy, tensor_meta
+from autoshard.strategies.strategy import AxisChoice, OpStrategy, expand, tensor_meta
 
 aten = torch.ops.aten
 
@@ -48,7 +53,58 @@ def _lead(shape: tuple[int, ...], lead: Letters, full: tuple[int, ...], enable_g
     return tuple(out)
 
 
-@register(aten.scaled_dot_product_attention.default)
+def ring_axis(node: fx.Node, strategy: OpStrategy) -> int | None:
+    """The mesh axis a ring (context-parallel) strategy of this SDPA node rotates K/V over, else None."""
+    k = bind(node.target, node.args, node.kwargs)["key"]
+    if not isinstance(k, fx.Node) or k not in node.all_input_nodes:
+        return None
+    spec = strategy.inputs[node.all_input_nodes.index(k)]
+    seq = len(_shape(k)) - 2
+    if spec is None:
+        return None
+    return next((a for a, p in enumerate(spec.placements) if isinstance(p, Shard) and p.dim == seq), None)
+
+
+def _local(ctx: LocalContext) -> LocalCall:
+    axis = ring_axis(ctx.node, ctx.strategy)
+    if axis is None:
+        return default_call(ctx)
+    from autoshard.codegen.context import context_sdpa
+
+    b = bind(ctx.target, ctx.args, ctx.kwargs)
+    q, k, v, mask = b["query"], b["key"], b["value"], b["attn_mask"]
+    return LocalCall(
+        context_sdpa, (q, k, v, mask), {"axis": axis, "scale": b["scale"], "is_causal": bool(b["is_causal"])}
+    )
+
+
+def _ring_choice(letters: tuple[Letters | None, ...], out_l: Letters) -> AxisChoice:
+    seq = ("l", "s", "s", "l")  # the sequence letter of q, k, v and the mask's query rows
+    return AxisChoice(
+        tuple(
+            None if ls is None else Shard(ls.index(c)) if c in ls else Replicate()
+            for ls, c in zip(letters, seq, strict=True)
+        ),
+        (Shard(out_l.index("l")),),
+        splits_work=True,
+    )
+
+
+def _one_ring(node: fx.Node, strategy: OpStrategy) -> bool:
+    """At most one ring axis, and then the queries split along the sequence on no other axis."""
+    axis = ring_axis(node, strategy)
+    if axis is None:
+        return True
+    k = bind(node.target, node.args, node.kwargs)["key"]
+    k_spec, out = strategy.inputs[node.all_input_nodes.index(k)], strategy.outputs[0]
+    assert k_spec is not None and out is not None
+    k_seq, q_seq = len(_shape(k)) - 2, len(_shape(node)) - 2  # (..., S, E) and the output's (..., L, Ev)
+    rings = [a for a, p in enumerate(k_spec.placements) if isinstance(p, Shard) and p.dim == k_seq]
+    queries = [a for a, p in enumerate(out.placements) if isinstance(p, Shard) and p.dim == q_seq]
+    return rings == [axis] and queries == [axis]
+
+
+@register(aten.scaled_dot_product_attention.default, local_args=_local)
 def sdpa(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     b = bind(node.target, node.args, node.kwargs)
     q, k, v, mask = b["query"], b["key"], b["value"], b["attn_mask"]
@@ -75,4 +131,10 @@ def sdpa(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
         unsplittable=frozenset(whole),
         linear_in=(frozenset({2}),) if not b["dropout_p"] else (),
     )
-    return strategies_from_map(node, (q, k, v, mask if isinstance(mask, fx.Node) else None), dm, mesh_shape)
+    roles = (q, k, v, mask if isinstance(mask, fx.Node) else None)
+    mask_ok = mask_l is None or tensor_meta(mask).dtype == torch.bool  # type: ignore[union-attr]
+    if b["dropout_p"] or not mask_ok:
+        return strategies_from_map(node, roles, dm, mesh_shape)
+    strategies_from_map(node, roles, dm, (1,))  # checks the map against the operands
+    choices = [*dm.choices(), _ring_choice((q_l, k_l, v_l, mask_l), out_l)]
+    return [s for s in expand(node, roles, choices, mesh_shape) if _one_ring(node, s)]

@@ -1,0 +1,72 @@
+"""``autoshard shapes``: one parameter layout for several (batch, sequence) shapes of a zoo model, weighted.
+
+autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x1024:0.7,8x4096:0.3
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from autoshard.cli.args import CliError, amount, positive
+
+__all__ = ["HELP", "add_arguments", "parse_shapes", "run"]
+
+HELP = "plan one parameter layout for several weighted input shapes (sequence buckets)"
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, float]]:
+    """``"8x2048:0.7,8x8192:0.3"`` -> ``[(8, 2048, 0.7), (8, 8192, 0.3)]`` (batch x seq : weight)."""
+    out = []
+    for item in text.split(","):
+        size, _, weight = item.strip().partition(":")
+        batch, _, seq = size.partition("x")
+        try:
+            out.append((int(batch), int(seq), float(weight) if weight else 1.0))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"shape {item!r}: write BATCHxSEQ:WEIGHT, e.g. 8x2048:0.7 (weight optional, default 1)"
+            ) from None
+        if out[-1][0] < 1 or out[-1][1] < 1 or not out[-1][2] > 0:
+            raise argparse.ArgumentTypeError(f"shape {item!r}: batch, sequence and weight must be positive")
+    return out
+
+
+def add_arguments(s: argparse.ArgumentParser) -> None:
+    s.add_argument(
+        "--profile", required=True, help="bundled profile (a100x8, h100x8, v100x8, cpu) or JSON path"
+    )
+    s.add_argument("--model", default="gpt2", help="zoo name (default gpt2)")
+    s.add_argument("--nodes", type=positive, default=1, help="number of nodes (default 1)")
+    s.add_argument("--mesh", default=None, help="mesh axis sizes, e.g. 4x2 (default: one axis)")
+    s.add_argument(
+        "--shapes", type=parse_shapes, required=True, metavar="BxS:W,...", help="e.g. 8x2048:0.7,8x8192:0.3"
+    )
+    s.add_argument(
+        "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import autoshard
+    from autoshard import zoo
+    from autoshard.cli.args import mesh
+    from autoshard.multishape import plan_shapes
+
+    sizes = None
+    if args.mesh is not None:
+        sizes = mesh(args.mesh)
+        if sizes == "auto":
+            raise CliError("shapes plans on one mesh: give --mesh sizes, e.g. 4x2")
+    cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=sizes)  # type: ignore[arg-type]
+    cases = [(w, zoo.build(args.model, batch=b, seq=s)) for b, s, w in args.shapes]
+    multi = plan_shapes(
+        cases[0][1].model,
+        cluster,
+        [(w, c.args, dict(c.kwargs)) for w, c in cases],
+        memory_limit=args.memory_limit * 2**30 if args.memory_limit is not None else None,
+    )
+    print(multi.summary())
+    print("parameter placements (shared):")
+    for name, placement in sorted(multi.param_placements.items()):
+        print(f"  {name}: {', '.join(placement)}")
+    return 0

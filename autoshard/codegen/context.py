@@ -1,0 +1,283 @@
+"""Context parallelism: causal attention with the sequence split over one mesh axis's process group.
+
+torch's ``context_parallel`` fails on CPU (ARCHITECTURE.md), so the two variants are written here with plain
+``torch.distributed`` point-to-point and collective calls, as autograd functions:
+
+- :func:`ring_attention`: K/V chunks travel around the ring (``isend``/``irecv`` to the next rank) while each
+  rank attends its queries to the chunk it holds; partial results merge by log-sum-exp.  Backward runs the ring
+  again, the K/V gradients travelling with their chunks and arriving home after one extra hop.
+- :func:`allgather_kv_attention`: K and V are all-gathered once; backward all-reduces their gradients and keeps
+  the local chunks (gloo has no reduce-scatter).
+
+Sequence layout.  With ``layout="zigzag"`` (the load-balanced one) the sequence is cut into ``2n`` chunks and
+rank ``r`` holds chunks ``r`` and ``2n-1-r``: under a causal mask every rank then does the same work.  With
+``"contiguous"`` rank ``r`` holds chunk ``r`` of ``n`` (rank ``n-1`` does ``2n-1`` times rank 0's work).
+:func:`shard_sequence` / :func:`unshard_sequence` map a whole tensor to a rank's piece and back.
+
+Shapes: ``q (B, H, L, E)``, ``k (B, Hkv, L, E)``, ``v (B, Hkv, L, Ev)`` with ``L`` the local length and
+``H`` a multiple of ``Hkv`` (grouped-query attention: query head ``h`` reads kv head ``h // (H / Hkv)``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "Layout",
+    "allgather_kv_attention",
+    "chunk_ids",
+    "ring_attention",
+    "shard_sequence",
+    "unshard_sequence",
+]
+
+Layout = Literal["zigzag", "contiguous"]
+
+
+def chunk_ids(rank: int, size: int, layout: Layout) -> tuple[int, ...]:
+    """Global chunk indices a rank holds, in local order (chunks are ``L_global / (2n)`` or ``/ n`` long)."""
+    return (rank, 2 * size - 1 - rank) if layout == "zigzag" else (rank,)
+
+
+def _chunks(size: int, layout: Layout) -> int:
+    return 2 * size if layout == "zigzag" else size
+
+
+def shard_sequence(
+    x: torch.Tensor, dim: int, rank: int, size: int, layout: Layout = "zigzag"
+) -> torch.Tensor:
+    """The piece of ``x`` (whole sequence along ``dim``) that ``rank`` of ``size`` holds."""
+    pieces = x.chunk(_chunks(size, layout), dim=dim)
+    return torch.cat([pieces[i] for i in chunk_ids(rank, size, layout)], dim=dim)
+
+
+def unshard_sequence(pieces: list[torch.Tensor], dim: int, layout: Layout = "zigzag") -> torch.Tensor:
+    """The whole sequence from every rank's piece (``pieces[r]`` from rank ``r``)."""
+    size = len(pieces)
+    ordered: dict[int, torch.Tensor] = {}
+    for rank, piece in enumerate(pieces):
+        ids = chunk_ids(rank, size, layout)
+        for i, part in zip(ids, piece.chunk(len(ids), dim=dim), strict=True):
+            ordered[i] = part
+    return torch.cat([ordered[i] for i in range(_chunks(size, layout))], dim=dim)
+
+
+def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _fold_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Sum the gradient of an expanded K/V over each group of query heads."""
+    b, h, length, e = grad.shape
+    return grad if h == kv_heads else grad.view(b, kv_heads, h // kv_heads, length, e).sum(2)
+
+
+def _positions(ids: tuple[int, ...], chunk: int, device: torch.device) -> torch.Tensor:
+    return torch.cat([torch.arange(i * chunk, (i + 1) * chunk, device=device) for i in ids])
+
+
+def _mask(
+    q_ids: tuple[int, ...],
+    k_ids: tuple[int, ...],
+    chunk: int,
+    device: torch.device,
+    rows: torch.Tensor | None,
+) -> torch.Tensor:
+    """Visibility (True = attend) of the held key chunks from the local queries: causal by global position,
+    or the columns of ``rows`` (this rank's rows of an explicit boolean mask over every key)."""
+    pos_k = _positions(k_ids, chunk, device)
+    if rows is not None:
+        return rows[..., pos_k]
+    return pos_k[None, :] <= _positions(q_ids, chunk, device)[:, None]
+
+
+def _peers(group: Any) -> tuple[int, int, int, int]:
+    group = group if group is not None else dist.group.WORLD
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    nxt = dist.get_global_rank(group, (rank + 1) % size)
+    prv = dist.get_global_rank(group, (rank - 1) % size)
+    return rank, size, nxt, prv
+
+
+def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list[torch.Tensor]:
+    """Send each tensor to the next rank, receive the previous rank's (one ring hop)."""
+    received = [torch.empty_like(t) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, prv, group) for r in received]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return received
+
+
+class _Ring(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        group: Any,
+        layout: Layout,
+        mask: torch.Tensor | None,
+        scale: float | None,
+    ) -> torch.Tensor:
+        rank, size, nxt, prv = _peers(group)
+        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        ids = chunk_ids(rank, size, layout)
+        chunk = q.shape[2] // len(ids)
+        heads = q.shape[1]
+        lse = torch.full(q.shape[:3], -math.inf, dtype=q.dtype, device=q.device)  # (B, H, L)
+        out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
+        kv = [k, v]
+        for step in range(size):
+            owner = (rank - step) % size
+            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device, mask)
+            if visible.any():
+                scores = (q @ _expand_kv(kv[0], heads).transpose(-1, -2)) * scale
+                scores = scores.masked_fill(~visible, -math.inf)
+                block_lse = torch.logsumexp(scores, dim=-1)
+                new_lse = torch.logaddexp(lse, block_lse)
+                weights = torch.exp(scores - new_lse[..., None]).nan_to_num(0.0)
+                out = out * torch.exp(lse - new_lse).nan_to_num(0.0)[..., None] + weights @ _expand_kv(
+                    kv[1], heads
+                )
+                lse = new_lse
+            if step + 1 < size:
+                kv = _rotate(kv, nxt, prv, group)
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.group, ctx.layout, ctx.scale = group, layout, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        group, layout, scale = ctx.group, ctx.layout, ctx.scale
+        rank, size, nxt, prv = _peers(group)
+        ids = chunk_ids(rank, size, layout)
+        chunk = q.shape[2] // len(ids)
+        heads, kv_heads = q.shape[1], k.shape[1]
+        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
+        dq = torch.zeros_like(q)
+        travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
+        for step in range(size):
+            owner = (rank - step) % size
+            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device, mask)
+            kk, vv, dk, dv = travelling
+            if visible.any():
+                ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
+                scores = ((q @ ke.transpose(-1, -2)) * scale).masked_fill(~visible, -math.inf)
+                probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+                dv = dv + _fold_kv(probs.transpose(-1, -2) @ grad_out, kv_heads)
+                dscores = probs * (grad_out @ ve.transpose(-1, -2) - delta)
+                dq = dq + (dscores @ ke) * scale
+                dk = dk + _fold_kv((dscores.transpose(-1, -2) @ q) * scale, kv_heads)
+            travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)  # the last hop brings dK, dV home
+        return dq, travelling[2], travelling[3], None, None, None, None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: Any = None,
+    layout: Layout = "zigzag",
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of this rank's sequence piece (``layout``) against the whole sequence, by a K/V ring.
+
+    Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
+    order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
+    """
+    return _Ring.apply(q, k, v, group, layout, mask, scale)
+
+
+def _local_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    heads = q.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, _expand_kv(k, heads), _expand_kv(v, heads), attn_mask=visible
+    )
+
+
+class _Gathered(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, layout: Layout
+    ) -> torch.Tensor:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        ids = chunk_ids(rank, size, layout)
+        chunk = q.shape[2] // len(ids)
+        whole_k, whole_v = (_all_gather_sequence(t, group, layout) for t in (k, v))
+        visible = _mask(ids, tuple(range(_chunks(size, layout))), chunk, q.device, None)
+        ctx.save_for_backward(q, whole_k, whole_v, visible)
+        ctx.group, ctx.layout = group, layout
+        return _local_attention(q, whole_k, whole_v, visible)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, whole_k, whole_v, visible = ctx.saved_tensors
+        group, layout = ctx.group, ctx.layout
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(True) for t in (q, whole_k, whole_v)]
+            out = _local_attention(leaves[0], leaves[1], leaves[2], visible)
+            dq, dk, dv = torch.autograd.grad(out, leaves, grad_out)
+        for grad in (dk, dv):  # every rank's queries read every key: sum, then keep this rank's piece
+            dist.all_reduce(grad, group=group)
+        dim = 2
+        return (
+            dq,
+            shard_sequence(dk, dim, rank, size, layout),
+            shard_sequence(dv, dim, rank, size, layout),
+            None,
+            None,
+        )
+
+
+def _all_gather_sequence(t: torch.Tensor, group: Any, layout: Layout) -> torch.Tensor:
+    pieces = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, t.contiguous(), group=group)
+    return unshard_sequence(pieces, 2, layout)
+
+
+def allgather_kv_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, layout: Layout = "zigzag"
+) -> torch.Tensor:
+    """Causal attention of this rank's sequence piece against the whole sequence, K/V all-gathered once."""
+    return _Gathered.apply(q, k, v, group, layout)
+
+
+def context_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    *,
+    axis: int,
+    comm: Any,
+    scale: float | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """What an emitted module runs for ``scaled_dot_product_attention`` under a ring strategy on ``axis``.
+
+    The plan's specs split the sequence in contiguous blocks (``S(d)``), so the ring runs with the
+    contiguous layout; ``attn_mask`` holds this rank's query rows over every key.  Without a mask and
+    without ``is_causal`` every key is visible.  ``comm`` is the emitted module's
+    :class:`~autoshard.codegen.collectives.MeshComm`.
+    """
+    if attn_mask is None and not is_causal:
+        attn_mask = torch.ones(
+            q.shape[-2], k.shape[-2] * comm.mesh_shape[axis], dtype=torch.bool, device=q.device
+        )
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        raise TypeError(f"ring attention takes a boolean mask, got {attn_mask.dtype}")
+    return ring_attention(q, k, v, comm.group(axis), "contiguous", attn_mask, scale)
+
+
+context_sdpa.takes_comm = True  # type: ignore[attr-defined]  # codegen passes the module's MeshComm

@@ -1,0 +1,178 @@
+"""Mesh-shape search: which device mesh, 1-D to 4-D, makes the best plan on ``nodes`` × devices per node.
+
+Input: a model, its example inputs, a hardware profile and a node count.  Output: a :class:`MeshSearch`: the
+best :class:`~autoshard.plans.Plan` (lowest predicted step time) and every candidate mesh with its predicted
+step time, or why it could not be planned.
+
+Candidates (:func:`candidate_meshes`).  Ranks are laid row-major over the mesh, so axes are outermost-first
+over nodes (:mod:`autoshard.cluster`): a mesh splits into *inter-node* axes (the leading ones, whose groups
+span nodes) and *intra-node* axes (the trailing ones, whose product divides the devices per node).  Every
+ordered factorisation of the device count into 1 to ``max_axes`` factors of at least 2 that the cluster
+accepts (even process groups) is a candidate, with one canonical order per group of axes of the same kind
+(sizes non-increasing: axes of one kind are priced alike, so reordering them only renames the axes), and,
+on several nodes, intra-node axes that fill a node (an axis with part of its group inside a node and part
+across is only tried as the 1-D mesh).
+
+The model is captured once and each candidate re-plans the same capture (the mesh only enters at strategy
+generation), so a search costs one capture plus one strategy/cost/solve pass per candidate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autoshard.capture import Captured, capture
+from autoshard.cluster import Cluster, load_cluster
+from autoshard.errors import AutoshardError, MeshError
+from autoshard.plans import Plan
+
+__all__ = ["MeshCandidate", "MeshSearch", "candidate_meshes", "search_mesh"]
+
+
+@dataclass(frozen=True, slots=True)
+class MeshCandidate:
+    """One mesh tried: its predicted step time and memory per device, or why no plan was made."""
+
+    mesh_shape: tuple[int, ...]
+    step_seconds: float | None
+    memory_bytes: float | None
+    seconds: float  # planning time of this candidate
+    error: str | None = None
+
+    def __str__(self) -> str:
+        mesh = "x".join(map(str, self.mesh_shape))
+        if self.step_seconds is None:
+            return f"{mesh}: {self.error}"
+        return f"{mesh}: {self.step_seconds:.4g} s/step, {self.memory_bytes / 2**30:.1f} GiB/device"  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class MeshSearch:
+    """The best plan and every candidate, best first (candidates without a plan last)."""
+
+    plan: Plan
+    candidates: tuple[MeshCandidate, ...]
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return self.plan.mesh_shape
+
+
+def _factorisations(n: int, parts: int) -> list[tuple[int, ...]]:
+    """Ordered factorisations of ``n`` into exactly ``parts`` factors >= 2."""
+    if parts == 1:
+        return [(n,)] if n >= 2 else []
+    out: list[tuple[int, ...]] = []
+    for f in range(2, n + 1):
+        if n % f == 0:
+            out.extend((f, *rest) for rest in _factorisations(n // f, parts - 1))
+    return out
+
+
+def candidate_meshes(nodes: int, devices_per_node: int, max_axes: int = 4) -> list[tuple[int, ...]]:
+    """Canonical candidate meshes (module docstring), fewest axes first."""
+    if max_axes < 1:
+        raise MeshError(f"max_axes must be >= 1, got {max_axes}")
+    total = nodes * devices_per_node
+    if total == 1:
+        return [(1,)]
+    found: list[tuple[int, ...]] = []
+    for parts in range(1, max_axes + 1):
+        for mesh in _factorisations(total, parts):
+            if _canonical(mesh, devices_per_node, nodes) and _accepted(mesh, nodes, devices_per_node):
+                found.append(mesh)
+    return found
+
+
+def _canonical(mesh: tuple[int, ...], per_node: int, nodes: int) -> bool:
+    """Sizes non-increasing within the inter-node axes and within the intra-node axes; on several nodes,
+    the intra-node axes fill a node exactly (the 1-D mesh aside)."""
+    inner = 1
+    split = len(mesh)
+    while split > 0 and per_node % (inner * mesh[split - 1]) == 0:
+        inner *= mesh[split - 1]
+        split -= 1
+    groups = (mesh[:split], mesh[split:])
+    if nodes > 1 and len(mesh) > 1 and inner != per_node:
+        return False
+    return all(list(g) == sorted(g, reverse=True) for g in groups)
+
+
+def _accepted(mesh: tuple[int, ...], nodes: int, per_node: int) -> bool:
+    from autoshard.cluster import _axis_groups
+
+    try:
+        _axis_groups(mesh, per_node)
+    except MeshError:
+        return False
+    return math.prod(mesh) == nodes * per_node
+
+
+def search_mesh(
+    model: torch.nn.Module,
+    profile: Any,
+    example_args: tuple[Any, ...] | Any = (),
+    example_kwargs: Mapping[str, Any] | None = None,
+    *,
+    nodes: int = 1,
+    max_axes: int = 4,
+    meshes: list[tuple[int, ...]] | None = None,
+    progress: Callable[[str], None] | None = None,
+    captured: Captured | None = None,
+    **plan_options: Any,
+) -> MeshSearch:
+    """Plan ``model`` on every candidate mesh of ``nodes`` nodes of ``profile``; the best plan wins.
+
+    ``meshes`` overrides the candidates; ``captured`` is a capture of this model and these inputs to reuse;
+    ``plan_options`` go to :func:`autoshard.plan` unchanged.  The
+    returned plan's notes list the runners-up with their predicted step times.  Raises the first candidate's
+    :class:`~autoshard.errors.AutoshardError` (the 1-D mesh's: the simplest to act on) when no mesh gives a plan.
+    """
+    from autoshard.planner import plan as plan_one
+
+    base = load_cluster(profile, nodes=nodes)
+    shapes = meshes or candidate_meshes(nodes, base.devices_per_node, max_axes)
+    args = example_args if isinstance(example_args, tuple) else (example_args,)
+    if captured is None:
+        captured = capture(model, args, dict(example_kwargs or {}), blocks=plan_options.get("blocks", "auto"))
+    results: list[tuple[MeshCandidate, Plan | None]] = []
+    first_error: AutoshardError | None = None
+    for shape in shapes:
+        if progress is not None:
+            progress(f"mesh {'x'.join(map(str, shape))}")
+        t0 = time.perf_counter()
+        try:
+            cluster = Cluster(base.profile, nodes, shape)
+            plan = plan_one(model, cluster, args, example_kwargs, captured=captured, **plan_options)
+        except AutoshardError as e:
+            first_error = first_error or e
+            seconds = time.perf_counter() - t0
+            results.append((MeshCandidate(shape, None, None, seconds, " ".join(str(e).split())[:160]), None))
+            continue
+        seconds = time.perf_counter() - t0
+        results.append(
+            (MeshCandidate(shape, plan.predicted_step_time, plan.memory_per_device, seconds), plan)
+        )
+    planned = sorted((r for r in results if r[1] is not None), key=lambda r: r[0].step_seconds or 0.0)
+    if not planned:
+        assert first_error is not None
+        raise first_error
+    ranked = tuple(c for c, _ in planned) + tuple(c for c, p in results if p is None)
+    best = planned[0][1]
+    assert best is not None
+    lines = [f"mesh search: {len(shapes)} meshes tried; best {ranked[0]}"]
+    lines += [f"  runner-up {c}" for c in ranked[1:6]]
+    best = _with_notes(best, tuple(lines))
+    return MeshSearch(best, ranked)
+
+
+def _with_notes(plan: Plan, lines: tuple[str, ...]) -> Plan:
+    import dataclasses
+
+    return dataclasses.replace(plan, notes=(*plan.notes, *lines))

@@ -1,0 +1,151 @@
+"""Randomness of an emitted module equal to the single-device model's: dropout masks cut from the global mask.
+
+Input: a lowered graph (:func:`~autoshard.codegen.lower.lower_graph`), the plan's strategy per node and this
+rank's mesh coordinate.  Output: the same graph, where every training-mode ``aten.dropout`` and every
+``aten.scaled_dot_product_attention`` with ``dropout_p > 0`` call :func:`seeded_dropout` /
+:func:`seeded_sdpa` instead (:func:`reproducible_randomness`, run by ``autoshard.parallelize``).
+
+How: the single-device model draws each dropout mask from the default CPU generator, in graph order, as
+``empty_like(x).bernoulli_(1 - p)`` (ATen's ``_dropout``; the CPU SDPA takes its math path when
+``dropout_p > 0`` and draws the attention-probability mask the same way).  Every rank draws the *global*
+mask the same way, in the same order, and keeps its own piece: in sharded regions the values are the
+single-device ones, in replicated regions every rank holds the same mask, and the generator advances
+identically on every rank, so later random ops stay in step.  The cost is one global mask per dropout,
+transiently (CPU generators have no counter offset to jump to a piece, as CUDA's Philox does for DTensor).
+Condition: every rank seeds alike (``torch.manual_seed(s)`` before the step, as the single-device run).
+The inputs are assumed contiguous (``empty_like`` keeps strides; a transposed input would draw in another
+order) -- the outputs of linear, softmax and attention are.
+
+Example (what the emitted code shows)::
+
+    dropout = autoshard.runtime.rng.seeded_dropout(add, 0.1, True, '(S(0), R)', (2, 2), (1, 0))
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import fx
+
+from autoshard.placement import ShardingSpec
+from autoshard.strategies import OpStrategy
+from autoshard.strategies.local import shard_range
+
+__all__ = ["reproducible_randomness", "seeded_dropout", "seeded_sdpa"]
+
+aten = torch.ops.aten
+
+
+@functools.lru_cache(maxsize=256)
+def _spec(text: str) -> ShardingSpec:
+    return ShardingSpec.parse(text)
+
+
+def _global_mask(
+    local_shape: Sequence[int], p: float, spec: ShardingSpec, mesh: Sequence[int], coord: Sequence[int]
+) -> torch.Tensor:
+    """This rank's piece of a Bernoulli(1 - p) mask drawn for the whole tensor, scaled by 1 / (1 - p)."""
+    shape = [n * spec.shard_count(d, mesh) for d, n in enumerate(local_shape)]
+    noise = torch.empty(shape).bernoulli_(1 - p)
+    index = tuple(
+        slice(start, start + length)
+        for d, size in enumerate(shape)
+        for start, length in (shard_range(spec, d, size, mesh, coord),)
+    )
+    return noise[index]
+
+
+def seeded_dropout(
+    x: torch.Tensor,
+    p: float,
+    train: bool | None,
+    spec: str,
+    mesh: tuple[int, ...],
+    coord: tuple[int, ...],
+) -> torch.Tensor:
+    """``dropout(x, p, train)`` on this rank's piece ``x`` of a tensor placed ``spec`` (module doc)."""
+    if not train or p == 0:
+        return x
+    if p == 1:
+        return x * 0.0
+    noise = _global_mask(x.shape, p, _spec(spec), mesh, coord).to(dtype=x.dtype, device=x.device)
+    return x * noise.div_(1 - p)
+
+
+def seeded_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    spec: str,
+    mesh: tuple[int, ...],
+    coord: tuple[int, ...],
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with dropout through ATen's math path and this rank's piece of the
+    global attention-probability mask ``(B, H, S, L)``; ``spec`` places that mask (q's dims 0-2, k's dim 2)."""
+    attn_shape = (*q.shape[:-1], k.shape[-2])
+    keep = _global_mask(attn_shape, dropout_p, _spec(spec), mesh, coord).to(device=q.device).bool()
+    out, _ = aten._scaled_dot_product_attention_math(
+        q, k, v, attn_mask, dropout_p, is_causal, keep, scale=scale, enable_gqa=enable_gqa
+    )
+    return out
+
+
+def _mask_spec_of_sdpa(strategy: OpStrategy) -> ShardingSpec:
+    out, key = strategy.outputs[0], strategy.inputs[1]
+    assert out is not None and key is not None, "SDPA strategies place q's output and k"
+    placements = []
+    for p_out, p_key in zip(out.placements, key.placements, strict=True):
+        dim = getattr(p_out, "dim", None)
+        key_dim = getattr(p_key, "dim", None)
+        if dim is not None and dim < 3:
+            placements.append(str(p_out))
+        elif key_dim == 2:
+            placements.append("S(3)")
+        else:
+            placements.append("R")
+    return ShardingSpec.parse(tuple(placements))
+
+
+def reproducible_randomness(
+    graph: fx.Graph, strategies: Mapping[str, OpStrategy], mesh: tuple[int, ...], coord: tuple[int, ...]
+) -> int:
+    """Rewrite every random op of ``graph`` to draw the single-device values (module doc); returns how many."""
+    count = 0
+    for node in graph.nodes:
+        strategy = strategies.get(node.name)
+        if node.op != "call_function" or strategy is None:
+            continue
+        if node.target is aten.dropout.default:
+            x = node.args[0]
+            p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p")
+            train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+            if not train or not p:
+                continue
+            out = strategy.outputs[0]
+            assert out is not None
+            node.target, node.args, node.kwargs = seeded_dropout, (x, p, train, str(out), mesh, coord), {}
+            count += 1
+        elif node.target is aten.scaled_dot_product_attention.default:
+            names = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+            bound = dict(zip(("q", "k", "v", *names), node.args, strict=False))
+            bound.update(node.kwargs)
+            if not bound.get("dropout_p"):
+                continue
+            spec = str(_mask_spec_of_sdpa(strategy))
+            node.target = seeded_sdpa
+            node.args = (bound["q"], bound["k"], bound["v"])
+            node.kwargs = {n: bound[n] for n in names if n in bound} | {
+                "spec": spec,
+                "mesh": mesh,
+                "coord": coord,
+            }
+            count += 1
+    return count

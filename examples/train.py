@@ -1,0 +1,292 @@
+"""From a plan to a training run: a Hugging Face causal LM from a config and a safetensors directory.
+
+Four steps, each a subcommand (README, "From a plan to a training run")::
+
+    python examples/train.py init  --model ckpt --preset llama-tiny             # config.json + model.safetensors
+    python examples/train.py plan  --model ckpt --nproc 4 --mesh 2x2 --layout tp-dp --out plan.json
+    torchrun --nproc_per_node 4 examples/train.py run --model ckpt --plan plan.json --steps 5 --save dcp
+    torchrun --nproc_per_node 2 examples/train.py run --model ckpt --plan plan2.json --resume dcp --steps 1
+    python examples/train.py reference --model ckpt --steps 5                   # one process, same losses
+
+``run`` builds the model on the ``meta`` device, so a rank never holds more than its shards: each rank reads
+only its slices of the safetensors files (``SafetensorsWeights``), trains with AdamW whose state is sharded as
+the plan priced (``ZeroOptimizer``: ZeRO-1 by default, ``--zero 2``; ``--zero 3`` with an FSDP plan also frees
+gathered weights after use), on synthetic tokens (the same on every rank, seeded per step), prints the loss
+and tokens/s of every step and the peak memory of every rank, and saves / resumes DCP checkpoints (any plan,
+any world size).  ``--metrics FILE`` writes the same figures as JSON.  Under NCCL (CUDA) the same commands
+run on GPUs; on CPU they use gloo.
+
+Layouts (``plan --layout``) for LLaMA-style models (``q_proj`` ... ``down_proj``): ``tp-dp`` (Megatron
+column/row on the last mesh axis, batch over the first), ``fsdp`` (every projection and the LM head stored
+split over all devices, gathered before use), ``auto`` (the planner decides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama-tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=128, vocab_size=512),
+    "llama-100m": dict(hidden_size=768, num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=4,
+                       intermediate_size=2048, vocab_size=32000),
+    "llama-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                     intermediate_size=5632, vocab_size=32000),
+}  # fmt: skip
+
+
+def _config(directory: str) -> Any:
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(directory)
+
+
+def _meta_model(directory: str) -> torch.nn.Module:
+    import transformers
+
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(_config(directory))
+
+
+def _tokens(step: int, batch: int, seq: int, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1000 + step))
+
+
+def cmd_init(args: argparse.Namespace) -> None:
+    """Write ``config.json`` and the model's own init (seeded per module) as safetensors, shard by shard."""
+    import transformers
+    from safetensors.torch import save_file
+
+    from autoshard.runtime.materialize import InitWeights
+
+    config = transformers.LlamaConfig(**PRESETS[args.preset], tie_word_embeddings=False, use_cache=False)
+    out = Path(args.model)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    model = _meta_model(str(out))
+    source = InitWeights(model, seed=args.seed)
+    names = list(model.state_dict())
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in names:
+        tensor = source.full(name).clone()
+        if shards[-1] and size + tensor.numel() * tensor.element_size() > args.shard_bytes:
+            save_file(shards[-1], str(out / f"part-{len(shards)}.safetensors"))
+            shards[-1], size = {n: torch.empty(0) for n in shards[-1]}, 0
+            shards.append({})
+        shards[-1][name] = tensor
+        size += tensor.numel() * tensor.element_size()
+    save_file(shards[-1], str(out / f"part-{len(shards)}.safetensors"))
+    weight_map = {n: f"part-{k + 1}.safetensors" for k, shard in enumerate(shards) for n in shard}
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"wrote {out}: {params / 1e6:.1f} M parameters in {len(shards)} safetensors file(s)")
+
+
+def _layout(kind: str, mesh: tuple[int, ...]) -> dict[str, Any] | None:
+    if kind == "auto":
+        return None
+    columns, rows = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"), ("o_proj", "down_proj")
+    if kind == "fsdp":  # weights stored split over every device, the batch split the same way
+        split, n = tuple("S(0)" for _ in mesh), math.prod(mesh)
+        ids = ("S(0)",) * len(mesh)
+        return {"input_ids": ids, "labels": ids, "lm_head": ((n, 1, 1), (1, 1)), "lm_head.weight": split,
+                **{f"*.{m}": ((n, 1, 1), (1, 1)) for m in (*columns, *rows)},
+                **{f"*.{m}.weight": split for m in (*columns, *rows)}}  # fmt: skip
+    if kind == "tp-dp":  # Megatron on the last axis, the batch split over the others
+        rep: tuple[str, ...] = ("R",) * (len(mesh) - 1)
+        split_batch: tuple[int, ...] = (*mesh[:-1], 1, 1)
+        dp = ("S(0)",) * (len(mesh) - 1) + ("R",)
+        return {"input_ids": dp, "labels": dp,
+                **{f"*.{m}.weight": (*rep, "S(0)") for m in columns}, **{f"*.{m}.weight": (*rep, "S(1)") for m in rows},
+                **{f"*.{m}": (split_batch,) for m in columns},
+                **{f"*.{m}": ((*mesh[:-1], 1, mesh[-1]),) for m in rows}}  # fmt: skip
+    raise SystemExit(f"unknown layout {kind!r}: use auto, fsdp or tp-dp")
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    """Plan the model on the meta device for ``--nproc`` devices and save the plan."""
+    import autoshard
+    from autoshard.runtime.verify import cluster_for
+
+    mesh = tuple(int(n) for n in args.mesh.split("x")) if args.mesh else (args.nproc,)
+    model = _meta_model(args.model)
+    ids = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
+    cluster = cluster_for(args.profile, args.nproc, mesh)
+    limit = args.memory_limit * 2**30 if args.memory_limit else None
+    plan = autoshard.plan(
+        model, cluster, (ids,), {"labels": ids}, annotations=_layout(args.layout, mesh), memory_limit=limit
+    )
+    plan.save(args.out)
+    print(plan.summary())
+    print(f"saved {args.out}")
+
+
+def _rss_bytes() -> int:
+    """Peak resident memory of this process so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _rss_now() -> int:
+    """Resident memory now (Linux ``/proc``): the baseline of imports before the model is built."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    """Train under torchrun with a saved plan (module doc)."""
+    import torch.distributed as dist
+
+    import autoshard
+    from autoshard.codegen import parallel_info, parallelize, shard_inputs
+    from autoshard.runtime import init_from_env
+    from autoshard.runtime.checkpoint import load_checkpoint, save_checkpoint
+    from autoshard.runtime.materialize import InitWeights, SafetensorsWeights
+    from autoshard.runtime.reshard import reshard_after_forward
+    from autoshard.runtime.zero import ZeroOptimizer
+
+    device = init_from_env()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    plan = autoshard.load_plan(args.plan)
+    model = _meta_model(args.model)
+    start_rss = _rss_now()  # imports, the process group and the model on meta: nothing of the weights yet
+    batch, seq = plan_batch(plan)
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    has_weights = any(Path(args.model).glob("*.safetensors"))
+    weights = SafetensorsWeights(args.model, model) if has_weights else InitWeights(model, args.seed)
+    start = time.perf_counter()
+    module = parallelize(
+        model, plan, (ids,), {"labels": ids}, weights=weights, device=device, record=args.log
+    )
+    if args.zero == 3:
+        reshard_after_forward(module)
+    optimizer = ZeroOptimizer(
+        module, torch.optim.AdamW, stage=args.zero, lr=args.lr, weight_decay=0.0, foreach=False
+    )
+    first = 0
+    if args.resume:
+        load_checkpoint(module, args.resume, optimizer)
+        first = int(json.loads((Path(args.resume) / "autoshard-step.json").read_text())["next_step"])
+    built, built_rss = time.perf_counter() - start, _rss_bytes()
+    vocab = int(_config(args.model).vocab_size)
+    losses, speeds = [], []
+    for step in range(first, first + args.steps):
+        tokens = _tokens(step, batch, seq, vocab)
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        local = [t.to(device) for t in shard_inputs(plan, tokens, labels=tokens)]
+        loss = module(*local)[0]
+        loss.backward()
+        optimizer.step()
+        seconds = time.perf_counter() - t0
+        losses.append(float(loss.item()))
+        speeds.append(batch * seq / seconds)
+        if rank == 0:
+            print(f"step {step}: loss {losses[-1]:.6f}  {speeds[-1]:.0f} tokens/s", flush=True)
+    if args.save:
+        save_checkpoint(module, args.save, optimizer)
+        if rank == 0:
+            (Path(args.save) / "autoshard-step.json").write_text(
+                json.dumps({"next_step": first + args.steps})
+            )
+    held = sum(p.numel() * p.element_size() for p in module.parameters())
+    state = optimizer.state_elements() * 4
+    mine = torch.tensor([_rss_bytes(), held, state, built_rss, start_rss], dtype=torch.float64)
+    every = [torch.zeros(5, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(every, mine)
+    if rank == 0:
+        full = sum(p.numel() * p.element_size() for p in model.parameters())
+        print(f"built in {built:.1f} s; model {full / 2**20:.0f} MiB of parameters")
+        for r, (rss, params, optim, before, _) in enumerate(t.tolist() for t in every):
+            print(f"rank {r}: peak RSS {rss / 2**20:.0f} MiB ({before / 2**20:.0f} MiB once built); parameters "
+                  f"{params / 2**20:.0f} MiB, optimizer state {optim / 2**20:.0f} MiB")  # fmt: skip
+        if args.metrics:
+            counts = parallel_info(module).collective_counts()
+            Path(args.metrics).write_text(json.dumps({
+                "losses": losses, "tokens_per_s": speeds, "model_bytes": full, "collectives": counts,
+                "ranks": [dict(zip(FIELDS, t.tolist(), strict=True)) for t in every],
+            }, indent=1))  # fmt: skip
+    dist.destroy_process_group()
+
+
+FIELDS = ("peak_rss", "params", "optimizer", "built_rss", "start_rss")
+
+
+def plan_batch(plan: Any) -> tuple[int, int]:
+    """The (batch, sequence) the plan was made for: shapes are baked into the graph."""
+    if "input_ids" not in plan.input_shapes:
+        raise SystemExit(
+            f"the plan has no input_ids input ({list(plan.input_shapes)}): plan a causal LM with train.py plan"
+        )
+    shape = plan.input_shapes["input_ids"][0]
+    return int(shape[0]), int(shape[1])
+
+
+def cmd_reference(args: argparse.Namespace) -> None:
+    """The same training in one process, without autoshard: the losses ``run`` must reproduce."""
+    import transformers
+
+    start_rss = _rss_now()
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    losses = []
+    for step in range(args.steps):
+        tokens = _tokens(step, args.batch, args.seq, int(model.config.vocab_size))
+        optimizer.zero_grad()
+        loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.item()))
+        print(f"step {step}: loss {losses[-1]:.6f}", flush=True)
+    print(f"peak RSS {_rss_bytes() / 2**20:.0f} MiB")
+    if args.metrics:
+        figures = {"losses": losses, "peak_rss": _rss_bytes(), "start_rss": start_rss}
+        Path(args.metrics).write_text(json.dumps(figures))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    init = sub.add_parser("init", help="write config.json + safetensors of a preset")
+    init.add_argument("--preset", choices=sorted(PRESETS), default="llama-tiny")
+    init.add_argument("--shard-bytes", type=int, default=1 << 30)
+    plan = sub.add_parser("plan", help="plan on the meta device, save plan.json")
+    plan.add_argument("--nproc", type=int, required=True)
+    plan.add_argument("--mesh", default="")
+    plan.add_argument("--layout", choices=["auto", "fsdp", "tp-dp"], default="auto")
+    plan.add_argument("--profile", default="cpu")
+    plan.add_argument(
+        "--memory-limit", type=float, default=0.0, help="GiB per device (default: the profile's)"
+    )
+    plan.add_argument("--out", default="plan.json")
+    run = sub.add_parser("run", help="train under torchrun with a saved plan")
+    run.add_argument("--plan", required=True)
+    run.add_argument("--zero", type=int, choices=[1, 2, 3], default=1)
+    run.add_argument("--save", default="")
+    run.add_argument("--resume", default="")
+    run.add_argument("--log", action="store_true", help="record every collective")
+    ref = sub.add_parser("reference", help="the same training in one process")
+    for p in (init, plan, run, ref):
+        p.add_argument("--model", required=True, help="directory with config.json (+ *.safetensors)")
+        p.add_argument("--seed", type=int, default=0)
+    for p in (plan, ref):
+        p.add_argument("--batch", type=int, default=4)
+        p.add_argument("--seq", type=int, default=32)
+    for p in (run, ref):
+        p.add_argument("--steps", type=int, default=5)
+        p.add_argument("--lr", type=float, default=1e-3)
+        p.add_argument("--metrics", default="", help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    {"init": cmd_init, "plan": cmd_plan, "run": cmd_run, "reference": cmd_reference}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""DCP checkpoints: saved on 4 ranks under plan A, loaded on 2 ranks under plan B, training goes on unchanged."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from runtime_cases import LLAMA_MEGATRON, model, plan
+from safetensors.torch import load_file
+
+from autoshard.codegen import full_state_dict, gather_outputs, parallel_info, parallelize, shard_inputs
+from autoshard.codegen.shard import local_piece
+from autoshard.runtime.checkpoint import (
+    CheckpointError,
+    check_checkpoint,
+    export_safetensors,
+    load_checkpoint,
+    save_checkpoint,
+)
+from autoshard.runtime.launch import launch
+from autoshard.runtime.zero import ZeroOptimizer
+
+COL, ROW = ("R", "S(0)"), ("R", "S(1)")
+PLAN_A = tuple(
+    (f"*.{m}.weight", COL) for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+) + tuple((f"*.{m}.weight", ROW) for m in ("o_proj", "down_proj"))
+LR = dict(lr=1e-2, weight_decay=0.1)
+
+
+def _batches() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(9)
+    return [torch.randint(0, 512, (4, 8), generator=gen) for _ in range(3)]
+
+
+def _weight() -> torch.Tensor:
+    logits = model("llama").model(*model("llama").args).logits
+    return torch.randn(logits.shape, generator=torch.Generator().manual_seed(4), dtype=logits.dtype)
+
+
+def _reference_losses() -> list[float]:
+    reference, weight = copy.deepcopy(model("llama").model), _weight()
+    opt = torch.optim.AdamW(reference.parameters(), **LR)  # type: ignore[arg-type]
+    losses = []
+    for ids in _batches():
+        opt.zero_grad()
+        loss = (reference(ids).logits * weight).sum()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _step(module: Any, opt: ZeroOptimizer, ids: torch.Tensor, weight: torch.Tensor) -> float:
+    info = parallel_info(module)
+    opt.zero_grad()
+    local = module(*shard_inputs(info.plan, ids))
+    piece = local_piece(weight, info.outputs[0][0], info.plan.mesh_shape, info.comm.coord)
+    (local * piece).sum().backward()
+    loss = (gather_outputs(module, local.detach()) * weight).sum().item()
+    opt.step()
+    return loss
+
+
+def _build(nproc: int, mesh: Any, annotations: Any) -> tuple[Any, ZeroOptimizer]:
+    m = model("llama")
+    module = parallelize(
+        m.model, plan("llama", nproc, mesh, annotations), m.args, captured=m.captured, record=True
+    )
+    return module, ZeroOptimizer(module, torch.optim.AdamW, stage=1, **LR)
+
+
+def _save_a(directory: Path, weight: torch.Tensor) -> list[float]:
+    module, opt = _build(4, (2, 2), PLAN_A)
+    losses = [_step(module, opt, ids, weight) for ids in _batches()[:2]]
+    save_checkpoint(module, directory, opt)
+    return losses
+
+
+def _resume_b(directory: Path, weight: torch.Tensor) -> tuple[float, int]:
+    module, opt = _build(2, None, tuple(LLAMA_MEGATRON.items()))
+    load_checkpoint(module, directory, opt)
+    loss = _step(module, opt, _batches()[2], weight)
+    return loss, len(parallel_info(module).comm.log or [])
+
+
+@pytest.mark.slow
+def test_save_on_4_ranks_plan_a_resume_on_2_ranks_plan_b(tmp_path: Path) -> None:
+    weight, directory = _weight(), tmp_path / "ckpt"
+    first = launch(_save_a, 4, directory, weight)
+    resumed = launch(_resume_b, 2, directory, weight)
+    reference = _reference_losses()
+    for losses in first:
+        assert losses == pytest.approx(reference[:2], rel=1e-10)
+    for loss, collectives in resumed:
+        assert loss == pytest.approx(
+            reference[2], rel=1e-10
+        )  # the step after resuming is the uninterrupted one
+        assert collectives > 0
+    held = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    assert "optim.model.layers.0.mlp.up_proj.weight.exp_avg" in held
+    assert not list(tmp_path.glob(".*"))  # no partial or old directory left behind
+
+
+def _export(directory: Path) -> dict[str, torch.Tensor]:
+    module, _ = _build(2, None, tuple(LLAMA_MEGATRON.items()))
+    export_safetensors(module, directory, max_shard_bytes=200_000)
+    return full_state_dict(module)
+
+
+def test_export_safetensors_loads_in_one_process(tmp_path: Path) -> None:
+    state = launch(_export, 2, tmp_path / "hf")[0]
+    index = tmp_path / "hf" / "model.safetensors.index.json"
+    assert index.exists()  # 200 kB shards: several files and an index
+    loaded: dict[str, torch.Tensor] = {}
+    for file in sorted((tmp_path / "hf").glob("*.safetensors")):
+        loaded.update(load_file(str(file)))
+    assert loaded.keys() == state.keys()
+    for name, value in state.items():
+        assert torch.equal(loaded[name], value), name
+    fresh = copy.deepcopy(model("llama").model)
+    fresh.load_state_dict(loaded)  # strict: every name of the model
+
+
+def _save_small(directory: Path) -> None:
+    module, _ = _build(2, None, tuple(LLAMA_MEGATRON.items()))
+    save_checkpoint(module, directory)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("dcp") / "ckpt"
+    launch(_save_small, 2, directory)
+    return directory
+
+
+def test_bad_checkpoint_is_one_line_naming_tensor_and_directory(saved: Path) -> None:
+    name = "model.layers.0.mlp.up_proj.weight"
+    cases = {
+        "missing": {"model.layers.2.mlp.up_proj.weight": ((128, 64), torch.float64)},
+        "shape": {name: ((256, 64), torch.float64)},
+        "dtype": {name: ((128, 64), torch.float32)},
+    }
+    for fault, expected in cases.items():
+        with pytest.raises(CheckpointError) as info:
+            check_checkpoint(saved, expected)
+        message = str(info.value)
+        assert next(iter(expected)) in message and str(saved) in message and "\n" not in message, fault
+    check_checkpoint(saved, {name: ((128, 64), torch.float64)})
+
+
+def _failing_save(directory: Path) -> str:
+    module, _ = _build(2, None, tuple(LLAMA_MEGATRON.items()))
+
+    def broken(state: Any, checkpoint_id: str) -> None:
+        Path(checkpoint_id).mkdir(parents=True, exist_ok=True)
+        (Path(checkpoint_id) / "half-written").write_text("x")
+        raise OSError("disk full")
+
+    real, dcp.save = dcp.save, broken
+    try:
+        save_checkpoint(module, directory)
+    except CheckpointError as e:
+        return str(e)
+    finally:
+        dcp.save = real
+    return ""
+
+
+def test_failed_save_leaves_the_old_checkpoint(saved: Path) -> None:
+    before = sorted(p.name for p in saved.iterdir())
+    messages = launch(_failing_save, 2, saved)
+    assert all("disk full" in m and "nothing was replaced" in m for m in messages)
+    assert sorted(p.name for p in saved.iterdir()) == before
+    assert not list(saved.parent.glob(".*"))

@@ -1,0 +1,153 @@
+"""ZeRO-1/2 at run time equal single-process AdamW, shard the state, and run the collectives the plan priced."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+import pytest
+import torch
+from runtime_cases import LLAMA_MEGATRON, model, plan
+
+from autoshard.codegen import full_state_dict, parallel_info, parallelize, shard_inputs
+from autoshard.runtime.launch import launch
+from autoshard.runtime.zero import ZeroError, ZeroOptimizer
+
+STEPS = 3
+DP = (("input_ids", ("S(0)",)), ("*_proj", ((2, 1, 1), (1, 1))), ("lm_head", ((2, 1, 1), (1, 1))))
+PLANS = {"dp": DP, "megatron": tuple(LLAMA_MEGATRON.items())}
+
+
+def _batches() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 512, (4, 8), generator=gen) for _ in range(STEPS)]
+
+
+def _reference() -> dict[str, torch.Tensor]:
+    reference = copy.deepcopy(model("llama").model)
+    opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    for ids in _batches():
+        opt.zero_grad()
+        reference(ids).logits.square().mean().backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in reference.state_dict().items()}
+
+
+def _train(
+    kind: str, stage: Literal[1, 2, 3], overlap: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, int], int, int, int, int]:
+    m, p = model("llama"), plan("llama", 2, None, PLANS[kind])
+    module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
+    opt = ZeroOptimizer(
+        module,
+        torch.optim.AdamW,
+        stage=stage,
+        overlap=overlap,
+        bucket_bytes=64 << 10,
+        lr=1e-2,
+        weight_decay=0.1,
+    )
+    for ids in _batches():
+        opt.zero_grad()
+        logits = module(*shard_inputs(p, ids))
+        # the mean over the global logits: each rank's local sum over the global count
+        loss = logits.square().sum() / (4 * 8 * 512)
+        loss.backward()
+        if stage == 2:
+            assert all(q.grad is None for q, f, _ in opt.params if f.axes)  # freed during backward
+        opt.step()
+    log = parallel_info(module).comm.log or []
+    counts: dict[str, int] = {}
+    for rec in log:
+        counts[f"{rec.phase}:{rec.kind}"] = counts.get(f"{rec.phase}:{rec.kind}", 0) + 1
+    held = sum(f.chunk for _, f, _ in opt.params)
+    buckets = len(opt.buckets.buckets) if opt.buckets is not None else 0
+    return full_state_dict(module), counts, opt.state_elements(), held, len(opt.deferred), buckets
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kind", "stage", "overlap"), [("dp", 1, False), ("dp", 2, True), ("megatron", 2, False)]
+)
+def test_zero_matches_single_process_adamw(kind: str, stage: Literal[1, 2, 3], overlap: bool) -> None:
+    ranks = launch(_train, 2, kind, stage, overlap)
+    reference = _reference()
+    for state, counts, state_elements, held, deferred, buckets in ranks:
+        for name, value in reference.items():
+            torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
+        assert state_elements == 2 * held  # AdamW's two moments, over this rank's chunks only
+        if kind == "dp":  # every parameter is replicated: each rank's chunks are half the model
+            assert held == sum(-(-v.numel() // 2) for v in reference.values() if v.is_floating_point())
+        if kind == "dp":
+            assert deferred == len(reference)  # every parameter's gradient all-reduce became a reduce-scatter
+            assert counts.get("backward:all_reduce", 0) == 0
+            if overlap:  # bucketed, issued during backward: fewer, larger reduce-scatters
+                assert 1 < buckets < deferred
+                assert counts["backward:reduce_scatter"] == STEPS * buckets
+            else:
+                assert counts["optimizer:reduce_scatter"] == STEPS * deferred
+            assert counts["optimizer:all_gather"] == STEPS * deferred
+        else:
+            assert counts.get("optimizer:reduce_scatter", 0) == 0  # norm gradients are already whole: sliced
+            assert counts["optimizer:all_gather"] > 0
+
+
+def test_zero3_refuses_a_replicated_plan() -> None:
+    m, p = model("llama"), plan("llama", 2, None, DP)
+
+    def work() -> str:
+        module = parallelize(m.model, p, m.args, captured=m.captured)
+        try:
+            ZeroOptimizer(module, torch.optim.AdamW, stage=3, lr=1e-2)
+        except ZeroError as e:
+            return str(e)
+        return ""
+
+    import autoshard.runtime.zero as zero
+
+    saved = zero.STAGE3_MAX_REPLICATED
+    zero.STAGE3_MAX_REPLICATED = 1000  # the tiny model's matrices count as large here
+    try:
+        messages: list[Any] = launch(work, 2)
+    finally:
+        zero.STAGE3_MAX_REPLICATED = saved
+    assert all("plan FSDP" in msg and "\n" not in msg for msg in messages)
+
+
+FSDP = (
+    ("input_ids", ("S(0)",)),
+    ("*_proj", ((2, 1, 1), (1, 1))),
+    ("*_proj.weight", ("S(0)",)),
+    ("lm_head", ((2, 1, 1), (1, 1))),
+    ("lm_head.weight", ("S(0)",)),
+)
+
+
+def _train_fsdp() -> tuple[dict[str, torch.Tensor], dict[str, int], int]:
+    from autoshard.runtime.reshard import reshard_after_forward
+
+    m, p = model("llama"), plan("llama", 2, None, FSDP)
+    module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
+    rewired = reshard_after_forward(module)
+    opt = ZeroOptimizer(module, torch.optim.AdamW, stage=3, lr=1e-2, weight_decay=0.1)
+    for ids in _batches():
+        opt.zero_grad()
+        (module(*shard_inputs(p, ids)).square().sum() / (4 * 8 * 512)).backward()
+        opt.step()
+    counts: dict[str, int] = {}
+    for rec in parallel_info(module).comm.log or []:
+        counts[f"{rec.phase}:{rec.kind}"] = counts.get(f"{rec.phase}:{rec.kind}", 0) + 1
+    return full_state_dict(module), counts, rewired
+
+
+@pytest.mark.slow
+def test_zero3_fsdp_plan_reshards_after_forward_and_matches() -> None:
+    ranks = launch(_train_fsdp, 2)
+    reference = _reference()
+    for state, counts, rewired in ranks:
+        for name, value in reference.items():
+            torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
+        assert rewired == 15  # 7 projections x 2 layers + the LM head
+        assert counts["forward:all_gather"] >= rewired * STEPS
+        assert counts["regather:all_gather"] == rewired * STEPS  # each gathered weight re-gathered once
+        assert counts["backward:reduce_scatter"] >= (rewired - 1) * STEPS  # the sharded gradients
