@@ -128,32 +128,57 @@ def _describe(plan: Plan) -> str:
 
 
 def _merge(builts: Sequence[BuiltProblem], weights: Sequence[float]) -> tuple[SearchProblem, list[list[int]]]:
-    """One problem over every shape: parameters and buffers shared by FQN, everything else per shape."""
+    """One problem over every shape: parameters and buffers shared by FQN, everything else per shape.
+
+    ``maps[i][k]`` is the merged node of node ``k`` of shape ``i``'s problem, for *every* node of it: its
+    variables, then its fan-out nodes (``BuiltProblem.fanouts``; ``problem.num_nodes == len(variables) +
+    len(fanouts)`` and edges may name them).  A fan-out node prices one tensor of one shape's graph, so it is
+    never shared: each shape's fan-out nodes become nodes of their own with their weighted costs, labels and
+    annotation masks, and ``[solution.choice[g] for g in maps[i]]`` is shape ``i``'s full choice.
+    """
     keys: dict[tuple[Any, ...], int] = {}
     costs: list[np.ndarray] = []
     names: list[str] = []
     labels: list[tuple[str, ...]] = []
+    masks: list[np.ndarray | None] = []
     maps: list[list[int]] = []
     for i, (built, w) in enumerate(zip(builts, weights, strict=True)):
         p = built.problem
+        if p.num_nodes != len(built.variables) + len(built.fanouts):
+            raise AutoshardError(
+                f"shape {i}: the problem has {p.num_nodes} nodes for {len(built.variables)} variables and "
+                f"{len(built.fanouts)} fan-out nodes; expected the variables followed by the fan-out nodes"
+            )
         here: list[int] = []
-        for k, name in enumerate(built.variables):
-            info = built.infos[name]
-            key: tuple[Any, ...] = ("state", info.fqn) if info.kind in ("parameter", "buffer") else (i, name)
-            found = keys.get(key)
+        for k in range(p.num_nodes):
+            key: tuple[Any, ...] | None = None  # None: a fan-out node (k >= len(variables)), never shared
+            what = p.names[k]
+            if k < len(built.variables):
+                name = built.variables[k]
+                info = built.infos[name]
+                key = ("state", info.fqn) if info.kind in ("parameter", "buffer") else (i, name)
+                what = info.fqn or name
+            found = None if key is None else keys.get(key)
             label = p.strategy_labels[k] if p.strategy_labels is not None else ()
+            mask = p.allowed[k] if p.allowed is not None else None
             if found is None:
-                keys[key] = found = len(costs)
+                found = len(costs)
+                if key is not None:
+                    keys[key] = found
                 costs.append(w * p.node_costs[k])
                 names.append(p.names[k] if i == 0 else f"{p.names[k]} [shape {i}]")
                 labels.append(label)
+                masks.append(mask)
             else:
-                if labels[found] != label:
+                if labels[found] != label or costs[found].shape != p.node_costs[k].shape:
                     raise AutoshardError(
-                        f"{info.fqn} has different strategies in shape {i} than in shape 0: the shapes must run "
+                        f"{what} has different strategies in shape {i} than in shape 0: the shapes must run "
                         "the same model with the same parameters (only input sizes may differ)"
                     )
                 costs[found] = costs[found] + w * p.node_costs[k]
+                if mask is not None:
+                    prev = masks[found]
+                    masks[found] = mask if prev is None else prev & mask
             here.append(found)
         maps.append(here)
     edges = [
@@ -161,10 +186,13 @@ def _merge(builts: Sequence[BuiltProblem], weights: Sequence[float]) -> tuple[Se
         for b, w, m in zip(builts, weights, maps, strict=True)
         for e in b.problem.edges
     ]
+    # No memory model: the budget holds per shape, which the joint problem cannot express (module docstring);
+    # each shape's plan is checked against it after the solve.
     problem = SearchProblem(
         node_costs=tuple(costs),
         edges=tuple(e for e in edges if e.u != e.v),
         names=tuple(names),
+        allowed=tuple(masks) if any(m is not None for m in masks) else None,
         strategy_labels=tuple(labels) if all(labels) else None,
     )
     return problem, maps

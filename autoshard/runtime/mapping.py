@@ -224,6 +224,11 @@ def verify_plan(
         raise AutoshardError(
             f"{spec} builds on the meta device: return a small copy with real weights from it"
         )
+    if type(case.model).__name__ != plan.model:
+        raise AutoshardError(
+            f"the plan was made for a {plan.model}, but {spec} builds a {type(case.model).__name__}: pass --model "
+            "with the model the plan was made for"
+        )
     model = case.model.to(torch.float64) if float64 else case.model
     mesh = shrink_mesh(tuple(plan.mesh_shape))
     cluster = cluster_for(str(plan.cluster.get("profile", "cpu")), math.prod(mesh), mesh)

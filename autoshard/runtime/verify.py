@@ -159,6 +159,7 @@ class _Job:
     user_inputs: tuple[torch.Tensor, ...]  # the graph's user inputs, in placeholder order
     out_grads: tuple[torch.Tensor, ...]
     fault: str | None = None  # a collective kind to break on purpose (tests of the verdict)
+    rng_seed: int = 0  # the global RNG state every forward starts from (dropout draws the same masks)
 
 
 def verify(
@@ -206,7 +207,7 @@ def verify(
     user = tuple(
         v for n, v in zip(captured.placeholders(), values, strict=True) if n.meta[META_KIND] == "user_input"
     )
-    job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads, fault)
+    job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads, fault, rng_seed=seed + 2)
     results = launch(_rank_work, plan.num_devices, job, timeout=timeout)
     floor = _least_precise(captured)
     report = _report(name or type(model).__name__, model, plan, (reference, ref_grads), results, start, floor)
@@ -284,6 +285,7 @@ def _reference(
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
     """Outputs, parameter gradients and the random output gradients of one step on one device."""
     model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed + 2)  # the ranks start from the same state: dropout masks equal in training mode
     outs = [t for t in pytree.tree_leaves(model(*args, **kwargs)) if isinstance(t, torch.Tensor)]
     gen = torch.Generator().manual_seed(seed + 1)
     out_grads = tuple(torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs)
@@ -314,6 +316,7 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
         local_piece(v, spec, mesh, coord)
         for v, (_, spec, _) in zip(job.user_inputs, info.inputs, strict=True)
     ]
+    torch.manual_seed(job.rng_seed)  # as the reference forward did
     result = module(*local)
     outs = [result] if isinstance(result, torch.Tensor) else list(result)
     if len(outs) != len(job.out_grads):

@@ -116,3 +116,12 @@ def test_verify_plan_mixtral_maps_the_grouped_experts() -> None:
     assert report.dtype == "bfloat16" and sum(report.emitted.values()) > 0
     assert not any("grouped_mm" in u for u in report.unmapped), report.unmapped
     assert any("experts" in e for e in report.exercised)
+
+
+def test_plan_for_another_model_is_refused(llama70b_plan: Plan, tmp_path, capsys) -> None:
+    """A plan run against a model it was not made for is one line and exit 2, never a vacuous OK."""
+    path = tmp_path / "llama.json"
+    llama70b_plan.save(path)
+    assert main(["verify", "--plan", str(path), "--model", "gpt2-tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "made for a LlamaForCausalLM" in err[0] and "GPT2LMHeadModel" in err[0]
