@@ -69,6 +69,7 @@ def resolve_annotations(
     template: Mapping[str, str],
     mesh_shape: tuple[int, ...],
     block_prefix: str | None = None,
+    block_first: int = 0,
 ) -> dict[str, np.ndarray]:
     """Masks of allowed strategies for every node an annotation pins."""
     if not annotations:
@@ -81,7 +82,9 @@ def resolve_annotations(
     masks: dict[str, np.ndarray] = {}
     owner: dict[str, Annotation] = {}
     for ann in items:
-        for node, mask in _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix).items():
+        for node, mask in _resolve_one(
+            ann, infos, strategies, template, mesh_shape, block_prefix, block_first
+        ).items():
             masks[node] = mask if node not in masks else masks[node] & mask
             if not masks[node].any():
                 first = owner[node]
@@ -94,10 +97,18 @@ def resolve_annotations(
     return masks
 
 
-def _normalise_target(target: str, block_prefix: str | None) -> str:
-    # layers beyond the captured two share layer 0's decision
+_TUPLE_OPS = frozenset(
+    {"linear", "mm", "matmul", "bmm", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution",
+     "_grouped_mm", "grouped_mm", "grouped_mm_fallback", "expert_mlp"}
+)  # fmt: skip
+
+
+def _normalise_target(target: str, block_prefix: str | None, first: int = 0) -> str:
+    # layers beyond the captured two share the first block's decision (layers before the run keep theirs)
     if block_prefix and "*" not in target:
-        target = re.sub(rf"^{re.escape(block_prefix)}\.\d+", f"{block_prefix}.0", target)
+        m = re.match(rf"^{re.escape(block_prefix)}\.(\d+)", target)
+        if m and int(m.group(1)) >= first:
+            target = f"{block_prefix}.{first}" + target[m.end() :]
     return target
 
 
@@ -105,8 +116,10 @@ def _matches(pattern: str, name: str) -> bool:
     return bool(name) and (fnmatch.fnmatchcase(name, pattern) or name == pattern)
 
 
-def _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix) -> dict[str, np.ndarray]:
-    target = _normalise_target(ann.target, block_prefix)
+def _resolve_one(
+    ann, infos, strategies, template, mesh_shape, block_prefix, block_first=0
+) -> dict[str, np.ndarray]:
+    target = _normalise_target(ann.target, block_prefix, block_first)
     params = [i for i in infos.values() if i.kind == "parameter" and template[i.name] == i.name]
     leaves = [i for i in infos.values() if i.kind != "op" and template[i.name] == i.name]
     by_param = [i for i in leaves if _matches(target, i.fqn or i.name)]
@@ -117,9 +130,15 @@ def _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix) -> 
             for i in infos.values()
             if i.kind == "op" and template[i.name] == i.name and _matches(target, i.module)
         ]
-        ops = [i for i in ops if i.op in ("linear", "mm", "matmul", "bmm", "addmm", "embedding")]
+        ops = [i for i in ops if i.op in _TUPLE_OPS]
         if not ops:
-            raise AnnotationError(_no_match(ann, infos, "an operator (linear, matmul, embedding) in module"))
+            raise AnnotationError(
+                _no_match(
+                    ann,
+                    infos,
+                    "an operator (linear, matmul, embedding, convolution, grouped matmul) in module",
+                )
+            )
         return {i.name: _tuple_mask(ann, i, strategies[i.name], mesh_shape) for i in ops}
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
@@ -297,11 +316,12 @@ def pin_problem(
     annotations: Mapping[str, Any] | None,
     kinds: frozenset[str] = frozenset(),
     block_prefix: str | None = None,
+    block_first: int = 0,
 ) -> BuiltProblem:
     """``built`` with the annotations' masks and the forbidden kinds folded into its search problem."""
     infos, strategies, template = built.infos, built.strategies, built.template
     mesh = built.cluster.mesh_shape
-    masks = resolve_annotations(annotations, infos, strategies, template, mesh, block_prefix)
+    masks = resolve_annotations(annotations, infos, strategies, template, mesh, block_prefix, block_first)
     for name, mask in kind_masks(kinds, infos, strategies, template).items():
         both = mask & masks[name] if name in masks else mask
         if not both.any():

@@ -69,8 +69,10 @@ def distribute(
     owners = [c for c in coords(mesh_shape) if canonical(c) == c]
     pieces = {c: value[_slice_for(c, spec, value.shape, mesh_shape)].clone() for c in owners}
     for axis in spec.partial_axes():
-        if value.is_floating_point() is False:
-            raise ValueError(f"a {value.dtype} tensor cannot be Partial: only floating tensors are summed")
+        if not (value.is_floating_point() or value.is_complex()):
+            raise ValueError(
+                f"a {value.dtype} tensor cannot be Partial: only floating or complex tensors are summed"
+            )
         for c in owners:
             if c[axis] != 0:
                 continue

@@ -14,7 +14,10 @@ The order, and why:
    re-issued forward collectives) and only saves memory, so when the memory budget does not bind the plan
    without it (its optimum is the unconstrained optimum), that plan is optimal over all three and the
    others are not solved;
-6. read the plan back from the same cost functions, so its step time is the solver's objective.
+6. read the plan back from the same cost functions, so its step time is the solver's objective;
+7. when capture fused grouped-GEMM expert MLPs (:mod:`autoshard.capture.experts`: cheap expert parallelism,
+   but no K/N split inside the experts), plan the unfused capture too and keep the cheaper plan (a note says
+   which); codegen captures the same way (:func:`~autoshard.capture.experts.plan_fuses_experts`).
 
 With ``pipeline`` / ``microbatches`` (or a ``"stage"`` annotation), steps 2–5 run inside
 :func:`autoshard.pipeline.search.search_pipeline` instead: once per (stage sub-mesh, microbatch size), with
@@ -25,7 +28,9 @@ the stage DP and the schedules priced on top, and :mod:`autoshard.pipeline.assem
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -34,8 +39,9 @@ import torch
 from autoshard.annotations import forbidden_kinds, pin_problem
 from autoshard.capture import Captured, capture
 from autoshard.capture.blocks import find_repeated_blocks
+from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster, load_cluster
-from autoshard.errors import InfeasibleError, PipelineError
+from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, PipelineError
 from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
@@ -45,6 +51,8 @@ from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
 from autoshard.search import Solution, solve
+from autoshard.strategies import UnsupportedOpWarning
+from autoshard.strategies.coverage import replicated_shares
 
 __all__ = ["plan"]
 
@@ -118,10 +126,70 @@ def plan(
     say = progress or (lambda stage: None)
     say("capture")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
+    kwargs = dict(example_kwargs or {})
     kinds = forbidden_kinds(allow, forbid)
-    captured = captured or capture(model, args, dict(example_kwargs or {}), blocks=blocks)
+    captured = captured or capture(model, args, kwargs, blocks=blocks)
     timings["capture"] = time.perf_counter() - start
+    replicated = _warn_replicated(captured)
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
+    solve_one = functools.partial(
+        _plan_captured, model, cluster, annotations=annotations, training=training, limit=limit,
+        recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds,
+    )  # fmt: skip
+    fused: Plan | AutoshardError
+    try:
+        fused = solve_one(captured, timings)
+    except (InfeasibleError, AnnotationError) as e:
+        fused = e
+    result: Plan | AutoshardError = fused
+    if plan_fuses_experts(captured.op_nodes()):  # fused expert MLPs: cheap EP, but no K/N split: try both
+        t0 = time.perf_counter()
+        plain: Plan | AutoshardError
+        try:
+            # the 2-block shortcut was checked on the fused capture: the same blocks, so skip the 3-block check
+            again = capture(model, args, kwargs, blocks=blocks, check_blocks=False, fuse_experts=False)
+            plain = solve_one(again, {})
+        except (InfeasibleError, AnnotationError) as e:
+            plain = e
+        result = _cheaper(fused, plain)
+        timings["experts_alternative"] = time.perf_counter() - t0
+    if isinstance(result, AutoshardError):
+        raise result
+    timings = {**timings, **result.timings, "capture": timings["capture"]}
+    timings["total"] = time.perf_counter() - start
+    result = dataclasses.replace(result, timings=timings)
+    return dataclasses.replace(result, replicated_ops=replicated) if replicated else result
+
+
+def _cheaper(fused: Plan | AutoshardError, plain: Plan | AutoshardError) -> Plan | AutoshardError:
+    """The plan with the lower predicted step (the fused one on a tie), noting why; an error only if both are."""
+    if isinstance(plain, AutoshardError):
+        return fused
+    if isinstance(fused, AutoshardError) or plain.predicted_step_time < fused.predicted_step_time:
+        other = "not possible" if isinstance(fused, AutoshardError) else f"{fused.predicted_step_time:.4g} s"
+        note = f"expert MLPs planned op by op (grouped matmuls): fused, {other} per step"
+        return dataclasses.replace(plain, notes=(*plain.notes, note))
+    note = f"expert MLPs planned fused (op by op: {plain.predicted_step_time:.4g} s per step)"
+    return dataclasses.replace(fused, notes=(*fused.notes, note))
+
+
+def _plan_captured(
+    model: torch.nn.Module,
+    cluster: Cluster,
+    captured: Captured,
+    timings: dict[str, float],
+    *,
+    annotations: Mapping[str, Any] | None,
+    training: bool,
+    limit: float,
+    recompute: Literal["auto", "none", "selective", "full"],
+    search: SearchMethod,
+    time_limit: float,
+    say: Callable[[str], None],
+    kinds: frozenset[str],
+) -> Plan:
+    """Strategies, costs, pins, the recomputation search and the solve on one capture."""
+    start = time.perf_counter()
     policies = [Recompute(recompute)] if recompute != "auto" and training else list(Recompute)
     if not training:
         policies = [Recompute.NONE]
@@ -148,8 +216,9 @@ def plan(
                 chosen,
                 model=type(model).__name__,
                 block_prefix=captured.blocks.prefix if captured.blocks else None,
+                block_first=captured.blocks.first if captured.blocks else 0,
                 output_order=_output_order(captured),
-                timings=timings,
+                timings=dict(timings),
                 notes=tuple(notes) + _recompute_note(policy, recompute),
                 memory_limit=limit if limit != float("inf") else None,
             )
@@ -260,6 +329,7 @@ def _plan_pipelined(
         best.solution,
         model=type(model).__name__,
         block_prefix=prefix,
+        block_first=repeated.first if repeated else 0,
         output_order=_output_order(best.captured),
         timings=timings,
         notes=tuple(notes),
@@ -315,7 +385,8 @@ def _build(
     if not (annotations or kinds):
         return built, built
     prefix = captured.blocks.prefix if captured.blocks else None
-    return built, pin_problem(built, annotations, kinds, prefix)
+    first = captured.blocks.first if captured.blocks else 0
+    return built, pin_problem(built, annotations, kinds, prefix, first)
 
 
 def _unpinned(
@@ -329,6 +400,22 @@ def _unpinned(
         return read(built, solve(built.problem, method=search, time_limit=time_limit)).predicted_step_time
     except InfeasibleError:
         return None
+
+
+def _warn_replicated(captured: Captured) -> dict[str, float]:
+    """Ops without a rule run replicated on every device: warn once with their share of the step's FLOPs."""
+    shares = replicated_shares(captured)
+    if shares:
+        total = sum(shares.values())
+        ops = ", ".join(f"{op} ({share:.1%})" for op, share in sorted(shares.items(), key=lambda kv: -kv[1]))
+        warnings.warn(
+            f"{total:.1%} of the step's forward FLOPs run replicated on every device: no sharding rule for "
+            f"{ops}; data parallel replicates them too. Add rules in autoshard/strategies/rules/ "
+            "(`autoshard ops MODEL` lists every op and its rule)",
+            UnsupportedOpWarning,
+            stacklevel=3,
+        )
+    return shares
 
 
 def _output_order(captured: Captured) -> tuple[str, ...]:

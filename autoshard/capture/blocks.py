@@ -4,12 +4,19 @@ Input: the user's ``nn.Module`` (to find the stack) and an annotated graph (``ME
 ``META_OP``, ``META_TENSOR`` set). Output: ``META_BLOCK = (block_index, position)`` on every node of a block,
 and a :class:`BlockInfo`.
 
-**The stack.** Among all ``nn.ModuleList``\\ s with at least two children, those whose children are
-structurally identical (same class, same parameter names, shapes and dtypes) are candidates; the one holding
-the most parameters wins (``model.layers`` in LLaMA, ``transformer.h`` in GPT-2, ``bert.encoder.layer``).
+**The stack.** In every container whose children are indexed ``0, 1, ..`` -- ``nn.ModuleList``,
+``nn.Sequential``, an ``nn.ModuleDict`` keyed ``"0"``, ``"1"``, .. (torchtitan) -- the longest run of
+structurally identical children (same class, same parameter names, shapes and dtypes) that ends at the last
+child is a candidate, if it has at least two; the one holding the most parameters wins (``model.layers`` in
+LLaMA, ``transformer.h`` in GPT-2, ``bert.encoder.layer``).  In a heterogeneous stack the run starts after
+the leading layers that differ (DeepSeek-V3: three dense layers, then 58 MoE layers: ``first = 3``); the
+leading layers are ordinary ops before the first block.  An ``nn.Sequential`` whose blocks hold fewer than two
+weight matrices (``Linear -> ReLU``) is a plain layer chain, not a stack of layers: one decision per block
+would forbid the column/row alternation between consecutive layers, so it is planned at full depth.
 
-**Membership.** Block ``i`` owns (a) parameter/buffer nodes whose FQN starts with ``f"{prefix}.{i}."`` and
-(b) every op node from the first to the last op whose module path is ``f"{prefix}.{i}"`` or lies under it,
+**Membership.** Block ``i`` is child ``first + i``.  It owns (a) parameter/buffer nodes whose FQN starts with
+``f"{prefix}.{first + i}."`` and (b) every op node from the first to the last op whose module path is
+``f"{prefix}.{first + i}"`` or lies under it,
 in graph order — the *span* rule.  Measured on HF LLaMA, GPT-2, BERT and Mixtral (transformers 5), every op
 of a layer already carries the layer's path (residual adds sit in the layer's own ``forward`` and carry
 ``model.layers.i``); the span rule also claims ops a block runs through a module outside it (a shared
@@ -78,12 +85,15 @@ class BlockMismatch(Exception):
 
 @dataclass(frozen=True, slots=True)
 class BlockCandidate:
-    """A ``ModuleList`` of structurally identical children."""
+    """A run of structurally identical children of a container: children ``first .. first + num_blocks - 1``
+    of the ``ModuleList`` / ``Sequential`` / integer-keyed ``ModuleDict`` at ``prefix`` (the run ends at the
+    container's last child)."""
 
     prefix: str
     num_blocks: int
     block_type: str
     param_numel: int
+    first: int = 0
 
 
 def _structure(module: nn.Module) -> tuple[Any, ...]:
@@ -91,55 +101,100 @@ def _structure(module: nn.Module) -> tuple[Any, ...]:
     return (type(module), params)
 
 
+def _indexed_children(module: nn.Module) -> list[nn.Module] | None:
+    """The children of a container indexed ``0, 1, ..`` in order (ModuleList, Sequential, ModuleDict with
+    keys ``"0"``, ``"1"``, ..), else ``None``."""
+    if isinstance(module, nn.ModuleList | nn.Sequential):
+        return list(module)
+    if isinstance(module, nn.ModuleDict):
+        keys = list(module.keys())
+        if keys == [str(i) for i in range(len(keys))]:
+            return list(module.values())
+    return None
+
+
+def _last_run(children: Sequence[nn.Module]) -> int:
+    """Index of the first child of the longest run of identical children that ends at the last child."""
+    last = _structure(children[-1])
+    first = len(children) - 1
+    while first > 0 and _structure(children[first - 1]) == last:
+        first -= 1
+    return first
+
+
+def _matrices(module: nn.Module) -> int:
+    """How many weight matrices (parameters of 2 dims or more) a block holds."""
+    return sum(1 for p in module.parameters() if p.dim() >= 2)
+
+
 def find_repeated_blocks(model: nn.Module) -> BlockCandidate | None:
-    """The ``ModuleList`` of identical children holding the most parameters, or ``None``."""
+    """The run of identical children (at least two, ending at the container's last child) holding the most
+    parameters, or ``None``.  A heterogeneous stack -- dense layers, then MoE layers (DeepSeek-V3) -- yields
+    its final run (``first`` = the number of leading layers that differ)."""
     best: BlockCandidate | None = None
     for prefix, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or len(module) < 2 or not prefix:
+        children = _indexed_children(module) if prefix else None
+        if not children or len(children) < 2:
             continue
-        children = list(module)
-        first = _structure(children[0])
-        if not first[1] or any(_structure(c) != first for c in children[1:]):
+        first = _last_run(children)
+        run = children[first:]
+        if len(run) < 2 or not _structure(run[0])[1]:
             continue
-        numel = sum(p.numel() for p in module.parameters())
+        if isinstance(module, nn.Sequential) and _matrices(run[0]) < 2:
+            continue  # a plain layer chain: planned at full depth, so consecutive layers may alternate
+        numel = sum(p.numel() for c in run for p in c.parameters())
         if best is None or numel > best.param_numel:
-            best = BlockCandidate(prefix, len(children), type(children[0]).__name__, numel)
+            best = BlockCandidate(prefix, len(run), type(run[0]).__name__, numel, first)
     return best
+
+
+def _subset(container: nn.Module, keep: int) -> nn.Module:
+    """The same kind of container holding its first ``keep`` children under their own names."""
+    if isinstance(container, nn.ModuleDict):
+        return nn.ModuleDict(dict(list(container.items())[:keep]))
+    children = _indexed_children(container)
+    assert children is not None, f"{type(container).__name__} is not an indexed container"
+    if isinstance(container, nn.Sequential):
+        return nn.Sequential(*children[:keep])
+    return nn.ModuleList(children[:keep])
 
 
 @contextmanager
 def cut_blocks(model: nn.Module, candidate: BlockCandidate, k: int) -> Iterator[None]:
-    """Temporarily replace the block list by its first ``k`` blocks; the original is restored on exit."""
+    """Temporarily keep the children before the run and its first ``k`` blocks; the original is restored on
+    exit."""
     parent_name, _, attr = candidate.prefix.rpartition(".")
     parent = model.get_submodule(parent_name)
     original = getattr(parent, attr)
-    assert isinstance(original, nn.ModuleList) and len(original) == candidate.num_blocks
-    setattr(parent, attr, nn.ModuleList(list(original)[:k]))
+    children = _indexed_children(original)
+    assert children is not None and len(children) == candidate.first + candidate.num_blocks
+    setattr(parent, attr, _subset(original, candidate.first + k))
     try:
         yield
     finally:
         setattr(parent, attr, original)
 
 
-def _block_of_path(path: str, prefix: str) -> int | None:
+def _block_of_path(path: str, prefix: str, first: int = 0) -> int | None:
+    """Block index (child index minus ``first``) of a module or parameter path, or ``None``."""
     if not path.startswith(prefix + "."):
         return None
     head = path[len(prefix) + 1 :].split(".", 1)[0]
-    return int(head) if head.isdigit() else None
+    return int(head) - first if head.isdigit() and int(head) >= first else None
 
 
-def _partition(gm: fx.GraphModule, prefix: str, count: int) -> list[list[fx.Node]]:
+def _partition(gm: fx.GraphModule, prefix: str, count: int, first: int = 0) -> list[list[fx.Node]]:
     """Nodes of each of ``count`` blocks in graph order (see "Membership" in the module docstring)."""
     nodes = list(gm.graph.nodes)
     members: list[list[fx.Node]] = [[] for _ in range(count)]
     spans: list[list[int]] = [[] for _ in range(count)]
     for i, node in enumerate(nodes):
         if META_FQN in node.meta:
-            block = _block_of_path(node.meta[META_FQN], prefix)
+            block = _block_of_path(node.meta[META_FQN], prefix, first)
             if block is not None and block < count:
                 members[block].append(node)
         elif node.op in OP_KINDS:
-            block = _block_of_path(node.meta[META_MODULE], prefix)
+            block = _block_of_path(node.meta[META_MODULE], prefix, first)
             if block is not None and block < count:
                 spans[block].append(i)
     if any(not s for s in spans):
@@ -170,7 +225,8 @@ def _arg_signature(arg: Any, local: dict[fx.Node, int]) -> Any:
 
 
 def block_signature(block: Sequence[fx.Node], prefix: str, index: int) -> tuple[Any, ...]:
-    """The block's signature (see "Equality of blocks" in the module docstring)."""
+    """The block's signature (see "Equality of blocks" in the module docstring); ``index`` is the child's
+    index in its container."""
     local = {n: p for p, n in enumerate(block)}
     own = f"{prefix}.{index}."
     sig: list[Any] = []
@@ -185,15 +241,18 @@ def block_signature(block: Sequence[fx.Node], prefix: str, index: int) -> tuple[
 
 def annotate_blocks(gm: fx.GraphModule, candidate: BlockCandidate, count: int) -> BlockInfo:
     """Write ``META_BLOCK`` on the nodes of ``count`` captured blocks; check they are identical."""
-    blocks = _partition(gm, candidate.prefix, count)
-    reference = block_signature(blocks[0], candidate.prefix, 0)
+    first = candidate.first
+    blocks = _partition(gm, candidate.prefix, count, first)
+    reference = block_signature(blocks[0], candidate.prefix, first)
     for i, block in enumerate(blocks[1:], start=1):
-        if block_signature(block, candidate.prefix, i) != reference:
-            raise BlockMismatch(f"{candidate.prefix}.{i} differs from {candidate.prefix}.0 in the graph")
+        if block_signature(block, candidate.prefix, first + i) != reference:
+            raise BlockMismatch(
+                f"{candidate.prefix}.{first + i} differs from {candidate.prefix}.{first} in the graph"
+            )
     for i, block in enumerate(blocks):
         for position, node in enumerate(block):
             node.meta[META_BLOCK] = (i, position)
-    own = f"{candidate.prefix}.0."
+    own = f"{candidate.prefix}.{first}."
     params = {
         n.meta[META_FQN].removeprefix(own): n.meta[META_TENSOR]
         for n in blocks[0]
@@ -207,6 +266,7 @@ def annotate_blocks(gm: fx.GraphModule, candidate: BlockCandidate, count: int) -
         block_type=candidate.block_type,
         block_params=params,
         block_flops=sum(n.meta[META_FLOPS] for n in blocks[0]),
+        first=first,
     )
 
 
@@ -238,8 +298,8 @@ def check_extension(
             f"a block has {info_small.nodes_per_block} nodes with {info_small.captured_blocks} blocks "
             f"but {info_big.nodes_per_block} with {info_big.captured_blocks}"
         )
-    sig_small = block_signature(_block_nodes(small, 0), info_small.prefix, 0)
-    sig_big = block_signature(_block_nodes(big, 0), info_big.prefix, 0)
+    sig_small = block_signature(_block_nodes(small, 0), info_small.prefix, info_small.first)
+    sig_big = block_signature(_block_nodes(big, 0), info_big.prefix, info_big.first)
     if sig_small != sig_big:
         raise BlockMismatch("block 0 differs between the k- and (k+1)-block graphs")
     before_s, after_s, count_s = _outside_signature(small)

@@ -15,7 +15,13 @@ leaves that to the caller: :func:`clean` recompiles once).  :func:`clean` runs t
 3. :func:`drop_identities` — replace by their input: ``dropout`` with ``p == 0`` or ``train=False``,
    ``alias``, and ``to`` conversions whose result has the input's dtype and device (``aten.to`` returns
    its input unchanged then).  Reads ``meta["val"]``.
-4. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
+4. :func:`~autoshard.capture.functionalize.functionalize_slice_assignment` — ``x[..., a:b] = y`` (``copy_``
+   into a slice of a computed tensor) as ``slice_scatter``, so readers of ``x`` see the write in the dataflow.
+5. :func:`~autoshard.capture.batchnorm.decompose_training_batch_norm` — training batch norm as its
+   statistic ops, so a batch split synchronises the statistics (SyncBatchNorm).
+6. :func:`~autoshard.capture.experts.fuse_expert_mlps` — a grouped-GEMM expert MLP (two grouped matmuls
+   around the gated activation) as one node, so expert parallelism keeps it on the expert's device.
+7. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
    asserts, for example).
 
 :func:`merge_placeholders` (tied weights: one placeholder per tensor) needs to know the model; the capture
@@ -37,6 +43,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from autoshard.capture.batchnorm import decompose_training_batch_norm
+from autoshard.capture.experts import fuse_expert_mlps
+from autoshard.capture.functionalize import functionalize_slice_assignment
 from autoshard.capture.meta import META_NO_GRAD, op_set
 
 __all__ = [
@@ -63,9 +72,21 @@ ASSERT_OPS = op_set(
 CONVERSIONS = frozenset({"to", "type_as"})
 
 
-def clean(gm: fx.GraphModule) -> fx.GraphModule:
-    """Run every cleaning pass in order (see the module docstring); recompiles the code once, at the end."""
-    for cleaning_pass in (inline_higher_order_ops, drop_asserts, drop_identities, eliminate_dead_code):
+def clean(gm: fx.GraphModule, *, fuse_experts: bool = True) -> fx.GraphModule:
+    """Run every cleaning pass in order (see the module docstring); recompiles the code once, at the end.
+
+    ``fuse_experts=False`` skips :func:`~autoshard.capture.experts.fuse_expert_mlps` (the planner tries both).
+    """
+    passes = (
+        inline_higher_order_ops,
+        drop_asserts,
+        drop_identities,
+        functionalize_slice_assignment,
+        decompose_training_batch_norm,
+        *((fuse_expert_mlps,) if fuse_experts else ()),
+        eliminate_dead_code,
+    )
+    for cleaning_pass in passes:
         gm = cleaning_pass(gm, recompile=False)
     gm.recompile()
     return gm

@@ -43,6 +43,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from autoshard.capture.annotate import PlaceholderInfo, annotate
+from autoshard.capture.batchnorm import NOTES_KEY as BN_NOTES_KEY
 from autoshard.capture.blocks import (
     BlockCandidate,
     BlockMismatch,
@@ -105,11 +106,13 @@ def capture(
     *,
     blocks: BlocksMode = "auto",
     check_blocks: bool = True,
+    fuse_experts: bool = True,
 ) -> Captured:
     """Capture ``model(*args, **kwargs)`` as a cleaned, annotated graph (see the module docstring).
 
     ``check_blocks=False`` skips the 3-block export that checks the 2-block shortcut: for a model already
     checked at other input shapes (the pipeline search captures one model at several microbatch sizes).
+    ``fuse_experts=False`` leaves grouped-GEMM expert MLPs as their ops (:mod:`autoshard.capture.experts`).
     """
     if blocks not in ("auto", "full", None):
         raise ValueError(f"capture(blocks={blocks!r}): use 'auto', 'full' or None")
@@ -119,11 +122,11 @@ def capture(
     notes: list[str] = []
     candidate = find_repeated_blocks(model) if blocks is not None else None
     if blocks == "auto" and candidate is not None and candidate.num_blocks >= MIN_BLOCKS_TO_CUT:
-        cut = _capture_cut(model, args, kwargs, candidate, notes, check_blocks)
+        cut = _capture_cut(model, args, kwargs, candidate, notes, check_blocks, fuse_experts)
         if cut is not None:
             return replace(cut, seconds=time.perf_counter() - start, notes=tuple(notes))
     traced = _trace(model, args, kwargs, notes)
-    _prepare(traced, model, notes)
+    _prepare(traced, model, notes, fuse_experts)
     info = None
     if candidate is not None:
         try:
@@ -140,6 +143,7 @@ def _capture_cut(
     candidate: BlockCandidate,
     notes: list[str],
     check: bool = True,
+    fuse_experts: bool = True,
 ) -> Captured | None:
     """The 2-block capture, checked against a 3-block one; ``None`` (and a note) when that fails."""
     cut_notes: list[str] = []  # kept only if the shortcut succeeds
@@ -148,7 +152,7 @@ def _capture_cut(
         for k in (CUT_BLOCKS, CUT_BLOCKS + 1) if check else (CUT_BLOCKS,):
             with cut_blocks(model, candidate, k):
                 traced = _export(model, args, kwargs)
-            _prepare(traced, model, cut_notes if k == CUT_BLOCKS else [])
+            _prepare(traced, model, cut_notes if k == CUT_BLOCKS else [], fuse_experts)
             graphs.append((traced, annotate_blocks(traced.gm, candidate, k)))
         small, info_small = graphs[0]
         if check:
@@ -216,12 +220,13 @@ def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return _Traced(ep.graph_module, "export", placeholders, output_kinds, constants)
 
 
-def _prepare(traced: _Traced, model: nn.Module, notes: list[str]) -> None:
+def _prepare(traced: _Traced, model: nn.Module, notes: list[str], fuse_experts: bool = True) -> None:
     """Clean (export graphs) and annotate ``traced.gm`` in place."""
     aliases: dict[str, list[str]] = {}
     if traced.method == "export":
         aliases = _merge_tied_parameters(traced, model)
-        traced.gm = clean(traced.gm)
+        traced.gm = clean(traced.gm, fuse_experts=fuse_experts)
+        notes.extend(traced.gm.meta.pop(BN_NOTES_KEY, []))
         left = remaining_higher_order_ops(traced.gm)
         if left:
             notes.append(f"control-flow ops kept as they are (cannot be inlined): {', '.join(left)}")

@@ -112,6 +112,9 @@ def node_flops(node: fx.Node, root: nn.Module | None = None) -> int:
     out_numel = max(t.numel for t in outs)
     if fam in CONTRACTIONS and ins:
         return _contraction(fam, ins, out_numel)
+    if fam == "expert_mlp" and len(ins) >= 3:  # capture.experts: two grouped matmuls around the activation
+        x, gate_up = ins[0], ins[1]
+        return 2 * x.numel * gate_up.shape[-1] + 2 * out_numel * (gate_up.shape[-1] // 2) + gate_up.shape[-1]
     if fam in ATTENTION and len(ins) >= 3:
         return _attention(node, ins)
     if fam in CONVOLUTIONS:

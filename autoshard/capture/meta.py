@@ -199,6 +199,9 @@ class BlockInfo:
     """Parameters of one block by name relative to the block (``"mlp.up_proj.weight"``)."""
     block_flops: int
     """Forward FLOPs of one block."""
+    first: int = 0
+    """Container index of block 0: the blocks are children ``first .. first + num_blocks - 1`` of ``prefix``
+    (``3`` for DeepSeek-V3, whose three dense layers precede 58 identical MoE layers)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.captured_blocks <= self.num_blocks:
@@ -208,11 +211,12 @@ class BlockInfo:
 
     def fqn(self, block: int, name: str) -> str:
         """FQN of the block-relative ``name`` in block ``block``: ``fqn(3, "mlp.up_proj.weight")``."""
-        return f"{self.prefix}.{block}.{name}"
+        return f"{self.prefix}.{self.first + block}.{name}"
 
     def __str__(self) -> str:
+        start = f" from {self.prefix}.{self.first}" if self.first else ""
         return (
-            f"{self.prefix}: {self.num_blocks} x {self.block_type} "
+            f"{self.prefix}: {self.num_blocks} x {self.block_type}{start} "
             f"({self.captured_blocks} captured, {self.nodes_per_block} nodes each)"
         )
 
@@ -286,8 +290,13 @@ class Captured:
         """Parameters of the whole model, FQN -> meta, including blocks left out of the graph."""
         if self.blocks is None or self.blocks.captured_blocks == self.blocks.num_blocks:
             return dict(self.params)
-        prefix = f"{self.blocks.prefix}."
-        out = {k: v for k, v in self.params.items() if not k.startswith(prefix)}
+        prefix, first = f"{self.blocks.prefix}.", self.blocks.first
+
+        def in_run(fqn: str) -> bool:
+            head = fqn[len(prefix) :].split(".", 1)[0]
+            return fqn.startswith(prefix) and head.isdigit() and int(head) >= first
+
+        out = {k: v for k, v in self.params.items() if not in_run(k)}
         for i in range(self.blocks.num_blocks):
             out.update({self.blocks.fqn(i, k): v for k, v in self.blocks.block_params.items()})
         return out

@@ -11,6 +11,7 @@
     autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x1024:0.7,8x4096:0.3
     autoshard profile --out node.json [--ranks 4] [--base a100x8]
     autoshard whatif plan.json --against other.json [...] --vary batch=1..1024 [--vary seq=...] [--show]
+    autoshard ops MODEL [--json]
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
 split over all devices) and prints both side by side.  Errors print one line on stderr and exit with code 2
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from autoshard.cli import diff, dot, explain, profile, search, shapes, show, verify, whatif
+from autoshard.cli import diff, dot, explain, ops, profile, search, shapes, show, verify, whatif
 from autoshard.cli.args import CliError, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
@@ -48,6 +49,7 @@ COMMANDS: dict[str, ModuleType] = {
     "shapes": shapes,
     "profile": profile,
     "whatif": whatif,
+    "ops": ops,
 }
 
 

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import fx, nn
 
 from autoshard.capture import Captured, capture
+from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster
 from autoshard.codegen.assign import PlanMismatchError, PlanMismatchWarning, assign_strategies
 from autoshard.codegen.collectives import MeshComm
@@ -143,7 +144,8 @@ def parallelize(
             "): shapes are baked into the graph; call parallelize(model, plan, example_args, example_kwargs)"
         )
     if captured is None:
-        captured = capture(model, args, dict(example_kwargs or {}), blocks="full")
+        fuse = plan_fuses_experts(plan.nodes)  # the graph the plan was made on
+        captured = capture(model, args, dict(example_kwargs or {}), blocks="full", fuse_experts=fuse)
     strategies = assign_strategies(captured, plan)
     where = torch.device(device) if device is not None else _default_device()
     lowered = lower_graph(

@@ -46,13 +46,14 @@ def extract_plan(
     timings: dict[str, float],
     notes: tuple[str, ...] = (),
     memory_limit: float | None = None,
+    block_first: int = 0,
 ) -> Plan:
     chosen = {
         name: built.strategies[name][k]
         for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
     }
     pick = {name: chosen[built.template[name]] for name in built.infos}
-    layer_of = _LayerNamer(built, block_prefix)
+    layer_of = _LayerNamer(built, block_prefix, block_first)
     nodes, compute, memory = _node_table(built, chosen)
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
     comm = sum(c.seconds for c in collectives)
@@ -126,9 +127,10 @@ def _strings(spec: ShardingSpec | None) -> tuple[str, ...]:
 class _LayerNamer:
     """Which layers a captured-graph element stands for, and its module path in each."""
 
-    def __init__(self, built: BuiltProblem, prefix: str | None) -> None:
+    def __init__(self, built: BuiltProblem, prefix: str | None, first: int = 0) -> None:
         self.n = built.num_blocks
         self.prefix = prefix
+        self.first = first  # container index of layer 0 (leading layers that differ come before it)
         self.infos = built.infos
 
     def layers_of_edge(self, use: EdgeUse) -> list[int | None]:
@@ -159,7 +161,7 @@ class _LayerNamer:
     def module(self, path: str, layer: int | None) -> str:
         if layer is None or not self.prefix:
             return path
-        return re.sub(rf"^{re.escape(self.prefix)}\.\d+", f"{self.prefix}.{layer}", path)
+        return re.sub(rf"^{re.escape(self.prefix)}\.\d+", f"{self.prefix}.{self.first + layer}", path)
 
 
 def _node_table(

@@ -65,6 +65,7 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
     name; model files are never run from a plan), captured and priced on the plan's cluster."""
     from autoshard import zoo
     from autoshard.capture import capture
+    from autoshard.capture.experts import plan_fuses_experts
     from autoshard.codegen.parallelize import plan_cluster
     from autoshard.problem.build import build_problem
     from autoshard.problem.costs import CostOptions, Recompute
@@ -84,7 +85,8 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
         case = zoo.build(
             name, batch=None if batch is None else int(batch), seq=None if seq is None else int(seq)
         )
-    captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto")
+    fuse = plan_fuses_experts(plan.nodes)  # the graph the plan was made on
+    captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto", fuse_experts=fuse)
     full = any("full recomputation" in n for n in plan.notes)
     opts = CostOptions(training=plan.training, recompute=Recompute.FULL if full else Recompute.NONE)
     return build_problem(captured, plan_cluster(plan), opts)

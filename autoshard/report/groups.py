@@ -58,6 +58,8 @@ WEIGHT_LAYOUT: dict[str, WeightLayout] = {
     "aten.matmul.default": WeightLayout(1, 1, 0, 0),
     "aten._grouped_mm.default": WeightLayout(1, 2, 1, 0),  # x, W[experts, in, out], offsets
     "transformers.grouped_mm_fallback.default": WeightLayout(1, 2, 1, 0),
+    # x, gate_up[experts, in, 2 x ffn], down, offsets (capture.experts)
+    "autoshard.capture.experts.expert_mlp": WeightLayout(1, 2, 1, 0),
     "aten.embedding.default": WeightLayout(0, 1, 0, 1),  # W[vocab, hidden], ids
 }
 
@@ -245,7 +247,7 @@ def _kind(target: str) -> OpKind:
     if target in WEIGHT_LAYOUT:
         if name == "embedding":
             return "embedding"
-        return "grouped_mm" if "grouped_mm" in name else "matmul"
+        return "grouped_mm" if "grouped_mm" in name or target.endswith(".expert_mlp") else "matmul"
     if "scaled_dot_product" in name or "flash_attention" in name:
         return "attention"
     if name in _NORM_OPS:

@@ -89,6 +89,10 @@ def _weighted_role(row: OpRow, axis: int) -> str | None:
     if row.kind == "embedding":
         if w is not None:
             return "vocab" if w == layout.in_dim else "hidden"
+    elif (
+        row.kind == "grouped_mm" and w == 0
+    ):  # split over experts: its output is Partial, yet not a row split
+        return "experts"
     elif _at(row.label.output, axis) == "P" or (w is not None and w == layout.in_dim):
         return "row"
     elif w is not None:
@@ -424,9 +428,15 @@ def _experts(view: PlanView, axis: int) -> Pattern | None:
     rows = [r for r in view.ops if r.kind == "grouped_mm" and axis_role(r, axis) == "experts"]
     if not rows:
         return None
-    a2a = sum(1 for c in view.plan.collectives if c.kind == "all_to_all" and c.mesh_axis == axis)
     where = tuple(dict.fromkeys(r.group for r in rows))
-    return Pattern("expert parallel", (axis,), where, f"experts split, {a2a} all-to-alls per step")
+    modules = {r.node.module for r in rows}
+    at_experts = [c for c in view.plan.collectives if c.mesh_axis == axis and c.module in modules]
+    a2a = [c for c in at_experts if c.kind == "all_to_all"]
+    if a2a:
+        how = f"{len(a2a)} all-to-alls per step ({fmt_bytes(sum(c.nbytes for c in a2a))})"
+    else:  # Megatron's all-gather dispatcher: tokens gathered over the expert axis, outputs reduced
+        how = f"tokens gathered, outputs reduced: {fmt_bytes(sum(c.nbytes for c in at_experts))} per step"
+    return Pattern("expert parallel", (axis,), where, f"experts split, {how}")
 
 
 def _is(row: OpRow, kind: str, axis: int, role: str) -> bool:

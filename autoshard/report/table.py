@@ -281,7 +281,9 @@ def _figures(plan: Plan, baseline: Baseline | None, width: int, budget: float | 
         fmt = fmt_seconds if i < 3 else fmt_bytes
         lines.append(f"  {name:<28}{fmt(mine[i]):>12}" + (f"{fmt(theirs[i]):>16}" if theirs else ""))
     lines.append(_capacity(plan, budget))
-    return lines + _assumptions(plan, width) + _price(plan) + _comparison(plan, baseline, width)
+    named = baseline.name if baseline is not None else None
+    comparison = _comparison(plan, baseline, width) + _replicated(plan, named, width)
+    return lines + _assumptions(plan, width) + _price(plan) + comparison
 
 
 def _price(plan: Plan) -> list[str]:
@@ -336,6 +338,20 @@ def _comparison(plan: Plan, baseline: Baseline | None, width: int) -> list[str]:
     elif ratio < 0.995:  # only when annotations or a budget constrain this plan more than the baseline
         verdict = f"{1 / ratio:.2f}x slower than {baseline.name}"
     return [f"  this plan is {verdict}"]
+
+
+def _replicated(plan: Plan, baseline: str | None, width: int) -> list[str]:
+    """Ops without a rule run whole on every device, in this plan and in the baseline alike: say so."""
+    if not plan.replicated_ops:
+        return []
+    share = sum(plan.replicated_ops.values())
+    ops = ", ".join(sorted(plan.replicated_ops, key=lambda op: -plan.replicated_ops[op]))
+    text = (
+        f"warning: {share:.1%} of the forward FLOPs run replicated on every device (no sharding rule: {ops})"
+    )
+    if baseline is not None:
+        text += f"; {baseline} replicates them too, so the comparison does not show their cost"
+    return _wrap(text, width, "    ", "  ")
 
 
 def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline: bool = False) -> list[str]:

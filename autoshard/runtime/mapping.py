@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from autoshard.capture import Captured, capture
+from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import NodePlan, Plan
@@ -126,7 +127,7 @@ def map_plan(
             f"the plan has a {len(plan.mesh_shape)}-axis mesh {plan.mesh_shape}, the verify mesh "
             f"{cluster.mesh_shape} has {len(cluster.mesh_shape)}: give one size per axis"
         )
-    captured = capture(model, args, dict(kwargs), blocks="auto")
+    captured = capture(model, args, dict(kwargs), blocks="auto", fuse_experts=plan_fuses_experts(plan.nodes))
     blocks = captured.blocks
     if blocks is not None and blocks.captured_blocks != blocks.num_blocks:
         raise AutoshardError(

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from autoshard.capture import Captured, capture
+from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import PipelinePlan, Plan
@@ -224,7 +225,9 @@ def prepare_stages(
     for stage, module, example, output in zip(pipe.stages, modules, examples, examples[1:], strict=False):
         pins = _stage_annotations(module, annotations or {})
         stage_plan = _plan_stage(module, stage.index, plan, axis, cluster, example, placements, pins)
-        captured = capture(module, (example,), {}, blocks="full")
+        captured = capture(
+            module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(stage_plan.nodes)
+        )
         builds.append(
             StageBuild(stage.index, stage.modules, stage.ranks, module, stage_plan, example, output, captured)
         )

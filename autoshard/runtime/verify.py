@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from autoshard.capture import Captured, capture, graph_inputs
+from autoshard.capture.experts import plan_fuses_experts
 from autoshard.capture.meta import META_KIND
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.codegen.parallelize import full_grads, gather_outputs, parallel_info, parallelize
@@ -198,7 +199,9 @@ def verify(
         from autoshard.codegen.parallelize import plan_cluster
 
         cluster = plan_cluster(plan)
-    captured = captured or capture(model, args, kwargs, blocks="full")
+    captured = captured or capture(
+        model, args, kwargs, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes)
+    )
     reference, ref_grads, out_grads = _reference(model, args, kwargs, seed)
     values = graph_inputs(captured, model, args, kwargs)
     user = tuple(

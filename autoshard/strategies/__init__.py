@@ -42,12 +42,15 @@ from autoshard.strategies.registry import (
 )
 from autoshard.strategies.rules import (
     attention,
+    complex_views,
+    conv,
     creation,
     embedding,
     indexing,
     loss,
     matmul,
     moe,
+    norm,
     pointwise,
     reduction,
     shape,
@@ -70,12 +73,15 @@ __all__ = [
 
 _RULE_MODULES = (
     attention,
+    complex_views,
+    conv,
     creation,
     embedding,
     indexing,
     loss,
     matmul,
     moe,
+    norm,
     pointwise,
     reduction,
     shape,

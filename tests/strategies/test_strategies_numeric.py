@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from coverage_rules import coverage_examples
 
 from autoshard.strategies import registry
 from autoshard.strategies.validate import build_node, check_rule
@@ -429,7 +430,7 @@ def _grouped_inputs(dtype: torch.dtype, width: int) -> tuple[torch.Tensor, torch
 EXAMPLES: list[Example] = (
     _pointwise() + _reductions() + _matmuls() + _attention() + _shapes() + _creation() + _indexing()
 )
-EXAMPLES += _losses() + _moe()
+EXAMPLES += _losses() + _moe() + coverage_examples()
 
 # Registry keys that are checked elsewhere: getitem needs a tuple-valued producer (test below); metadata ops
 # compute no tensor; the transformers op needs transformers (its own test).

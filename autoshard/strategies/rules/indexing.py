@@ -147,7 +147,9 @@ def gather(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     aten.scatter.reduce,
     aten.scatter_reduce.two,
     aten.scatter_.src,
+    aten.scatter_.value,
     aten.scatter_add_.default,
+    aten.scatter_reduce_.two,
 )
 def scatter(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     """Scatter dim whole everywhere; other dims batch-like where self, index and src sizes agree.

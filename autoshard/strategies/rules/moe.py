@@ -13,13 +13,19 @@
   routed to its experts and leaves zeros elsewhere, so the output is Partial -- expert parallelism whose
   all-to-all the planner sees as the Partial's reduction), or pass Partial through ``x`` or ``w``.  The
   ``local_args`` hook turns ``offs`` into the device's window of rows and experts (:func:`windowed_grouped_mm`).
+- The fused expert MLP (:func:`autoshard.capture.experts.expert_mlp`, two grouped matmuls around the gated
+  activation): token split; expert split with the output Partial -- expert parallelism with one reduction
+  per MoE layer; or a split of the FFN dim inside every expert (Partial output).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import fx
 
+from autoshard.capture.experts import expert_mlp
 from autoshard.placement import Partial, Replicate, Shard
 from autoshard.strategies.dimmap import DimMap, Letters, fresh_letters, strategies_from_map
 from autoshard.strategies.local import LocalCall, LocalContext, bind, default_call, with_arg
@@ -143,3 +149,64 @@ def grouped_mm(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
         AxisChoice((r, p, r), (p,), False),
     ]
     return expand(node, (x, w, offs), choices, mesh_shape)
+
+
+# -- fused expert MLP (capture.experts) -------------------------------------------------------------------------------
+
+
+def windowed_expert_mlp(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    offs: torch.Tensor,
+    act: Callable[[torch.Tensor], torch.Tensor],
+    use_aten: bool,
+    row_start: int,
+    expert_start: int,
+    ffn_start: int = 0,
+) -> torch.Tensor:
+    """:func:`~autoshard.capture.experts.expert_mlp` over a window of rows, of experts (zeros elsewhere) and of
+    the FFN dim: ``down`` holds FFN rows ``ffn_start:``, and the matching gate and up columns are taken from
+    the whole ``gate_up`` (the output is then this window's Partial term)."""
+    ffn = down.shape[1]
+    if ffn * 2 != gate_up.shape[-1]:  # gate columns [s, s+f), up columns [I+s, I+s+f)
+        half = gate_up.shape[-1] // 2
+        gate_up = torch.cat(
+            [
+                gate_up[..., ffn_start : ffn_start + ffn],
+                gate_up[..., half + ffn_start : half + ffn_start + ffn],
+            ],
+            -1,
+        )
+    h = windowed_grouped_mm(x, gate_up, offs, row_start, expert_start, use_aten)
+    gate, up = h.chunk(2, -1)
+    return windowed_grouped_mm(act(gate) * up, down, offs, row_start, expert_start, use_aten)
+
+
+def _expert_mlp_local(ctx: LocalContext) -> LocalCall:
+    x, gate_up, down = ctx.node.args[:3]
+    assert isinstance(x, fx.Node) and isinstance(gate_up, fx.Node) and isinstance(down, fx.Node)
+    row_start, _ = ctx.in_range(x, 0)
+    expert_start, _ = ctx.in_range(gate_up, 0)
+    ffn_start, _ = ctx.in_range(down, 1)
+    if ctx.strategy.work_divisor == 1:
+        return default_call(ctx)
+    return LocalCall(windowed_expert_mlp, (*ctx.args, row_start, expert_start, ffn_start))
+
+
+@register(expert_mlp, local_args=_expert_mlp_local)
+def expert_mlp_rule(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
+    """Per mesh axis: replicate; split the (sorted) token rows; split the experts -- expert parallelism: each
+    device runs its experts' rows through the whole MLP, and the output is Partial (one reduction per MoE
+    layer, where the tokens' other devices add zeros); or split the FFN dim inside every expert (Megatron's
+    MLP: ``down`` row-split, the matching gate and up columns taken from a whole ``gate_up``, output
+    Partial)."""
+    x, gate_up, down, offs = node.args[:4]
+    r, p = Replicate(), Partial()
+    choices = [
+        AxisChoice((r, r, r, r), (r,), False),
+        AxisChoice((Shard(0), r, r, r), (Shard(0),), True),  # tokens
+        AxisChoice((r, Shard(0), Shard(0), r), (p,), True),  # experts
+        AxisChoice((r, r, Shard(1), r), (p,), True),  # FFN dim inside each expert
+    ]
+    return expand(node, (x, gate_up, down, offs), choices, mesh_shape)

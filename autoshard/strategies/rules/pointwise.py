@@ -116,6 +116,13 @@ def cast_like(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     return pointwise_strategies(node, mesh_shape, lambda b: [["self"]], ignore=("other",))
 
 
+@register(aten.copy_.default, aten.copy.default)
+def copy(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
+    """``self.copy_(src)`` (slice assignment): the result is ``src`` broadcast to ``self``'s shape, so the
+    two share letters; linear in ``src`` alone (``self``'s values are overwritten)."""
+    return pointwise_strategies(node, mesh_shape, lambda b: [["src"]])
+
+
 @register(aten.dropout.default, aten.native_dropout.default)
 def dropout(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     """Any split (each device draws its own mask: same distribution); Partial only when it is the identity."""

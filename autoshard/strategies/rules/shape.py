@@ -5,12 +5,14 @@
   (B, S, nh, hd)`` has groups ``B|B``, ``S|S``, ``H|nh·hd``).  Only the first dim of a group can carry a shard
   across the reshape, and only while the shard count also divides the first dim on the other side
   (``H`` split 2 ways becomes ``nh`` split 2 ways when ``nh`` is even).  Sizes in the arguments are localised.
-- **permutations** (``permute``, ``transpose``, ``t``, ``movedim``): a pure dim map.
+- **permutations** (``permute``, ``transpose``, ``t``, ``movedim``, ``x.T`` as ``numpy_T``, ``x.mT``): a pure
+  dim map.
+- **repeat_interleave** along a dim: a block of the dim maps to a block of the output, so it splits too.
 - **expand**: kept dims carry their shard; an expanded (size-1) or new dim may be split in the output alone
   (each device expands to its slice; sizes localised) -- GQA's ``repeat_kv`` is ``expand`` + ``reshape``.
 - **repeat**, **slice**, **select**, **narrow**, **split**/**chunk**/**unbind**, **cat**/**stack**, **pad**,
   **flip**: the dim they act on stays whole (a slice covering the whole dim keeps it splittable); other dims are
-  batch-like.  Everything here is linear, so Partial passes through (``pad`` only with value 0).
+  batch-like.  Everything here is linear, so Partial passes through (a constant ``pad`` only with value 0).
 - ``tril``/``triu``: every dim splittable; the hook shifts ``diagonal`` by the piece's row and column offsets.
 """
 
@@ -131,8 +133,11 @@ def _permutation(node: fx.Node) -> list[int]:
     if node.target is aten.permute.default:
         return [int(d) % n for d in b["dims"]]
     perm = list(range(n))
-    if node.target is aten.t.default:
+    if node.target in (aten.t.default, aten.numpy_T.default):
         return perm[::-1]
+    if node.target in (aten.mT.default,):
+        perm[-2], perm[-1] = perm[-1], perm[-2]
+        return perm
     if node.target is aten.movedim.int:
         src, dst = int(b["source"]) % n, int(b["destination"]) % n
         perm.pop(src)
@@ -144,7 +149,10 @@ def _permutation(node: fx.Node) -> list[int]:
     return perm
 
 
-@register(aten.permute.default, aten.transpose.int, aten.t.default, aten.movedim.int, aten.swapaxes.default)
+@register(
+    aten.permute.default, aten.transpose.int, aten.t.default, aten.movedim.int, aten.swapaxes.default,
+    aten.numpy_T.default, aten.mT.default,
+)  # fmt: skip
 def permute(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     letters = tuple(fresh_letters(len(_shape(node.args[0]))))
     out = tuple(letters[d] for d in _permutation(node))
@@ -257,8 +265,40 @@ def pad(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
     b = bind(node.target, node.args, node.kwargs)
     n, pads = len(_shape(node.args[0])), list(b["pad"])
     whole = [n - 1 - i for i in range(len(pads) // 2) if pads[2 * i] or pads[2 * i + 1]]
-    linear = b.get("mode", "constant") == "constant" and not b.get("value")
+    linear = b.get("mode", "constant") != "constant" or not b.get("value")  # reflect/replicate are linear
     return _keep_whole(node, mesh_shape, whole, linear=linear)
+
+
+@register(aten.slice_scatter.default)
+def slice_scatter(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
+    """``slice_scatter(x, src, dim, ..)`` (functional slice assignment): the written dim whole in both, other
+    dims shared; linear in ``x`` and ``src`` together."""
+    x, src = node.args[0], node.args[1]
+    n = len(_shape(x))
+    dim = _dim(node)
+    letters = tuple(fresh_letters(n + 1))
+    own, sdim = letters[:n], letters[n]
+    src_letters = tuple(sdim if d == dim else c for d, c in enumerate(own))
+    dm = DimMap(
+        (own, src_letters), (own,), unsplittable=frozenset({own[dim], sdim}), linear_in=(frozenset({0, 1}),)
+    )
+    return strategies_from_map(node, (x, src), dm, mesh_shape)
+
+
+@register(aten.repeat_interleave.self_int)
+def repeat_interleave(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
+    """``x.repeat_interleave(r, dim)``: each element of ``dim`` becomes ``r`` adjacent ones, so a block of
+    ``dim`` maps to a block of the output and the dim may split like the others; ``dim=None`` flattens (the
+    result stays whole)."""
+    b = bind(node.target, node.args, node.kwargs)
+    x = node.args[0]
+    n = len(_shape(x))
+    if b["dim"] is None and n > 1:
+        letters = tuple(fresh_letters(n))
+        dm = DimMap((letters,), ((None,),), unsplittable=frozenset(letters), linear_in=_LINEAR0)
+        return strategies_from_map(node, (x,), dm, mesh_shape)
+    fixed_size = b.get("output_size") is not None  # a global size: the repeated dim must stay whole
+    return _keep_whole(node, mesh_shape, [int(b["dim"]) % max(n, 1)] if fixed_size else [])
 
 
 # -- join: cat, stack ----------------------------------------------------------------------------------------------
