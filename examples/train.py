@@ -213,6 +213,12 @@ def cmd_run(args: argparse.Namespace) -> None:
                 "losses": losses, "tokens_per_s": speeds, "model_bytes": full, "collectives": counts,
                 "ranks": [dict(zip(FIELDS, t.tolist(), strict=True)) for t in every],
             }, indent=1))  # fmt: skip
+    # Gloo's worker threads drop a finished collective's tensors (taking the GIL) only after wait() has returned: a
+    # rank that went straight on to exit reached interpreter shutdown first now and then, and the worker's GIL
+    # request then aborted it ("terminate called without an active exception", 3 runs in 12 of the resume
+    # command).  Let every rank get here, then hand the GIL over for a moment (0 in 12 with both).
+    dist.barrier()
+    time.sleep(0.2)
     dist.destroy_process_group()
 
 

@@ -70,7 +70,7 @@ def _build(nproc: int, mesh: Any, annotations: Any) -> tuple[Any, ZeroOptimizer]
     module = parallelize(
         m.model, plan("llama", nproc, mesh, annotations), m.args, captured=m.captured, record=True
     )
-    return module, ZeroOptimizer(module, torch.optim.AdamW, stage=1, **LR)
+    return module, ZeroOptimizer(module, torch.optim.AdamW, stage=1, **LR)  # type: ignore[arg-type]
 
 
 def _save_a(directory: Path, weight: torch.Tensor) -> list[float]:
@@ -96,9 +96,10 @@ def test_save_on_4_ranks_plan_a_resume_on_2_ranks_plan_b(tmp_path: Path) -> None
     for losses in first:
         assert losses == pytest.approx(reference[:2], rel=1e-10)
     for loss, collectives in resumed:
-        assert loss == pytest.approx(
-            reference[2], rel=1e-10
-        )  # the step after resuming is the uninterrupted one
+        # the step after resuming is the uninterrupted one, to float32 precision: plan B (Megatron) all-reduces the
+        # Partial residual stream after LLaMA's RMSNorm casts it to float32 (seen: 8e-8; with the RMSNorm
+        # computing in float64 it agrees to 1e-15)
+        assert loss == pytest.approx(reference[2], rel=1e-6)
         assert collectives > 0
     held = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
     assert "optim.model.layers.0.mlp.up_proj.weight.exp_avg" in held

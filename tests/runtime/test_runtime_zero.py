@@ -14,7 +14,15 @@ from autoshard.runtime.launch import launch
 from autoshard.runtime.zero import ZeroError, ZeroOptimizer
 
 STEPS = 3
-DP = (("input_ids", ("S(0)",)), ("*_proj", ((2, 1, 1), (1, 1))), ("lm_head", ((2, 1, 1), (1, 1))))
+# the embedding pinned batch-split too: left free, the planner gathers the ids instead (256 B) and runs the lookup
+# replicated, its output's one shared redistribution (fan-out) all-gathering 16 KiB of gradient in backward rather
+# than all-reducing the 256 KiB weight gradient -- cheaper, but then that gradient has no all-reduce to defer
+DP = (
+    ("input_ids", ("S(0)",)),
+    ("model.embed_tokens", ((1, 1), (2, 1))),
+    ("*_proj", ((2, 1, 1), (1, 1))),
+    ("lm_head", ((2, 1, 1), (1, 1))),
+)
 PLANS = {"dp": DP, "megatron": tuple(LLAMA_MEGATRON.items())}
 
 
@@ -72,9 +80,14 @@ def _train(
 def test_zero_matches_single_process_adamw(kind: str, stage: Literal[1, 2, 3], overlap: bool) -> None:
     ranks = launch(_train, 2, kind, stage, overlap)
     reference = _reference()
+    # Megatron keeps the residual stream Partial and all-reduces it after LLaMA's RMSNorm casts it to float32 (half
+    # the bytes): the float64 model is then exact to float32 only, and AdamW divides each element by its own
+    # gradient's scale, so an element with a near-zero gradient moves by up to lr times its relative error (seen:
+    # 1.4e-5; with the RMSNorm computing in float64 every weight agrees to 1e-12)
+    rtol, atol = (1e-5, 1e-4) if kind == "megatron" else (1e-9, 1e-12)
     for state, counts, state_elements, held, deferred, buckets in ranks:
         for name, value in reference.items():
-            torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
+            torch.testing.assert_close(state[name], value, rtol=rtol, atol=atol, msg=name)
         assert state_elements == 2 * held  # AdamW's two moments, over this rank's chunks only
         if kind == "dp":  # every parameter is replicated: each rank's chunks are half the model
             assert held == sum(-(-v.numel() // 2) for v in reference.values() if v.is_floating_point())
