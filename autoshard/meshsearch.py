@@ -121,7 +121,7 @@ def search_mesh(
     example_kwargs: Mapping[str, Any] | None = None,
     *,
     nodes: int = 1,
-    max_axes: int = 4,
+    max_axes: int = 3,  # 4-D meshes multiply strategies per op: minutes on some models (issue 17)
     meshes: list[tuple[int, ...]] | None = None,
     progress: Callable[[str], None] | None = None,
     captured: Captured | None = None,

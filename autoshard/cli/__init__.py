@@ -8,7 +8,7 @@
     autoshard verify --plan plan.json | --model SPEC --nproc 4 [--mesh 2x2] [--profile cpu]
     autoshard explain plan.json [--node fc1]
     autoshard diff a.json b.json
-    autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x1024:0.7,8x4096:0.3
+    autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x512:0.7,8x1024:0.3
     autoshard profile --out node.json [--ranks 4] [--base a100x8]
     autoshard whatif plan.json --against other.json [...] --vary batch=1..1024 [--vary seq=...] [--show]
     autoshard ops MODEL [--json]

@@ -40,10 +40,13 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "--mesh",
         type=mesh,
         default="auto",
-        help="mesh axis sizes, e.g. 2x8, or auto (default): try 1-D to 4-D meshes, keep the best",
+        help="mesh axis sizes, e.g. 2x8, or auto (default): try 1-D to --max-axes-D meshes, keep the best",
     )
     s.add_argument(
-        "--max-axes", type=positive, default=4, help="with --mesh auto: the most mesh axes to try (default 4)"
+        "--max-axes",
+        type=positive,
+        default=3,
+        help="with --mesh auto: the most mesh axes to try (default 3; 4-D meshes can take minutes to plan)",
     )
     s.add_argument("--batch", type=positive, default=None, help="global batch size (zoo models)")
     s.add_argument("--seq", type=positive, default=None, help="sequence length (zoo models)")

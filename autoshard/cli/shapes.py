@@ -1,6 +1,6 @@
 """``autoshard shapes``: one parameter layout for several (batch, sequence) shapes of a zoo model, weighted.
 
-autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x1024:0.7,8x4096:0.3
+autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x512:0.7,8x1024:0.3
 """
 
 from __future__ import annotations
