@@ -288,7 +288,7 @@ def _plan_pipelined(
     rest, cuts = split_cut_pins(annotations, prefix, layers)
     request = check_request(
         pipeline, microbatches, schedule, batch=batch, layers=layers, devices=cluster.num_devices,
-        nodes=cluster.nodes, cuts=cuts,
+        nodes=cluster.nodes, cuts=cuts, outer=cluster.mesh_shape[0],
     )  # fmt: skip
     if request.degree != 1 and layers < 2:
         raise PipelineError(

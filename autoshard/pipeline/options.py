@@ -60,18 +60,28 @@ def check_request(
     devices: int,
     nodes: int,
     cuts: tuple[int, ...] = (),
+    outer: int | None = None,
 ) -> PipelineRequest:
-    """Validate the pins against the model and cluster (the one-line errors of the module docstring)."""
+    """Validate the pins against the model and cluster (the one-line errors of the module docstring).
+
+    ``outer``: the size of the outermost mesh axis, which the stages are laid along; the degrees suggested in
+    an error are the ones that divide it (default: the device count).
+    """
     if pipeline is None:
         degree: int | None = 1
     elif pipeline == "auto":
         degree = None
     elif _whole(pipeline) and pipeline >= 1:  # type: ignore[operator]
         degree = int(pipeline)
-        fits = [d for d in divisors(devices) if d <= max(1, layers)]
+        fits = [d for d in divisors(outer or devices) if d <= max(1, layers)]
         if devices % degree:
             raise PipelineError(
                 f"pipeline={degree}: {degree} stages do not divide the {devices} devices; use one of {fits}"
+            )
+        if outer is not None and outer % degree:
+            raise PipelineError(
+                f"pipeline={degree}: the stages are laid along the outermost mesh axis, of size {outer}, which "
+                f"{degree} does not divide; use one of {fits}"
             )
         if degree > max(1, layers):
             raise PipelineError(

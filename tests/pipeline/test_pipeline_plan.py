@@ -92,6 +92,13 @@ def test_pinned_cut_and_schedule(slow_link) -> None:
     assert plan.pipeline.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=0.5)
 
 
+def test_suggested_degrees_fit_the_outermost_axis() -> None:
+    """On a 2 x 8 mesh only 1 and 2 stages fit the outermost axis: the error suggests those, not [1, 2, 4, 8]."""
+    for degree in (3, 4):
+        with pytest.raises(PipelineError, match=r"outermost mesh axis, of size 2.*\[1, 2\]$|\[1, 2\]$"):
+            check_request(degree, 1, "auto", batch=16, layers=12, devices=16, nodes=2, outer=2)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
