@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_cost_compute import H100_BF16_GEMMS  # measured on one H100: (m, k, n) -> seconds
 
 from cost_models import load_profile
 from cost_models.compute import attention_time, compute_time, gemm_efficiency, matmul_time
@@ -24,18 +25,6 @@ from cost_models.overlap import (
 )
 
 A100, H100, CPU = load_profile("a100x8"), load_profile("h100x8"), load_profile("cpu")
-
-# Measured on one H100 (see test_cost_compute.py): (m, k, n) -> seconds, bf16.
-H100_BF16_GEMMS = {
-    (2048, 2048, 2048): 25.9e-6,
-    (3072, 3072, 3072): 78.2e-6,
-    (4096, 4096, 4096): 182e-6,
-    (8192, 8192, 8192): 1.53e-3,
-    (8192, 4096, 4096): 388e-6,
-    (8192, 4096, 14336): 1.42e-3,
-    (4096, 4096, 1024): 54.8e-6,
-    (2048, 8192, 8192): 382e-6,
-}
 
 
 @pytest.mark.parametrize(("shape", "measured"), H100_BF16_GEMMS.items(), ids=lambda x: str(x))
