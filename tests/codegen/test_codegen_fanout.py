@@ -5,18 +5,17 @@ and on real gloo ranks (Korthikanti et al. 2022, Fig. 5: g / g-bar around attent
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
+from test_codegen_lower import code_counts  # phase kind -> collectives in the generated code
 from torch import nn
 
 import autoshard
 from autoshard.capture import capture
 from autoshard.codegen import assign_strategies, lower_graph, plan_cluster
-from autoshard.codegen.collectives import parse_steps
 from autoshard.placement import ShardingSpec
 from autoshard.planner import _build, _output_order
 from autoshard.problem.costs import CostOptions
@@ -67,17 +66,6 @@ def activation_counts(plan: autoshard.Plan, phase: str) -> Counter[str]:
     return Counter(
         c.kind for c in plan.collectives if c.phase == phase and c.node not in plan.param_placements
     )
-
-
-_CALL = re.compile(r"redistribute\(\w+, \w+, '([^']*)', '([^']*)'\)")
-
-
-def code_counts(code: str) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for fwd, bwd in _CALL.findall(code):
-        for phase, text in (("forward", fwd), ("backward", bwd)):
-            counts.update(f"{phase} {s.kind}" for s in parse_steps(text) if s.is_collective)
-    return counts
 
 
 def test_megatron_sp_is_the_optimum_of_a_real_size_layer_with_4_and_4_collectives() -> None:
