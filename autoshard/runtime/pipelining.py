@@ -33,7 +33,9 @@ The batch is cut into microbatches *before* it is split over a stage's ranks (:f
 microbatch ``k`` is the same rows of the global batch whatever the intra-op split.  Replicated parameters
 synchronise their gradients once per step, after the last microbatch (:mod:`autoshard.runtime.grad_sync`
 takes their all-reduces out of the stage graph's backward; ``sync_once=False`` keeps one per microbatch);
-gradients that are reduce-scattered (FSDP) still are, in every microbatch's backward.
+gathered (FSDP) parameters accumulate their whole gradient over the microbatches and reduce-scatter it once
+per step, as priced.  A :class:`~autoshard.runtime.zero.ZeroOptimizer` over a stage module reduce-scatters
+the deferred sums itself (ZeRO-1 combines with pipelining: the same pass, one record).
 
 Example (on every rank, e.g. under ``torchrun``)::
 
@@ -170,7 +172,7 @@ def build_pipeline(
             b.module, b.plan, (b.example,), mesh=intra_mesh, captured=b.captured, device=where, record=record
         )
         modules.append(module)
-        deferred.append(defer_gradient_sync(module) if sync_once else ())
+        deferred.append(defer_gradient_sync(module, gathered=True) if sync_once else ())
         planned_out = spec_of(b.plan.output_placements[0])
         out_spec = output_spec if b is last else planned_out
         runs: nn.Module = module
