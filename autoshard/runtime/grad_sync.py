@@ -161,11 +161,14 @@ def unclaimed(module: fx.GraphModule, deferred: tuple[DeferredSync, ...]) -> tup
     return tuple(d for d in deferred if d.param not in taken)
 
 
-def sync_gradients(module: fx.GraphModule, deferred: tuple[DeferredSync, ...]) -> None:
+def sync_gradients(
+    module: fx.GraphModule, deferred: tuple[DeferredSync, ...], *, claimed: bool = False
+) -> None:
     """Run the deferred steps nobody claimed on each parameter's accumulated gradient (a collective of the
-    module's mesh: every rank of the stage calls it, in the same order)."""
+    module's mesh: every rank of the stage calls it, in the same order).  ``claimed``: run ``deferred`` as
+    given (the component that claimed them calls)."""
     comm: MeshComm = getattr(module, INFO_ATTR).comm
-    for item in unclaimed(module, deferred):
+    for item in deferred if claimed else unclaimed(module, deferred):
         param = module.get_parameter(item.param)
         with torch.no_grad():
             if item.gathered:
