@@ -157,7 +157,7 @@ def claim(module: fx.GraphModule, fqns: set[str]) -> None:
 
 
 def unclaimed(module: fx.GraphModule, deferred: tuple[DeferredSync, ...]) -> tuple[DeferredSync, ...]:
-    taken = getattr(module, CLAIMED_ATTR, set())
+    taken: set[str] = getattr(module, CLAIMED_ATTR, set())
     return tuple(d for d in deferred if d.param not in taken)
 
 
