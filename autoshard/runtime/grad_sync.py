@@ -162,11 +162,16 @@ def unclaimed(module: fx.GraphModule, deferred: tuple[DeferredSync, ...]) -> tup
 
 
 def sync_gradients(
-    module: fx.GraphModule, deferred: tuple[DeferredSync, ...], *, claimed: bool = False
+    module: fx.GraphModule,
+    deferred: tuple[DeferredSync, ...],
+    *,
+    claimed: bool = False,
+    scale: int = 1,
 ) -> None:
     """Run the deferred steps nobody claimed on each parameter's accumulated gradient (a collective of the
     module's mesh: every rank of the stage calls it, in the same order).  ``claimed``: run ``deferred`` as
-    given (the component that claimed them calls)."""
+    given (the component that claimed them calls).  ``scale``: divide held gathered gradients by it first (a
+    pipeline schedule divides ``.grad`` by the microbatch count, which the held buffer missed)."""
     comm: MeshComm = getattr(module, INFO_ATTR).comm
     for item in deferred if claimed else unclaimed(module, deferred):
         param = module.get_parameter(item.param)
@@ -176,6 +181,8 @@ def sync_gradients(
                 if pending is None:
                     continue
                 setattr(param, PENDING_ATTR, None)
+                if scale != 1:
+                    pending.div_(scale)
                 part = run_steps(pending, parse_steps(item.steps), comm, "backward")
                 param.grad = part if param.grad is None else param.grad.add_(part)
                 continue

@@ -241,8 +241,9 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     local_target = local_batch(target, run.output_spec, run.microbatches, mesh_shape, coord).to(run.device)
     losses: list[torch.Tensor] = []
     run.schedule.step(*args, target=local_target if run.is_last else None, losses=losses)
+    scale = run.microbatches if getattr(run.schedule, "scale_grads", True) else 1  # as torch scaled .grad
     for module, deferred in zip(run.modules, run.deferred, strict=True):
-        sync_gradients(module, deferred)
+        sync_gradients(module, deferred, scale=scale)
     if not run.is_last:
         return None
     loss = torch.stack([t.detach() for t in losses]).mean()
