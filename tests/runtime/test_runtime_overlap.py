@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -73,6 +74,11 @@ def _train_fsdp_prefetch() -> tuple[
         opt.step()
     assert prefetcher.events is not None
     planned = parallel_info(module).collective_counts("forward")["all_gather"]
+    ran = Counter(
+        (r.kind, r.mesh_axis, r.nbytes) for r in parallel_info(module).comm.log or () if r.phase == "regather"
+    )
+    priced = Counter((c.kind, c.mesh_axis, c.nbytes) for c in p.collectives if c.phase == "regather")
+    assert ran == Counter({k: n * STEPS for k, n in priced.items()}), (ran, priced)  # priced == emitted
     return full_state_dict(module), _counts(module), prefetcher.events, rewired, planned
 
 
