@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,9 +179,14 @@ class GradSyncOverlap:
             self.where[id(param)] = last
         self.events: list[tuple[int, int]] = []  # (bucket, gradients of the step still to come) at issue
         self._waiting = len(self.where)
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(self._arrived) for b in self.buckets for p in b.params
-        ]
+        arrived = weakref.WeakMethod(self._arrived)  # a hook on a parameter must not keep the groups alive
+
+        def hook(param: torch.Tensor) -> None:
+            method = arrived()
+            if method is not None:
+                method(param)
+
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for b in self.buckets for p in b.params]
 
     def _arrived(self, param: torch.Tensor) -> None:
         bucket = self.where[id(param)]

@@ -44,6 +44,7 @@ Example::
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -197,8 +198,13 @@ class ZeroOptimizer:
         ]
 
     def _hook(self, flat: FlatShard, master: nn.Parameter) -> Callable[[torch.Tensor], None]:
+        # weakly: a hook lives on the parameter, out of the garbage collector's sight, so a strong reference
+        # would keep this optimizer -- and its process groups -- alive for good (examples/train.py)
+        owner = weakref.ref(self)
+
         def reduce_now(param: torch.Tensor) -> None:
-            assert param.grad is not None
+            self = owner()
+            assert param.grad is not None and self is not None
             if self.buckets is not None and self.buckets.handles(master):
                 self.buckets.add(master, param.grad)  # reduce-scattered asynchronously with its bucket
                 param.grad = None
