@@ -20,6 +20,11 @@ from autoshard.runtime.zero import ZeroOptimizer
 from cost_models.overlap import OverlapPolicy
 
 
+def _equal(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+    for name, value in reference.items():
+        torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
+
+
 def _counts(module: Any) -> dict[str, int]:
     counts: dict[str, int] = {}
     for rec in parallel_info(module).comm.log or []:
@@ -45,8 +50,7 @@ def _train_dp() -> tuple[dict[str, torch.Tensor], dict[str, int], list[tuple[int
 def test_dp_all_reduce_is_bucketed_and_issued_during_backward() -> None:
     reference = _reference()
     for state, counts, events, buckets, code in launch(_train_dp, 2):
-        for name, value in reference.items():
-            torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
+        _equal(state, reference)
         assert buckets > 2  # 64 KiB buckets over the tiny LLaMA's ~0.9 MiB of gradients
         assert counts["backward:all_reduce"] == buckets * STEPS  # one all-reduce per bucket, none per edge
         per_step = [events[i * buckets : (i + 1) * buckets] for i in range(STEPS)]
@@ -95,8 +99,7 @@ def _ahead(events: list[tuple[str, str, str]], phase: str, order: list[str]) -> 
 def test_fsdp_gathers_are_prefetched_forward_and_backward() -> None:
     reference = _reference()
     for state, counts, events, rewired, planned in launch(_train_fsdp_prefetch, 2):
-        for name, value in reference.items():
-            torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
+        _equal(state, reference)
         assert counts["forward:all_gather"] == planned * STEPS  # prefetch adds no gather
         assert counts["regather:all_gather"] == rewired * STEPS
         per_step = len(events) // STEPS
