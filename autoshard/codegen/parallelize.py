@@ -51,8 +51,8 @@ from autoshard.codegen.collectives import MeshComm
 from autoshard.codegen.lower import COMM_ATTR, AttrSpec, EdgeRecord, collective_counts, lower_graph
 from autoshard.codegen.recompute import checkpoint_blocks
 from autoshard.codegen.shard import gather_full, local_piece, spec_of
-from autoshard.errors import MeshError, ProfileError
-from autoshard.placement import ShardingSpec
+from autoshard.errors import MeshError, ProfileError, UnsupportedOpError
+from autoshard.placement import Replicate, ShardingSpec
 from autoshard.plans import Plan
 
 __all__ = [
@@ -135,6 +135,7 @@ def parallelize(
     """
     mesh = mesh if mesh is not None else _mesh(plan)
     comm = MeshComm.from_device_mesh(mesh, record=record)
+    comm.zigzag_axis = plan.zigzag_axis  # context parallelism's load-balanced sequence layout
     if comm.mesh_shape != tuple(plan.mesh_shape):
         raise MeshError(f"mesh {comm.mesh_shape} does not match the plan's mesh {plan.mesh_shape}")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
@@ -149,7 +150,13 @@ def parallelize(
     strategies = assign_strategies(captured, plan)
     where = torch.device(device) if device is not None else _default_device()
     lowered = lower_graph(
-        captured, strategies, cluster or plan_cluster(plan), comm.coord, training=plan.training, device=where
+        captured,
+        strategies,
+        cluster or plan_cluster(plan),
+        comm.coord,
+        training=plan.training,
+        device=where,
+        zigzag_axis=plan.zigzag_axis,
     )
     _reproducible_randomness(lowered.graph, strategies, comm)
     root: dict[str, Any] = {COMM_ATTR: comm}
@@ -230,6 +237,12 @@ def _local_tensor(
 ) -> torch.Tensor:
     requires_grad = attr.kind == "parameter" and model.get_parameter(attr.fqn).requires_grad
     if weights is not None:
+        if comm.zigzag_axis is not None and attr.spec.placements[comm.zigzag_axis] != Replicate():
+            raise UnsupportedOpError(
+                f"{attr.kind} {attr.fqn} is split ({attr.spec}) on mesh axis {comm.zigzag_axis}, which uses the "
+                "zigzag layout: weight sources cut contiguous pieces; load the model on the CPU, or plan with "
+                "cp_layout='contiguous'"
+            )
         piece = weights.local(attr, comm.mesh_shape, comm.coord).to(device)
         want = spec_of_local(attr, comm)
         if tuple(piece.shape) != want:
@@ -249,7 +262,7 @@ def _local_tensor(
             f"{attr.kind} {attr.fqn} is on the meta device: pass parallelize(..., weights=InitWeights(model) or "
             "SafetensorsWeights(directory, model)) from autoshard.runtime.materialize, or build the model on the CPU"
         )
-    piece = local_piece(whole, attr.spec, comm.mesh_shape, comm.coord).to(device)
+    piece = local_piece(whole, attr.spec, comm.mesh_shape, comm.coord, comm.zigzag_axis).to(device)
     if attr.kind == "parameter":
         return nn.Parameter(piece, requires_grad=whole.requires_grad)
     return piece
@@ -319,7 +332,7 @@ def shard_inputs(
             raise PlanMismatchError(
                 f"shard_inputs: no value for input {name!r} (inputs: {list(plan.input_placements)})"
             )
-        pieces.append(local_piece(value, spec_of(placements), plan.mesh_shape, where))
+        pieces.append(local_piece(value, spec_of(placements), plan.mesh_shape, where, plan.zigzag_axis))
     return tuple(pieces)
 
 
@@ -387,7 +400,9 @@ def load_full_state_dict(module: fx.GraphModule, state: Mapping[str, torch.Tenso
                 raise PlanMismatchError(
                     f"load_full_state_dict: {attr.fqn} has shape {tuple(whole.shape)}, expected {attr.global_shape}"
                 )
-            target.copy_(local_piece(whole, attr.spec, info.comm.mesh_shape, info.comm.coord))
+            target.copy_(
+                local_piece(whole, attr.spec, info.comm.mesh_shape, info.comm.coord, info.comm.zigzag_axis)
+            )
 
 
 def _attr_tensor(module: fx.GraphModule, attr: AttrSpec) -> torch.Tensor:

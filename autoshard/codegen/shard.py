@@ -23,7 +23,7 @@ from autoshard.codegen.collectives import MeshComm, run_steps
 from autoshard.errors import ShardingError
 from autoshard.placement import ShardingSpec
 from autoshard.redistribute import plan_redistribute
-from autoshard.strategies.local import shard_range
+from autoshard.strategies.local import shard_intervals
 
 __all__ = ["gather_full", "local_piece", "spec_of"]
 
@@ -34,17 +34,22 @@ def spec_of(placements: Sequence[str]) -> ShardingSpec:
 
 
 def local_piece(
-    tensor: torch.Tensor, spec: ShardingSpec, mesh_shape: Sequence[int], coord: Sequence[int]
+    tensor: torch.Tensor,
+    spec: ShardingSpec,
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    zigzag_axis: int | None = None,
 ) -> torch.Tensor:
-    """The piece of ``tensor`` that device ``coord`` holds under ``spec`` (a contiguous copy)."""
+    """The piece of ``tensor`` that device ``coord`` holds under ``spec`` (a contiguous copy); splits on
+    ``zigzag_axis`` keep two chunks of ``2n`` (:func:`~autoshard.strategies.local.shard_intervals`)."""
     if spec.partial_axes():
         raise ShardingError(f"cannot cut a Partial piece ({spec}) out of a whole tensor: use R or S(d)")
     spec.check_fits(tuple(tensor.shape), mesh_shape)
     piece = tensor
     for dim in range(tensor.dim()):
-        start, length = shard_range(spec, dim, int(tensor.shape[dim]), mesh_shape, coord)
-        if length != tensor.shape[dim]:
-            piece = piece.narrow(dim, start, length)
+        runs = shard_intervals(spec, dim, int(tensor.shape[dim]), mesh_shape, coord, zigzag_axis)
+        if runs and runs != ((0, tensor.shape[dim]),):
+            piece = torch.cat([piece.narrow(dim, start, length) for start, length in runs], dim=dim)
     return piece.detach().clone(memory_format=torch.contiguous_format)
 
 
