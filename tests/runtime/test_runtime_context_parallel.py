@@ -1,4 +1,6 @@
-"""A plan that chooses ring attention (context parallelism) runs on 4 gloo ranks and matches one device."""
+"""Plans with ring attention (context parallelism) run on 4 gloo ranks and match one device: a causal toy where
+the planner chooses the ring and the zigzag layout itself, and a tiny LLaMA (GQA, RoPE, the model's own mask)
+with the ring and the zigzag layout pinned."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import torch
 from torch import nn
 
 import autoshard
+from autoshard import zoo
 from autoshard.codegen import context
+from autoshard.pipeline.summary import headline
 from autoshard.runtime.verify import cluster_for
 
 
@@ -35,6 +39,18 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
     (sdpa,) = [n for n in plan.nodes if "scaled_dot_product_attention" in n.target]
     assert sdpa.strategy == "S(2), S(2), S(2) -> S(2)"  # q, k, v and the output split along the sequence
     assert plan.degrees == {"cp": 4}
+    # an implicit causal mask: contiguous chunks would leave the last rank 7/4 of the average work
+    assert (plan.context_axis, plan.context_layout) == (0, "zigzag")
+    assert any("zigzag layout (contiguous would add" in n for n in plan.notes)
+    assert "CP 4 (zigzag)" in headline(plan)
+    hops = _count_hops(tmp_path, monkeypatch)
+    report = autoshard.verify(model, (x,), plan=plan)
+    assert report.ok, str(report)
+    # 4 ranks x (3 hops forward + 4 backward): the ring really ran
+    assert hops.read_text().count("hop") == 4 * 7
+
+
+def _count_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     hops = tmp_path / "hops"
     rotate = context._rotate
 
@@ -44,7 +60,22 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
         return rotate(tensors, nxt, prv, group)
 
     monkeypatch.setattr(context, "_rotate", counted)
-    report = autoshard.verify(model, (x,), plan=plan)
+    return hops
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_tiny_llama_with_a_pinned_zigzag_ring_matches_one_device(
+    ranks: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = zoo.build("llama-tiny", batch=1, seq=32)  # 4 heads over 2 kv heads; 32 tokens = 4 chunks per rank
+    model = case.model.double()  # float64 throughout (LLaMA's RMSNorm still rounds through float32)
+    pins = {"model.layers.*.self_attn": "ring", "input_ids": ("S(1)",)}
+    plan = autoshard.plan(model, cluster_for("cpu", ranks), case.args, annotations=pins, cp_layout="zigzag")
+    assert (plan.context_axis, plan.context_layout, plan.degrees.get("cp")) == (0, "zigzag", ranks)
+    assert plan.input_placements == {"input_ids": ("S(1)",)}  # the sequence is split once, at the input
+    hops = _count_hops(tmp_path, monkeypatch)
+    report = autoshard.verify(model, case.args, plan=plan)
     assert report.ok, str(report)
-    # 4 ranks x (3 hops forward + 4 backward): the ring really ran
-    assert hops.read_text().count("hop") == 4 * 7
+    # 2 layers x ranks x ((n - 1) hops forward + n backward)
+    assert hops.read_text().count("hop") == 2 * ranks * (2 * ranks - 1)
