@@ -197,7 +197,9 @@ def _all_to_all(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tens
     n = comm.mesh_shape[step.mesh_axis]
     src, dst = _dim(step.src_dim), _dim(step.dst_dim)
     zigzag = step.mesh_axis == comm.zigzag_axis
-    sent = torch.stack((_reorder(x, dst, _to_zigzag(n)) if zigzag else x).chunk(n, dim=dst))  # [k] to member k
+    sent = torch.stack(
+        (_reorder(x, dst, _to_zigzag(n)) if zigzag else x).chunk(n, dim=dst)
+    )  # [k] to member k
     received = torch.empty_like(sent)  # received[m] came from member m
     dist.all_to_all_single(received, sent, group=comm.group(step.mesh_axis))
     out = torch.cat(received.unbind(0), dim=src)

@@ -101,7 +101,11 @@ Block = tuple[slice, slice, torch.Tensor | None]  # local query rows, held key r
 
 
 def _blocks(
-    q_ids: tuple[int, ...], k_ids: tuple[int, ...], chunk: int, device: torch.device, rows: torch.Tensor | None
+    q_ids: tuple[int, ...],
+    k_ids: tuple[int, ...],
+    chunk: int,
+    device: torch.device,
+    rows: torch.Tensor | None,
 ) -> list[Block]:
     """The (query chunk, key chunk) pairs with something to compute: a causal pair below the diagonal is whole,
     on it lower-triangular, above it skipped; under an explicit mask, pairs with no visible entry are skipped.

@@ -147,8 +147,9 @@ def lower_graph(
     zigzag_axis: int | None = None,
 ) -> LoweredGraph:
     """The graph device ``coord`` runs (module doc); ``zigzag_axis``: the mesh axis whose splits use the
-    load-balanced layout (the plan's ``context_axis`` when ``context_layout == "zigzag"``).  Raises :class:`UnsupportedOpError` for graphs that are
-    not plain ATen graphs (the ``symbolic_trace`` fallback) or mutate buffers."""
+    load-balanced layout (the plan's ``context_axis`` when ``context_layout == "zigzag"``).  Raises
+    :class:`UnsupportedOpError` for graphs that are not plain ATen graphs (the ``symbolic_trace`` fallback)
+    or mutate buffers."""
     if captured.method != "export":
         raise UnsupportedOpError(
             f"codegen needs a torch.export graph; this model was captured with {captured.method} "

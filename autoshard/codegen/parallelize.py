@@ -50,9 +50,9 @@ from autoshard.codegen.assign import PlanMismatchError, PlanMismatchWarning, ass
 from autoshard.codegen.collectives import MeshComm
 from autoshard.codegen.lower import COMM_ATTR, AttrSpec, EdgeRecord, collective_counts, lower_graph
 from autoshard.codegen.recompute import checkpoint_blocks
-from autoshard.codegen.shard import gather_full, local_piece, spec_of
-from autoshard.errors import MeshError, ProfileError, UnsupportedOpError
-from autoshard.placement import Replicate, ShardingSpec
+from autoshard.codegen.shard import contiguous_only, gather_full, local_piece, spec_of
+from autoshard.errors import MeshError, ProfileError
+from autoshard.placement import ShardingSpec
 from autoshard.plans import Plan
 
 __all__ = [
@@ -149,14 +149,9 @@ def parallelize(
         captured = capture(model, args, dict(example_kwargs or {}), blocks="full", fuse_experts=fuse)
     strategies = assign_strategies(captured, plan)
     where = torch.device(device) if device is not None else _default_device()
+    cluster, zigzag = cluster or plan_cluster(plan), plan.zigzag_axis
     lowered = lower_graph(
-        captured,
-        strategies,
-        cluster or plan_cluster(plan),
-        comm.coord,
-        training=plan.training,
-        device=where,
-        zigzag_axis=plan.zigzag_axis,
+        captured, strategies, cluster, comm.coord, training=plan.training, device=where, zigzag_axis=zigzag
     )
     _reproducible_randomness(lowered.graph, strategies, comm)
     root: dict[str, Any] = {COMM_ATTR: comm}
@@ -237,12 +232,7 @@ def _local_tensor(
 ) -> torch.Tensor:
     requires_grad = attr.kind == "parameter" and model.get_parameter(attr.fqn).requires_grad
     if weights is not None:
-        if comm.zigzag_axis is not None and attr.spec.placements[comm.zigzag_axis] != Replicate():
-            raise UnsupportedOpError(
-                f"{attr.kind} {attr.fqn} is split ({attr.spec}) on mesh axis {comm.zigzag_axis}, which uses the "
-                "zigzag layout: weight sources cut contiguous pieces; load the model on the CPU, or plan with "
-                "cp_layout='contiguous'"
-            )
+        contiguous_only(attr.fqn, attr.spec, comm.zigzag_axis)  # weight sources cut contiguous pieces
         piece = weights.local(attr, comm.mesh_shape, comm.coord).to(device)
         want = spec_of_local(attr, comm)
         if tuple(piece.shape) != want:

@@ -20,12 +20,12 @@ from collections.abc import Sequence
 import torch
 
 from autoshard.codegen.collectives import MeshComm, run_steps
-from autoshard.errors import ShardingError
-from autoshard.placement import ShardingSpec
+from autoshard.errors import ShardingError, UnsupportedOpError
+from autoshard.placement import Replicate, ShardingSpec
 from autoshard.redistribute import plan_redistribute
 from autoshard.strategies.local import shard_intervals
 
-__all__ = ["gather_full", "local_piece", "spec_of"]
+__all__ = ["contiguous_only", "gather_full", "local_piece", "spec_of"]
 
 
 def spec_of(placements: Sequence[str]) -> ShardingSpec:
@@ -51,6 +51,16 @@ def local_piece(
         if runs and runs != ((0, tensor.shape[dim]),):
             piece = torch.cat([piece.narrow(dim, start, length) for start, length in runs], dim=dim)
     return piece.detach().clone(memory_format=torch.contiguous_format)
+
+
+def contiguous_only(name: str, spec: ShardingSpec, zigzag_axis: int | None) -> None:
+    """Refuse a piece cut by code that knows only contiguous blocks (a weight source reading a checkpoint)
+    when ``spec`` splits on the zigzag axis of context parallelism."""
+    if zigzag_axis is not None and not isinstance(spec.placements[zigzag_axis], Replicate):
+        raise UnsupportedOpError(
+            f"{name} is split ({spec}) on mesh axis {zigzag_axis}, which uses the zigzag layout, and this source "
+            "cuts contiguous pieces: build the model on the CPU, or plan with cp_layout='contiguous'"
+        )
 
 
 def gather_full(

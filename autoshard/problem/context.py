@@ -115,7 +115,9 @@ def permutation_seconds(collectives: Iterable[object], axis: int, cluster: Clust
     return total
 
 
-def choose_layout(built: BuiltProblem, chosen: Mapping[str, OpStrategy], collectives: Iterable[object]) -> ContextChoice:
+def choose_layout(
+    built: BuiltProblem, chosen: Mapping[str, OpStrategy], collectives: Iterable[object]
+) -> ContextChoice:
     """The layout of the plan's ring axis (module doc), given the search's problem and choice; the layout
     asked for is ``built.options.cp_layout``."""
     from autoshard.problem.costs import node_compute, repeats
@@ -183,7 +185,7 @@ def context_degrees(
     return {"cp": degree} if degree > 1 else {}
 
 
-def _meta_of_input(infos: dict[str, NodeInfo], info: NodeInfo, position: int) -> TensorMeta | None:
+def _meta_of_input(infos: Mapping[str, NodeInfo], info: NodeInfo, position: int) -> TensorMeta | None:
     return _meta(infos[info.inputs[position]], info.input_outputs[position])
 
 

@@ -28,7 +28,13 @@ SHAPE = (8, 8)  # 2n = 8 chunks of one row on 4 ranks
         ("(S(0),)", (4,), (1,), None, ((4, 4),)),
         ("(S(0),)", (4,), (1,), 0, ((2, 2), (12, 2))),  # chunks 1 and 6 of 8
         ("(S(0),)", (4,), (3,), 0, ((6, 2), (8, 2))),  # chunks 3 and 4: the middle pair
-        ("(S(0), S(0))", (2, 2), (1, 0), 0, ((4, 4),)),  # axis 0 keeps chunks 1, 2 of 4; axis 1 the first half
+        (
+            "(S(0), S(0))",
+            (2, 2),
+            (1, 0),
+            0,
+            ((4, 4),),
+        ),  # axis 0 keeps chunks 1, 2 of 4; axis 1 the first half
         ("(S(0), S(0))", (2, 2), (1, 1), 0, ((8, 4),)),
         ("(S(0), S(0))", (2, 2), (0, 1), 1, ((2, 2), (4, 2))),  # inner zigzag cuts the outer block 0..8
         ("(R, S(0))", (2, 2), (1, 0), 0, ((0, 8),)),  # the zigzag axis does not split this dim
@@ -39,7 +45,7 @@ def test_a_device_holds_the_zigzag_chunks(spec, mesh, coord, zigzag, runs) -> No
 
 
 def test_ops_that_need_one_run_refuse_a_zigzag_piece() -> None:
-    with pytest.raises(ShardingError, match="zigzag layout on mesh axis 0.*cp_layout='contiguous'"):
+    with pytest.raises(ShardingError, match=r"zigzag layout on mesh axis 0.*cp_layout='contiguous'"):
         shard_range(ShardingSpec.parse("(S(0),)"), 0, 16, (4,), (1,), 0)
 
 
@@ -79,7 +85,9 @@ def _check_all(mesh: tuple[int, ...], zigzag: int) -> set[str]:
             raise AssertionError(f"{src} -> {dst} via {format_steps(steps)} differs on {comm.coord}")
         kinds.update(s.kind for s in steps if s.mesh_axis == zigzag)
     for spec in _specs(mesh):  # back to the whole tensor: what gather_outputs / full_state_dict run
-        if not torch.equal(gather_full(local_piece(value, spec, mesh, comm.coord, zigzag), spec, SHAPE, comm), value):
+        if not torch.equal(
+            gather_full(local_piece(value, spec, mesh, comm.coord, zigzag), spec, SHAPE, comm), value
+        ):
             raise AssertionError(f"gathering {spec} does not restore the global order on {comm.coord}")
     return kinds
 
