@@ -116,3 +116,12 @@ def _reduce_and_pad() -> tuple[torch.Tensor, torch.Tensor]:
 def test_reduce_scatter_and_pad_on_the_zigzag_axis() -> None:
     for diff_scatter, diff_pad in launch(_reduce_and_pad, 4):
         assert not diff_scatter.any() and not diff_pad.any()
+
+
+def test_the_layout_is_torchs_head_tail_load_balancer() -> None:
+    """torch's own context parallelism (``context_parallel``, which fails on CPU: no sharding strategy for the
+    CPU flash kernel) balances causal work with the same permutation: cross-check against its private one."""
+    balancer = pytest.importorskip("torch.distributed.tensor.experimental._context_parallel._load_balancer")
+    torch_order = balancer._HeadTailLoadBalancer(16, 4, "cpu")._generate_indices()[0]
+    ours = [local_piece(torch.arange(16), ShardingSpec.parse("(S(0),)"), (4,), (k,), 0) for k in range(4)]
+    assert torch.cat(ours).tolist() == torch_order.tolist()
