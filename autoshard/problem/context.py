@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Literal
 
 from autoshard.capture.meta import TensorMeta
 from autoshard.cluster import Cluster
+from autoshard.errors import ShardingError
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
@@ -128,6 +129,18 @@ def choose_layout(
         return ContextChoice(None, "contiguous", 0.0)
     if asked == "contiguous":
         return ContextChoice(axis, "contiguous", 0.0)
+    blockers = ", ".join(_one_run_ops(built.infos, chosen, axis)[:3])
+    if blockers:  # their local_args hooks read one (start, length) range per device; zigzag holds two
+        why = (
+            f"{blockers} split on mesh axis {axis} need one run of the sequence per device, zigzag holds two"
+        )
+        if asked == "zigzag":
+            raise ShardingError(
+                f"cp_layout='zigzag' cannot be emitted: {why}; use cp_layout='auto' or 'contiguous'"
+            )
+        return ContextChoice(
+            axis, "contiguous", 0.0, f"ring attention on axis {axis}: contiguous layout ({why})"
+        )
     perm = permutation_seconds(list(collectives), axis, cluster)
     if asked == "zigzag":
         return ContextChoice(axis, "zigzag", perm, f"zigzag layout pinned: {perm:.3g} s of reordering")
@@ -146,6 +159,23 @@ def choose_layout(
         return ContextChoice(axis, "zigzag", perm, f"ring attention on axis {axis}: zigzag layout ({why})")
     note = f"ring attention on axis {axis}: contiguous layout ({why}; searched with balanced rings)"
     return ContextChoice(axis, "contiguous", imbalance, note)
+
+
+_ONE_RUN = ("embedding", "cross_entropy_loss", "nll_loss", "mse_loss", "l1_loss", "tril", "triu", "grouped_mm",
+             "expert_mlp")  # fmt: skip
+"""Ops whose ``local_args`` hook reads this device's offset along a split dim (vocab-parallel lookups, sharded
+losses, triangular masks, expert ranges): under zigzag a device holds two runs, which they do not take."""
+
+
+def _one_run_ops(infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy], axis: int) -> list[str]:
+    out = []
+    for name, strategy in chosen.items():
+        info = infos[name]
+        if any(op in info.target for op in _ONE_RUN) and any(
+            spec is not None and isinstance(spec.placements[axis], Shard) for spec in strategy.inputs
+        ):
+            out.append(info.module or name)
+    return out
 
 
 def ring_axis_of(infos: Mapping[str, NodeInfo], info: NodeInfo, strategy: OpStrategy) -> int | None:

@@ -15,7 +15,7 @@ import autoshard
 from autoshard import zoo
 from autoshard.capture import capture
 from autoshard.codegen import context
-from autoshard.errors import PlanFileError
+from autoshard.errors import PlanFileError, ShardingError
 from autoshard.pipeline.summary import headline
 from autoshard.runtime.verify import cluster_for
 
@@ -135,3 +135,24 @@ def test_an_explicit_mask_gains_nothing_from_zigzag_so_auto_keeps_contiguous() -
     # only add the reordering of the gathers on the ring axis
     assert plan.context_layout == "contiguous"
     assert any("contiguous layout (contiguous would add 0 s of causal imbalance" in n for n in plan.notes)
+
+
+class EmbedAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.attn = nn.Embedding(64, 32), CausalAttention(32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.attn(self.emb(ids))
+
+
+def test_zigzag_is_refused_where_an_op_needs_one_run_of_the_sequence() -> None:
+    model, ids = EmbedAttention(), torch.zeros(1, 4096, dtype=torch.long)
+    pins = {"emb": "vocab", "attn": "ring"}  # a vocab-parallel lookup reads its vocab offset on the ring axis
+    cluster = cluster_for("cpu", 4)
+    captured = capture(model, (ids,))
+    plan = autoshard.plan(model, cluster, (ids,), annotations=pins, captured=captured)
+    assert (plan.context_axis, plan.context_layout) == (0, "contiguous")
+    assert any("emb split on mesh axis 0 need one run" in n for n in plan.notes)
+    with pytest.raises(ShardingError, match="cp_layout='zigzag' cannot be emitted: emb split"):
+        autoshard.plan(model, cluster, (ids,), annotations=pins, captured=captured, cp_layout="zigzag")
