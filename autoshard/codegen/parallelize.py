@@ -213,7 +213,7 @@ def _reproducible_randomness(graph: fx.Graph, strategies: Mapping[str, Any], com
     """Dropout draws the single-device model's masks (:mod:`autoshard.runtime.rng`)."""
     from autoshard.runtime.rng import reproducible_randomness
 
-    reproducible_randomness(graph, strategies, comm.mesh_shape, comm.coord)
+    reproducible_randomness(graph, strategies, comm.mesh_shape, comm.coord, comm.zigzag_axis)
 
 
 def _default_device() -> torch.device:

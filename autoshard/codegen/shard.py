@@ -48,7 +48,9 @@ def local_piece(
     piece = tensor
     for dim in range(tensor.dim()):
         runs = shard_intervals(spec, dim, int(tensor.shape[dim]), mesh_shape, coord, zigzag_axis)
-        if runs and runs != ((0, tensor.shape[dim]),):
+        if len(runs) == 1 and runs[0] != (0, tensor.shape[dim]):
+            piece = piece.narrow(dim, *runs[0])
+        elif len(runs) > 1:  # the zigzag layout: two runs, in local order
             piece = torch.cat([piece.narrow(dim, start, length) for start, length in runs], dim=dim)
     return piece.detach().clone(memory_format=torch.contiguous_format)
 

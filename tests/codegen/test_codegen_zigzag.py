@@ -125,3 +125,15 @@ def test_the_layout_is_torchs_head_tail_load_balancer() -> None:
     torch_order = balancer._HeadTailLoadBalancer(16, 4, "cpu")._generate_indices()[0]
     ours = [local_piece(torch.arange(16), ShardingSpec.parse("(S(0),)"), (4,), (k,), 0) for k in range(4)]
     assert torch.cat(ours).tolist() == torch_order.tolist()
+
+
+def test_dropout_draws_the_single_device_mask_in_the_zigzag_layout() -> None:
+    from autoshard.runtime.rng import seeded_dropout
+
+    x, spec = torch.ones(2, 16), "(S(1),)"
+    torch.manual_seed(0)
+    whole = seeded_dropout(x, 0.5, True, "(R,)", (4,), (0,))
+    for k in range(4):
+        torch.manual_seed(0)
+        piece = seeded_dropout(x[:, :4], 0.5, True, spec, (4,), (k,), 0)
+        assert torch.equal(piece, local_piece(whole, ShardingSpec.parse(spec), (4,), (k,), 0))
