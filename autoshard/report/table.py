@@ -4,7 +4,8 @@ Input: a :class:`~autoshard.plans.Plan`, optionally a :class:`Baseline` (the sam
 parallel, or why that is impossible) and the wall time the planning took.
 Output: lines of at most ``width`` columns (default 100):
 
-1. the cluster and its mesh (which axes cross nodes);
+1. the cluster and its mesh (which axes cross nodes), and what each mesh axis splits
+   (:mod:`autoshard.report.axes`: the headline's degrees);
 2. the strategy per module group, repeated layers shown once (``model.layers.0–31 (×32)``);
 3. the named patterns recognised (:mod:`autoshard.report.patterns`);
 4. the collectives of one step, grouped by phase, kind, axis and purpose, with bytes and time;
@@ -28,6 +29,7 @@ from typing import Any
 
 from autoshard.pipeline.summary import headline
 from autoshard.plans import Collective, Plan
+from autoshard.report.axes import axis_uses
 from autoshard.report.figures import Baseline, figure_lines
 from autoshard.report.groups import Group, PlanView
 from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text, wrap
@@ -70,8 +72,9 @@ def render(
     """
     view = PlanView.of(plan)
     sections = [
-        [headline(plan)] if plan.degrees or plan.pipeline is not None or plan.microbatches > 1 else [],
+        [headline(plan)] if _parallel(view) or plan.pipeline is not None or plan.microbatches > 1 else [],
         _header(plan, width),
+        _axes(view, width),
         _strategy(view, width),
         _placements(view, width),
         _patterns(view, width),
@@ -81,6 +84,11 @@ def render(
     ]
     text = "\n\n".join("\n".join(lines) for lines in sections if lines)
     return "\n".join(_fit(line, width) for line in text.splitlines())
+
+
+def _parallel(view: PlanView) -> bool:
+    """Whether some mesh axis splits something (then the report opens with the headline)."""
+    return any(use.kind is not None for use in axis_uses(view))
 
 
 def _fit(line: str, width: int) -> str:
@@ -98,6 +106,17 @@ def _header(plan: Plan, width: int) -> list[str]:
     lines += wrap(hardware, width, " " * 10, "cluster   ")
     if mesh:
         lines += wrap(mesh.removeprefix("mesh "), width, " " * 10, "mesh      ")
+    return lines
+
+
+def _axes(view: PlanView, width: int) -> list[str]:
+    """What each mesh axis splits: the facts the headline's degrees are made of."""
+    uses = axis_uses(view, 0 if view.plan.pipeline is not None else None)
+    if not uses:
+        return []
+    lines = ["mesh axes (what each splits; the headline's degrees)"]
+    for use in uses:
+        lines += wrap(str(use), width, "    ", "  ")
     return lines
 
 
