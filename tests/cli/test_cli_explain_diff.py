@@ -67,3 +67,20 @@ def test_explain_errors_are_one_line(cli, tmp_path: Path, mlp_files: dict[str, P
     r = cli("explain", str(path))
     assert r.code == 2 and r.err.count("\n") == 1 and "--model SPEC" in r.err
     assert cli("explain", str(path), "--model", "mlp").code == 0
+
+
+def test_diff_normalises_placements_across_mesh_ranks() -> None:
+    """``R`` on a 1-D mesh and ``(R, R, R)`` on a 3-D one are the same placement; a real split still differs."""
+    import report_cases as cases
+
+    from autoshard.report.diff import render
+
+    op = [("linear", "fc", cases.LINEAR, "R, R -> R")]
+    flat = cases.make_plan((8,), {"fc.weight": ("R",), "fc.bias": ("R",)}, op)
+    op3 = [("linear", "fc", cases.LINEAR, "(R, R, R), (R, R, R) -> (R, R, R)")]
+    cube = cases.make_plan((2, 2, 2), {"fc.weight": ("R", "R", "R"), "fc.bias": ("R", "S(0)", "R")}, op3)
+    text = render(flat, cube)
+    assert "parameter placements: 1 differ, 1 the same" in text
+    assert "graph-node strategies: 1 differ" in text  # the bias's placeholder; the op and input x agree
+    assert "=>  -> (R, S(0), R)" in text
+    assert any(line.split() == ["fc.bias", "R", "->", "(R,", "S(0),", "R)"] for line in text.splitlines())
