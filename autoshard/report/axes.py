@@ -87,7 +87,7 @@ class AxisUse:
             return head + "nothing split: every device of this axis computes the same"
         what = _SAYS[self.compute]
         if self.compute == "sequence":
-            what += ", attention too (ring)" if self.attention_by_sequence else ", attention not"
+            what += ", attention too (ring)" if self.attention_by_sequence else ", attention not by sequence"
         stored = f"{self.params_split} of {self.params} parameters stored split"
         if self.gathered:
             stored += ", gathered before use"
