@@ -60,7 +60,7 @@ _WEIGHTED = ("matmul", "grouped_mm", "attention", "embedding")
 _SAYS = {
     "batch": "activations split by batch",
     "sequence": "activations split by sequence",
-    "features": "weights used split (tensor parallel)",
+    "features": "weights used split",
     "experts": "experts split",
 }
 
