@@ -171,9 +171,14 @@ def _one_run_ops(infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy]
     out = []
     for name, strategy in chosen.items():
         info = infos[name]
-        if any(op in info.target for op in _ONE_RUN) and any(
-            spec is not None and isinstance(spec.placements[axis], Shard) for spec in strategy.inputs
-        ):
+        if "embedding" in info.target:  # a lookup reads only its table's vocab offset (ids may split freely)
+            table = strategy.inputs[0]
+            blocked = table is not None and table.placements[axis] == Shard(0)
+        else:
+            blocked = any(op in info.target for op in _ONE_RUN) and any(
+                spec is not None and isinstance(spec.placements[axis], Shard) for spec in strategy.inputs
+            )
+        if blocked:
             out.append(info.module or name)
     return out
 
