@@ -114,8 +114,8 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
             gather += seconds  # FSDP: prefetched under the previous layer's forward
             continue
         sums[part][c.phase] += seconds  # tensor parallel and resharding: exposed
-    hidden = gather - max(0.0, gather - layer_fwd)
-    sums[_LAYER]["forward"] += gather - hidden
+    per_layer = max(0.0, gather - layer_fwd)  # what the previous layer's forward does not hide
+    sums[_LAYER]["forward"] += per_layer
     exposed_sync = tuple(
         exposed_gradient_sync([layer_bwd] * k, [sync] * k, opts.overlap, grad_bytes=[sync_bytes] * k)
         for k in range(n + 1)
@@ -128,7 +128,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         n,
         p2p_seconds=0.0,
         reserve=runtime_reserve(built),
-        gather_head=hidden,
+        gather_head=gather - per_layer,  # a chunk's first gather has no previous layer: exposed whole
         sync_exposed=exposed_sync,
     )
 
