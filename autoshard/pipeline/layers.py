@@ -99,9 +99,9 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         parameter = moved is not None and moved.kind == "parameter"
         if c.layer is not None:
             part, share = _LAYER, 1.0 / n
-        elif parameter:
+        elif parameter and c.phase == "backward":  # a sync serves the parameter: its first reader's stage
             part, share = min(readers.get(c.tensor, {_PRE})), 1.0
-        else:
+        else:  # everything else serves its consumer (a tied head's gather runs where the head does)
             part, share = where.get(c.node, _POST), 1.0
         if c.phase == "backward" and parameter:  # gradient synchronisation: once per step
             if part == _LAYER:
