@@ -303,7 +303,7 @@ def _plan_pipelined(
             f"stages; plan it with pipeline=None"
         )
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
-    policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
+    policies = list(Recompute) if recompute == "auto" else [Recompute(recompute)]  # none, selective, full
     if not training:
         policies = [Recompute.NONE]
 
@@ -334,8 +334,10 @@ def _plan_pipelined(
             f"microbatches: {best.microbatches} by default (at least {MICROBATCHES_PER_STAGE} per stage, "
             f"dividing the batch of {batch}); pin microbatches= (--microbatches) to choose"
         )
-    if best.recompute is Recompute.FULL and recompute == "auto":
-        notes.append("activations do not fit without recomputation: planned with full recomputation")
+    if best.recompute is not Recompute.NONE and recompute == "auto":
+        notes.append(
+            f"activations do not fit without recomputation: planned with {best.recompute.value} recomputation"
+        )
     intra = extract_plan(
         best.built,
         best.solution,

@@ -33,7 +33,7 @@ from autoshard.redistribute import Step
 from autoshard.search import Solution
 from autoshard.strategies import OpStrategy
 
-__all__ = ["extract_plan"]
+__all__ = ["extract_plan", "plan_collectives"]
 
 
 def extract_plan(
@@ -123,6 +123,18 @@ def extract_plan(
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
     )
+
+
+def plan_collectives(built: BuiltProblem, solution: Solution) -> tuple[Collective, ...]:
+    """The collectives of the chosen plan, one record per layer copy, as :func:`extract_plan` lists them
+    (``seconds`` per step).  The pipeline's stage pricing splits these into its parts."""
+    chosen = {
+        name: built.strategies[name][k]
+        for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
+    }
+    pick = {name: chosen[built.template[name]] for name in built.infos}
+    namer = _LayerNamer(built, None)
+    return tuple(_edge_collectives(built, pick, namer) + _output_collectives(built, chosen, namer))
 
 
 def _strings(spec: ShardingSpec | None) -> tuple[str, ...]:
