@@ -99,11 +99,13 @@ def critical_path(
     )
     exposed += gather.get(None, 0.0)
     gathered = [gather.get(i, 0.0) for i in layers]
-    exposed += exposed_prefetched_gathers(gathered, [fwd.get(i, 0.0) for i in layers], policy.prefetch)
-    again = [regather.get(i, 0.0) for i in order]  # backward order: under the next layer's backward
-    exposed += regather.get(None, 0.0) + exposed_prefetched_gathers(
-        again, [bwd.get(i, 0.0) for i in order], policy.prefetch
-    )
+    # gathers are per step (one per microbatch, resharded after forward); so is the compute hiding them
+    hiding = [fwd.get(i, 0.0) * built.options.microbatches for i in layers]
+    exposed += exposed_prefetched_gathers(gathered, hiding, policy.prefetch)
+    # FSDP's backward re-gathers, in backward order under the backward of the layer after (per step too)
+    again = [regather.get(i, 0.0) for i in order]
+    behind = [bwd.get(i, 0.0) * built.options.microbatches for i in order]
+    exposed += regather.get(None, 0.0) + exposed_prefetched_gathers(again, behind, policy.prefetch)
     return compute + exposed, exposed
 
 
