@@ -47,7 +47,15 @@ from autoshard.codegen.parallelize import INFO_ATTR
 from autoshard.placement import Replicate
 from autoshard.redistribute import Step
 
-__all__ = ["DeferredSync", "claim", "defer_gradient_sync", "gather_later", "sum_axes", "sync_gradients"]
+__all__ = [
+    "DeferredSync",
+    "claim",
+    "defer_gradient_sync",
+    "gather_later",
+    "gather_later_resharded",
+    "sum_axes",
+    "sync_gradients",
+]
 
 RECORD_ATTR = "_autoshard_grad_sync"  # {fqn: DeferredSync} on the module
 CLAIMED_ATTR = "_autoshard_grad_sync_claimed"  # fqns whose sync another component runs
@@ -113,7 +121,8 @@ def defer_gradient_sync(module: fx.GraphModule, *, gathered: bool = False) -> tu
             record[fqn] = DeferredSync(fqn, str(users[0].args[3]))
             users[0].args = (*users[0].args[:3], "")
         elif len(users) == 1 and gathered and any(s.kind == "all_gather" for s in parse_steps(forward)):
-            users[0].target = gather_later  # rule 3
+            resharded = users[0].target is gather_param  # freed after use, re-gathered in backward
+            users[0].target = gather_later_resharded if resharded else gather_later  # rule 3
             record[fqn] = DeferredSync(fqn, str(users[0].args[3]), gathered=True)
         else:  # rule 2
             per_use = [
@@ -211,4 +220,13 @@ def gather_later(x: torch.Tensor, comm: MeshComm, forward: str, backward: str = 
     if not (torch.is_grad_enabled() and x.requires_grad):
         return run_steps(x, parse_steps(forward), comm, "forward")
     out: torch.Tensor = _GatherLater.apply(x, comm, forward)
+    return out
+
+
+def gather_later_resharded(x: torch.Tensor, comm: MeshComm, forward: str, backward: str = "") -> torch.Tensor:
+    """:func:`gather_later` of a module that frees gathered weights after use (:mod:`autoshard.runtime.reshard`)."""
+    from autoshard.runtime.reshard import remember_gathered
+
+    out = gather_later(x, comm, forward, backward)
+    remember_gathered(out, x, comm, forward)
     return out

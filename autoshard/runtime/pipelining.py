@@ -75,6 +75,7 @@ from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.plans import Plan
 from autoshard.redistribute import plan_redistribute
 from autoshard.runtime.grad_sync import DeferredSync, defer_gradient_sync, sync_gradients
+from autoshard.runtime.reshard import reshard_after_forward
 from autoshard.runtime.stages import PipelineRunError, StageBuild, intra_layout, prepare_stages
 
 __all__ = [
@@ -171,6 +172,8 @@ def build_pipeline(
         module = parallelize(
             b.module, b.plan, (b.example,), mesh=intra_mesh, captured=b.captured, device=where, record=record
         )
+        if plan.overlap.reshard_after_forward:  # FSDP weights freed after use, as priced (no-op without)
+            reshard_after_forward(module)
         modules.append(module)
         deferred.append(defer_gradient_sync(module, gathered=True) if sync_once else ())
         planned_out = spec_of(b.plan.output_placements[0])

@@ -3,7 +3,8 @@
 A 4-layer tiny LLaMA (float64) on 4 gloo ranks as 2 pipeline stages (1F1B, 4 microbatches) x 2 data-parallel
 ranks.  With ZeRO-1 on each stage module the deferred gradient sums are reduce-scattered once per step by the
 optimizer (never all-reduced); with an FSDP plan the gathered weights' reduce-scatter runs once per step on the
-gradient summed over the microbatches, as priced -- not once per microbatch.  Both equal single-device AdamW.
+gradient summed over the microbatches, as priced -- not once per microbatch -- and the weights are freed after
+use and re-gathered in backward (``regather``), as priced.  Both equal single-device AdamW.
 """
 
 from __future__ import annotations
@@ -102,3 +103,5 @@ def test_zero_and_fsdp_combine_with_pipelining(kind: str) -> None:
             assert r["once"]["reduce_scatter"] >= r["gathered"] - 1, r["once"]  # lm_head may sum another way
             assert ran["backward:reduce_scatter"] == r["once"]["reduce_scatter"] * STEPS, ran
             assert ran["forward:all_gather"] >= r["gathered"] * MICRO * STEPS, ran
+            # freed after use and gathered again in every microbatch's backward, as the plan prices it
+            assert ran["regather:all_gather"] == r["gathered"] * MICRO * STEPS, ran
