@@ -56,6 +56,7 @@ from autoshard.problem.costs import (
 )
 from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
+from autoshard.problem.pricing import pairwise_ids
 from autoshard.problem.recompute import node_memory_total, reissued
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
@@ -316,7 +317,7 @@ def edge_matrix(
     have = np.array([cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in src_list])
     want = np.array([cache.intern(s.inputs[pos]) for s in dst_list])
     parameter = producer.kind == "parameter"
-    matrix = _pairwise(have, want, meta.shape, meta.itemsize, cache)
+    matrix = pairwise_ids(have, want, meta.shape, meta.itemsize, cache)
     matrix = matrix * repeats(opts, parameter=parameter, backward=False)
     if opts.training and producer.requires_grad:
         duals = np.array(
@@ -327,19 +328,9 @@ def edge_matrix(
         )
         grads = np.array([cache.intern(s.input_grads[pos]) for s in dst_list])
         # a consumer that needs the value but yields no gradient (None) costs nothing backward
-        backward = _pairwise(grads, duals, meta.shape, meta.itemsize, cache).T
+        backward = pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T
         matrix = matrix + backward * repeats(opts, parameter=parameter, backward=True)
     return matrix
-
-
-def _pairwise(src: np.ndarray, dst: np.ndarray, shape, itemsize: int, cache: StepCache) -> np.ndarray:
-    """``T[i, j]`` = time(src[i] → dst[j]), priced once per distinct pair, a whole table at a time."""
-    us, si = np.unique(src, return_inverse=True)
-    ud, di = np.unique(dst, return_inverse=True)
-    table = cache.prices.pairwise(
-        [cache.spec(int(a)) for a in us], [cache.spec(int(b)) for b in ud], tuple(shape), int(itemsize)
-    )
-    return table[si][:, di]
 
 
 def _allowed(variables, template, allowed, extra: int = 0) -> tuple[np.ndarray | None, ...] | None:

@@ -24,7 +24,9 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,7 +41,10 @@ from autoshard.redistribute import (
     _transition,
 )
 
-__all__ = ["PriceTable"]
+if TYPE_CHECKING:
+    from autoshard.problem.costs import StepCache
+
+__all__ = ["PriceTable", "pairwise_ids"]
 
 _R, _P = -1, -2  # as in autoshard.redistribute
 
@@ -197,6 +202,19 @@ class PriceTable:
             dist = np.vstack([dist, more])
             self._rows[key] = (rows, dist)
         return rows, dist
+
+
+def pairwise_ids(
+    src: Sequence[int] | np.ndarray, dst: Sequence[int] | np.ndarray, shape, itemsize: int, cache: StepCache
+) -> np.ndarray:
+    """``T[i, j]`` = seconds of interned spec ``src[i]`` -> ``dst[j]`` (-1 is None: free), as
+    :meth:`StepCache.time` prices one pair, each distinct pair priced once, a whole table at a time."""
+    us, si = np.unique(np.asarray(src, dtype=np.int64), return_inverse=True)
+    ud, di = np.unique(np.asarray(dst, dtype=np.int64), return_inverse=True)
+    table = cache.prices.pairwise(
+        [cache.spec(int(a)) for a in us], [cache.spec(int(b)) for b in ud], tuple(shape), int(itemsize)
+    )
+    return table[si][:, di]
 
 
 def _fits(layout: tuple[int, ...], shape: tuple[int, ...], mesh: tuple[int, ...]) -> bool:
