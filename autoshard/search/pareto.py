@@ -89,7 +89,9 @@ def pareto_plan(problem: SearchProblem, *, upper: float) -> tuple[int, ...] | No
         _Factor((i,), np.asarray(m, dtype=np.float64)[:, None], u[:, None], -1)
         for i, (u, m) in enumerate(zip(form.unary, problem.memory, strict=True))
     ]
-    factors += [_Factor((a, b), np.zeros((*f.shape, 1)), f[..., None], -1) for (a, b), f in form.pairs.items()]
+    factors += [
+        _Factor((a, b), np.zeros((*f.shape, 1)), f[..., None], -1) for (a, b), f in form.pairs.items()
+    ]
     adj: list[set[int]] = [set() for _ in sizes]
     for a, b in form.pairs:
         adj[a].add(b)
@@ -165,19 +167,19 @@ def _combine(
     if total // sizes[rest[0]] > MAX_ENTRIES:
         raise _TooLarge
     head = rest[0]
+    local = [1 if w == head else sizes[w] for w in range(len(sizes))]
     pieces = []
     for value in range(sizes[head]):  # fix the first separator variable: its own sub-table per value
-        sliced = tuple(
-            _Factor(p.scope, *(np.take(a, [value], axis=p.scope.index(head)) for a in (p.mem, p.cost)), p.origin)
-            if head in p.scope else p
-            for p in parts
-        )  # fmt: skip
-        local = [1 if w == head else sizes[w] for w in range(len(sizes))]
-        pieces.append(_combine_rows(sliced, var, rest, full, local, (other_cost, other_mem, limit, ceiling), origin))
+        sliced = tuple(_slice(p, head, value) for p in parts)
+        pieces.append(
+            _combine_rows(sliced, var, rest, full, local, (other_cost, other_mem, limit, ceiling), origin)
+        )
     width = max(f.cost.shape[-1] for f, _ in pieces)
     pad = [(0, 0)] * len(rest)
+
     def grow(a: np.ndarray, fill: float) -> np.ndarray:
         return np.pad(a, [*pad, (0, width - a.shape[-1])], constant_values=fill)
+
     made = _Factor(
         rest,
         np.concatenate([grow(f.mem, np.inf) for f, _ in pieces], axis=0),
@@ -185,6 +187,14 @@ def _combine(
         origin,
     )
     return made, np.concatenate([grow(a, -1) for _, a in pieces], axis=0)
+
+
+def _slice(p: _Factor, var: int, value: int) -> _Factor:
+    """``p`` with ``var`` fixed to ``value`` (kept as an axis of size 1)."""
+    if var not in p.scope:
+        return p
+    axis = p.scope.index(var)
+    return _Factor(p.scope, np.take(p.mem, [value], axis=axis), np.take(p.cost, [value], axis=axis), p.origin)
 
 
 def _combine_rows(
@@ -196,7 +206,9 @@ def _combine_rows(
     cost: np.ndarray | float = 0.0
     mem: np.ndarray | float = 0.0
     for j, p in enumerate(parts):
-        shape = [sizes[w] if w in p.scope else 1 for w in full] + [k if i == j else 1 for i, k in enumerate(ks)]
+        shape = [sizes[w] if w in p.scope else 1 for w in full] + [
+            k if i == j else 1 for i, k in enumerate(ks)
+        ]
         cost = cost + p.cost.reshape(shape)
         mem = mem + p.mem.reshape(shape)
     cost, mem = np.asarray(cost), np.asarray(mem)

@@ -277,10 +277,10 @@ def _with_budget(run: _Run, ex: ExactSolver, method: Method, num_workers: int, m
             run.log.append(f"enumerating the {plans_left} plans left")
             found = brute_force(run.current, max_assignments=_MAX_ENUMERATION).choice
             return run.finish(found, bound, True, "exact:enumeration")
-        found = pareto_plan(run.current, upper=upper - run.offset())
-        if found is not None:  # what fixing leaves is small: exact elimination over (memory, cost) sets
+        pareto = pareto_plan(run.current, upper=upper - run.offset())
+        if pareto is not None:  # what fixing leaves is small: exact elimination over (memory, cost) sets
             run.log.append("exact: variable elimination over (memory, cost) Pareto sets (search/pareto.py)")
-            return run.finish(found, bound, True, "exact:pareto")
+            return run.finish(pareto, bound, True, "exact:pareto")
         solver = _exact_solver(run, max_factor)
         if solver is None:
             break
