@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,7 +71,7 @@ def test_sliced_steps_equal_whole_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     rows = pareto_mod._combine_rows
 
-    def counted(*args: object) -> object:
+    def counted(*args: Any) -> Any:
         calls.append(1)
         return rows(*args)
 
