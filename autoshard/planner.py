@@ -43,7 +43,7 @@ from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, PipelineError
 from autoshard.pipeline.assemble import assemble
-from autoshard.pipeline.options import check_request, split_cut_pins
+from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Plan
@@ -74,7 +74,7 @@ def plan(
     blocks: Literal["auto", "full"] | None = "auto",
     progress: Callable[[str], None] | None = None,
     pipeline: int | Literal["auto"] | None = None,
-    microbatches: int | Literal["auto"] = 1,
+    microbatches: int | Literal["auto"] | None = None,
     schedule: str = "auto",
     allow: Sequence[str] = (),
     forbid: Sequence[str] = (),
@@ -100,7 +100,9 @@ def plan(
         pipeline: pipeline stages: ``None`` (none), a degree, or ``"auto"`` (searched with everything else);
             stages are laid over the outermost mesh axis (see :mod:`autoshard.pipeline.options`).
         microbatches: microbatches per step (gradient accumulation, and the pipeline's microbatches): an
-            int dividing the global batch, or ``"auto"``.
+            int dividing the global batch, or ``"auto"``; ``None`` (default): 1 without stages, and with
+            ``p`` stages the smallest divisor of the batch of at least ``2 p`` (a bubble under a third; the
+            plan's notes say so).
         schedule: ``"auto"`` or one of ``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``zb_v``,
             ``interleaved_zb``.  A ``"stage"`` annotation on a repeated layer starts a stage there.
         allow / forbid: kinds of parallelism (``"dp"``, ``"tp"``, ``"fsdp"``: :data:`autoshard.annotations.KINDS`)
@@ -113,7 +115,7 @@ def plan(
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
         :class:`AutoshardError`.
     """
-    staged = pipeline is not None or microbatches != 1 or _has_stage_pin(annotations)
+    staged = pipeline is not None or microbatches not in (None, 1) or _has_stage_pin(annotations)
     if staged:
         return _plan_pipelined(
             model, cluster, example_args, example_kwargs, annotations=annotations, training=training,
@@ -273,7 +275,7 @@ def _plan_pipelined(
     blocks: Literal["auto", "full"] | None,
     progress: Callable[[str], None] | None,
     pipeline: int | Literal["auto"] | None,
-    microbatches: int | Literal["auto"],
+    microbatches: int | Literal["auto"] | None,
     schedule: str,
     kinds: frozenset[str] = frozenset(),
 ) -> Plan:
@@ -322,6 +324,11 @@ def _plan_pipelined(
     notes = list(best.captured.notes)
     if len(best.priced) > 1:
         notes.append("pipeline search priced: " + "; ".join(best.priced))
+    if request.by_default and best.layout.degree > 1:
+        notes.append(
+            f"microbatches: {best.microbatches} by default (at least {MICROBATCHES_PER_STAGE} per stage, "
+            f"dividing the batch of {batch}); pin microbatches= (--microbatches) to choose"
+        )
     if best.recompute is Recompute.FULL and recompute == "auto":
         notes.append("activations do not fit without recomputation: planned with full recomputation")
     intra = extract_plan(

@@ -160,8 +160,9 @@ def _candidates(request: PipelineRequest, cluster: Cluster, batch: int, layers: 
     pairs: list[tuple[int, int]] = []
     sizes = microbatch_sizes(batch, cluster.nodes)
     for p in degrees:
-        if request.microbatches is not None:
-            pairs.append((p, request.microbatches))
+        pinned = request.counts(p, batch)
+        if pinned is not None:
+            pairs.append((p, pinned))
             continue
         counts = {1} if p == 1 else set()
         counts |= {batch // b for b in sizes if batch // b >= p}
