@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -197,7 +198,7 @@ def build_problem(
     variables = tuple(i.name for i in ordered if template[i.name] == i.name)
     index = {name: k for k, name in enumerate(variables)}
     mesh = cluster.mesh_shape
-    strategies = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
+    strategies = _strategies(gm, nodes, variables, tuple(mesh))
     # a shared block variable stands for its node in every one of the N layers; everything else for itself
     mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
     cache = cache if cache is not None and cache.cluster == cluster else StepCache(cluster)
@@ -245,6 +246,24 @@ def build_problem(
         apart=tuple(unshared),
         notes=tuple(notes),
     )
+
+
+#: Strategies per (captured graph, mesh): they depend on nothing else, and the planner builds one capture
+#: several times (each recomputation policy, the pinned and the free problem, microbatch counts).
+_STRATEGIES: weakref.WeakKeyDictionary[fx.GraphModule, dict[tuple, dict[str, tuple[OpStrategy, ...]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _strategies(
+    gm: fx.GraphModule, nodes: dict[str, fx.Node], variables: tuple[str, ...], mesh: tuple[int, ...]
+) -> dict[str, tuple[OpStrategy, ...]]:
+    per_mesh = _STRATEGIES.setdefault(gm, {})
+    key = (mesh, variables)
+    found = per_mesh.get(key)
+    if found is None:
+        found = per_mesh[key] = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
+    return dict(found)
 
 
 def _display_name(info: NodeInfo) -> str:
