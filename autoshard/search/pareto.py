@@ -85,6 +85,8 @@ def pareto_plan(problem: SearchProblem, *, upper: float) -> tuple[int, ...] | No
     assert problem.memory is not None and problem.memory_limit is not None
     form = pairwise_form(problem)
     sizes = [u.size for u in form.unary]
+    if not sizes:  # reductions folded every node: the empty plan (a budget is never negative)
+        return ()
     factors = [
         _Factor((i,), np.asarray(m, dtype=np.float64)[:, None], u[:, None], -1)
         for i, (u, m) in enumerate(zip(form.unary, problem.memory, strict=True))

@@ -83,3 +83,8 @@ def test_sliced_steps_equal_whole_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     assert whole is not None and sliced is not None
     assert close(evaluate(p, whole), best.objective, rel=1e-12)
     assert close(evaluate(p, sliced), best.objective, rel=1e-12)
+
+
+def test_an_empty_problem_is_the_empty_plan() -> None:
+    empty = SearchProblem((), (), (), memory=(), memory_limit=0.0)
+    assert pareto_plan(empty, upper=0.0) == ()
