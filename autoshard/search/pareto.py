@@ -32,7 +32,7 @@ Example::
     >>> from autoshard.search.problem import SearchProblem
     >>> p = SearchProblem((np.array([0.0, 1.0, 5.0]), np.array([0.0, 2.0])), (), ("a", "b"),
     ...                   memory=(np.array([9.0, 5.0, 1.0]), np.array([4.0, 1.0])), memory_limit=10.0)
-    >>> pareto_plan(p, upper=7.0)       # a=1, b=1 (cost 3, memory 6) beats a=1, b=0 (cost 1, memory 9)?
+    >>> pareto_plan(p, upper=7.0)       # (0, 0) needs 13 > 10 bytes; (1, 0): cost 1, 9 bytes, the best that fits
     (1, 0)
 """
 
