@@ -194,10 +194,7 @@ def expand(
         for choice, n in zip(combo, mesh_shape, strict=True):
             if choice.splits_work:
                 work *= n
-        splitting = tuple(
-            any(o is not None and not isinstance(o.placements[a], Replicate) for o in out_specs)
-            for a in range(len(mesh_shape))
-        )
+        splitting = _splitting(out_specs, len(mesh_shape))
         grads = tuple(
             None if skip else _grad(spec, splitting) for spec, skip in zip(in_specs, no_grad, strict=True)
         )
@@ -238,6 +235,16 @@ def _output_specs(
             return None
         specs.append(_spec(placements))
     return tuple(specs)
+
+
+@functools.lru_cache(maxsize=65536)
+def _splitting(out_specs: tuple[ShardingSpec | None, ...], ndim: int) -> tuple[bool, ...]:
+    """Per mesh axis, whether some output is split or partial there (isinstance on torch placements is slow:
+    computed once per distinct output layout)."""
+    return tuple(
+        any(o is not None and not isinstance(o.placements[a], Replicate) for o in out_specs)
+        for a in range(ndim)
+    )
 
 
 def _or_r(p: Placement | None) -> Placement:
