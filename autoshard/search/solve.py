@@ -14,8 +14,10 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    the least-memory plan decides feasibility (InfeasibleError stating the least memory needed), a
    Lagrangian sweep (:mod:`~autoshard.search.budget`: exact solves of ``cost + lambda * memory``) gives a
    fitting plan and a lower bound, Lagrangian fixing drops the strategies no plan cheaper than that one can
-   use, the problem is reduced again, and its exact optimum is returned if it fits; otherwise CP-SAT,
-   warm-started from the Lagrangian plan and told its bound, closes the gap within the time limit.
+   use, the problem is reduced again, and its exact optimum is returned if it fits; otherwise elimination
+   over (memory, cost) Pareto sets (:mod:`~autoshard.search.pareto`) solves what is left exactly, and only
+   when its tables grow too large does CP-SAT, warm-started from the Lagrangian plan and told its bound,
+   close the gap within the time limit.
 
 ``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and bound);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
