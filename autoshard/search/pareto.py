@@ -46,14 +46,16 @@ import numpy as np
 from autoshard.search.order import greedy_order
 from autoshard.search.problem import SearchProblem, evaluate, memory_of, pairwise_form
 
-__all__ = ["MAX_ENTRIES", "MAX_WORK", "pareto_plan"]
+__all__ = ["MAX_ENTRIES", "MAX_TOTAL_WORK", "MAX_WORK", "pareto_plan"]
 
 #: Entries of one combined table (separator x eliminated strategies x the points of every factor) above
 #: which the elimination gives up and CP-SAT takes the problem (~0.2 s of numpy at this size).
 MAX_ENTRIES = 4_000_000
 
-#: Entries of all slices of one step together: beyond, CP-SAT is the better bet (~2 s of numpy).
+#: Entries of all slices of one step together, and of all steps together: beyond, CP-SAT is the better bet
+#: (~2 s and ~6 s of numpy), so the elimination never costs much more than the CP-SAT solve it replaces.
 MAX_WORK = 64_000_000
+MAX_TOTAL_WORK = 192_000_000
 
 #: Relative slack on the cost prune, so float rounding never drops the plan that matches ``upper``.
 _SLACK = 1e-9
@@ -131,8 +133,15 @@ def _eliminate(
     least = {k: _least(f) for k, f in alive.items()}
     records: list[_Record] = []
 
+    work = 0
+
     def step(keys: list[int], var: int, rest: tuple[int, ...]) -> _Factor:
+        nonlocal work
         parts = tuple(alive.pop(k) for k in keys)
+        full = {var, *rest} - {-1}
+        work += math.prod(sizes[w] for w in full) * math.prod(p.cost.shape[-1] for p in parts)
+        if work > MAX_TOTAL_WORK:
+            raise _TooLarge
         for k in keys:
             least.pop(k)
         other_cost = math.fsum(c for c, _ in least.values())

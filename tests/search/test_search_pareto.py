@@ -52,6 +52,9 @@ def test_gives_up_when_a_table_would_pass_the_cap(monkeypatch: pytest.MonkeyPatc
     problem = random_problem(3, max_nodes=7, memory=True)
     monkeypatch.setattr(pareto_mod, "MAX_WORK", 1)
     assert pareto_plan(problem, upper=math.inf) is None
+    monkeypatch.setattr(pareto_mod, "MAX_WORK", 10**9)
+    monkeypatch.setattr(pareto_mod, "MAX_TOTAL_WORK", 1)
+    assert pareto_plan(problem, upper=math.inf) is None
 
 
 def test_sliced_steps_equal_whole_ones(monkeypatch: pytest.MonkeyPatch) -> None:
