@@ -150,4 +150,4 @@ def fuse_expert_mlps(gm: fx.GraphModule, *, recompile: bool = True) -> fx.GraphM
 def plan_fuses_experts(nodes: Iterable[Any]) -> bool:
     """Whether a plan (its ``nodes`` rows, each with a ``target``) was made on a graph with fused expert MLPs:
     codegen must capture the model the same way (``capture(..., fuse_experts=...)``)."""
-    return any(str(getattr(n, "target", "")).endswith("expert_mlp") for n in nodes)
+    return any(str(getattr(n, "target", "")).endswith(("expert_mlp", "routed_experts")) for n in nodes)

@@ -56,6 +56,7 @@ from autoshard.codegen.collectives import format_steps, join_unused, redistribut
 from autoshard.errors import UnsupportedOpError
 from autoshard.placement import ShardingSpec
 from autoshard.problem.costs import CostOptions, StepCache, dual_spec, edge_steps, output_fix_steps
+from autoshard.problem.dispatch import dispatch_steps
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.redistribute import COLLECTIVE_KINDS, Step
 from autoshard.strategies import OpStrategy, local_call
@@ -249,6 +250,10 @@ class _Lowering:
         call = local_call(node, self.strategies[node.name], self.mesh, self.coord, args, kwargs)
         if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention)
             call = dataclasses.replace(call, kwargs={**call.kwargs, "comm": self.comm})
+            inputs = tuple(self.infos[s.name] for s in node.all_input_nodes)
+            fwd, bwd = dispatch_steps(info, self.strategies[node.name], self.cache.cluster, inputs)
+            if fwd:  # all-to-all token dispatch: listed like an edge's collectives (problem.dispatch)
+                self.edges.append(EdgeRecord(node.name, node.name, fwd, bwd if self.opts.training else ()))
         new = self.graph.create_node(
             "call_function", call.target, tuple(call.args), self._on_device(dict(call.kwargs)), name=node.name
         )
