@@ -36,6 +36,7 @@ from autoshard.problem.costs import (
     output_fix_steps,
     steps_time,
 )
+from autoshard.problem.dispatch import dispatch_times
 from autoshard.search import SearchProblem, Solution
 
 __all__ = ["boundary_bytes", "part_costs", "runtime_reserve", "stage_memory_problem"]
@@ -82,7 +83,10 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
     for name in built.variables:
         info, strat = built.infos[name], chosen[name]
         part = where[name]
-        fwd, bwd = node_compute(info, strat, cluster, opts, tuple(built.infos[s] for s in info.inputs))
+        inputs = tuple(built.infos[s] for s in info.inputs)
+        fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
+        a2a_fwd, a2a_bwd = dispatch_times(info, strat, cluster, inputs)  # all-to-all token dispatch
+        fwd, bwd = fwd + a2a_fwd, bwd + (a2a_bwd if opts.training else 0.0)
         if info.is_output:
             fwd += steps_time(output_fix_steps(info, strat, built.cache), cluster)
         sums[part]["forward"] += fwd

@@ -35,7 +35,7 @@ from autoshard.redistribute import Step
 from autoshard.strategies import OpStrategy
 from autoshard.strategies.rules.dispatch import dispatch_axis
 
-__all__ = ["DROPLESS_CAPACITY_FACTOR", "dispatch_seconds", "dispatch_steps"]
+__all__ = ["DROPLESS_CAPACITY_FACTOR", "dispatch_seconds", "dispatch_steps", "dispatch_times"]
 
 DROPLESS_CAPACITY_FACTOR = 1.0
 """``c`` for dropless routing: the expected volume, every routed row sent once (module doc)."""
@@ -72,13 +72,24 @@ def dispatch_steps(
     return (counts, *row_steps), row_steps if info.requires_grad else ()
 
 
+def dispatch_times(
+    info: NodeInfo, strategy: OpStrategy, cluster: Cluster, inputs: tuple[NodeInfo, ...]
+) -> tuple[float, float]:
+    """(forward, backward) seconds per microbatch of :func:`dispatch_steps`."""
+    forward, backward = dispatch_steps(info, strategy, cluster, inputs)
+
+    def seconds(steps: tuple[Step, ...]) -> float:
+        return sum(cluster.collective_time(s.kind, s.nbytes, axis=s.mesh_axis) for s in steps)
+
+    return seconds(forward), seconds(backward)
+
+
 def dispatch_seconds(
     info: NodeInfo, strategy: OpStrategy, cluster: Cluster, inputs: tuple[NodeInfo, ...], training: bool
 ) -> float:
     """Seconds per microbatch of :func:`dispatch_steps` (backward only when ``training``)."""
-    forward, backward = dispatch_steps(info, strategy, cluster, inputs)
-    steps = forward + (backward if training else ())
-    return sum(cluster.collective_time(s.kind, s.nbytes, axis=s.mesh_axis) for s in steps)
+    fwd, bwd = dispatch_times(info, strategy, cluster, inputs)
+    return fwd + (bwd if training else 0.0)
 
 
 def _meta(info: NodeInfo, which: int) -> TensorMeta | None:

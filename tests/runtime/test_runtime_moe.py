@@ -110,6 +110,27 @@ def test_all_to_all_dispatch_verifies_on_4_ranks(kind: str) -> None:
     assert report.emitted["forward all_to_all"] == 3 and report.emitted["backward all_to_all"] == 2
 
 
+@pytest.mark.slow
+def test_all_to_all_dispatch_composes_with_a_second_axis() -> None:
+    """On 2 x 2 the all-to-all runs on axis 0's groups while axis 1 splits the tokens further (each group
+    exchanges its own quarter of the batch) or splits the FFN dim inside the experts (the combined rows come
+    back Partial on axis 1 and are reduced after)."""
+    model = _model("mixtral")
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    cluster = autoshard.load_cluster("cpu", mesh=(2, 2))
+    for pins, out in [
+        ({"*.experts": ((4, 1), (2, 1, 1), (2, 1, 1))}, "-> (S(0), S(0))"),  # tokens on both axes
+        ({"*.experts": ((2, 1), (2, 1, 1), (2, 2, 1))}, "-> (S(0), P)"),  # FFN dim on axis 1
+    ]:
+        plan = autoshard.plan(model, cluster, (ids,), annotations=pins)
+        [experts] = [n for n in plan.nodes if n.target.endswith("routed_experts")]
+        assert experts.strategy.endswith(out), experts.strategy
+        report = verify(model, (ids,), plan=plan, name="mixtral 2x2")
+        assert report.ok, str(report)
+        assert report.emitted == report.planned and report.ranks_agree
+        assert report.emitted["forward all_to_all"] == 3 and report.emitted["backward all_to_all"] == 2
+
+
 MLA_TP = {
     "*.q_b_proj": ((1, 1, 1), (2, 1)),
     "*.kv_b_proj": ((1, 1, 1), (2, 1)),
