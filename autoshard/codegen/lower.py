@@ -64,6 +64,7 @@ from autoshard.strategies import OpStrategy, local_call
 __all__ = [
     "COMM_ATTR",
     "META_BLOCK",
+    "META_DISPATCH",
     "META_LOCAL_SHAPE",
     "META_STEPS",
     "AttrSpec",
@@ -76,6 +77,7 @@ __all__ = [
 
 META_LOCAL_SHAPE = "autoshard_local_shape"
 META_STEPS = "autoshard_steps"
+META_DISPATCH = "autoshard_dispatch"  # forward all-to-alls a routed-experts node runs inside itself
 META_BLOCK = "autoshard_block"
 """Repeated-block index of an emitted op, parameter or move between block nodes (codegen/recompute.py)."""
 COMM_ATTR = "autoshard_comm"
@@ -248,17 +250,18 @@ class _Lowering:
             moved = {s: (self._clone(n) if n in self.aliasing else n) for s, n in moved.items()}
         args, kwargs = map_arg(node.args, moved.__getitem__), map_arg(node.kwargs, moved.__getitem__)
         call = local_call(node, self.strategies[node.name], self.mesh, self.coord, args, kwargs)
-        if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention)
+        if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention, experts)
             call = dataclasses.replace(call, kwargs={**call.kwargs, "comm": self.comm})
-            inputs = tuple(self.infos[s.name] for s in node.all_input_nodes)
-            fwd, bwd = dispatch_steps(info, self.strategies[node.name], self.cache.cluster, inputs)
-            if fwd:  # all-to-all token dispatch: listed like an edge's collectives (problem.dispatch)
-                self.edges.append(EdgeRecord(node.name, node.name, fwd, bwd if self.opts.training else ()))
+        inputs = tuple(self.infos[s] for s in info.inputs)
+        a2a, a2a_back = dispatch_steps(info, self.strategies[node.name], self.cache.cluster, inputs)
+        if a2a:  # all-to-all token dispatch inside the node, listed like an edge's moves (problem.dispatch)
+            self.edges.append(EdgeRecord(node.name, node.name, a2a, a2a_back if self.opts.training else ()))
         new = self.graph.create_node(
             "call_function", call.target, tuple(call.args), self._on_device(dict(call.kwargs)), name=node.name
         )
         new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
         new.meta[META_BLOCK] = _block(info)
+        new.meta[META_DISPATCH] = a2a  # backward runs these again when it recomputes the block
         new = self._join(new, node, moved, call.args, call.kwargs)
         if node.meta.get(META_NO_GRAD):
             new = self.graph.call_function(aten.detach.default, (new,))

@@ -263,7 +263,7 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
         for k, strat in enumerate(strategies[name]):
             fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
             # all-to-all token dispatch inside a routed-experts node (listed as collectives in the plan)
-            per_microbatch = fwd + bwd + dispatch_seconds(info, strat, cluster, inputs, opts.training)
+            per_microbatch = fwd + bwd + dispatch_seconds(info, strat, cluster, inputs, opts)
             if info.is_output:
                 per_microbatch += steps_time(output_fix_steps(info, strat, cache), cluster)
             extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)

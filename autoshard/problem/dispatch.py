@@ -6,7 +6,8 @@ A routed-experts strategy that splits tokens and experts on the same mesh axis o
 
 - forward: one all-to-all of the per-expert row counts (``E`` int64: the split sizes), the **dispatch**
   and the **combine** all-to-all of the rows;
-- backward: the two row all-to-alls again, in reverse.
+- backward: the two row all-to-alls again, in reverse (and the forward's three once more when recomputation
+  re-runs the block).
 
 Volume.  Each device holds ``T`` tokens (the batch rows left on it after every token split) and routes each to
 ``k`` experts, so its send buffer is ``S = c · T · k · H · b`` bytes (``H`` hidden, ``b`` bytes per element).
@@ -30,12 +31,15 @@ from __future__ import annotations
 from autoshard.capture.meta import TensorMeta
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard
+from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.graph import NodeInfo
 from autoshard.redistribute import Step
 from autoshard.strategies import OpStrategy
 from autoshard.strategies.rules.dispatch import dispatch_axis
 
-__all__ = ["DROPLESS_CAPACITY_FACTOR", "dispatch_seconds", "dispatch_steps", "dispatch_times"]
+__all__ = [
+    "DROPLESS_CAPACITY_FACTOR", "dispatch_seconds", "dispatch_steps", "dispatch_times", "rerun_in_backward"
+]  # fmt: skip
 
 DROPLESS_CAPACITY_FACTOR = 1.0
 """``c`` for dropless routing: the expected volume, every routed row sent once (module doc)."""
@@ -84,12 +88,21 @@ def dispatch_times(
     return seconds(forward), seconds(backward)
 
 
+def rerun_in_backward(info: NodeInfo, opts: CostOptions) -> bool:
+    """Whether backward re-runs the node's forward all-to-alls: recomputation re-runs a whole block
+    (``codegen.recompute``), and the collectives inside this node with it."""
+    return opts.training and opts.recompute is not Recompute.NONE and info.block is not None
+
+
 def dispatch_seconds(
-    info: NodeInfo, strategy: OpStrategy, cluster: Cluster, inputs: tuple[NodeInfo, ...], training: bool
+    info: NodeInfo, strategy: OpStrategy, cluster: Cluster, inputs: tuple[NodeInfo, ...], opts: CostOptions
 ) -> float:
-    """Seconds per microbatch of :func:`dispatch_steps` (backward only when ``training``)."""
+    """Seconds per microbatch of :func:`dispatch_steps`: backward when training, the forward again when
+    backward recomputes the block."""
     fwd, bwd = dispatch_times(info, strategy, cluster, inputs)
-    return fwd + (bwd if training else 0.0)
+    if not opts.training:
+        return fwd
+    return fwd * (2 if rerun_in_backward(info, opts) else 1) + bwd
 
 
 def _meta(info: NodeInfo, which: int) -> TensorMeta | None:

@@ -26,7 +26,7 @@ from autoshard.problem.costs import (
     output_fix_steps,
     repeats,
 )
-from autoshard.problem.dispatch import dispatch_steps
+from autoshard.problem.dispatch import dispatch_steps, rerun_in_backward
 from autoshard.problem.fanout import element_of
 from autoshard.problem.recompute import node_memory_total, reissued
 from autoshard.problem.step import critical_path, unowned_memory
@@ -331,6 +331,8 @@ def _dispatch_collectives(
             continue
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
         out += _records(forward, "forward", name, name, layers, built, times)
+        if rerun_in_backward(info, built.options):  # the block's forward runs again in backward
+            out += _records(forward, "forward", name, name, layers, built, times)
         if built.options.training:
             out += _records(backward, "backward", name, name, layers, built, times)
     return out

@@ -8,6 +8,7 @@ import torch
 import autoshard
 from autoshard.capture import capture
 from autoshard.capture.dispatch import routed_experts
+from autoshard.problem.costs import CostOptions
 from autoshard.problem.dispatch import dispatch_seconds, dispatch_steps
 from autoshard.problem.graph import describe
 from autoshard.strategies import strategies_for
@@ -43,7 +44,10 @@ def test_all_to_all_volume_is_tokens_times_top_k_and_only_for_the_dispatching_st
         forward, backward = dispatch_steps(info, strategy, cluster, inputs)
         axis = dispatch_axis(strategy)
         if axis is None:
-            assert forward == backward == () and dispatch_seconds(info, strategy, cluster, inputs, True) == 0
+            assert (
+                forward == backward == ()
+                and dispatch_seconds(info, strategy, cluster, inputs, CostOptions()) == 0
+            )
             continue
         hidden = strategy.inputs[0]
         assert hidden is not None
@@ -55,6 +59,6 @@ def test_all_to_all_volume_is_tokens_times_top_k_and_only_for_the_dispatching_st
         ]  # fmt: skip
         assert [s.nbytes for s in backward] == [rows, rows]
         seconds = sum(cluster.collective_time(s.kind, s.nbytes, axis=axis) for s in (*forward, *backward))
-        assert dispatch_seconds(info, strategy, cluster, inputs, True) == pytest.approx(seconds)
-        assert dispatch_seconds(info, strategy, cluster, inputs, False) < seconds  # no backward in inference
+        assert dispatch_seconds(info, strategy, cluster, inputs, CostOptions()) == pytest.approx(seconds)
+        assert dispatch_seconds(info, strategy, cluster, inputs, CostOptions(training=False)) < seconds
     assert priced >= 1
