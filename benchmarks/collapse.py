@@ -14,8 +14,10 @@ Pairs, each planned on meta on 8 x 8 A100s in its own process (seconds of ``auto
   need more than 64 x 80 GB: the least-memory plan needs 158 GiB per device).  Target: within 2x.  The dense
   layers precede the run of identical MoE layers, which capture collapses (``BlockInfo.first = 3``).
 - ``t5``: a T5-large-shaped encoder-decoder (transformers' ``T5ForConditionalGeneration``) at 24 + 24 layers
-  against 6 + 6, global batch 64 x 512.  Target: within 2x.  Not met yet: capture collapses one repeated
-  stack per graph, and T5's two towers are planned at full depth (the figure is the baseline to beat).
+  against 6 + 6, global batch 64 x 512.  Target: within 1.5x (flat in depth, as ``titan``).  Capture collapses
+  one repeated stack per graph: the decoder's run from ``decoder.block.1`` (block 0 holds the relative position
+  bias, so ``first = 1``); the encoder is captured and planned at full depth.  Measured 2026-11-24 under load:
+  12.91 s vs 6.52 s = 1.98x (capture 8.43 s vs 4.20 s), target missed -- the baseline for collapsing both towers.
 """
 
 from __future__ import annotations
@@ -122,11 +124,11 @@ PAIRS = {
         ("DeepSeek-V3 4 layers", {"model": "deepseek", "batch": 64, "seq": 512, "layers": 4}),
         2.0,
     ),
-    # encoder and decoder towers: one repeated stack per graph today, so T5 plans at full depth (issue 16 gap)
+    # encoder and decoder towers: one repeated stack per graph today, the encoder at full depth (issue 16 gap)
     "t5": (
         ("T5-large-shaped 24+24 layers", {"model": "t5", "batch": 64, "seq": 512, "layers": 24}),
         ("T5-large-shaped 6+6 layers", {"model": "t5", "batch": 64, "seq": 512, "layers": 6}),
-        2.0,
+        1.5,
     ),
 }
 
