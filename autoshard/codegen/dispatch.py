@@ -24,16 +24,28 @@ them (:mod:`autoshard.problem.dispatch`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from autoshard.capture.dispatch import combine_rows, route_rows
+from autoshard.cluster import Cluster
 from autoshard.codegen.collectives import CollectiveRecord, MeshComm
+from autoshard.problem.dispatch import dispatch_steps
+from autoshard.problem.graph import NodeInfo
+from autoshard.strategies import OpStrategy
 
-__all__ = ["all_to_all_routed_experts"]
+if TYPE_CHECKING:
+    from autoshard.codegen.lower import LoweredGraph
+
+__all__ = ["META_DISPATCH", "all_to_all_routed_experts", "with_dispatch"]
+
+META_DISPATCH = "autoshard_dispatch"
+"""``node.meta`` key on a lowered routed-experts node: the forward all-to-alls it runs inside itself, which
+backward runs again when it recomputes the node's block (``codegen.recompute``)."""
 
 
 def _log(comm: MeshComm, phase: str, axis: int, nbytes: int) -> None:
@@ -105,3 +117,27 @@ def all_to_all_routed_experts(
 
 
 all_to_all_routed_experts.takes_comm = True  # type: ignore[attr-defined]  # codegen passes the MeshComm
+
+
+def with_dispatch(
+    lowered: LoweredGraph,
+    infos: Mapping[str, NodeInfo],
+    strategies: Mapping[str, OpStrategy],
+    cluster: Cluster,
+    training: bool,
+) -> LoweredGraph:
+    """``lowered`` with the all-to-alls its routed-experts nodes run inside themselves listed like an edge's
+    moves (:mod:`autoshard.problem.dispatch`, the steps the plan lists), and marked on those nodes."""
+    from autoshard.codegen.lower import EdgeRecord
+
+    records = []
+    by_name = {n.name: n for n in lowered.graph.nodes}
+    for name, strategy in strategies.items():
+        info = infos.get(name)
+        if info is None or not info.target.endswith("routed_experts"):
+            continue
+        forward, backward = dispatch_steps(info, strategy, cluster, tuple(infos[s] for s in info.inputs))
+        if forward and name in by_name:
+            by_name[name].meta[META_DISPATCH] = forward
+            records.append(EdgeRecord(name, name, forward, backward if training else ()))
+    return dataclasses.replace(lowered, edges=(*lowered.edges, *records)) if records else lowered

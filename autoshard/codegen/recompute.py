@@ -33,7 +33,8 @@ from torch import fx, nn
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from autoshard.codegen.lower import META_BLOCK, META_DISPATCH, META_STEPS, EdgeRecord
+from autoshard.codegen.dispatch import META_DISPATCH
+from autoshard.codegen.lower import META_BLOCK, META_STEPS, EdgeRecord
 
 __all__ = ["SAVED_OPS", "Checkpointed", "checkpoint_blocks", "selective_policy"]
 

@@ -16,7 +16,7 @@ import re
 from autoshard.placement import ShardingSpec
 from autoshard.plans import Collective, NodePlan, Plan, SolverReport
 from autoshard.problem.build import BuiltProblem, EdgeUse
-from autoshard.problem.context import context_degrees
+from autoshard.problem.context import choose_layout, context_degrees
 from autoshard.problem.costs import (
     COLLECTIVE_KINDS,
     dual_spec,
@@ -34,7 +34,7 @@ from autoshard.redistribute import Step
 from autoshard.search import Solution
 from autoshard.strategies import OpStrategy
 
-__all__ = ["extract_plan"]
+__all__ = ["extract_plan", "plan_collectives"]
 
 
 def extract_plan(
@@ -60,6 +60,9 @@ def extract_plan(
     collectives += _dispatch_collectives(built, chosen, layer_of)
     comm = sum(c.seconds for c in collectives)
     step, _exposed = critical_path(built, chosen, collectives, compute)
+    context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
+    step += context.extra_seconds
+    notes = (*notes, context.note) if context.note else notes
     extra_memory = unowned_memory(built, pick, collectives)
     total_memory = memory + sum(extra_memory.values())
     if memory_limit is not None and total_memory > memory_limit:
@@ -117,9 +120,24 @@ def extract_plan(
         recompute=built.options.recompute.value,
         memory_limit=memory_limit,
         degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
+        context_axis=context.axis,
+        context_layout=context.layout,
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
     )
+
+
+def plan_collectives(built: BuiltProblem, solution: Solution) -> tuple[Collective, ...]:
+    """The collectives of the chosen plan, one record per layer copy, as :func:`extract_plan` lists them
+    (``seconds`` per step).  The pipeline's stage pricing splits these into its parts."""
+    chosen = {
+        name: built.strategies[name][k]
+        for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
+    }
+    pick = {name: chosen[built.template[name]] for name in built.infos}
+    namer = _LayerNamer(built, None)
+    collectives = _edge_collectives(built, pick, namer) + _output_collectives(built, chosen, namer)
+    return tuple(collectives + _dispatch_collectives(built, chosen, namer))
 
 
 def _strings(spec: ShardingSpec | None) -> tuple[str, ...]:

@@ -334,7 +334,9 @@ def _plan_stage(
         if fqn not in plan.param_placements:
             raise PipelineRunError(f"the plan has no placement for {fqn} (stage {index}): re-plan this model")
         pins[fqn] = _drop_axis(plan.param_placements[fqn], axis)
-    stage_plan = autoshard.plan(module, cluster, (example,), annotations=pins, memory_limit=float("inf"))
+    stage_plan = autoshard.plan(
+        module, cluster, (example,), annotations=pins, memory_limit=float("inf"), cp_layout="contiguous"
+    )  # pipelining cuts microbatches into contiguous pieces
     moved = {k: v for k, v in pins.items() if k in params and stage_plan.param_placements.get(k) != tuple(v)}
     assert not moved, f"stage {index} plan moved pinned parameters: {moved}"
     return stage_plan
