@@ -164,7 +164,7 @@ def lower_graph(
         )
     lowering = _Lowering(captured, strategies, cluster, coord, training, device)
     lowering.zigzag_axis = zigzag_axis
-    return with_dispatch(lowering.run(), lowering.infos, strategies, cluster, training)  # experts' all-to-alls
+    return with_dispatch(lowering.run(), lowering.infos, strategies, cluster, training)
 
 
 class _Lowering:

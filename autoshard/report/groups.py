@@ -279,7 +279,11 @@ def _kind(target: str) -> OpKind:
     if target in WEIGHT_LAYOUT:
         if name == "embedding":
             return "embedding"
-        return "grouped_mm" if "grouped_mm" in name or target.endswith((".expert_mlp", ".routed_experts")) else "matmul"
+        return (
+            "grouped_mm"
+            if "grouped_mm" in name or target.endswith((".expert_mlp", ".routed_experts"))
+            else "matmul"
+        )
     if "scaled_dot_product" in name or "flash_attention" in name:
         return "attention"
     if name in _NORM_OPS:
