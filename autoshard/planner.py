@@ -79,6 +79,7 @@ def plan(
     allow: Sequence[str] = (),
     forbid: Sequence[str] = (),
     captured: Captured | None = None,
+    cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -110,6 +111,9 @@ def plan(
             time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
         captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
             model twice (e.g. free and as pure data parallel) without capturing it again.
+        cp_layout: the sequence layout of context parallelism's ring axis (``Plan.context_layout``):
+            ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price
+            (:mod:`autoshard.problem.context`); pipelined plans use contiguous.
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
@@ -136,7 +140,7 @@ def plan(
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
     solve_one = functools.partial(
         _plan_captured, model, cluster, annotations=annotations, training=training, limit=limit,
-        recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds,
+        recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds, cp_layout=cp_layout,
     )  # fmt: skip
     fused: Plan | AutoshardError
     try:
@@ -189,6 +193,7 @@ def _plan_captured(
     time_limit: float,
     say: Callable[[str], None],
     kinds: frozenset[str],
+    cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
 ) -> Plan:
     """Strategies, costs, pins, the recomputation search and the solve on one capture."""
     start = time.perf_counter()
@@ -199,7 +204,7 @@ def _plan_captured(
     best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
     error: InfeasibleError | None = None
     for policy in policies:
-        opts = CostOptions(training=training, recompute=policy)
+        opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout)
         say("strategies" if policy is policies[0] else "recompute")
         free, built = _build(captured, cluster, opts, annotations, limit, timings, kinds)
         try:
@@ -298,7 +303,7 @@ def _plan_pipelined(
             f"stages; plan it with pipeline=None"
         )
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
-    policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
+    policies = list(Recompute) if recompute == "auto" else [Recompute(recompute)]  # none, selective, full
     if not training:
         policies = [Recompute.NONE]
 
@@ -329,8 +334,10 @@ def _plan_pipelined(
             f"microbatches: {best.microbatches} by default (at least {MICROBATCHES_PER_STAGE} per stage, "
             f"dividing the batch of {batch}); pin microbatches= (--microbatches) to choose"
         )
-    if best.recompute is Recompute.FULL and recompute == "auto":
-        notes.append("activations do not fit without recomputation: planned with full recomputation")
+    if best.recompute is not Recompute.NONE and recompute == "auto":
+        notes.append(
+            f"activations do not fit without recomputation: planned with {best.recompute.value} recomputation"
+        )
     intra = extract_plan(
         best.built,
         best.solution,
@@ -351,7 +358,7 @@ def _plan_pipelined(
         "axis_names": list(best.layout.axis_names),
     }
     record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
-    plan = assemble(best, intra, prefix, record)
+    plan = assemble(best, intra, prefix, record, first=repeated.first if repeated else 0)
     return dataclasses.replace(plan, input_shapes=_global_shapes(plan, args, batch))
 
 

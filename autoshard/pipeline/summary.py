@@ -24,7 +24,7 @@ def degrees_of(plan: Plan, pipeline_axis: int | None = None) -> dict[str, int]:
 
 
 def headline(plan: Plan) -> str:
-    """One line: ``PP 8 (interleaved, v=3) × TP 8 × DP 16, 64 microbatches of 1``.
+    """One line: ``PP 8 (interleaved, v=3) × TP 8 × DP 16, 64 microbatches of 1`` (``CP 16 (zigzag)``).
 
     The degrees are derived again from the plan's axes (not read from ``Plan.degrees``, which a file saved by
     an older version may hold differently), so the line matches the report's "mesh axes" section."""
@@ -41,6 +41,8 @@ def headline(plan: Plan) -> str:
             name = Schedule(plan.pipeline.schedule).short
             v = plan.pipeline.virtual_stages
             text += f" ({name}, v={v})" if v > 1 else f" ({name})"
+        if kind == "cp" and plan.context_axis is not None:
+            text += f" ({plan.context_layout})"  # the ring axis's sequence layout (zigzag: load-balanced)
         parts.append(text)
     head = " × ".join(parts) or "no parallelism (replicated)"
     batch = max((shape[0][0] for shape in plan.input_shapes.values() if shape[0]), default=0)

@@ -187,7 +187,7 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
     info = parallel_info(module)
     mesh, coord = info.comm.mesh_shape, info.comm.coord
     local = [
-        local_piece(v, spec, mesh, coord)
+        local_piece(v, spec, mesh, coord, info.comm.zigzag_axis)
         for v, (_, spec, _) in zip(job.user_inputs, info.inputs, strict=True)
     ]
     torch.manual_seed(job.rng_seed)  # as the reference forward did
@@ -199,7 +199,7 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
             "tensors, or nested outputs, are not compared yet"
         )
     pairs = [
-        (o, local_piece(g, spec, mesh, coord))
+        (o, local_piece(g, spec, mesh, coord, info.comm.zigzag_axis))
         for o, g, (spec, _) in zip(outs, job.out_grads, info.outputs, strict=True)
         if o.requires_grad
     ]
