@@ -101,7 +101,7 @@ def resolve_annotations(
 
 _TUPLE_OPS = frozenset(
     {"linear", "mm", "matmul", "bmm", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution",
-     "_grouped_mm", "grouped_mm", "grouped_mm_fallback", "expert_mlp"}
+     "_grouped_mm", "grouped_mm", "grouped_mm_fallback", "expert_mlp", "routed_experts"}
 )  # fmt: skip
 
 

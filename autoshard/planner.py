@@ -358,7 +358,7 @@ def _plan_pipelined(
         "axis_names": list(best.layout.axis_names),
     }
     record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
-    plan = assemble(best, intra, prefix, record)
+    plan = assemble(best, intra, prefix, record, first=repeated.first if repeated else 0)
     return dataclasses.replace(plan, input_shapes=_global_shapes(plan, args, batch))
 
 

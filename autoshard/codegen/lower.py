@@ -53,6 +53,7 @@ from autoshard.capture import META_ALIASES, META_FQN, META_KIND, META_NO_GRAD, C
 from autoshard.cluster import Cluster
 from autoshard.codegen.assign import PlanMismatchError
 from autoshard.codegen.collectives import format_steps, join_unused, redistribute
+from autoshard.codegen.dispatch import with_dispatch
 from autoshard.errors import UnsupportedOpError
 from autoshard.placement import ShardingSpec
 from autoshard.problem.costs import CostOptions, StepCache, dual_spec, edge_steps, output_fix_steps
@@ -163,7 +164,7 @@ def lower_graph(
         )
     lowering = _Lowering(captured, strategies, cluster, coord, training, device)
     lowering.zigzag_axis = zigzag_axis
-    return lowering.run()
+    return with_dispatch(lowering.run(), lowering.infos, strategies, cluster, training)
 
 
 class _Lowering:
@@ -254,7 +255,7 @@ class _Lowering:
         call = local_call(
             node, self.strategies[node.name], self.mesh, self.coord, args, kwargs, self.zigzag_axis
         )
-        if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention)
+        if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention, experts)
             call = dataclasses.replace(call, kwargs={**call.kwargs, "comm": self.comm})
         new = self.graph.create_node(
             "call_function", call.target, tuple(call.args), self._on_device(dict(call.kwargs)), name=node.name

@@ -26,6 +26,7 @@ from autoshard.problem.costs import (
     output_fix_steps,
     repeats,
 )
+from autoshard.problem.dispatch import dispatch_steps, rerun_in_backward
 from autoshard.problem.fanout import element_of
 from autoshard.problem.recompute import node_memory_total, regathered, reissued
 from autoshard.problem.step import critical_path, unowned_memory
@@ -56,6 +57,7 @@ def extract_plan(
     layer_of = _LayerNamer(built, block_prefix, block_first)
     nodes, compute, memory = _node_table(built, chosen)
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
+    collectives += _dispatch_collectives(built, chosen, layer_of)
     comm = sum(c.seconds for c in collectives)
     step, _exposed = critical_path(built, chosen, collectives, compute)
     context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
@@ -134,7 +136,8 @@ def plan_collectives(built: BuiltProblem, solution: Solution) -> tuple[Collectiv
     }
     pick = {name: chosen[built.template[name]] for name in built.infos}
     namer = _LayerNamer(built, None)
-    return tuple(_edge_collectives(built, pick, namer) + _output_collectives(built, chosen, namer))
+    collectives = _edge_collectives(built, pick, namer) + _output_collectives(built, chosen, namer)
+    return tuple(collectives + _dispatch_collectives(built, chosen, namer))
 
 
 def _strings(spec: ShardingSpec | None) -> tuple[str, ...]:
@@ -331,6 +334,27 @@ def _output_collectives(
         steps = output_fix_steps(info, chosen[name], built.cache)
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
         out += _records(steps, "forward", "output", name, layers, built, built.options.microbatches)
+    return out
+
+
+def _dispatch_collectives(
+    built: BuiltProblem, chosen: dict[str, OpStrategy], namer: _LayerNamer
+) -> list[Collective]:
+    """The all-to-alls routed-experts nodes run inside themselves (:mod:`autoshard.problem.dispatch`)."""
+    out: list[Collective] = []
+    times = repeats(built.options, parameter=False, backward=False)
+    for name in built.variables:
+        info = built.infos[name]
+        inputs = tuple(built.infos[s] for s in info.inputs)
+        forward, backward = dispatch_steps(info, chosen[name], built.cluster, inputs)
+        if not forward:
+            continue
+        layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
+        out += _records(forward, "forward", name, name, layers, built, times)
+        if rerun_in_backward(info, built.options):  # the block's forward runs again in backward
+            out += _records(forward, "forward", name, name, layers, built, times)
+        if built.options.training:
+            out += _records(backward, "backward", name, name, layers, built, times)
     return out
 
 

@@ -63,6 +63,8 @@ WEIGHT_LAYOUT: dict[str, WeightLayout] = {
     "transformers.grouped_mm_fallback.default": WeightLayout(1, 2, 1, 0),
     # x, gate_up[experts, in, 2 x ffn], down, offsets (capture.experts)
     "autoshard.capture.experts.expert_mlp": WeightLayout(1, 2, 1, 0),
+    # hidden, gate_up, down, top-k index and weights (capture.dispatch: the whole routed-experts block)
+    "autoshard.capture.dispatch.routed_experts": WeightLayout(1, 2, 1, 0),
     "aten.embedding.default": WeightLayout(0, 1, 0, 1),  # W[vocab, hidden], ids
 }
 
@@ -277,7 +279,11 @@ def _kind(target: str) -> OpKind:
     if target in WEIGHT_LAYOUT:
         if name == "embedding":
             return "embedding"
-        return "grouped_mm" if "grouped_mm" in name or target.endswith(".expert_mlp") else "matmul"
+        return (
+            "grouped_mm"
+            if "grouped_mm" in name or target.endswith((".expert_mlp", ".routed_experts"))
+            else "matmul"
+        )
     if "scaled_dot_product" in name or "flash_attention" in name:
         return "attention"
     if name in _NORM_OPS:

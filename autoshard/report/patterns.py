@@ -259,9 +259,17 @@ def _experts(view: PlanView, axis: int) -> Pattern | None:
     where = tuple(dict.fromkeys(r.group for r in rows))
     modules = {r.node.module for r in rows}
     at_experts = [c for c in view.plan.collectives if c.mesh_axis == axis and c.module in modules]
-    a2a = [c for c in at_experts if c.kind == "all_to_all"]
+    # a routed-experts node's own all-to-alls (problem.dispatch) move and serve that node, in every layer
+    names = {r.node.name for r in rows}
+    a2a = [
+        c
+        for c in view.plan.collectives
+        if c.mesh_axis == axis
+        and c.kind == "all_to_all"
+        and ((c.node in names and c.tensor == c.node) or c.module in modules)
+    ]
     if a2a:
-        how = f"{len(a2a)} all-to-alls per step ({fmt_bytes(sum(c.nbytes for c in a2a))})"
+        how = f"tokens sent by all-to-all: {len(a2a)} per step ({fmt_bytes(sum(c.nbytes for c in a2a))})"
     else:  # Megatron's all-gather dispatcher: tokens gathered over the expert axis, outputs reduced
         how = f"tokens gathered, outputs reduced: {fmt_bytes(sum(c.nbytes for c in at_experts))} per step"
     return Pattern("expert parallel", (axis,), where, f"experts split, {how}")

@@ -97,6 +97,7 @@ def intra_layout(plan: Plan) -> tuple[tuple[int, ...], int | None]:
 def split_stage(model: nn.Module, keep: Sequence[str], drop: Sequence[str]) -> nn.Module:
     """A copy of ``model`` without the modules in ``drop`` (module doc); weights of ``drop`` are not copied."""
     placeholder = nn.Identity()
+    drop = [n for n in drop if not any(n.startswith(f"{outer}.") for outer in drop)]  # a whole layer suffices
     memo: dict[int, Any] = {id(model.get_submodule(name)): placeholder for name in drop}
     stage = copy.deepcopy(model, memo)
     for name in sorted(drop, key=lambda n: n.count("."), reverse=True):
