@@ -59,7 +59,7 @@ from autoshard.problem.dispatch import dispatch_seconds
 from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.problem.pricing import pairwise_ids
-from autoshard.problem.recompute import node_memory_total, reissued
+from autoshard.problem.recompute import node_memory_total, regathered, reissued
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
@@ -308,7 +308,8 @@ def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache) -> 
             # much).  Forward steps (FSDP gathers) keep every copy.
             fwd = edge_matrix(producer, which, strategies[tu], strategies[tv], pos, forward_only, cache)
             matrix = fwd * weight + (matrix / weight - fwd)
-        if reissued(infos[tu], infos[tv], opts):  # backward re-runs the block, moves inside it included
+        # backward re-runs the block, moves inside it included; or (FSDP reshard after forward) re-gathers
+        if reissued(infos[tu], infos[tv], opts) or regathered(infos[tu], infos[tv], opts):
             again = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, forward_only, cache)
             matrix = matrix + again * weight
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur

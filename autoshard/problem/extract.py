@@ -28,7 +28,7 @@ from autoshard.problem.costs import (
 )
 from autoshard.problem.dispatch import dispatch_steps, rerun_in_backward
 from autoshard.problem.fanout import element_of
-from autoshard.problem.recompute import node_memory_total, reissued
+from autoshard.problem.recompute import node_memory_total, regathered, reissued
 from autoshard.problem.step import critical_path, unowned_memory
 from autoshard.redistribute import Step
 from autoshard.search import Solution
@@ -265,6 +265,8 @@ def _edge_collectives(
         out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if reissued(producer, consumer, built.options):  # run again when backward recomputes the block
             out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
+        elif regathered(producer, consumer, built.options):  # reshard after forward: gathered again
+            out += _records(steps.forward, "regather", served, moved, layers, built, fwd_times)
         if producer.fqn:  # gradient synchronisation serves the parameter of each layer
             for layer, path in layers:
                 fqn = built.infos[moved].fqn

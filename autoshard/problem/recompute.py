@@ -14,7 +14,7 @@ from autoshard.problem.costs import CostOptions, Recompute, node_memory
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
 
-__all__ = ["node_memory_total", "reissued"]
+__all__ = ["node_memory_total", "regathered", "reissued"]
 
 
 def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
@@ -22,6 +22,20 @@ def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
     a move between block nodes is inside it (codegen/recompute.py leaves moves from outside out of it)."""
     training = opts.training and opts.recompute is not Recompute.NONE
     return training and producer.block is not None and consumer.block is not None
+
+
+def regathered(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
+    """Whether backward gathers a parameter again (FSDP's reshard after forward,
+    ``OverlapPolicy.reshard_after_forward``; run by :mod:`autoshard.runtime.reshard`): the forward move of a
+    parameter is re-run in backward unless a recomputed block re-issues it anyway (:func:`reissued`).  Only
+    moves that gather cost anything: a weight read in its own layout or sliced moves nothing."""
+    return (
+        opts.training
+        and opts.overlap.reshard_after_forward
+        and producer.kind == "parameter"
+        and producer.requires_grad
+        and not reissued(producer, consumer, opts)
+    )
 
 
 def node_memory_total(
