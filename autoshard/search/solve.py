@@ -39,9 +39,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from autoshard.errors import AutoshardError, InfeasibleError
 from autoshard.search.brute import brute_force
-from autoshard.search.budget import Lagrange, fixing_masks, lagrangian_sweep
+from autoshard.search.budget import Lagrange, Relaxed, dual_search, fixing_masks, lagrangian_sweep
 from autoshard.search.exact import MAX_FACTOR_SIZE, ExactSolver, FactorCapExceeded, min_memory_plan
 from autoshard.search.problem import (
     SearchProblem,
@@ -290,6 +292,84 @@ def _with_budget(run: _Run, ex: ExactSolver, method: Method, num_workers: int, m
     return _ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
 
 
+def _relaxed_by_reduction(problem: SearchProblem, max_factor: float) -> Relaxed:
+    """``lambda`` -> the exact minimiser of ``cost + lambda * memory`` on ``problem`` (no budget), found by
+    reducing that unbudgeted problem (every node folds or is dominated as without a budget) and eliminating
+    what is left; raises FactorCapExceeded when even that is too wide."""
+    assert problem.memory is not None
+
+    def relaxed(lam: float) -> tuple[tuple[int, ...], float]:
+        costs = tuple(c + lam * m for c, m in zip(problem.node_costs, problem.memory, strict=True))
+        free = dataclasses.replace(problem, node_costs=costs, memory=None, memory_limit=None)
+        red = reduce_problem(free)
+        plan, value = ExactSolver(pairwise_form(red.problem), max_factor).solve()
+        return red.expand(plan), value + red.cost_offset
+
+    return relaxed
+
+
+def _with_budget_by_reduction(run: _Run, method: Method, num_workers: int, max_factor: float) -> Solution:
+    """A binding budget on a problem too wide to eliminate with its memory terms: the Lagrangian dual, each
+    relaxed problem reduced on its own (:func:`_relaxed_by_reduction`).  Proven optimal when the dual
+    closes the gap; otherwise the best fitting plan with the dual's bound, which CP-SAT (``"auto"``) then
+    tries to improve in the time left."""
+    rp = run.current
+    assert rp.memory_limit is not None
+    relaxed = _relaxed_by_reduction(rp, max_factor)
+    try:
+        plan, value = relaxed(0.0)
+    except FactorCapExceeded as e:
+        run.log.append(f"lagrangian by reduction: {e}")
+        if method == "exact":
+            raise AutoshardError(
+                "method='exact' cannot solve this graph: " + run.log[-1] + ". Use method='auto' or 'ilp'."
+            ) from None
+        return _ilp(run, None, num_workers)
+    if memory_of(rp, plan) <= rp.memory_limit:
+        run.log.append("exact (reduced without the budget): the optimum without the budget fits")
+        return dataclasses.replace(
+            run.finish(plan, value + run.offset(), True, "exact:reduce"), budget_binding=False
+        )
+    least, least_mem = _least_memory(rp, max_factor)
+    if not least_mem <= rp.memory_limit:
+        off = math.fsum(r.memory_offset for r in run.stages)
+        raise memory_infeasible_error(run.problem, memory_lower_bound(run.problem), least_mem + off)
+    lag = Lagrange(least, evaluate(rp, least), value, 0.0)
+    lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
+    dual_search(relaxed, rp, lag, lam0, deadline=run.start + 0.5 * run.time_limit, seeds=(plan,))
+    bound = lag.bound + run.offset()
+    run.log.append(
+        f"lagrangian by reduction: {lag.solves} relaxed solves, best fitting plan {lag.cost + run.offset():.6g} s, "
+        f"bound {bound:.6g} s (gap {relative_gap(lag.cost + run.offset(), bound):.3%})"
+    )
+    best = run.expand(lag.plan)
+    if lag.closed():
+        return run.finish_original(best, bound, True, "exact:lagrangian")
+    if method == "exact":
+        return run.finish_original(best, bound, False, "exact:lagrangian")
+    return _ilp(run, lag.plan, num_workers, floor=lag.bound, fallback=best)
+
+
+def _least_memory(problem: SearchProblem, max_factor: float) -> tuple[tuple[int, ...], float]:
+    """The least-memory finite plan; by reduction (memory as the only cost) when the graph is too wide."""
+    try:
+        return min_memory_plan(problem, max_factor_size=max_factor)
+    except FactorCapExceeded:
+        pass
+    assert problem.memory is not None
+    costs = tuple(
+        np.where(np.isfinite(c), m, np.inf) for c, m in zip(problem.node_costs, problem.memory, strict=True)
+    )
+    edges = tuple(
+        dataclasses.replace(e, cost=np.where(np.isfinite(e.cost), 0.0, np.inf)) for e in problem.edges
+    )
+    free = dataclasses.replace(problem, node_costs=costs, edges=edges, memory=None, memory_limit=None)
+    red = reduce_problem(free)
+    plan, _ = ExactSolver(pairwise_form(red.problem), max_factor).solve()
+    full = red.expand(plan)
+    return full, memory_of(problem, full)
+
+
 def _sweep(run: _Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) -> Lagrange:
     """Lagrangian sweep on the current problem, starting from ``best`` (original nodes) where that plan
     survived the reductions, else from the current least-memory plan."""
@@ -301,7 +381,7 @@ def _sweep(run: _Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float)
     plan, value = ex.solve()
     lag = Lagrange(start, evaluate(rp, start), value, 0.0)
     lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
-    lagrangian_sweep(ex, rp, lag, lam0, deadline=run.start + 0.5 * run.time_limit)
+    lagrangian_sweep(ex, rp, lag, lam0, deadline=run.start + 0.5 * run.time_limit, seeds=(plan,))
     run.log.append(
         f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
         f"(reduced problem)"
@@ -344,6 +424,10 @@ def solve(
     if method == "ilp":
         return _ilp(run, None if hint is None else red.restrict(hint), num_workers)
     ex = _exact_solver(run, max_factor_size)
+    if ex is None and red.problem.memory_limit is not None:
+        # Memory terms keep nodes from folding, so the budgeted problem's treewidth is high; each relaxed
+        # problem (cost + lambda * memory, no budget) still reduces and solves exactly.
+        return _with_budget_by_reduction(run, method, num_workers, max_factor_size)
     if ex is None:
         if method == "exact":
             raise AutoshardError(
