@@ -50,7 +50,7 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
-from autoshard.search import Solution, solve
+from autoshard.search import BoundExceeded, Solution, solve
 from autoshard.strategies import UnsupportedOpWarning
 from autoshard.strategies.coverage import replicated_shares
 
@@ -79,6 +79,7 @@ def plan(
     allow: Sequence[str] = (),
     forbid: Sequence[str] = (),
     captured: Captured | None = None,
+    ceiling: float = float("inf"),
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -108,6 +109,10 @@ def plan(
             time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
         captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
             model twice (e.g. free and as pure data parallel) without capturing it again.
+        ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
+            plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
+            solving under the memory budget and retrying with recomputation.  Not applied with pipeline
+            stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too).
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
@@ -132,9 +137,11 @@ def plan(
     timings["capture"] = time.perf_counter() - start
     replicated = _warn_replicated(captured)
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
+    fuses = plan_fuses_experts(captured.op_nodes())
     solve_one = functools.partial(
         _plan_captured, model, cluster, annotations=annotations, training=training, limit=limit,
         recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds,
+        ceiling=float("inf") if fuses else ceiling,
     )  # fmt: skip
     fused: Plan | AutoshardError
     try:
@@ -142,7 +149,7 @@ def plan(
     except (InfeasibleError, AnnotationError) as e:
         fused = e
     result: Plan | AutoshardError = fused
-    if plan_fuses_experts(captured.op_nodes()):  # fused expert MLPs: cheap EP, but no K/N split: try both
+    if fuses:  # fused expert MLPs: cheap EP, but no K/N split: try both
         t0 = time.perf_counter()
         plain: Plan | AutoshardError
         try:
@@ -187,6 +194,7 @@ def _plan_captured(
     time_limit: float,
     say: Callable[[str], None],
     kinds: frozenset[str],
+    ceiling: float = float("inf"),
 ) -> Plan:
     """Strategies, costs, pins, the recomputation search and the solve on one capture."""
     start = time.perf_counter()
@@ -196,6 +204,7 @@ def _plan_captured(
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
     best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
     error: InfeasibleError | None = None
+    pruned: BoundExceeded | None = None
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy)
         say("strategies" if policy is policies[0] else "recompute")
@@ -203,10 +212,15 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            solution = solve(built.problem, method=search, time_limit=time_limit)
+            solution = solve(built.problem, method=search, time_limit=time_limit, ceiling=ceiling)
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = error or e  # the error without recomputation names what does not fit
+            continue
+        except BoundExceeded as e:
+            if policy is policies[0]:
+                raise  # recomputation only adds time: no later policy beats this bound either
+            pruned = e  # this policy cannot beat the ceiling; a later one may still fit better
             continue
         timings["total"] = time.perf_counter() - start
 
@@ -229,6 +243,8 @@ def _plan_captured(
         if policy is Recompute.NONE and _budget_idle(built, solution, search, time_limit):
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if best is None:
+        if pruned is not None:
+            raise pruned  # every policy either does not fit or cannot beat the ceiling
         assert error is not None
         raise error
     found, free, built, read = best
