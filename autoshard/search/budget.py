@@ -106,8 +106,8 @@ def dual_search(
     reaches the crossing, that is ``max g``; otherwise the new minimiser's line replaces the one on its side
     and the crossing drops.  Finitely many plans, so it ends; on the 405B-shaped LLaMA it takes 2 to 4
     probes where bisection took 20 or more.  The first lines are free: ``lag.plan`` (fits) and ``seeds``
-    (e.g. the optimum without the budget); without a fitting one, ``lam0`` is multiplied by 4 until the
-    minimiser fits.  ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the
+    (e.g. the optimum without the budget, else it is probed at ``lambda = 0``); without a fitting one,
+    ``lam0`` is multiplied by 4 until the minimiser fits.  ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the
     probe count, not the clock, ends a normal search.
     """
     assert problem.memory is not None and problem.memory_limit is not None
@@ -134,6 +134,9 @@ def dual_search(
         mem, cost = memory_of(problem, plan), evaluate(problem, plan)
         if math.isfinite(cost):
             keep(lam0, (cost, mem), mem <= limit)
+    if lines[False] is None:  # the minimiser without the budget (lambda = 0) breaks it: a rising line
+        cost, mem, fits = probe(0.0)
+        keep(0.0, (cost, mem), fits)
     lam = lam0
     while lines[True] is None and lag.solves < MAX_SOLVES and time.perf_counter() < deadline:
         cost, mem, fits = probe(lam)
