@@ -202,9 +202,8 @@ def search_mesh(
     ranked = (*(c for c, _ in planned), *cut, *(c for c, p in results if p is None and not c.pruned))
     chosen = planned[0][1]
     assert chosen is not None
-    lines = [
-        f"mesh search: {len(shapes)} meshes tried ({len(cut)} pruned by a lower bound); best {ranked[0]}"
-    ]
+    tried = f"{len(shapes)} meshes tried" + (f", {len(cut)} pruned by a lower bound" if cut else "")
+    lines = [f"mesh search: {tried}; best {ranked[0]}"]
     lines += [f"  runner-up {c}" for c in ranked[1:6]]
     return MeshSearch(_with_notes(chosen, tuple(lines)), ranked)
 
