@@ -54,6 +54,7 @@ from autoshard.problem.costs import (
     repeats,
     steps_time,
 )
+from autoshard.problem.dispatch import dispatch_seconds
 from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.problem.recompute import node_memory_total, reissued
@@ -261,7 +262,8 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
         mem = np.empty(len(strategies[name]))
         for k, strat in enumerate(strategies[name]):
             fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
-            per_microbatch = fwd + bwd
+            # all-to-all token dispatch inside a routed-experts node (listed as collectives in the plan)
+            per_microbatch = fwd + bwd + dispatch_seconds(info, strat, cluster, inputs, opts)
             if info.is_output:
                 per_microbatch += steps_time(output_fix_steps(info, strat, cache), cluster)
             extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)

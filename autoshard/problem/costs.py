@@ -42,6 +42,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal
 
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
@@ -103,6 +104,9 @@ class CostOptions:
     overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
     precision: PrecisionPolicy | None = None
     microbatches: int = 1  # per step; the graph is captured at one microbatch's shapes (see repeats)
+    # sequence layout of context parallelism's ring axis (problem/context.py): "auto" prices rings balanced
+    # and lets the planner pick zigzag or contiguous after the search; "zigzag" / "contiguous" pin one
+    cp_layout: Literal["auto", "zigzag", "contiguous"] = "contiguous"
 
     def __post_init__(self) -> None:
         if (
@@ -184,11 +188,11 @@ def node_compute(
     factor = _shape_factor(info, strategy, inputs, cluster)
     fwd = cluster.compute_time(info.flops / strategy.work_divisor / factor, moved, dtype)
     if not (opts.training and info.requires_grad):
-        return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0)[0], 0.0
+        return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0, opts.cp_layout)[0], 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
     if recomputed(info, opts.recompute):
         bwd += fwd
-    ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd)  # context parallel only
+    ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd, opts.cp_layout)  # CP only
     return fwd + ring_fwd, bwd + ring_bwd
 
 

@@ -108,15 +108,22 @@ def _choices(plan: Plan, built: BuiltProblem) -> list[int]:
 
 
 def _terms(built: BuiltProblem, i: int, choice: list[int]) -> list[Terms]:
+    """Each strategy of variable ``i`` priced with every other variable at the plan's choice.  Fan-out nodes
+    (one shared redistribution per tensor, indices past the variables) take the state the choice then needs
+    (``BuiltProblem.full_choice``), and the edges out of those fed by ``i`` count as its output's."""
     p = built.problem
-    into = np.zeros(len(p.node_costs[i]))
-    out = np.zeros(len(p.node_costs[i]))
-    for e in p.edges:
-        if e.v == i:
-            into += e.cost[choice[e.u], :]
-        elif e.u == i:
-            out += e.cost[:, choice[e.v]]
-    memory = p.memory[i] if p.memory is not None else np.zeros(len(p.node_costs[i]))
+    n = len(p.node_costs[i])
+    into, out = np.zeros(n), np.zeros(n)
+    first_fan = len(built.variables)
+    fed = {e.v for e in p.edges if e.u == i and e.v >= first_fan}  # fan-out nodes carrying i's output
+    for s in range(n):
+        full = built.full_choice([s if k == i else c for k, c in enumerate(choice)])
+        for e in p.edges:
+            if e.v == i:
+                into[s] += e.cost[full[e.u], s]
+            elif e.u == i or e.u in fed:
+                out[s] += e.cost[full[e.u], full[e.v]]
+    memory = p.memory[i] if p.memory is not None else np.zeros(n)
     labels = (
         p.strategy_labels[i] if p.strategy_labels else tuple(map(str, built.strategies[built.variables[i]]))
     )
@@ -216,6 +223,7 @@ def render_summary(explanations: list[Explanation]) -> str:
     for e in explanations:
         extra = f"+{fmt_seconds(e.runner_up.total - e.chosen.total)}" if e.runner_up else "none"
         other = e.runner_up.strategy if e.runner_up else "-"
-        lines.append(f"{e.name:<28}{e.module[:33]:<34}{fmt_seconds(e.chosen.total):>10}  {e.chosen.strategy}")
+        name = e.name if len(e.name) < 28 else e.name[:26] + "…"
+        lines.append(f"{name:<28}{e.module[:33]:<34}{fmt_seconds(e.chosen.total):>10}  {e.chosen.strategy}")
         lines.append(f"{'':<72}vs {other} ({extra})")
     return "\n".join(lines)
