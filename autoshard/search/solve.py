@@ -16,8 +16,14 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    fitting plan and a lower bound, Lagrangian fixing drops the strategies no plan cheaper than that one can
    use, the problem is reduced again, and its exact optimum is returned if it fits; otherwise CP-SAT,
    warm-started from the Lagrangian plan and told its bound, closes the gap within the time limit.
+4. Budget, and the budgeted problem too wide to eliminate (its memory terms keep nodes from folding: the
+   405B-shaped LLaMA's pipeline stage on 8 x 16 x 8): the same Lagrangian dual with each relaxed problem
+   ``cost + lambda * memory`` reduced and eliminated on its own (no budget, so it folds); proven optimal
+   when the dual closes, else its best fitting plan and bound, which CP-SAT then tries to improve.
+5. ``ceiling``: once the optimum without the budget reaches it, :class:`~autoshard.search.run.BoundExceeded`
+   instead of the budgeted solve (the mesh search's pruning).
 
-``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and bound);
+``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and its proven gap);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
 
 Example::
