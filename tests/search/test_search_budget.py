@@ -122,3 +122,31 @@ def test_dual_search_reaches_the_best_lagrangian_bound_in_few_probes() -> None:
         lam = lag.lam * f
         _, v = ex.solve([c + lam * m for c, m in zip(ex.form.unary, q.memory, strict=True)])  # type: ignore[arg-type]
         assert v - lam * q.memory_limit <= lag.bound * (1 + 1e-9) + 1e-12  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("method", ["exact", "auto"])
+@pytest.mark.parametrize("fraction", [0.2, 0.6])
+def test_too_wide_budgeted_problem_solved_by_reduced_relaxations(
+    monkeypatch: pytest.MonkeyPatch, method: str, fraction: float
+) -> None:
+    # the budgeted problem "cannot be eliminated" (as the 405B stage problem cannot); each relaxed problem
+    # without the budget still reduces and solves exactly: a fitting plan with a true bound, optimal only
+    # when the dual closes, and CP-SAT ("auto") closing the rest
+    import sys
+
+    dispatch = sys.modules[
+        "autoshard.search.solve"
+    ]  # the module (the package exports the function by its name)
+    p = transformer_problem(1, 6, memory=True)
+    free = solve(p)
+    _, least_mem = min_memory_plan(p)
+    limit = float(math.floor(least_mem + fraction * (memory_of(p, free.choice) - least_mem)))
+    q = dataclasses.replace(p, memory_limit=limit)
+    want = solve(q, time_limit=20)
+    monkeypatch.setattr(dispatch, "exact_solver", lambda run, cap: None)
+    s = solve(q, method=method, time_limit=20)  # type: ignore[arg-type]
+    assert memory_of(q, s.choice) <= limit
+    assert s.lower_bound <= want.objective * (1 + 1e-9) + 1e-12 <= s.objective * (1 + 2e-9) + 2e-12
+    assert any("lagrangian by reduction" in line for line in s.log)
+    if s.optimal or method == "auto":
+        assert close(s.objective, want.objective, 1e-7)
