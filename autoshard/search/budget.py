@@ -96,6 +96,7 @@ def dual_search(
     lam0: float,
     deadline: float = math.inf,
     seeds: Sequence[tuple[int, ...]] = (),
+    tolerance: float = 0.0,
 ) -> Lagrange:
     """Maximise ``g(lambda)``; ``relaxed(lam)`` returns a minimiser of ``cost + lam * memory`` and its value.
 
@@ -108,8 +109,11 @@ def dual_search(
     probes where bisection took 23-24, reaching the same bound and plan; on the 405B-shaped LLaMA's stage
     problem 5.  The first lines are free: ``lag.plan`` (fits) and ``seeds`` (e.g. the optimum without the
     budget, else it is probed at ``lambda = 0``); without a fitting one, ``lam0`` is multiplied by 4 until
-    the minimiser fits.  ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the
-    probe count, not the clock, ends a normal search.
+    the minimiser fits.  ``tolerance > 0`` stops early once the crossing, the most any multiplier can still
+    prove, is within ``tolerance`` x the remaining gap of the bound reached (the bound stays a true one; the
+    caller that states the gap rather than fixing strategies by it saves the last, confirming probes).
+    ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the probe count, not the
+    clock, ends a normal search.
     """
     assert problem.memory is not None and problem.memory_limit is not None
     limit = problem.memory_limit
@@ -153,6 +157,8 @@ def dual_search(
         if not lam > 0.0 or not math.isfinite(lam):
             break
         peak = _at(over, lam, limit)
+        if peak - lag.bound <= tolerance * (lag.cost - lag.bound):
+            break
         cost, mem, fits = probe(lam)
         if cost + lam * (mem - limit) >= peak - _SLACK * max(abs(peak), 1e-300):
             break  # g reaches the crossing: no lambda bounds higher
