@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +66,7 @@ class Lagrange:
     bound: float
     lam: float
     solves: int = 0
+    over: list[tuple[int, ...]] = field(default_factory=list)  # probed minimisers over the budget
 
     def closed(self) -> bool:
         return self.cost - self.bound <= _SLACK * max(abs(self.cost), 1e-300)
@@ -126,6 +127,8 @@ def dual_search(
             lag.bound, lag.lam = value - lam * limit, lam
         mem, cost = memory_of(problem, plan), evaluate(problem, plan)
         fits = mem <= limit
+        if not fits:
+            lag.over.append(plan)
         if fits and cost < lag.cost:
             lag.plan, lag.cost = plan, cost
         return cost, mem, fits

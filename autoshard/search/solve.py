@@ -63,6 +63,7 @@ from autoshard.search.problem import (
 )
 from autoshard.search.propagate import propagate
 from autoshard.search.reduce import reduce_problem
+from autoshard.search.repair import repair
 from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, run_ilp
 
 __all__ = ["BoundExceeded", "Method", "solve", "trivial_lower_bound"]
@@ -207,6 +208,10 @@ def _with_budget_by_reduction(run: Run, method: Method, num_workers: int, max_fa
     # each relaxed solve is a reduction and an elimination (~2 s on the 405B stage): stop once no multiplier
     # can prove more than 5 % of the gap left
     dual_search(relaxed, rp, lag, lam0, deadline=run.start + run.time_limit, seeds=(plan,), tolerance=0.05)
+    for over in lag.over[-2:]:  # the cheapest plans over the budget, moved until they fit
+        fixed = repair(rp, over)
+        if fixed is not None and evaluate(rp, fixed) < lag.cost:
+            lag.plan, lag.cost = fixed, evaluate(rp, fixed)
     bound = lag.bound + run.offset()
     run.log.append(
         f"lagrangian by reduction: {lag.solves} relaxed solves, best fitting plan {lag.cost + run.offset():.6g} s, "

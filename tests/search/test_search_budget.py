@@ -150,3 +150,18 @@ def test_too_wide_budgeted_problem_solved_by_reduced_relaxations(
     assert any("lagrangian by reduction" in line for line in s.log)
     if s.optimal or method == "auto":
         assert close(s.objective, want.objective, 1e-7)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_repair_makes_a_plan_fit_and_never_claims_more(seed: int) -> None:
+    from autoshard.search.repair import repair
+
+    p = _binding(seed + 5000)
+    if p is None:
+        return
+    free = brute_force(dataclasses.replace(p, memory_limit=None)).choice  # over the budget
+    fixed = repair(p, free)
+    if fixed is None:
+        return
+    assert memory_of(p, fixed) <= p.memory_limit  # type: ignore[operator]
+    assert evaluate(p, fixed) >= brute_force(p).objective * (1 - 1e-12)  # a plan, so never below the optimum
