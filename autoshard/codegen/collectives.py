@@ -3,7 +3,7 @@
 Input: a device's local tensor, the :class:`~autoshard.redistribute.Step` list that the planner priced for an
 edge (:func:`autoshard.problem.costs.edge_steps`), and a :class:`MeshComm` (this rank's mesh coordinate and
 the process group of every mesh axis).  Output: the local tensor after the steps -- exactly what
-:func:`autoshard.redistribute.apply_steps_local` computes for this device (same dims, chunk order, and
+:func:`autoshard.redistribute_local.apply_steps_local` computes for this device (same dims, chunk order, and
 outer-axis-first nesting), which the tests check step kind by step kind.
 
 :func:`redistribute` is what the emitted graph calls, once per edge that moves data.  It is one
