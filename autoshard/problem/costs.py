@@ -12,11 +12,11 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
   the forward of every block node it re-runs again (:func:`recomputed`), and re-issues the forward
   redistributions into those blocks (priced by the builder on the edges);
 - communication on an edge ``u → v`` (:mod:`autoshard.problem.moves`): forward, ``u``'s output spec is
-  redistributed to the spec ``v``'s strategy wants; backward, the gradient ``v``'s strategy yields (``OpStrategy.input_grads``) is redistributed
-  to the dual of ``u``'s output spec (``S(d) → S(d)``, ``P → R``, ``R → R``).  Gradient synchronisation of
-  replicated parameters is this rule on the parameter's edges: a batch-split consumer yields a ``P`` gradient
-  and the parameter's dual spec is ``R``, hence one all-reduce; an ``S(0)`` (ZeRO-3/FSDP) parameter gets a
-  reduce-scatter instead;
+  redistributed to the spec ``v``'s strategy wants; backward, the gradient ``v``'s strategy yields
+  (``OpStrategy.input_grads``) is redistributed to the dual of ``u``'s output spec (``S(d) → S(d)``,
+  ``P → R``, ``R → R``).  Gradient synchronisation of replicated parameters is this rule on the parameter's
+  edges: a batch-split consumer yields a ``P`` gradient and the parameter's dual spec is ``R``, hence one
+  all-reduce; an ``S(0)`` (ZeRO-3/FSDP) parameter gets a reduce-scatter instead;
 - memory per device: each parameter's shard and its gradient (the parameter's itemsize per element each, or
   the bytes of ``CostOptions.precision``), its Adam state (fp32 master + two moments, 12 bytes per element,
   for 16-bit parameters; two moments, 8 bytes, for fp32 ones), plus the activations backward keeps (outputs
