@@ -112,8 +112,14 @@ class CostOptions:
     overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
     precision: PrecisionPolicy | None = None
     microbatches: int = 1  # per step; the graph is captured at one microbatch's shapes (see repeats)
+    # share of the N repeated blocks that ``recompute`` applies to (k / N, Megatron's "recompute the first k
+    # layers"); the others keep every activation.  Compute, re-issued moves and kept activations scale with
+    # it, the working set (one block re-run at a time) does not: problem/mix.py
+    recompute_share: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.recompute_share <= 1.0:
+            raise ValueError(f"CostOptions.recompute_share must be in [0, 1], got {self.recompute_share!r}")
         if (
             isinstance(self.microbatches, bool)
             or not isinstance(self.microbatches, int)
@@ -178,7 +184,7 @@ def node_compute(
         return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0)[0], 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
     if recomputed(info, opts.recompute):
-        bwd += fwd
+        bwd += fwd * opts.recompute_share  # only the recomputed blocks re-run it
     ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd)  # context parallel only
     return fwd + ring_fwd, bwd + ring_bwd
 

@@ -26,9 +26,10 @@ from autoshard.problem.costs import (
     output_fix_steps,
     repeats,
 )
+from autoshard.problem.extras import extra_memory as extra_memory_of
 from autoshard.problem.fanout import element_of
 from autoshard.problem.recompute import node_memory_total, reissued
-from autoshard.problem.step import critical_path, unowned_memory
+from autoshard.problem.step import critical_path
 from autoshard.redistribute import Step
 from autoshard.search import Solution
 from autoshard.strategies import OpStrategy
@@ -58,15 +59,18 @@ def extract_plan(
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
     comm = sum(c.seconds for c in collectives)
     step, _exposed = critical_path(built, chosen, collectives, compute)
-    extra_memory = unowned_memory(built, pick, collectives)
+    full = tuple(solution.choice)
+    if len(full) != built.problem.num_nodes:  # a choice of the variables alone (hand-made plans)
+        full = built.full_choice(full[: len(built.variables)])
+    reserve = float(built.cluster.profile.memory.runtime_reserve)
+    extra_memory = extra_memory_of(built.extras, full, reserve)  # the terms the budget saw (problem/extras)
     total_memory = memory + sum(extra_memory.values())
-    if memory_limit is not None and total_memory > memory_limit:
+    if memory_limit is not None and total_memory > memory_limit * (1 + 1e-9):
         over = total_memory - memory_limit
         notes = (
             *notes,
-            f"memory {total_memory / 2**30:.2f} GiB per device is {over / 2**30:.2f} GiB over the budget: "
-            "gathered FSDP weights and the largest temporary are priced after the search; lower the budget "
-            "or allow recomputation",
+            f"memory {total_memory / 2**30:.2f} GiB per device is {over / 2**30:.2f} GiB over the budget of the "
+            "whole model: the plan was sized for a pipeline stage or a pinned plan",
         )
     cluster = built.cluster
     return Plan(
@@ -113,11 +117,19 @@ def extract_plan(
         timings=dict(timings),
         notes=notes + built.notes,
         recompute=built.options.recompute.value,
+        recompute_blocks=_recompute_blocks(built),
         memory_limit=memory_limit,
         degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
     )
+
+
+def _recompute_blocks(built: BuiltProblem) -> int | None:
+    """How many of the repeated blocks ``Plan.recompute`` applies to; None when all of them."""
+    if built.options.recompute_share >= 1.0:
+        return None
+    return round(built.options.recompute_share * built.num_blocks)
 
 
 def _strings(spec: ShardingSpec | None) -> tuple[str, ...]:
@@ -244,7 +256,8 @@ def _edge_collectives(
         bwd_times = repeats(built.options, parameter=parameter, backward=True)
         out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if reissued(producer, consumer, built.options):  # run again when backward recomputes the block
-            out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
+            again = _recomputed_layers(layers, built)
+            out += _records(steps.forward, "forward", served, moved, again, built, fwd_times)
         if producer.fqn:  # gradient synchronisation serves the parameter of each layer
             for layer, path in layers:
                 fqn = built.infos[moved].fqn
@@ -260,6 +273,17 @@ def _edge_collectives(
         else:
             out += _records(steps.backward, "backward", served, moved, layers, built, bwd_times)
     return out
+
+
+def _recomputed_layers(
+    layers: list[tuple[int | None, str]], built: BuiltProblem
+) -> list[tuple[int | None, str]]:
+    """The layers backward recomputes: all, or the first ``k`` under a per-block share (problem/mix.py)."""
+    share = built.options.recompute_share
+    if share >= 1.0:
+        return layers
+    k = round(share * built.num_blocks)
+    return [(layer, path) for layer, path in layers if layer is not None and layer < k]
 
 
 class _Shared:

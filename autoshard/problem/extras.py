@@ -126,7 +126,9 @@ def _gather_node(
     meta = producer.outputs[which] if which < len(producer.outputs) else None
     if meta is None:
         return None
-    have = np.array([cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in strategies[tu]])
+    have = np.array(
+        [cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in strategies[tu]]
+    )
     want = np.array([cache.intern(s.inputs[pos]) for s in strategies[tv]])
     states: list[tuple[int, int]] = []
     sizes: list[float] = []

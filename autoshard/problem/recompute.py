@@ -27,8 +27,14 @@ def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
 def node_memory_total(
     info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions, keeps: bool, count: int
 ) -> float:
-    """Bytes per device of ``count`` copies, plus the recompute working set (one block's re-run activations)."""
+    """Bytes per device of ``count`` copies, plus the recompute working set (one block's re-run activations).
+
+    With ``opts.recompute_share < 1`` only that share of the copies drops what recomputation re-runs; the
+    other blocks keep it."""
     total = node_memory(info, strategy, cluster, opts, keeps) * count
     if not keeps and info.block is not None and opts.recompute is not Recompute.NONE:
-        total += node_memory(info, strategy, cluster, opts, True)
+        dropped = node_memory(info, strategy, cluster, opts, False)
+        kept = node_memory(info, strategy, cluster, opts, True)
+        total += (kept - dropped) * count * (1.0 - opts.recompute_share)  # the blocks not recomputed
+        total += kept  # the working set
     return total
