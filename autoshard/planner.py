@@ -50,7 +50,8 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
-from autoshard.search import Solution, solve
+from autoshard.problem.mix import best_share, share_problem
+from autoshard.search import SearchProblem, Solution, solve
 from autoshard.strategies import UnsupportedOpWarning
 from autoshard.strategies.coverage import replicated_shares
 
@@ -196,6 +197,10 @@ def _plan_captured(
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
     best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
     error: InfeasibleError | None = None
+    uniform: dict[
+        Recompute, tuple[BuiltProblem, BuiltProblem, float]
+    ] = {}  # policy -> (free, pinned, objective)
+    idle = False
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy)
         say("strategies" if policy is policies[0] else "recompute")
@@ -206,35 +211,106 @@ def _plan_captured(
             solution = solve(built.problem, method=search, time_limit=time_limit)
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
-            error = error or e  # the error without recomputation names what does not fit
+            error = e  # the last policy's (the least memory) says by how much even that overshoots
+            uniform[policy] = (free, built, float("inf"))
             continue
+        uniform[policy] = (free, built, solution.objective)
         timings["total"] = time.perf_counter() - start
-
-        def read(problem: BuiltProblem, chosen: Solution, policy: Recompute = policy) -> Plan:
-            return extract_plan(
-                problem,
-                chosen,
-                model=type(model).__name__,
-                block_prefix=captured.blocks.prefix if captured.blocks else None,
-                block_first=captured.blocks.first if captured.blocks else 0,
-                output_order=_output_order(captured),
-                timings=dict(timings),
-                notes=tuple(notes) + _recompute_note(policy, recompute),
-                memory_limit=limit if limit != float("inf") else None,
-            )
-
+        read = _reader(model, captured, timings, notes, limit, _recompute_note(policy, recompute))
         found = read(built, solution)
         if best is None or found.predicted_step_time < best[0].predicted_step_time:
             best = (found, free, built, read)
         if policy is Recompute.NONE and _budget_idle(built, solution, search, time_limit):
+            idle = True
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
+    if recompute == "auto" and training and not idle and len(uniform) > 1:
+        mixed = _mixed(captured, cluster, uniform, annotations, limit, timings, kinds, search, time_limit)
+        if mixed is not None:
+            found, free, built, k = mixed
+            note = (
+                f"activations do not fit without recomputation: {built.options.recompute.value} recomputation of "
+                f"the first {k} of {built.num_blocks} repeated blocks (per-block count searched exactly)",
+            )
+            read = _reader(model, captured, timings, notes, limit, note)
+            plan_k = read(built, found)
+            if best is None or plan_k.predicted_step_time < best[0].predicted_step_time:
+                best = (plan_k, free, built, read)
     if best is None:
         assert error is not None
-        raise error
+        raise InfeasibleError(
+            f"{error} (tried recomputation none, selective and full of every repeated block"
+            f"{'; fsdp is forbidden' if 'fsdp' in kinds else ''})"
+        ) from error
     found, free, built, read = best
+    if limit != float("inf") and found.memory_per_device > limit * (1 + 1e-9):  # the budget held every term
+        raise InfeasibleError(
+            f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
+            f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
+        )
     price = _unpinned(free, search, time_limit, read) if built is not free else None
     flat = dataclasses.replace(found, unpinned_step_time=price)
     return dataclasses.replace(flat, degrees=degrees_of(flat))
+
+
+def _reader(
+    model: torch.nn.Module,
+    captured: Captured,
+    timings: dict[str, float],
+    notes: list[str],
+    limit: float,
+    recompute_note: tuple[str, ...],
+) -> Callable[[BuiltProblem, Solution], Plan]:
+    def read(problem: BuiltProblem, chosen: Solution) -> Plan:
+        return extract_plan(
+            problem,
+            chosen,
+            model=type(model).__name__,
+            block_prefix=captured.blocks.prefix if captured.blocks else None,
+            block_first=captured.blocks.first if captured.blocks else 0,
+            output_order=_output_order(captured),
+            timings=dict(timings),
+            notes=tuple(notes) + recompute_note,
+            memory_limit=limit if limit != float("inf") else None,
+        )
+
+    return read
+
+
+def _mixed(
+    captured: Captured,
+    cluster: Cluster,
+    uniform: dict[Recompute, tuple[BuiltProblem, BuiltProblem, float]],
+    annotations: Mapping[str, Any] | None,
+    limit: float,
+    timings: dict[str, float],
+    kinds: frozenset[str],
+    search: SearchMethod,
+    time_limit: float,
+) -> tuple[Solution, BuiltProblem, BuiltProblem, int] | None:
+    """The best plan with ``k`` of the ``N`` blocks recomputed, if it beats every uniform policy
+    (:mod:`autoshard.problem.mix`); returns (solution, unpinned problem, pinned problem, k)."""
+    incumbent = min(obj for _, _, obj in uniform.values())
+    found = None
+    for policy in (Recompute.SELECTIVE, Recompute.FULL):
+        if policy not in uniform or uniform[policy][1].num_blocks < 2:
+            continue
+        t0 = time.perf_counter()
+        opts = CostOptions(training=True, recompute=policy, recompute_share=0.0)
+        free0, pinned0 = _build(captured, cluster, opts, annotations, limit, {}, kinds)
+        free1, pinned1, _ = uniform[policy]
+
+        def run(p: SearchProblem) -> Solution:
+            return solve(p, method=search, time_limit=time_limit)
+
+        best = best_share(pinned0, pinned1, run, incumbent)
+        timings["recompute_blocks"] = timings.get("recompute_blocks", 0.0) + time.perf_counter() - t0
+        if best is None:
+            continue
+        k, mixed, solution = best
+        incumbent = solution.objective
+        free = share_problem(free0, free1, k) if free1 is not pinned1 else mixed
+        found = (solution, free, mixed, k)
+    return found
 
 
 def _budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:
