@@ -173,7 +173,9 @@ class SearchProblem:
                 p.shape != c.shape or not np.isfinite(p).all() or (p < 0).any()
                 for p, c in zip(peak, self.node_costs, strict=True)
             ):
-                raise ValueError("peak must hold one vector of finite bytes >= 0 per node, shaped like its costs")
+                raise ValueError(
+                    "peak must hold one vector of finite bytes >= 0 per node, shaped like its costs"
+                )
         if self.memory_limit is not None and not (
             self.memory_limit >= 0 and math.isfinite(self.memory_limit)
         ):
@@ -334,10 +336,10 @@ def peak_floor(problem: SearchProblem) -> float:
     if problem.peak is None:
         return 0.0
     form = pairwise_form(problem)
-    return max(
-        (float(p[np.isfinite(u)].min(initial=0.0)) for u, p in zip(form.unary, problem.peak, strict=True)),
-        default=0.0,
-    )
+    least = [
+        float(p[np.isfinite(u)].min(initial=math.inf)) for u, p in zip(form.unary, problem.peak, strict=True)
+    ]
+    return max((x for x in least if math.isfinite(x)), default=0.0)
 
 
 def memory_infeasible_error(
