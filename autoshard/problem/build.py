@@ -257,7 +257,7 @@ def build_problem(
         keeps=keeps,
         fanouts=tuple(fans),
         apart=tuple(unshared),
-        notes=tuple(notes),
+        notes=tuple(notes) + extras.notes,
         extras=extras,
     )
 

@@ -63,6 +63,7 @@ class MemoryExtras:
     gathers: tuple[GatherNode, ...]
     offset: int  # solver index of the first gather node
     temporary: tuple[np.ndarray, ...]  # per variable, bytes of the largest temporary per strategy
+    notes: tuple[str, ...] = ()
 
     def complete(self, chosen: dict[str, int]) -> list[int]:
         """The state of every gather node for a choice of the variables (``chosen``: name -> index)."""
@@ -110,7 +111,14 @@ def memory_extras(
         if node is not None:
             gathers.append(node)
     temporary = tuple(_temporary(infos[v], strategies[v], keeps, opts, cache) for v in variables)
-    return MemoryExtras(tuple(gathers), offset, temporary)
+    layers = {infos[g.producer].block[0] for g in gathers if infos[g.producer].block is not None}  # type: ignore[index]
+    notes = ()
+    if len(layers) > 1:  # not collapsed: each layer has its own variables, and their gathers are summed
+        notes = (
+            f"gathered FSDP weights of the {len(layers)} uncollapsed layers are summed in the memory budget (an "
+            "upper bound: FSDP holds 1 + prefetch layers at a time); plan with blocks='auto' to count them once",
+        )
+    return MemoryExtras(tuple(gathers), offset, temporary, notes)
 
 
 def _gather_node(
