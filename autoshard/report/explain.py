@@ -112,7 +112,10 @@ def _terms(built: BuiltProblem, i: int, choice: list[int]) -> list[Terms]:
     p = built.problem
     into = np.zeros(len(p.node_costs[i]))
     out = np.zeros(len(p.node_costs[i]))
+    aux = built.extras.offset if built.extras is not None else p.num_nodes  # gather nodes: consistency only
     for e in p.edges:
+        if e.u >= aux or e.v >= aux:
+            continue
         if e.v == i:
             into += e.cost[choice[e.u], :]
         elif e.u == i:
@@ -130,7 +133,7 @@ def _terms(built: BuiltProblem, i: int, choice: list[int]) -> list[Terms]:
 def explain(plan: Plan, built: BuiltProblem, node: str | None = None, top: int = 10) -> list[Explanation]:
     """Explanations for the graph nodes named ``node`` (a graph node name, a module path or a glob over
     either), else for the ``top`` costliest computing nodes."""
-    choice = _choices(plan, built)
+    choice = list(built.full_choice(_choices(plan, built)))  # fan-out and gather nodes' states follow
 
     def wanted(v: str) -> bool:
         info = built.infos[v]
