@@ -225,7 +225,7 @@ def build_problem(
     extras = memory_extras(uses, infos, template, variables, strategies, keeps, opts, cache, len(names))
     edges += extras.edges(index)
     names += [f"gathered {g.producer} for {g.consumer}" for g in extras.gathers]
-    labels += [tuple(f"{cache.spec(h)} -> {cache.spec(w)}" for h, w in g.states) for g in extras.gathers]
+    labels += extras.labels(cache)
     trailing = [np.zeros(len(f.node.states)) for f in fans] + [
         np.zeros(len(g.states)) for g in extras.gathers
     ]

@@ -10,9 +10,11 @@ Gathered weights.  A parameter stored with spec ``h`` and read by a consumer tha
 all-gathered before use when ``h -> w`` has an all-gather step; the gathered buffer (``Step.nbytes`` of the
 last gather: the tensor unsharded over that axis) lives while the consumer runs.  The size depends on the
 *pair* of strategies, so each such parameter use gets an auxiliary node whose states are the pairs
-``(h, w)`` of specs that occur: an edge to the parameter allows only states with its ``h``, an edge to the
-consumer only states with its ``w`` (``inf`` otherwise, no cost), and the node's memory is the buffer of
-that pair.  Exact and pairwise: the solvers need no change, and without a budget the auxiliary nodes hold
+``(w, b)`` of a wanted spec and a buffer size that occur: an edge to the consumer allows only states with
+its ``w``, an edge to the parameter only states whose ``b`` is what its ``h`` gathers into that ``w``
+(``inf`` otherwise, no cost), and the node's memory is ``b``.  (Pairs ``(h, w)`` would do too; keying by
+size merges the stored specs that gather the same bytes: 81 states become ~20 on a 2-D mesh.)  Exact and
+pairwise: the solvers need no change, and without a budget the auxiliary nodes hold
 no cost and fold away (``search/reduce``).  How much is counted follows torch's FSDP2
 (``torch.distributed.fsdp.fully_shard``: each block is a unit resharded after forward, the root unit, here
 everything outside the repeated blocks, is not, "since its parameters would typically be immediately
@@ -39,6 +41,7 @@ from autoshard.problem.costs import CostOptions, _local_bytes
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.moves import StepCache
 from autoshard.search import Edge
+from autoshard.search.problem import format_bytes
 from autoshard.strategies import OpStrategy
 
 __all__ = ["GatherNode", "MemoryExtras", "extra_memory", "memory_extras"]
@@ -46,14 +49,34 @@ __all__ = ["GatherNode", "MemoryExtras", "extra_memory", "memory_extras"]
 
 @dataclass(frozen=True, slots=True)
 class GatherNode:
-    """One parameter use that may gather: states are ``(stored spec id, wanted spec id)`` pairs."""
+    """One parameter use that may gather: states are ``(wanted spec id, gathered bytes)`` pairs."""
 
     producer: str  # the parameter's variable node
     consumer: str  # the consumer's variable node
-    states: tuple[tuple[int, int], ...]
+    states: tuple[tuple[int, float], ...]
     memory: np.ndarray  # bytes per state, ``factor`` included
     have: np.ndarray  # per producer strategy, its stored spec id
     want: np.ndarray  # per consumer strategy, the spec id it wants
+    sizes: dict[tuple[int, int], float]  # (stored, wanted) spec ids -> gathered bytes (``factor`` excluded)
+
+    def state(self, producer: int, consumer: int) -> int:
+        """The state a (producer strategy, consumer strategy) pair implies."""
+        w = int(self.want[consumer])
+        return self.states.index((w, self.sizes[(int(self.have[producer]), w)]))
+
+    def producer_matrix(self) -> np.ndarray:
+        """``[S_producer, states]``: 0 where the stored spec gathers exactly the state's bytes, else inf."""
+        return np.array(
+            [
+                [0.0 if self.sizes[(int(h), w)] == size else np.inf for w, size in self.states]
+                for h in self.have
+            ]
+        )
+
+    def consumer_matrix(self) -> np.ndarray:
+        """``[S_consumer, states]``: 0 where the consumer wants the state's spec, else inf."""
+        wanted = np.array([w for w, _ in self.states])
+        return np.where(self.want[:, None] == wanted[None, :], 0.0, np.inf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +90,23 @@ class MemoryExtras:
 
     def complete(self, chosen: dict[str, int]) -> list[int]:
         """The state of every gather node for a choice of the variables (``chosen``: name -> index)."""
-        out: list[int] = []
-        for g in self.gathers:
-            pair = (int(g.have[chosen[g.producer]]), int(g.want[chosen[g.consumer]]))
-            out.append(g.states.index(pair))
-        return out
+        return [g.state(chosen[g.producer], chosen[g.consumer]) for g in self.gathers]
+
+    def labels(self, cache: StepCache) -> list[tuple[str, ...]]:
+        """Per gather node, one label per state: ``gather 1.00 GiB into (R, R)`` or ``(S(0), R) as stored``."""
+        return [
+            tuple(
+                f"gather {format_bytes(size)} into {cache.spec(w)}" if size else f"{cache.spec(w)} as stored"
+                for w, size in g.states
+            )
+            for g in self.gathers
+        ]
 
     def edges(self, index: dict[str, int]) -> list[Edge]:
         out: list[Edge] = []
         for k, g in enumerate(self.gathers):
-            node = self.offset + k
-            have = np.array([h for h, _ in g.states])
-            want = np.array([w for _, w in g.states])
-            out.append(Edge(index[g.producer], node, np.where(g.have[:, None] == have[None, :], 0.0, np.inf)))
-            out.append(Edge(index[g.consumer], node, np.where(g.want[:, None] == want[None, :], 0.0, np.inf)))
+            out.append(Edge(index[g.producer], self.offset + k, g.producer_matrix()))
+            out.append(Edge(index[g.consumer], self.offset + k, g.consumer_matrix()))
         return out
 
 
@@ -138,15 +164,16 @@ def _gather_node(
         [cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in strategies[tu]]
     )
     want = np.array([cache.intern(s.inputs[pos]) for s in strategies[tv]])
-    states: list[tuple[int, int]] = []
-    sizes: list[float] = []
-    for h in np.unique(have):
-        for w in np.unique(want):
-            states.append((int(h), int(w)))
-            sizes.append(factor * _gathered(cache, int(h), int(w), tuple(meta.shape), meta.itemsize))
-    if not any(sizes):
+    sizes = {
+        (int(h), int(w)): _gathered(cache, int(h), int(w), tuple(meta.shape), meta.itemsize)
+        for h in np.unique(have)
+        for w in np.unique(want)
+    }
+    if not any(sizes.values()):
         return None
-    return GatherNode(tu, tv, tuple(states), np.array(sizes), have, want)
+    states = tuple(sorted({(w, size) for (_, w), size in sizes.items()}))
+    memory = np.array([factor * size for _, size in states])
+    return GatherNode(tu, tv, states, memory, have, want, sizes)
 
 
 def _gathered(cache: StepCache, have: int, want: int, shape: tuple[int, ...], itemsize: int) -> float:
