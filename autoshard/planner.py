@@ -299,8 +299,8 @@ def _mixed(
         free0, pinned0 = _build(captured, cluster, opts, annotations, limit, {}, kinds)
         free1, pinned1, _ = uniform[policy]
 
-        def run(p: SearchProblem) -> Solution:
-            return solve(p, method=search, time_limit=time_limit)
+        def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
+            return solve(p, method=method, time_limit=time_limit)
 
         best = best_share(pinned0, pinned1, run, incumbent)
         timings["recompute_blocks"] = timings.get("recompute_blocks", 0.0) + time.perf_counter() - t0
