@@ -50,7 +50,7 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
-from autoshard.problem.mix import best_share, share_problem
+from autoshard.problem.mix import mix_policies
 from autoshard.search import SearchProblem, Solution, solve
 from autoshard.strategies import UnsupportedOpWarning
 from autoshard.strategies.coverage import replicated_shares
@@ -224,15 +224,25 @@ def _plan_captured(
             idle = True
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if recompute == "auto" and training and not idle and len(uniform) > 1:
-        mixed = _mixed(captured, cluster, uniform, annotations, limit, timings, kinds, search, time_limit)
+        t0 = time.perf_counter()
+
+        def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
+            opts = CostOptions(training=True, recompute=policy, recompute_share=0.0)
+            return _build(captured, cluster, opts, annotations, limit, {}, kinds)
+
+        def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
+            return solve(p, method=method, time_limit=time_limit)
+
+        mixed = mix_policies(uniform, zero, run)
+        timings["recompute_blocks"] = time.perf_counter() - t0
         if mixed is not None:
-            found, free, built, k = mixed
+            solution_k, free, built, k = mixed
             note = (
                 f"activations do not fit without recomputation: {built.options.recompute.value} recomputation of "
                 f"the first {k} of {built.num_blocks} repeated blocks (per-block count searched exactly)",
             )
             read = _reader(model, captured, timings, notes, limit, note)
-            plan_k = read(built, found)
+            plan_k = read(built, solution_k)
             if best is None or plan_k.predicted_step_time < best[0].predicted_step_time:
                 best = (plan_k, free, built, read)
     if best is None:
@@ -274,43 +284,6 @@ def _reader(
         )
 
     return read
-
-
-def _mixed(
-    captured: Captured,
-    cluster: Cluster,
-    uniform: dict[Recompute, tuple[BuiltProblem, BuiltProblem, float]],
-    annotations: Mapping[str, Any] | None,
-    limit: float,
-    timings: dict[str, float],
-    kinds: frozenset[str],
-    search: SearchMethod,
-    time_limit: float,
-) -> tuple[Solution, BuiltProblem, BuiltProblem, int] | None:
-    """The best plan with ``k`` of the ``N`` blocks recomputed, if it beats every uniform policy
-    (:mod:`autoshard.problem.mix`); returns (solution, unpinned problem, pinned problem, k)."""
-    incumbent = min(obj for _, _, obj in uniform.values())
-    found = None
-    for policy in (Recompute.SELECTIVE, Recompute.FULL):
-        if policy not in uniform or uniform[policy][1].num_blocks < 2:
-            continue
-        t0 = time.perf_counter()
-        opts = CostOptions(training=True, recompute=policy, recompute_share=0.0)
-        free0, pinned0 = _build(captured, cluster, opts, annotations, limit, {}, kinds)
-        free1, pinned1, _ = uniform[policy]
-
-        def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
-            return solve(p, method=method, time_limit=time_limit)
-
-        best = best_share(pinned0, pinned1, run, incumbent)
-        timings["recompute_blocks"] = timings.get("recompute_blocks", 0.0) + time.perf_counter() - t0
-        if best is None:
-            continue
-        k, mixed, solution = best
-        incumbent = solution.objective
-        free = share_problem(free0, free1, k) if free1 is not pinned1 else mixed
-        found = (solution, free, mixed, k)
-    return found
 
 
 def _budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:

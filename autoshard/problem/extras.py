@@ -138,7 +138,7 @@ def memory_extras(
             gathers.append(node)
     temporary = tuple(_temporary(infos[v], strategies[v], keeps, opts, cache) for v in variables)
     layers = {infos[g.producer].block[0] for g in gathers if infos[g.producer].block is not None}  # type: ignore[index]
-    notes = ()
+    notes: tuple[str, ...] = ()
     if len(layers) > 1:  # not collapsed: each layer has its own variables, and their gathers are summed
         notes = (
             f"gathered FSDP weights of the {len(layers)} uncollapsed layers are summed in the memory budget (an "

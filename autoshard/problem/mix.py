@@ -26,15 +26,16 @@ with none.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from autoshard.errors import InfeasibleError
 from autoshard.problem.build import BuiltProblem
+from autoshard.problem.costs import Recompute
 from autoshard.search import Edge, Solution
 
-__all__ = ["best_share", "share_problem"]
+__all__ = ["best_share", "mix_policies", "share_problem"]
 
 
 def _between(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
@@ -94,3 +95,28 @@ def best_share(
         if found.objective < bound:
             best, bound = (k, mixed, found), found.objective
     return best
+
+
+def mix_policies(
+    uniform: Mapping[Recompute, tuple[BuiltProblem, BuiltProblem, float]],
+    zero: Callable[[Recompute], tuple[BuiltProblem, BuiltProblem]],
+    solve: Callable[..., Solution],
+) -> tuple[Solution, BuiltProblem, BuiltProblem, int] | None:
+    """The best plan with ``k`` of ``N`` blocks under selective or full recomputation, if it beats every
+    uniform policy.  ``uniform[policy]`` = (unpinned, pinned problem, objective or inf) at share 1;
+    ``zero(policy)`` builds the same pair at share 0.  Returns (solution, unpinned, pinned problem, k)."""
+    incumbent = min(obj for _, _, obj in uniform.values())
+    found = None
+    for policy in (Recompute.SELECTIVE, Recompute.FULL):
+        if policy not in uniform or uniform[policy][1].num_blocks < 2:
+            continue
+        free0, pinned0 = zero(policy)
+        free1, pinned1, _ = uniform[policy]
+        best = best_share(pinned0, pinned1, solve, incumbent)
+        if best is None:
+            continue
+        k, mixed, solution = best
+        incumbent = solution.objective
+        free = share_problem(free0, free1, k) if free1 is not pinned1 else mixed
+        found = (solution, free, mixed, k)
+    return found

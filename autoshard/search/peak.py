@@ -69,7 +69,10 @@ def solve_with_peak(problem: SearchProblem, solve: Callable[..., Solution], **kw
         raise _too_big(problem, floor) from e
     if memory_of(problem, relaxed.choice) <= limit:
         return dataclasses.replace(relaxed, seconds=time.perf_counter() - start)
-    log = [*relaxed.log, f"peak: the relaxed plan's largest peak overshoots; thresholds from {format_bytes(floor)}"]
+    log = [
+        *relaxed.log,
+        f"peak: the relaxed plan's largest peak overshoots; thresholds from {format_bytes(floor)}",
+    ]
     best: Solution | None = None
     bounds: list[float] = []
     optimal = True
@@ -116,8 +119,9 @@ def _at_threshold(
     masks = []
     for i, p in enumerate(peak):
         mask = p <= t
-        if plain.allowed is not None and plain.allowed[i] is not None:
-            mask = mask & plain.allowed[i]
+        given = plain.allowed[i] if plain.allowed is not None else None
+        if given is not None:
+            mask = mask & given
         if not mask.any():
             return None
         masks.append(mask)

@@ -72,8 +72,8 @@ def test_the_mixed_problem_is_the_build_at_that_share(k: int) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-24)
     for a, b in zip(mixed.memory, direct.memory, strict=True):  # type: ignore[arg-type]
         np.testing.assert_allclose(a, b, rtol=1e-12)
-    for a, b in zip(mixed.edges, direct.edges, strict=True):
-        np.testing.assert_allclose(a.cost, b.cost, rtol=1e-12, atol=1e-24)
+    for e, f in zip(mixed.edges, direct.edges, strict=True):
+        np.testing.assert_allclose(e.cost, f.cost, rtol=1e-12, atol=1e-24)
 
 
 def test_recomputing_some_blocks_beats_every_uniform_choice_and_equals_brute_force_over_k(tmp_path) -> None:
