@@ -37,7 +37,7 @@ def _case():
 def _built(
     policy: Recompute, share: float = 1.0, limit: float | None = None, pins=DATA_PARALLEL
 ) -> BuiltProblem:
-    case, captured, cluster = _case()
+    _, captured, cluster = _case()
     opts = CostOptions(recompute=policy, recompute_share=share)
     built = build_problem(captured, cluster, opts, memory_limit=limit)
     return pin_problem(built, pins, frozenset(), "model.layers", 0) if pins else built
