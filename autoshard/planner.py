@@ -225,15 +225,18 @@ def _plan_captured(
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if recompute == "auto" and training and not idle and len(uniform) > 1:
         t0 = time.perf_counter()
+        deadline = t0 + time_limit  # the scan's own share of the solver time limit
 
         def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
             opts = CostOptions(training=True, recompute=policy, recompute_share=0.0)
             return _build(captured, cluster, opts, annotations, limit, {}, kinds)
 
         def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
-            return solve(p, method=method, time_limit=time_limit)
+            return solve(
+                p, method=method, time_limit=max(1.0, min(time_limit, deadline - time.perf_counter()))
+            )
 
-        mixed = mix_policies(uniform, zero, run)
+        mixed = mix_policies(uniform, zero, run, deadline)
         timings["recompute_blocks"] = time.perf_counter() - t0
         if mixed is not None:
             solution_k, free, built, k = mixed

@@ -17,7 +17,9 @@ Search over ``k`` (exact): at fixed ``x`` cost grows with ``k`` and memory falls
 budget, ``F(k)``, is a lower bound for every ``k' >= k``.  Scanning ``k = 1 … N - 1`` with the budget, and
 stopping once ``F(k)`` reaches the best plan found (or the incumbent, the best uniform policy's), misses
 no better plan.  A ``k`` whose Lagrangian bound (:mod:`autoshard.search.budget`) already reaches the best
-is skipped without the full solve.  Without a binding budget recomputation never pays and nothing here runs.
+is skipped without the full solve.  Past the caller's deadline the scan stops, and the plan it found is
+not claimed optimal (``Solution.optimal`` False).  Without a binding budget recomputation never pays and
+nothing here runs.
 
 Mixing two non-trivial policies (some blocks selective, some full) is not searched: each policy is mixed
 with none.
@@ -26,6 +28,8 @@ with none.
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -71,6 +75,7 @@ def best_share(
     whole: BuiltProblem,
     solve: Callable[..., Solution],
     incumbent: float,
+    deadline: float = math.inf,
 ) -> tuple[int, BuiltProblem, Solution] | None:
     """The cheapest ``(k, problem, solution)`` with ``0 < k < N`` whose objective beats ``incumbent``.
 
@@ -79,6 +84,10 @@ def best_share(
     best: tuple[int, BuiltProblem, Solution] | None = None
     bound = incumbent
     for k in range(1, whole.num_blocks):
+        if time.perf_counter() > deadline:  # the caller's time limit: what was found, not proven best
+            if best is not None:
+                best = (best[0], best[1], dataclasses.replace(best[2], optimal=False))
+            break
         mixed = share_problem(zero, whole, k)
         free = solve(dataclasses.replace(mixed.problem, memory_limit=None))
         if free.lower_bound >= bound:
@@ -101,6 +110,7 @@ def mix_policies(
     uniform: Mapping[Recompute, tuple[BuiltProblem, BuiltProblem, float]],
     zero: Callable[[Recompute], tuple[BuiltProblem, BuiltProblem]],
     solve: Callable[..., Solution],
+    deadline: float = math.inf,
 ) -> tuple[Solution, BuiltProblem, BuiltProblem, int] | None:
     """The best plan with ``k`` of ``N`` blocks under selective or full recomputation, if it beats every
     uniform policy.  ``uniform[policy]`` = (unpinned, pinned problem, objective or inf) at share 1;
@@ -112,7 +122,7 @@ def mix_policies(
             continue
         free0, pinned0 = zero(policy)
         free1, pinned1, _ = uniform[policy]
-        best = best_share(pinned0, pinned1, solve, incumbent)
+        best = best_share(pinned0, pinned1, solve, incumbent, deadline)
         if best is None:
             continue
         k, mixed, solution = best
