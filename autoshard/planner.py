@@ -13,7 +13,9 @@ The order, and why:
    solved exactly and the fastest plan that fits kept.  Recomputation only ever adds time (compute and
    re-issued forward collectives) and only saves memory, so when the memory budget does not bind the plan
    without it (its optimum is the unconstrained optimum), that plan is optimal over all three and the
-   others are not solved;
+   others are not solved.  When the budget binds, ``k`` of the ``N`` repeated blocks recomputed under
+   selective or full (the rest keeping everything) is searched too, exactly (:mod:`autoshard.problem.mix`),
+   and recorded in ``Plan.recompute_blocks``;
 6. read the plan back from the same cost functions, so its step time is the solver's objective;
 7. when capture fused grouped-GEMM expert MLPs (:mod:`autoshard.capture.experts`: cheap expert parallelism,
    but no K/N split inside the experts), plan the unfused capture too and keep the cheaper plan (a note says
