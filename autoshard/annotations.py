@@ -12,6 +12,8 @@ An annotation maps a *target* to a *choice*:
     ``"replicate"`` (data parallel: weights replicated).  A pattern constrains the tensor-parallel axis, the
     last mesh axis, unless written ``"column@0"``; the other axes stay free for the planner;
   - placements of a parameter: ``("S(0)",)``, ``"(R, S(1))"``, or a :class:`~autoshard.placement.ShardingSpec`;
+  - ``"ring"`` (or ``"ring@1"``) for an attention module: its ``scaled_dot_product_attention`` runs context
+    parallel, the sequence split over the last mesh axis (or the one named) with K/V travelling round it;
   - a MindSpore-style strategy tuple for the op a module runs, one split tuple per tensor input:
     ``((2, 1), (1, 4))`` splits the input's dim 0 in 2 and the weight's dim 1 in 4 (weight in the op's own
     layout: ``[out, in]`` for ``aten.linear``).
@@ -99,7 +101,7 @@ def resolve_annotations(
 
 _TUPLE_OPS = frozenset(
     {"linear", "mm", "matmul", "bmm", "addmm", "embedding", "conv1d", "conv2d", "conv3d", "convolution",
-     "_grouped_mm", "grouped_mm", "grouped_mm_fallback", "expert_mlp"}
+     "_grouped_mm", "grouped_mm", "grouped_mm_fallback", "expert_mlp", "routed_experts"}
 )  # fmt: skip
 
 
@@ -140,6 +142,8 @@ def _resolve_one(
                 )
             )
         return {i.name: _tuple_mask(ann, i, strategies[i.name], mesh_shape) for i in ops}
+    if isinstance(ann.choice, str) and ann.choice.split("@")[0] == "ring":
+        return _ring_masks(ann, infos, strategies, template, mesh_shape, target)
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
             raise AnnotationError(_no_match(ann, infos, "a module with parameters"))
@@ -149,6 +153,32 @@ def _resolve_one(
         raise AnnotationError(_no_match(ann, infos, "a parameter, buffer or input"))
     spec = _parse_spec(ann, mesh_shape)
     return {i.name: _spec_mask(ann, i, strategies[i.name], spec) for i in by_param}
+
+
+def _ring_masks(ann, infos, strategies, template, mesh_shape, target: str) -> dict[str, np.ndarray]:
+    """``"ring@axis"``: the attention ops of the matching modules ring over ``axis`` (context parallel)."""
+    from autoshard.problem.context import ring_axis_of
+
+    _, _, axis_text = str(ann.choice).partition("@")
+    axis = int(axis_text) if axis_text else len(mesh_shape) - 1
+    ops = [
+        i
+        for i in infos.values()
+        if i.kind == "op" and template[i.name] == i.name and "scaled_dot_product_attention" in i.target
+        and _matches(target, i.module)
+    ]  # fmt: skip
+    if not ops:
+        raise AnnotationError(_no_match(ann, infos, "a module running scaled_dot_product_attention"))
+    masks = {
+        i.name: np.array([ring_axis_of(infos, i, s) == axis for s in strategies[i.name]], dtype=bool)
+        for i in ops
+    }
+    if not all(m.any() for m in masks.values()):
+        raise AnnotationError(
+            f"annotation {ann.target!r} = {ann.choice!r}: the attention cannot ring over axis {axis} (size "
+            f"{mesh_shape[axis] if axis < len(mesh_shape) else '?'}): the sequence must divide by it"
+        )
+    return masks
 
 
 def _parse_spec(ann: Annotation, mesh_shape: tuple[int, ...]) -> ShardingSpec:

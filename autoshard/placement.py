@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ __all__ = [
 _SHARD_RE = re.compile(r"^S\((-?\d+)\)$")
 
 
+@functools.lru_cache(maxsize=1024)  # isinstance on torch placements is slow (a metaclass hook); few exist
 def format_placement(p: Placement) -> str:
     """``Shard(1)`` → ``"S(1)"``, ``Replicate()`` → ``"R"``, ``Partial()`` → ``"P"`` (``"P(max)"`` if not sum)."""
     if isinstance(p, Shard):

@@ -14,7 +14,9 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 - shapes: every input shape is positive, sharded dims exist in the input and divide by the axes that split
   them;
 - degrees: known kinds, each at least 1 and dividing the device count; microbatches at least 1; pipeline
-  stage ranks on the mesh; recompute a known policy and ``recompute_blocks`` null or a count >= 1.
+  stage ranks on the mesh; recompute a known policy and ``recompute_blocks`` null or a count >= 1;
+- context parallelism: ``context_layout`` is contiguous or zigzag, ``context_axis`` an axis of more than one
+  device (required by zigzag).
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
 :func:`~autoshard.codegen.assign.assign_strategies` and verify's mapping (which lists what does not map).
@@ -39,6 +41,7 @@ from autoshard.placement import Shard, parse_placement
 __all__ = ["DEGREE_KINDS", "check_data", "check_text"]
 
 DEGREE_KINDS = ("dp", "fsdp", "tp", "sp", "cp", "ep", "pp")
+CONTEXT_LAYOUTS = ("contiguous", "zigzag")
 _EXTRA_TOP = frozenset({"format", "report"})  # ``report``: written by ``search --json`` beside the plan
 _FIX = "re-create it with `autoshard search ... --out`"
 
@@ -79,6 +82,20 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
     _node_labels(data, mesh, source)
     _shapes(data, mesh, source)
     _degrees(data, math.prod(mesh), source)
+    _context(data, mesh, source)
+
+
+def _context(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> None:
+    """Context parallelism: a layout autoshard knows, on an axis of the mesh (zigzag needs one)."""
+    layout, axis = data.get("context_layout", "contiguous"), data.get("context_axis")
+    if layout not in CONTEXT_LAYOUTS:
+        raise _fail(source, "context_layout", f"{layout!r} is not one of {', '.join(CONTEXT_LAYOUTS)}")
+    if axis is None:
+        if layout == "zigzag":
+            raise _fail(source, "context_axis", "the zigzag layout needs the mesh axis it splits")
+        return
+    if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < len(mesh) or mesh[axis] < 2:
+        raise _fail(source, "context_axis", f"{axis!r} is not an axis of more than one device of mesh {mesh}")
 
 
 def _fail(source: str, field: str, what: str) -> PlanFileError:

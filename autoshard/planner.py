@@ -45,7 +45,7 @@ from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, PipelineError
 from autoshard.pipeline.assemble import assemble
-from autoshard.pipeline.options import check_request, split_cut_pins
+from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Plan
@@ -77,11 +77,12 @@ def plan(
     blocks: Literal["auto", "full"] | None = "auto",
     progress: Callable[[str], None] | None = None,
     pipeline: int | Literal["auto"] | None = None,
-    microbatches: int | Literal["auto"] = 1,
+    microbatches: int | Literal["auto"] | None = None,
     schedule: str = "auto",
     allow: Sequence[str] = (),
     forbid: Sequence[str] = (),
     captured: Captured | None = None,
+    cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -103,7 +104,9 @@ def plan(
         pipeline: pipeline stages: ``None`` (none), a degree, or ``"auto"`` (searched with everything else);
             stages are laid over the outermost mesh axis (see :mod:`autoshard.pipeline.options`).
         microbatches: microbatches per step (gradient accumulation, and the pipeline's microbatches): an
-            int dividing the global batch, or ``"auto"``.
+            int dividing the global batch, or ``"auto"``; ``None`` (default): 1 without stages, and with
+            ``p`` stages the smallest divisor of the batch of at least ``2 p`` (a bubble under a third; the
+            plan's notes say so).
         schedule: ``"auto"`` or one of ``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``zb_v``,
             ``interleaved_zb``.  A ``"stage"`` annotation on a repeated layer starts a stage there.
         allow / forbid: kinds of parallelism (``"dp"``, ``"tp"``, ``"fsdp"``: :data:`autoshard.annotations.KINDS`)
@@ -111,12 +114,15 @@ def plan(
             time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
         captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
             model twice (e.g. free and as pure data parallel) without capturing it again.
+        cp_layout: the sequence layout of context parallelism's ring axis (``Plan.context_layout``):
+            ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price
+            (:mod:`autoshard.problem.context`); pipelined plans use contiguous.
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
         :class:`AutoshardError`.
     """
-    staged = pipeline is not None or microbatches != 1 or _has_stage_pin(annotations)
+    staged = pipeline is not None or microbatches not in (None, 1) or _has_stage_pin(annotations)
     if staged:
         return _plan_pipelined(
             model, cluster, example_args, example_kwargs, annotations=annotations, training=training,
@@ -137,7 +143,7 @@ def plan(
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
     solve_one = functools.partial(
         _plan_captured, model, cluster, annotations=annotations, training=training, limit=limit,
-        recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds,
+        recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds, cp_layout=cp_layout,
     )  # fmt: skip
     fused: Plan | AutoshardError
     try:
@@ -190,6 +196,7 @@ def _plan_captured(
     time_limit: float,
     say: Callable[[str], None],
     kinds: frozenset[str],
+    cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
 ) -> Plan:
     """Strategies, costs, pins, the recomputation search and the solve on one capture."""
     start = time.perf_counter()
@@ -204,7 +211,7 @@ def _plan_captured(
     ] = {}  # policy -> (free, pinned, objective)
     idle = False
     for policy in policies:
-        opts = CostOptions(training=training, recompute=policy)
+        opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout)
         say("strategies" if policy is policies[0] else "recompute")
         free, built = _build(captured, cluster, opts, annotations, limit, timings, kinds)
         try:
@@ -327,7 +334,7 @@ def _plan_pipelined(
     blocks: Literal["auto", "full"] | None,
     progress: Callable[[str], None] | None,
     pipeline: int | Literal["auto"] | None,
-    microbatches: int | Literal["auto"],
+    microbatches: int | Literal["auto"] | None,
     schedule: str,
     kinds: frozenset[str] = frozenset(),
 ) -> Plan:
@@ -350,7 +357,7 @@ def _plan_pipelined(
             f"stages; plan it with pipeline=None"
         )
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
-    policies = [Recompute.NONE, Recompute.FULL] if recompute == "auto" else [Recompute(recompute)]
+    policies = list(Recompute) if recompute == "auto" else [Recompute(recompute)]  # none, selective, full
     if not training:
         policies = [Recompute.NONE]
 
@@ -376,8 +383,15 @@ def _plan_pipelined(
     notes = list(best.captured.notes)
     if len(best.priced) > 1:
         notes.append("pipeline search priced: " + "; ".join(best.priced))
-    if best.recompute is Recompute.FULL and recompute == "auto":
-        notes.append("activations do not fit without recomputation: planned with full recomputation")
+    if request.by_default and best.layout.degree > 1:
+        notes.append(
+            f"microbatches: {best.microbatches} by default (at least {MICROBATCHES_PER_STAGE} per stage, "
+            f"dividing the batch of {batch}); pin microbatches= (--microbatches) to choose"
+        )
+    if best.recompute is not Recompute.NONE and recompute == "auto":
+        notes.append(
+            f"activations do not fit without recomputation: planned with {best.recompute.value} recomputation"
+        )
     intra = extract_plan(
         best.built,
         best.solution,
@@ -398,7 +412,7 @@ def _plan_pipelined(
         "axis_names": list(best.layout.axis_names),
     }
     record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
-    plan = assemble(best, intra, prefix, record)
+    plan = assemble(best, intra, prefix, record, first=repeated.first if repeated else 0)
     return dataclasses.replace(plan, input_shapes=_global_shapes(plan, args, batch))
 
 

@@ -168,9 +168,19 @@ class Plan:
     # Op kind -> share of the step's forward FLOPs that runs replicated on every device because the op has no
     # sharding rule (the replicate-only fallback); empty when every op has a rule.
     replicated_ops: dict[str, float] = field(default_factory=dict)
+    # Context parallelism: the mesh axis attention rings over (None: no ring) and the sequence layout of every
+    # split on that axis: "contiguous" (member k holds block k of n) or "zigzag" (chunks k and 2n-1-k of 2n, so
+    # causal attention work is equal on every member); codegen permutes where that axis splits or gathers.
+    context_axis: int | None = None
+    context_layout: str = "contiguous"
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
+    @property
+    def zigzag_axis(self) -> int | None:
+        """The mesh axis whose splits use the zigzag layout, or None."""
+        return self.context_axis if self.context_layout == "zigzag" else None
+
     @property
     def num_devices(self) -> int:
         n = 1
@@ -240,6 +250,8 @@ class Plan:
                 recompute=str(data.get("recompute", "none")),
                 recompute_blocks=data.get("recompute_blocks"),
                 replicated_ops={str(k): float(v) for k, v in data.get("replicated_ops", {}).items()},
+                context_axis=data.get("context_axis"),
+                context_layout=str(data.get("context_layout", "contiguous")),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -6,8 +6,9 @@ each side).  Nothing is re-planned: every plan keeps its strategies; what change
 they are applied to.
 
 Symbols: ``batch`` (global batch ``B``), ``seq`` (sequence length ``S``), ``devices`` (``D``, for plans on
-a 1-D mesh) and ``bandwidth`` (``W``, link bandwidth as a multiple of the profile's).  The plan was priced
-at ``B0, S0, D0, W = 1``; each priced term of the plan is scaled to first order:
+a mesh with one axis of size > 1; refused for others, where which axis grows is not defined) and
+``bandwidth`` (``W``, link bandwidth as a multiple of the profile's).  The plan was priced at
+``B0, S0, D0, W = 1``; each priced term of the plan is scaled to first order:
 
 ================================  ==============================================================
 term (from the plan)              scaled by
@@ -29,7 +30,8 @@ That is the roofline and alpha-beta model of ``cost_models`` read at first order
 efficiency ramp, the bus-bandwidth curve and the overlap are not re-applied away from the planned size, so
 figures far from ``B0, S0`` are extrapolations of the priced plan, not re-priced plans.
 :func:`crossovers` solves ``cost_a = cost_b`` exactly (``sympy.solve``) for the varied symbol, the others
-held at the reference.
+held at the reference; where two plans do not cross, :func:`lead` says which is faster throughout and by how
+much.
 
 Example::
 
@@ -49,7 +51,17 @@ import sympy
 from autoshard.errors import AutoshardError
 from autoshard.plans import Plan
 
-__all__ = ["SYMBOLS", "Crossover", "PlanCost", "WhatIfError", "crossovers", "plan_cost"]
+__all__ = [
+    "SYMBOLS",
+    "Crossover",
+    "Lead",
+    "PlanCost",
+    "WhatIfError",
+    "check_varies",
+    "crossovers",
+    "lead",
+    "plan_cost",
+]
 
 Variable = Literal["batch", "seq", "devices", "bandwidth"]
 SYMBOLS: dict[str, sympy.Symbol] = {
@@ -69,6 +81,7 @@ class PlanCost:
     name: str
     expr: sympy.Expr
     reference: dict[str, float]
+    mesh: tuple[int, ...] = ()  # the plan's mesh: ``devices`` scales it only with one axis of size > 1
 
     def at(self, **values: float) -> float:
         """Seconds at ``values`` (the reference for any symbol not given)."""
@@ -128,7 +141,7 @@ def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
     ref = _reference(plan)
     b, s, d, w = (SYMBOLS[k] for k in ("batch", "seq", "devices", "bandwidth"))
     tokens = (b / ref["batch"]) * (s / ref["seq"])
-    one_axis = len(plan.mesh_shape) == 1
+    one_axis = sum(1 for n in plan.mesh_shape if n > 1) <= 1
     d0 = ref["devices"]
     shrink = d0 / d if one_axis else sympy.Integer(1)
     act = _activations(plan)
@@ -150,7 +163,8 @@ def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
         terms.append(sympy.Float(latency) * ring_lat + sympy.Float(c.seconds - latency) * moved * ring_bw / w)
     # the plan's step is a critical path (autoshard.problem.step): what overlap hid is kept constant
     hidden = plan.compute_time + plan.communication_time - plan.predicted_step_time
-    return PlanCost(name or plan.model, sympy.Add(*terms) - sympy.Float(max(hidden, 0.0)), ref)
+    expr = sympy.Add(*terms) - sympy.Float(max(hidden, 0.0))
+    return PlanCost(name or plan.model, expr, ref, tuple(plan.mesh_shape))
 
 
 def crossovers(
@@ -161,6 +175,8 @@ def crossovers(
         raise WhatIfError(f"cannot vary {variable!r}: choose one of {', '.join(SYMBOLS)}")
     if not (0 < lo < hi):
         raise WhatIfError(f"range {lo}..{hi} for {variable}: give 0 < low < high, e.g. {variable}=1..1024")
+    for cost in (base, *others):
+        check_varies(cost, variable)
     x = SYMBOLS[variable]
     found: list[Crossover] = []
     for other in others:
@@ -176,6 +192,57 @@ def crossovers(
             names = {True: base.name, False: other.name}
             found.append(Crossover(variable, root, seconds, names[below], names[above]))
     return sorted(found, key=lambda c: c.value)
+
+
+@dataclass(frozen=True)
+class Lead:
+    """Plan ``faster`` beats ``slower`` over the whole range, by ``low``–``high`` (fractions of the faster
+    one's time: ``slower / faster - 1``)."""
+
+    variable: str
+    lo: float
+    hi: float
+    faster: str
+    slower: str
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        span = f"{self.variable} {self.lo:g}..{self.hi:g}"
+        if self.high < 5e-4:
+            return f"{self.faster} and {self.slower} take the same time throughout {span} (within 0.05%)"
+        by = f"{self.low:.1%}" if self.high - self.low < 5e-4 else f"{self.low:.1%}–{self.high:.1%}"
+        return f"{self.faster} is faster than {self.slower} throughout {span}, by {by}"
+
+
+LEAD_SAMPLES = 257  # points, evenly spaced in log(variable), where the margin of a lead is read
+
+
+def lead(base: PlanCost, other: PlanCost, variable: str, lo: float, hi: float) -> Lead:
+    """Who is faster over ``[lo, hi]`` and by how much, for two plans that do not cross there (call it for
+    a pair :func:`crossovers` found no crossing for).  The margin's extremes are read at
+    :data:`LEAD_SAMPLES` points and both ends."""
+    check_varies(base, variable)
+    check_varies(other, variable)
+    ratio = (hi / lo) ** (1 / (LEAD_SAMPLES - 1))
+    points = [lo * ratio**i for i in range(LEAD_SAMPLES - 1)] + [hi]
+    times = [(base.at(**{variable: v}), other.at(**{variable: v})) for v in points]
+    base_faster = sum(a for a, _ in times) <= sum(b for _, b in times)
+    margins = [(b / a if base_faster else a / b) - 1 for a, b in times if min(a, b) > 0]
+    faster, slower = (base.name, other.name) if base_faster else (other.name, base.name)
+    return Lead(
+        variable, lo, hi, faster, slower, max(0.0, min(margins, default=0.0)), max(margins, default=0.0)
+    )
+
+
+def check_varies(cost: PlanCost, variable: str) -> None:
+    """``devices`` scales a plan on one mesh axis; on several, which axis grows is not defined: refuse."""
+    if variable == "devices" and sum(1 for n in cost.mesh if n > 1) > 1:
+        raise WhatIfError(
+            f"cannot vary devices for {cost.name}: it is planned on the {len(cost.mesh)}-D mesh {cost.mesh}, "
+            f"and which axis would grow is not defined; vary batch, seq or bandwidth, or re-plan on the "
+            f"new mesh and compare the two files"
+        )
 
 
 def _real_roots(diff: sympy.Expr, x: sympy.Symbol, lo: float, hi: float) -> list[float]:

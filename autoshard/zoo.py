@@ -36,8 +36,12 @@ import torch
 from torch import nn
 
 from autoshard.errors import AutoshardError
+from autoshard.zoo_extra import MLP, DeepMLP, DeepMLPBlock, SeedTextModel
 
-__all__ = ["ModelCase", "UnknownModelError", "build", "load_spec", "names"]
+__all__ = [
+    "MLP", "DeepMLP", "DeepMLPBlock", "ModelCase", "SeedTextModel", "UnknownModelError", "build", "load_spec",
+    "names",
+]  # fmt: skip
 
 Device = Literal["meta", "cpu"]
 Builder = Callable[["_Options"], "ModelCase"]
@@ -77,58 +81,6 @@ class _Entry:
     seq: int
     device: Device
     dtype: torch.dtype
-
-
-class SeedTextModel(nn.Module):
-    """The seed text model: Embedding(vocab, dim) -> Linear(dim, dim) -> Linear(dim, 1) -> mean over S."""
-
-    def __init__(self, vocab: int = 30522, dim: int = 64) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.proj = nn.Linear(dim, dim)
-        self.head = nn.Linear(dim, 1)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.proj(self.embed(ids))  # (B, S, dim)
-        return self.head(x).mean(dim=1)  # (B, 1)
-
-
-class MLP(nn.Module):
-    """``fc1 -> GELU -> fc2``: the Megatron MLP (column-split fc1, row-split fc2 is the known optimum)."""
-
-    def __init__(self, hidden: int, ffn: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, ffn)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(ffn, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class DeepMLPBlock(nn.Module):
-    """``Linear(hidden, hidden) -> ReLU``: one block of :class:`DeepMLP`."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.fc = nn.Linear(hidden, hidden)
-        self.act = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.fc(x))
-
-
-class DeepMLP(nn.Module):
-    """``depth`` :class:`DeepMLPBlock` in an ``nn.ModuleList`` (capture finds them as repeated blocks)."""
-
-    def __init__(self, hidden: int, depth: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(DeepMLPBlock(hidden) for _ in range(depth))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def _ids(o: _Options) -> torch.Tensor:

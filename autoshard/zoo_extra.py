@@ -1,6 +1,7 @@
-"""More model builders for coverage: a ResNet-style CNN and a torchtitan-style LLaMA (plain torch modules).
+"""The zoo's plain torch models: the seed text model and MLPs (``seed``, ``mlp``, ``mlp-deep``), and for coverage
+a ResNet-style CNN and a torchtitan-style LLaMA.
 
-Both are written the way their communities write them, not the way autoshard would like them:
+The CNN and the LLaMA are written the way their communities write them, not the way autoshard would like them:
 
 - :class:`ResNetCNN` -- convolution stem, batch norm, max pooling, residual basic blocks held in an
   ``nn.Sequential``, adaptive average pooling, a linear classifier;
@@ -23,7 +24,65 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ResNetCNN", "TitanConfig", "TitanLlama", "precompute_freqs_cis"]
+__all__ = [
+    "MLP", "DeepMLP", "DeepMLPBlock", "ResNetCNN", "SeedTextModel", "TitanConfig", "TitanLlama",
+    "precompute_freqs_cis",
+]  # fmt: skip
+
+
+# -- plain models of the zoo (seed, mlp, mlp-deep) -------------------------------------------------------
+
+
+class SeedTextModel(nn.Module):
+    """The seed text model: Embedding(vocab, dim) -> Linear(dim, dim) -> Linear(dim, 1) -> mean over S."""
+
+    def __init__(self, vocab: int = 30522, dim: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.proj = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.proj(self.embed(ids))  # (B, S, dim)
+        return self.head(x).mean(dim=1)  # (B, 1)
+
+
+class MLP(nn.Module):
+    """``fc1 -> GELU -> fc2``: the Megatron MLP (column-split fc1, row-split fc2 is the known optimum)."""
+
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class DeepMLPBlock(nn.Module):
+    """``Linear(hidden, hidden) -> ReLU``: one block of :class:`DeepMLP`."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(hidden, hidden)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x))
+
+
+class DeepMLP(nn.Module):
+    """``depth`` :class:`DeepMLPBlock` in an ``nn.ModuleList`` (capture finds them as repeated blocks)."""
+
+    def __init__(self, hidden: int, depth: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DeepMLPBlock(hidden) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
 
 
 # -- ResNet-style CNN ----------------------------------------------------------------------------------------

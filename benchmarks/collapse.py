@@ -1,7 +1,7 @@
 """Planning time flat in depth for repeated structure beyond ``nn.ModuleList`` (issue 16, layer collapse).
 
     python -m benchmarks.collapse                 # every case, each in a fresh process
-    python -m benchmarks.collapse --case titan    # one pair
+    python -m benchmarks.collapse --case titan    # one pair (titan, deepseek, t5)
 
 Pairs, each planned on meta on 8 x 8 A100s in its own process (seconds of ``autoshard.plan``, capture included):
 
@@ -13,6 +13,11 @@ Pairs, each planned on meta on 8 x 8 A100s in its own process (seconds of ``auto
   against its 4-layer version, global batch 64 x 512, without a memory budget (671 B parameters with Adam
   need more than 64 x 80 GB: the least-memory plan needs 158 GiB per device).  Target: within 2x.  The dense
   layers precede the run of identical MoE layers, which capture collapses (``BlockInfo.first = 3``).
+- ``t5``: a T5-large-shaped encoder-decoder (transformers' ``T5ForConditionalGeneration``) at 24 + 24 layers
+  against 6 + 6, global batch 64 x 512.  Target: within 1.5x (flat in depth, as ``titan``).  Capture collapses
+  one repeated stack per graph: the decoder's run from ``decoder.block.1`` (block 0 holds the relative position
+  bias, so ``first = 1``); the encoder is captured and planned at full depth.  Measured 2026-11-24 under load:
+  12.91 s vs 6.52 s = 1.98x (capture 8.43 s vs 4.20 s), target missed -- the baseline for collapsing both towers.
 """
 
 from __future__ import annotations
@@ -65,17 +70,38 @@ def _deepseek(batch: int, seq: int, layers: int) -> tuple[Any, tuple[Any, ...]]:
     return model, (torch.zeros(batch, seq, dtype=torch.long, device="meta"),)
 
 
+def _t5(batch: int, seq: int, layers: int) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """T5-large-shaped encoder-decoder (d_model 1024, d_ff 4096, 16 heads) with ``layers`` + ``layers``."""
+    import torch
+    import transformers
+
+    config = transformers.T5Config(
+        vocab_size=32128, d_model=1024, d_kv=64, d_ff=4096, num_layers=layers, num_decoder_layers=layers,
+        num_heads=16, dropout_rate=0.0, use_cache=False,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        model = transformers.T5ForConditionalGeneration(config).eval()
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    return model, (ids,), {"decoder_input_ids": ids}
+
+
 def plan_case(model: str, batch: int, seq: int, layers: int = 0) -> dict[str, Any]:
     """Build one model on meta and plan it on 8 x 8 A100s (child process)."""
     import autoshard
 
     build = {"titan": lambda: _titan(batch, seq), "hf-llama": lambda: _hf_llama(batch, seq)}
     build["deepseek"] = lambda: _deepseek(batch, seq, layers)
-    m, args = build[model]()
+    kwargs: dict[str, Any] = {}
+    if model == "t5":
+        m, args, kwargs = _t5(batch, seq, layers)
+    else:
+        m, args = build[model]()
     cluster = autoshard.load_cluster("a100x8", nodes=MESH[0], mesh=MESH)
     t0 = time.perf_counter()
     # DeepSeek-V3 (671 B parameters) cannot fit 64 x 80 GB with Adam; planning time, not fit, is measured here
-    plan = autoshard.plan(m, cluster, args, memory_limit=float("inf") if model == "deepseek" else None)
+    limit = float("inf") if model in ("deepseek", "t5") else None
+    plan = autoshard.plan(m, cluster, args, kwargs, memory_limit=limit)
     seconds = time.perf_counter() - t0
     return {
         "plan_s": round(seconds, 2),
@@ -97,6 +123,12 @@ PAIRS = {
         ("DeepSeek-V3 61 layers", {"model": "deepseek", "batch": 64, "seq": 512, "layers": 61}),
         ("DeepSeek-V3 4 layers", {"model": "deepseek", "batch": 64, "seq": 512, "layers": 4}),
         2.0,
+    ),
+    # encoder and decoder towers: one repeated stack per graph today, the encoder at full depth (issue 16 gap)
+    "t5": (
+        ("T5-large-shaped 24+24 layers", {"model": "t5", "batch": 64, "seq": 512, "layers": 24}),
+        ("T5-large-shaped 6+6 layers", {"model": "t5", "batch": 64, "seq": 512, "layers": 6}),
+        1.5,
     ),
 }
 

@@ -20,11 +20,11 @@ from autoshard.local_mesh import distribute
 from autoshard.placement import Partial, ShardingSpec
 from autoshard.redistribute import (
     Step,
-    apply_steps_local,
     count_kinds,
     plan_redistribute,
     redistribute_time,
 )
+from autoshard.redistribute_local import apply_steps_local
 
 SPEC = ShardingSpec.parse
 

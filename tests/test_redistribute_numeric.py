@@ -20,7 +20,8 @@ import torch
 from autoshard.errors import ShardingError
 from autoshard.local_mesh import Coord, coords, distribute
 from autoshard.placement import Partial, Placement, Replicate, Shard, ShardingSpec
-from autoshard.redistribute import CollectiveCost, Step, apply_steps_local, plan_redistribute
+from autoshard.redistribute import CollectiveCost, Step, plan_redistribute
+from autoshard.redistribute_local import apply_steps_local
 
 SHAPE = (8, 8, 4)
 CHOICES: tuple[Placement, ...] = (Replicate(), Partial(), Shard(0), Shard(1), Shard(2))

@@ -20,7 +20,9 @@ leaves that to the caller: :func:`clean` recompiles once).  :func:`clean` runs t
 5. :func:`~autoshard.capture.batchnorm.decompose_training_batch_norm` — training batch norm as its
    statistic ops, so a batch split synchronises the statistics (SyncBatchNorm).
 6. :func:`~autoshard.capture.experts.fuse_expert_mlps` — a grouped-GEMM expert MLP (two grouped matmuls
-   around the gated activation) as one node, so expert parallelism keeps it on the expert's device.
+   around the gated activation) as one node, so expert parallelism keeps it on the expert's device; then
+   :func:`~autoshard.capture.dispatch.fuse_routed_experts` — the whole routed-experts block around it as one
+   node, so expert parallelism can dispatch tokens by all-to-all.
 7. :func:`eliminate_dead_code` — drop nodes whose values nobody uses (the shape arithmetic that fed the
    asserts, for example).
 
@@ -44,6 +46,7 @@ import torch
 from torch import fx
 
 from autoshard.capture.batchnorm import decompose_training_batch_norm
+from autoshard.capture.dispatch import fuse_routed_experts
 from autoshard.capture.experts import fuse_expert_mlps
 from autoshard.capture.functionalize import functionalize_slice_assignment
 from autoshard.capture.meta import META_NO_GRAD, op_set
@@ -83,7 +86,7 @@ def clean(gm: fx.GraphModule, *, fuse_experts: bool = True) -> fx.GraphModule:
         drop_identities,
         functionalize_slice_assignment,
         decompose_training_batch_norm,
-        *((fuse_expert_mlps,) if fuse_experts else ()),
+        *((fuse_expert_mlps, fuse_routed_experts) if fuse_experts else ()),
         eliminate_dead_code,
     )
     for cleaning_pass in passes:

@@ -15,6 +15,9 @@ token split, the expert split (expert parallelism: one reduction of ``y`` per Mo
 all-gather token dispatcher: tokens gathered over the expert axis going in, the Partial output
 reduce-scattered or all-reduced coming out) and replication.
 
+When the chain sits in transformers' grouped-GEMM experts forward, :mod:`autoshard.capture.dispatch` then
+fuses the routing around it too, which lets expert parallelism dispatch tokens by all-to-all instead.
+
 Reads ``meta["val"]``; the new node takes the second matmul's meta.  ``capture.flops`` prices it as the two
 matmuls.
 """
@@ -150,4 +153,4 @@ def fuse_expert_mlps(gm: fx.GraphModule, *, recompile: bool = True) -> fx.GraphM
 def plan_fuses_experts(nodes: Iterable[Any]) -> bool:
     """Whether a plan (its ``nodes`` rows, each with a ``target``) was made on a graph with fused expert MLPs:
     codegen must capture the model the same way (``capture(..., fuse_experts=...)``)."""
-    return any(str(getattr(n, "target", "")).endswith("expert_mlp") for n in nodes)
+    return any(str(getattr(n, "target", "")).endswith(("expert_mlp", "routed_experts")) for n in nodes)

@@ -115,6 +115,10 @@ def node_flops(node: fx.Node, root: nn.Module | None = None) -> int:
     if fam == "expert_mlp" and len(ins) >= 3:  # capture.experts: two grouped matmuls around the activation
         x, gate_up = ins[0], ins[1]
         return 2 * x.numel * gate_up.shape[-1] + 2 * out_numel * (gate_up.shape[-1] // 2) + gate_up.shape[-1]
+    if fam == "routed_experts" and len(ins) >= 4:  # capture.dispatch: the expert MLP of T*k rows, weighted
+        hidden, gate_up, index = ins[0], ins[1], ins[3]
+        rows = index.numel * hidden.shape[-1]  # elements of the T*k routed rows
+        return 2 * rows * gate_up.shape[-1] + 2 * rows * (gate_up.shape[-1] // 2) + 2 * rows
     if fam in ATTENTION and len(ins) >= 3:
         return _attention(node, ins)
     if fam in CONVOLUTIONS:

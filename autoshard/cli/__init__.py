@@ -15,20 +15,23 @@
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
 split over all devices) and prints both side by side.  Errors print one line on stderr and exit with code 2
-(usage errors too); ``--debug`` shows the traceback.  A progress line runs on stderr while planning, only
-when stderr is a terminal.
+(usage errors too); ``--debug`` shows the traceback.  When the reader of standard output leaves early
+(``autoshard show plan.json | head``), the rest of the output is dropped silently and the command exits with
+its own code (0 for a report), the same for every subcommand.  A progress line runs on stderr while
+planning, only when stderr is a terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import sys
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from autoshard.cli import diff, dot, explain, ops, profile, search, shapes, show, verify, whatif
 from autoshard.cli.args import CliError, one_line, parse_choice
@@ -64,6 +67,43 @@ def _warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any
     return f"autoshard: warning: {one_line(Exception(message))}\n"  # no file and line of autoshard's own code
 
 
+class _ReaderMayLeave(io.TextIOBase):
+    """Standard output that a reader may close early (``autoshard show plan.json | head -1``).
+
+    Once the pipe is closed, the rest of the output is dropped and the command runs to its end, so it exits
+    with its own code: 0 for a report (the reader chose to stop reading, as ``git log | head`` does), 1 when
+    verify found a difference.  Nothing is printed about it: there is no error to report.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.reader_left = False
+
+    def write(self, text: str) -> int:
+        if not self.reader_left:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._left()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_left:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._left()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def _left(self) -> None:
+        self.reader_left = True
+        # what stays buffered in the real stdout would fail again when Python flushes it at exit
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+
 def _parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
@@ -83,15 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), message already printed
         return int(e.code) if isinstance(e.code, int) else 2
     debug = getattr(args, "debug", False)
+    out = _ReaderMayLeave(sys.stdout)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out):
             if not debug:
                 warnings.formatwarning = _warning
-            return int(COMMANDS[args.command].run(args))
-    except BrokenPipeError:  # `autoshard show plan.json | head -1`: the reader left
-        with contextlib.suppress(OSError, ValueError, AttributeError):  # no second error at exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        print("autoshard: error: the output pipe closed before the report was written", file=sys.stderr)
+            code = int(COMMANDS[args.command].run(args))
+            out.flush()
+            return code
+    except BrokenPipeError:  # another pipe than stdout (stdout's is handled by _ReaderMayLeave)
+        print("autoshard: error: a pipe closed while the command ran", file=sys.stderr)
         return 2
     except AutoshardError as e:
         if debug:

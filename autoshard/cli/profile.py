@@ -17,7 +17,7 @@ from pathlib import Path
 
 from autoshard.cli.args import CliError, mesh, positive
 
-__all__ = ["HELP", "add_arguments", "run"]
+__all__ = ["HELP", "add_arguments", "gemm_summary", "run"]
 
 HELP = "measure this machine (GEMMs, memory, collectives by size) and write a hardware profile"
 
@@ -32,6 +32,19 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"sizes {text!r}: expected whole numbers >= 1, e.g. 256,1024")
     return sizes
+
+
+def gemm_summary(gemm: list[tuple[int, float]], dtype: str, peak: float, base: str | None) -> str:
+    """The achieved GEMM rate, and what it is a fraction of: ``GEMM 85.3 GFLOP/s (float32, best at n=512)``,
+    then the share of the base profile's datasheet peak, or that there is no peak to compare with (without
+    ``--base`` the profile's peak is the best measured rate, so its efficiency is 1 by construction)."""
+    n, seconds = max(gemm, key=lambda g: 2.0 * g[0] ** 3 / g[1])
+    rate = 2.0 * n**3 / seconds
+    line = f"GEMM {rate / 1e9:.1f} GFLOP/s ({dtype}, best at n={n})"
+    if base is None:
+        return line + "; no datasheet peak to compare with (--base NAME gives one): efficiency_max is 1"
+    share = rate / peak if peak else 0.0
+    return line + f" = {share:.3g} of the {base} {dtype} peak, {peak / 1e12:.4g} TFLOP/s"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,11 +86,9 @@ def run(args: argparse.Namespace) -> int:
     profile = write_profile(m, str(out), args.name or out.stem, base=args.base, raw=args.raw)
     bus = profile.intra_node.bus_bandwidth
     stream = profile.memory.bandwidth * profile.memory.efficiency
-    print(
-        f"wrote {out}: {profile.devices_per_node} x {profile.device}; GEMM efficiency "
-        f"{profile.compute.efficiency_max:.2f}, memory {stream / 1e9:.1f} "
-        f"GB/s, all_reduce busbw {bus.all_reduce / 1e9:.2f} GB/s"
-    )
+    print(f"wrote {out}: {profile.devices_per_node} x {profile.device}")
+    print(f"  {gemm_summary(m.gemm, m.dtype, profile.compute.peak(m.dtype), args.base)}")
+    print(f"  memory {stream / 1e9:.1f} GB/s, all_reduce busbw {bus.all_reduce / 1e9:.2f} GB/s")
     for axis, kinds in axis_bus_bandwidths(m).items():
         print(f"  {axis}: " + ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in kinds.items()))
     return 0

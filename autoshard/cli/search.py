@@ -69,7 +69,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "--pp", type=_count_or_auto, default=None, metavar="N|auto", help="pipeline stages (default: none)"
     )
     s.add_argument(
-        "--microbatches", type=_count_or_auto, default=1, metavar="N|auto", help="microbatches per step"
+        "--microbatches",
+        type=_count_or_auto,
+        default=None,
+        metavar="N|auto",
+        help="microbatches per step (default: 1 without stages, else at least 2 per stage)",
     )
     s.add_argument(
         "--schedule",

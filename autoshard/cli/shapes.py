@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from autoshard import zoo
     from autoshard.cli.args import mesh
     from autoshard.multishape import plan_shapes
+    from autoshard.report.groups import collapse_layers
 
     sizes = None
     if args.mesh is not None:
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         memory_limit=args.memory_limit * 2**30 if args.memory_limit is not None else None,
     )
     print(multi.summary())
-    print("parameter placements (shared):")
-    for name, placement in sorted(multi.param_placements.items()):
+    print("parameter placements (shared; repeated layers with one placement on one row):")
+    for name, placement in collapse_layers(multi.param_placements):
         print(f"  {name}: {', '.join(placement)}")
     return 0

@@ -2,7 +2,8 @@
 
 Reads saved plans, turns each into its step time as a sympy expression (:mod:`autoshard.whatif`) and
 prints, for every varied symbol (batch, seq, devices, bandwidth), the values where one of the other plans
-becomes faster, naming both.  Nothing is re-planned.
+becomes faster, naming both, or, for a plan that never crosses the first in the range, which of the two is
+faster throughout and by how much.  Nothing is re-planned.
 """
 
 from __future__ import annotations
@@ -47,19 +48,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="NAME=LOW..HIGH",
-        help="batch, seq, devices (1-D mesh plans) or bandwidth (x the profile's); repeatable",
+        help="batch, seq, devices (plans on one mesh axis) or bandwidth (x the profile's); repeatable",
     )
     parser.add_argument("--show", action="store_true", help="print each plan's step-time expression")
 
 
 def run(args: argparse.Namespace) -> int:
     from autoshard.plans import load_plan
-    from autoshard.whatif import crossovers, plan_cost
+    from autoshard.whatif import check_varies, crossovers, lead, plan_cost
 
     paths = [args.plan, *args.against]
     names = _names(paths)
     costs = [plan_cost(load_plan(p), n) for p, n in zip(paths, names, strict=True)]
     base, others = costs[0], costs[1:]
+    for cost in costs:  # refuse before printing anything
+        for name, _, _ in args.vary:
+            check_varies(cost, name)
     for cost in costs:
         point = ", ".join(f"{k}={v:g}" for k, v in cost.reference.items())
         print(f"{cost.name}: {cost.at() * 1e3:.4g} ms at {point}")
@@ -70,11 +74,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name} in {lo:g}..{hi:g}:")
         for c in found:
             print(f"  {c}")
-        if not found:
-            fastest = min((c.at(**{name: lo}), c.name) for c in costs)[1]
-            print(
-                f"  no plan overtakes {base.name} or falls behind it here; fastest at {name}={lo:g}: {fastest}"
-            )
+        crossed = {c.below for c in found} | {c.above for c in found}
+        for other in others:  # a pair that never crosses here: who leads, and by how much
+            if other.name not in crossed:
+                print(f"  {lead(base, other, name, lo, hi)}")
     return 0
 
 

@@ -3,7 +3,7 @@
 Input: a device's local tensor, the :class:`~autoshard.redistribute.Step` list that the planner priced for an
 edge (:func:`autoshard.problem.costs.edge_steps`), and a :class:`MeshComm` (this rank's mesh coordinate and
 the process group of every mesh axis).  Output: the local tensor after the steps -- exactly what
-:func:`autoshard.redistribute.apply_steps_local` computes for this device (same dims, chunk order, and
+:func:`autoshard.redistribute_local.apply_steps_local` computes for this device (same dims, chunk order, and
 outer-axis-first nesting), which the tests check step kind by step kind.
 
 :func:`redistribute` is what the emitted graph calls, once per edge that moves data.  It is one
@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from autoshard.errors import ShardingError
 from autoshard.redistribute import Step, StepKind
+from autoshard.strategies.local import zigzag_chunks
 
 __all__ = [
     "CollectiveRecord",
@@ -74,9 +75,12 @@ class MeshComm:
 
     ``log`` is ``None`` (not recording) or a list that every collective appends a :class:`CollectiveRecord`
     to; compare the lists of all ranks to check that they issue the same collectives in the same order.
+    ``zigzag_axis`` is the mesh axis whose splits use the load-balanced layout of context parallelism (member
+    ``k`` of ``n`` holds chunks ``k`` and ``2n - 1 - k`` of ``2n``): its steps reorder chunks where they
+    gather or split, so a gathered tensor is in global order again.
     """
 
-    __slots__ = ("coord", "groups", "log", "mesh_shape")
+    __slots__ = ("coord", "groups", "log", "mesh_shape", "zigzag_axis")
 
     def __init__(
         self,
@@ -90,6 +94,7 @@ class MeshComm:
         self.coord = tuple(int(c) for c in coord)
         self.groups = tuple(groups)
         self.log: list[CollectiveRecord] | None = [] if record else None
+        self.zigzag_axis: int | None = None
         if not (len(self.mesh_shape) == len(self.coord) == len(self.groups)):
             raise ValueError(
                 f"MeshComm needs one coordinate and one group per mesh axis: mesh {self.mesh_shape}, "
@@ -166,11 +171,15 @@ def _all_gather(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tens
     _all_gather_base(flat, x.contiguous(), group=comm.group(step.mesh_axis))
     # (n, ..., s_d, ...) -> (..., n * s_d, ...): member k's piece lands at [k * s_d, (k + 1) * s_d)
     full = flat.view(n, *x.shape).movedim(0, d).reshape(*x.shape[:d], n * x.shape[d], *x.shape[d + 1 :])
+    if step.mesh_axis == comm.zigzag_axis:
+        full = _reorder(full, d, _from_zigzag(n))
     return full, full.numel() * full.element_size()
 
 
 def _reduce_scatter(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tensor, int]:
     n, d = comm.mesh_shape[step.mesh_axis], _dim(step.dst_dim)
+    if step.mesh_axis == comm.zigzag_axis:
+        x = _reorder(x, d, _to_zigzag(n))
     chunks = torch.stack(x.chunk(n, dim=d))  # (n, ...chunk): chunk k goes to member k
     out = x.new_empty(chunks.shape[1:])
     flat = chunks.view(-1, *chunks.shape[2:]) if out.dim() else chunks  # c10d scatters along dim 0
@@ -187,14 +196,21 @@ def _all_reduce(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tens
 def _all_to_all(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tensor, int]:
     n = comm.mesh_shape[step.mesh_axis]
     src, dst = _dim(step.src_dim), _dim(step.dst_dim)
-    sent = torch.stack(x.chunk(n, dim=dst))  # sent[k] goes to member k
+    zigzag = step.mesh_axis == comm.zigzag_axis
+    sent = torch.stack(
+        (_reorder(x, dst, _to_zigzag(n)) if zigzag else x).chunk(n, dim=dst)
+    )  # [k] to member k
     received = torch.empty_like(sent)  # received[m] came from member m
     dist.all_to_all_single(received, sent, group=comm.group(step.mesh_axis))
-    return torch.cat(received.unbind(0), dim=src), x.numel() * x.element_size()
+    out = torch.cat(received.unbind(0), dim=src)
+    return (_reorder(out, src, _from_zigzag(n)) if zigzag else out), x.numel() * x.element_size()
 
 
 def _local_slice(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tensor, int]:
     n, k = comm.mesh_shape[step.mesh_axis], comm.coord[step.mesh_axis]
+    if step.mesh_axis == comm.zigzag_axis:  # cat copies
+        chunks = x.chunk(2 * n, dim=_dim(step.dst_dim))
+        return torch.cat([chunks[c] for c in zigzag_chunks(k, n)], dim=_dim(step.dst_dim)), 0
     # a copy, not a view: a view would keep the whole tensor alive (a sliced gradient as .grad holds the full one)
     return x.chunk(n, dim=_dim(step.dst_dim))[k].clone(memory_format=torch.contiguous_format), 0
 
@@ -208,8 +224,30 @@ def _local_pad(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tenso
     shape = list(x.shape)
     shape[d] *= n
     out = x.new_zeros(shape)
+    if step.mesh_axis == comm.zigzag_axis:
+        half = x.shape[d] // 2
+        for i, c in enumerate(zigzag_chunks(k, n)):
+            out.narrow(d, c * half, half).copy_(x.narrow(d, i * half, half))
+        return out, 0
     out.narrow(d, k * x.shape[d], x.shape[d]).copy_(x)
     return out, 0
+
+
+def _to_zigzag(n: int) -> tuple[int, ...]:
+    """Chunk order (of ``2n``) that puts member ``k``'s two chunks at positions ``2k, 2k + 1``."""
+    return tuple(c for k in range(n) for c in zigzag_chunks(k, n))
+
+
+def _from_zigzag(n: int) -> tuple[int, ...]:
+    """The inverse of :func:`_to_zigzag`: chunk order that restores global order after a gather."""
+    order = _to_zigzag(n)
+    return tuple(order.index(c) for c in range(2 * n))
+
+
+def _reorder(x: torch.Tensor, dim: int, order: Sequence[int]) -> torch.Tensor:
+    """``x`` cut in ``len(order)`` chunks along ``dim``, concatenated in ``order`` (a copy)."""
+    chunks = x.chunk(len(order), dim=dim)
+    return torch.cat([chunks[i] for i in order], dim=dim)
 
 
 _RUNNERS: dict[StepKind, Callable[[torch.Tensor, Step, MeshComm], tuple[torch.Tensor, int]]] = {

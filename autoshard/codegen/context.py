@@ -26,6 +26,8 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from autoshard.strategies.local import zigzag_chunks
+
 __all__ = [
     "Layout",
     "allgather_kv_attention",
@@ -40,7 +42,7 @@ Layout = Literal["zigzag", "contiguous"]
 
 def chunk_ids(rank: int, size: int, layout: Layout) -> tuple[int, ...]:
     """Global chunk indices a rank holds, in local order (chunks are ``L_global / (2n)`` or ``/ n`` long)."""
-    return (rank, 2 * size - 1 - rank) if layout == "zigzag" else (rank,)
+    return zigzag_chunks(rank, size) if layout == "zigzag" else (rank,)
 
 
 def _chunks(size: int, layout: Layout) -> int:
@@ -95,6 +97,42 @@ def _mask(
     return pos_k[None, :] <= _positions(q_ids, chunk, device)[:, None]
 
 
+Block = tuple[slice, slice, torch.Tensor | None]  # local query rows, held key rows, visibility (None: all)
+
+
+def _blocks(
+    q_ids: tuple[int, ...],
+    k_ids: tuple[int, ...],
+    chunk: int,
+    device: torch.device,
+    rows: torch.Tensor | None,
+) -> list[Block]:
+    """The (query chunk, key chunk) pairs with something to compute: a causal pair below the diagonal is whole,
+    on it lower-triangular, above it skipped; under an explicit mask, pairs with no visible entry are skipped.
+    Skipping is what makes the zigzag layout balanced: every rank computes ``2n`` chunk pairs (two of them
+    half), where the contiguous layout's last rank computes ``n`` blocks of four pairs each."""
+    out: list[Block] = []
+    for a, qi in enumerate(q_ids):
+        for b, ki in enumerate(k_ids):
+            qs, ks = slice(a * chunk, (a + 1) * chunk), slice(b * chunk, (b + 1) * chunk)
+            if rows is not None:
+                visible: torch.Tensor | None = _mask((qi,), (ki,), chunk, device, rows[..., qs, :])
+                assert visible is not None
+                if not visible.any():
+                    continue
+                out.append((qs, ks, None if bool(visible.all()) else visible))
+            elif ki < qi:
+                out.append((qs, ks, None))
+            elif ki == qi:
+                out.append((qs, ks, _mask((qi,), (ki,), chunk, device, None)))
+    return out
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor | None, scale: float) -> torch.Tensor:
+    scores = (q @ k.transpose(-1, -2)) * scale
+    return scores if visible is None else scores.masked_fill(~visible, -math.inf)
+
+
 def _peers(group: Any) -> tuple[int, int, int, int]:
     group = group if group is not None else dist.group.WORLD
     rank, size = dist.get_rank(group), dist.get_world_size(group)
@@ -135,17 +173,15 @@ class _Ring(torch.autograd.Function):
         kv = [k, v]
         for step in range(size):
             owner = (rank - step) % size
-            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device, mask)
-            if visible.any():
-                scores = (q @ _expand_kv(kv[0], heads).transpose(-1, -2)) * scale
-                scores = scores.masked_fill(~visible, -math.inf)
-                block_lse = torch.logsumexp(scores, dim=-1)
-                new_lse = torch.logaddexp(lse, block_lse)
-                weights = torch.exp(scores - new_lse[..., None]).nan_to_num(0.0)
-                out = out * torch.exp(lse - new_lse).nan_to_num(0.0)[..., None] + weights @ _expand_kv(
-                    kv[1], heads
-                )
-                lse = new_lse
+            ke, ve = _expand_kv(kv[0], heads), _expand_kv(kv[1], heads)
+            for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
+                scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
+                old = lse[:, :, qs]
+                new = torch.logaddexp(old, torch.logsumexp(scores, dim=-1))
+                weights = torch.exp(scores - new[..., None]).nan_to_num(0.0)
+                rescale = torch.exp(old - new).nan_to_num(0.0)[..., None]
+                out[:, :, qs] = out[:, :, qs] * rescale + weights @ ve[:, :, ks]
+                lse[:, :, qs] = new
             if step + 1 < size:
                 kv = _rotate(kv, nxt, prv, group)
         ctx.save_for_backward(q, k, v, out, lse, mask)
@@ -165,16 +201,16 @@ class _Ring(torch.autograd.Function):
         travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
         for step in range(size):
             owner = (rank - step) % size
-            visible = _mask(ids, chunk_ids(owner, size, layout), chunk, q.device, mask)
             kk, vv, dk, dv = travelling
-            if visible.any():
-                ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
-                scores = ((q @ ke.transpose(-1, -2)) * scale).masked_fill(~visible, -math.inf)
-                probs = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
-                dv = dv + _fold_kv(probs.transpose(-1, -2) @ grad_out, kv_heads)
-                dscores = probs * (grad_out @ ve.transpose(-1, -2) - delta)
-                dq = dq + (dscores @ ke) * scale
-                dk = dk + _fold_kv((dscores.transpose(-1, -2) @ q) * scale, kv_heads)
+            ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
+            for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
+                scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
+                probs = torch.exp(scores - lse[:, :, qs, None]).nan_to_num(0.0)
+                g = grad_out[:, :, qs]
+                dv[:, :, ks] += _fold_kv(probs.transpose(-1, -2) @ g, kv_heads)
+                dscores = probs * (g @ ve[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
+                dq[:, :, qs] += (dscores @ ke[:, :, ks]) * scale
+                dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ q[:, :, qs]) * scale, kv_heads)
             travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)  # the last hop brings dK, dV home
         return dq, travelling[2], travelling[3], None, None, None, None
 
@@ -266,10 +302,10 @@ def context_sdpa(
 ) -> torch.Tensor:
     """What an emitted module runs for ``scaled_dot_product_attention`` under a ring strategy on ``axis``.
 
-    The plan's specs split the sequence in contiguous blocks (``S(d)``), so the ring runs with the
-    contiguous layout; ``attn_mask`` holds this rank's query rows over every key.  Without a mask and
-    without ``is_causal`` every key is visible.  ``comm`` is the emitted module's
-    :class:`~autoshard.codegen.collectives.MeshComm`.
+    The sequence layout is the plan's for that axis: zigzag when ``axis`` is ``comm.zigzag_axis`` (the
+    plan's ``context_layout``), else contiguous; ``attn_mask`` holds this rank's query rows (in that layout)
+    over every key (in global order).  Without a mask and without ``is_causal`` every key is visible.
+    ``comm`` is the emitted module's :class:`~autoshard.codegen.collectives.MeshComm`.
     """
     if attn_mask is None and not is_causal:
         attn_mask = torch.ones(
@@ -277,7 +313,8 @@ def context_sdpa(
         )
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise TypeError(f"ring attention takes a boolean mask, got {attn_mask.dtype}")
-    return ring_attention(q, k, v, comm.group(axis), "contiguous", attn_mask, scale)
+    layout: Layout = "zigzag" if comm.zigzag_axis == axis else "contiguous"
+    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale)
 
 
 context_sdpa.takes_comm = True  # type: ignore[attr-defined]  # codegen passes the module's MeshComm

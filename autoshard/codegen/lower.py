@@ -53,6 +53,7 @@ from autoshard.capture import META_ALIASES, META_FQN, META_KIND, META_NO_GRAD, C
 from autoshard.cluster import Cluster
 from autoshard.codegen.assign import PlanMismatchError
 from autoshard.codegen.collectives import format_steps, join_unused, redistribute
+from autoshard.codegen.dispatch import with_dispatch
 from autoshard.errors import UnsupportedOpError
 from autoshard.placement import ShardingSpec
 from autoshard.problem.costs import CostOptions, StepCache, dual_spec, edge_steps, output_fix_steps
@@ -144,9 +145,12 @@ def lower_graph(
     *,
     training: bool = True,
     device: torch.device | None = None,
+    zigzag_axis: int | None = None,
 ) -> LoweredGraph:
-    """The graph device ``coord`` runs (module doc).  Raises :class:`UnsupportedOpError` for graphs that are
-    not plain ATen graphs (the ``symbolic_trace`` fallback) or mutate buffers."""
+    """The graph device ``coord`` runs (module doc); ``zigzag_axis``: the mesh axis whose splits use the
+    load-balanced layout (the plan's ``context_axis`` when ``context_layout == "zigzag"``).  Raises
+    :class:`UnsupportedOpError` for graphs that are not plain ATen graphs (the ``symbolic_trace`` fallback)
+    or mutate buffers."""
     if captured.method != "export":
         raise UnsupportedOpError(
             f"codegen needs a torch.export graph; this model was captured with {captured.method} "
@@ -159,7 +163,8 @@ def lower_graph(
             "not support buffer mutation yet; put the model in eval() mode or make the update explicit"
         )
     lowering = _Lowering(captured, strategies, cluster, coord, training, device)
-    return lowering.run()
+    lowering.zigzag_axis = zigzag_axis
+    return with_dispatch(lowering.run(), lowering.infos, strategies, cluster, training)
 
 
 class _Lowering:
@@ -188,6 +193,7 @@ class _Lowering:
         self.shared: dict[tuple[fx.Node, str, str], fx.Node] = {}  # one redistribution per (tensor, layout)
         self.aliasing: set[fx.Node] = set()  # outputs of custom Functions: may be views of their inputs
         self.comm = self.graph.get_attr(COMM_ATTR)
+        self.zigzag_axis: int | None = None
 
     def run(self) -> LoweredGraph:
         for node in self.captured.graph_module.graph.nodes:
@@ -246,8 +252,10 @@ class _Lowering:
         if _mutates(node):  # autograd forbids writing into a custom Function's output: write into a copy
             moved = {s: (self._clone(n) if n in self.aliasing else n) for s, n in moved.items()}
         args, kwargs = map_arg(node.args, moved.__getitem__), map_arg(node.kwargs, moved.__getitem__)
-        call = local_call(node, self.strategies[node.name], self.mesh, self.coord, args, kwargs)
-        if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention)
+        call = local_call(
+            node, self.strategies[node.name], self.mesh, self.coord, args, kwargs, self.zigzag_axis
+        )
+        if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention, experts)
             call = dataclasses.replace(call, kwargs={**call.kwargs, "comm": self.comm})
         new = self.graph.create_node(
             "call_function", call.target, tuple(call.args), self._on_device(dict(call.kwargs)), name=node.name

@@ -50,7 +50,7 @@ from autoshard.codegen.assign import PlanMismatchError, PlanMismatchWarning, ass
 from autoshard.codegen.collectives import MeshComm
 from autoshard.codegen.lower import COMM_ATTR, AttrSpec, EdgeRecord, collective_counts, lower_graph
 from autoshard.codegen.recompute import checkpoint_blocks
-from autoshard.codegen.shard import gather_full, local_piece, spec_of
+from autoshard.codegen.shard import contiguous_only, gather_full, local_piece, spec_of
 from autoshard.errors import MeshError, ProfileError
 from autoshard.placement import ShardingSpec
 from autoshard.plans import Plan
@@ -135,6 +135,7 @@ def parallelize(
     """
     mesh = mesh if mesh is not None else _mesh(plan)
     comm = MeshComm.from_device_mesh(mesh, record=record)
+    comm.zigzag_axis = plan.zigzag_axis  # context parallelism's load-balanced sequence layout
     if comm.mesh_shape != tuple(plan.mesh_shape):
         raise MeshError(f"mesh {comm.mesh_shape} does not match the plan's mesh {plan.mesh_shape}")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
@@ -148,8 +149,9 @@ def parallelize(
         captured = capture(model, args, dict(example_kwargs or {}), blocks="full", fuse_experts=fuse)
     strategies = assign_strategies(captured, plan)
     where = torch.device(device) if device is not None else _default_device()
+    cluster, zigzag = cluster or plan_cluster(plan), plan.zigzag_axis
     lowered = lower_graph(
-        captured, strategies, cluster or plan_cluster(plan), comm.coord, training=plan.training, device=where
+        captured, strategies, cluster, comm.coord, training=plan.training, device=where, zigzag_axis=zigzag
     )
     _reproducible_randomness(lowered.graph, strategies, comm)
     root: dict[str, Any] = {COMM_ATTR: comm}
@@ -211,7 +213,7 @@ def _reproducible_randomness(graph: fx.Graph, strategies: Mapping[str, Any], com
     """Dropout draws the single-device model's masks (:mod:`autoshard.runtime.rng`)."""
     from autoshard.runtime.rng import reproducible_randomness
 
-    reproducible_randomness(graph, strategies, comm.mesh_shape, comm.coord)
+    reproducible_randomness(graph, strategies, comm.mesh_shape, comm.coord, comm.zigzag_axis)
 
 
 def _default_device() -> torch.device:
@@ -230,6 +232,7 @@ def _local_tensor(
 ) -> torch.Tensor:
     requires_grad = attr.kind == "parameter" and model.get_parameter(attr.fqn).requires_grad
     if weights is not None:
+        contiguous_only(attr.fqn, attr.spec, comm.zigzag_axis)  # weight sources cut contiguous pieces
         piece = weights.local(attr, comm.mesh_shape, comm.coord).to(device)
         want = spec_of_local(attr, comm)
         if tuple(piece.shape) != want:
@@ -249,7 +252,7 @@ def _local_tensor(
             f"{attr.kind} {attr.fqn} is on the meta device: pass parallelize(..., weights=InitWeights(model) or "
             "SafetensorsWeights(directory, model)) from autoshard.runtime.materialize, or build the model on the CPU"
         )
-    piece = local_piece(whole, attr.spec, comm.mesh_shape, comm.coord).to(device)
+    piece = local_piece(whole, attr.spec, comm.mesh_shape, comm.coord, comm.zigzag_axis).to(device)
     if attr.kind == "parameter":
         return nn.Parameter(piece, requires_grad=whole.requires_grad)
     return piece
@@ -319,7 +322,7 @@ def shard_inputs(
             raise PlanMismatchError(
                 f"shard_inputs: no value for input {name!r} (inputs: {list(plan.input_placements)})"
             )
-        pieces.append(local_piece(value, spec_of(placements), plan.mesh_shape, where))
+        pieces.append(local_piece(value, spec_of(placements), plan.mesh_shape, where, plan.zigzag_axis))
     return tuple(pieces)
 
 
@@ -387,7 +390,9 @@ def load_full_state_dict(module: fx.GraphModule, state: Mapping[str, torch.Tenso
                 raise PlanMismatchError(
                     f"load_full_state_dict: {attr.fqn} has shape {tuple(whole.shape)}, expected {attr.global_shape}"
                 )
-            target.copy_(local_piece(whole, attr.spec, info.comm.mesh_shape, info.comm.coord))
+            target.copy_(
+                local_piece(whole, attr.spec, info.comm.mesh_shape, info.comm.coord, info.comm.zigzag_axis)
+            )
 
 
 def _attr_tensor(module: fx.GraphModule, attr: AttrSpec) -> torch.Tensor:

@@ -33,6 +33,7 @@ from torch import fx, nn
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from autoshard.codegen.dispatch import META_DISPATCH
 from autoshard.codegen.lower import META_BLOCK, META_STEPS, EdgeRecord
 
 __all__ = ["SAVED_OPS", "Checkpointed", "checkpoint_blocks", "selective_policy"]
@@ -108,6 +109,11 @@ def checkpoint_blocks(gm: fx.GraphModule, policy: str, blocks: int | None = None
         for nodes in regions.values()
         for n in nodes
         if META_STEPS in n.meta
+    ) + tuple(  # all-to-all token dispatch inside a routed-experts node (codegen.dispatch)
+        EdgeRecord(n.name, "recompute", n.meta[META_DISPATCH], ())
+        for nodes in regions.values()
+        for n in nodes
+        if n.meta.get(META_DISPATCH)
     )
     names = [f"block_{b}" for b in sorted(regions)]
     fuse_by_partitions(gm, [regions[b] for b in sorted(regions)], prefix="autoshard_block_")

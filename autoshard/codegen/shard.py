@@ -20,12 +20,12 @@ from collections.abc import Sequence
 import torch
 
 from autoshard.codegen.collectives import MeshComm, run_steps
-from autoshard.errors import ShardingError
-from autoshard.placement import ShardingSpec
+from autoshard.errors import ShardingError, UnsupportedOpError
+from autoshard.placement import Replicate, ShardingSpec
 from autoshard.redistribute import plan_redistribute
-from autoshard.strategies.local import shard_range
+from autoshard.strategies.local import shard_intervals
 
-__all__ = ["gather_full", "local_piece", "spec_of"]
+__all__ = ["contiguous_only", "gather_full", "local_piece", "spec_of"]
 
 
 def spec_of(placements: Sequence[str]) -> ShardingSpec:
@@ -34,18 +34,35 @@ def spec_of(placements: Sequence[str]) -> ShardingSpec:
 
 
 def local_piece(
-    tensor: torch.Tensor, spec: ShardingSpec, mesh_shape: Sequence[int], coord: Sequence[int]
+    tensor: torch.Tensor,
+    spec: ShardingSpec,
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    zigzag_axis: int | None = None,
 ) -> torch.Tensor:
-    """The piece of ``tensor`` that device ``coord`` holds under ``spec`` (a contiguous copy)."""
+    """The piece of ``tensor`` that device ``coord`` holds under ``spec`` (a contiguous copy); splits on
+    ``zigzag_axis`` keep two chunks of ``2n`` (:func:`~autoshard.strategies.local.shard_intervals`)."""
     if spec.partial_axes():
         raise ShardingError(f"cannot cut a Partial piece ({spec}) out of a whole tensor: use R or S(d)")
     spec.check_fits(tuple(tensor.shape), mesh_shape)
     piece = tensor
     for dim in range(tensor.dim()):
-        start, length = shard_range(spec, dim, int(tensor.shape[dim]), mesh_shape, coord)
-        if length != tensor.shape[dim]:
-            piece = piece.narrow(dim, start, length)
+        runs = shard_intervals(spec, dim, int(tensor.shape[dim]), mesh_shape, coord, zigzag_axis)
+        if len(runs) == 1 and runs[0] != (0, tensor.shape[dim]):
+            piece = piece.narrow(dim, *runs[0])
+        elif len(runs) > 1:  # the zigzag layout: two runs, in local order
+            piece = torch.cat([piece.narrow(dim, start, length) for start, length in runs], dim=dim)
     return piece.detach().clone(memory_format=torch.contiguous_format)
+
+
+def contiguous_only(name: str, spec: ShardingSpec, zigzag_axis: int | None) -> None:
+    """Refuse a piece cut by code that knows only contiguous blocks (a weight source reading a checkpoint)
+    when ``spec`` splits on the zigzag axis of context parallelism."""
+    if zigzag_axis is not None and not isinstance(spec.placements[zigzag_axis], Replicate):
+        raise UnsupportedOpError(
+            f"{name} is split ({spec}) on mesh axis {zigzag_axis}, which uses the zigzag layout, and this source "
+            "cuts contiguous pieces: build the model on the CPU, or plan with cp_layout='contiguous'"
+        )
 
 
 def gather_full(

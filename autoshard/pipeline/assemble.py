@@ -57,15 +57,19 @@ def _modules(candidate: Candidate) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(k for k in pre if k), tuple(k for k in post if k)
 
 
-def _stages(candidate: Candidate, prefix: str) -> tuple[PipelineStage, ...]:
+def _stages(candidate: Candidate, prefix: str, first: int = 0) -> tuple[PipelineStage, ...]:
+    """One record per chunk.  The repeated run starts at layer ``first`` of ``prefix`` (DeepSeek-V3: dense
+    layers, then MoE layers): the layers before it go whole to the first stage with the other ``pre`` modules,
+    and chunk layer ``i`` is module ``prefix.{first + i}``; ``layers`` counts the model's layers."""
     split = candidate.split
     assert split is not None
     pre, post = _modules(candidate)
+    pre += tuple(f"{prefix}.{j}" for j in range(first))
     group = candidate.layout.sub.num_devices
     chunks = len(split.bounds) - 1
     stages = []
     for c in range(chunks):
-        start, end = split.bounds[c], split.bounds[c + 1]
+        start, end = first + split.bounds[c], first + split.bounds[c + 1]
         modules = (pre if c == 0 else ()) + tuple(f"{prefix}.{i}" for i in range(start, end))
         modules += post if c == chunks - 1 else ()
         d = device_of_chunk(split.schedule, c, split.degree)
@@ -82,7 +86,9 @@ def _stages(candidate: Candidate, prefix: str) -> tuple[PipelineStage, ...]:
     return tuple(stages)
 
 
-def assemble(candidate: Candidate, intra: Plan, prefix: str | None, cluster_record: dict) -> Plan:
+def assemble(
+    candidate: Candidate, intra: Plan, prefix: str | None, cluster_record: dict, first: int = 0
+) -> Plan:
     """The whole-cluster plan (see the module docstring)."""
     m = candidate.microbatches
     if candidate.split is None:
@@ -106,7 +112,7 @@ def assemble(candidate: Candidate, intra: Plan, prefix: str | None, cluster_reco
         f"sub-mesh {where.sub.mesh_shape}; compute time includes the bubble"
     )
     pipeline = PipelinePlan(
-        stages=_stages(candidate, prefix or ""),
+        stages=_stages(candidate, prefix or "", first),
         schedule=split.schedule.value,
         virtual_stages=split.virtual,
         bubble_fraction=max(0.0, bubble),

@@ -4,14 +4,22 @@ Input: a :class:`~autoshard.problem.build.BuiltProblem` of a model captured at o
 stage's sub-mesh, and its :class:`~autoshard.search.Solution`.
 Output: :class:`~autoshard.pipeline.stages.StageCosts` (without the p2p time, which the caller adds).
 
-Every figure comes from the same cost functions the solver was fed (:mod:`autoshard.problem.costs`): a
-node's forward and backward compute, an edge's forward and backward redistribution, the optimizer, memory.
-A repeated layer's share is its nodes' costs plus its edges' weighted costs divided by ``N``; a node outside
-the layers belongs to ``pre`` when it comes before the first layer's first node in graph order, else to
-``post``; an edge belongs where its consumer does (its producer, when only that is in a layer).  A
-parameter edge's backward is gradient synchronisation, paid once per step; everything else per microbatch.
-A tied parameter (GPT-2's embedding and head) counts its memory in every part that reads it, as each stage
-holding a reader keeps a copy.
+Every figure comes from the same cost functions the solver was fed (:mod:`autoshard.problem.costs`) and is
+overlapped as :func:`~autoshard.problem.step.critical_path` overlaps the intra-op plan's (:mod:`cost_models.overlap`),
+so a stage of ``k`` layers is priced as the intra-op planner prices a plan of those parts on its sub-mesh:
+
+* compute: each node's forward and backward (recomputation included); a repeated layer's share is its nodes'
+  costs divided by ``N``; a node outside the layers belongs to ``pre`` when it comes before the first
+  layer's first node in graph order, else to ``post``;
+* collectives (:func:`~autoshard.problem.extract.plan_collectives`, one record per layer copy, so shared
+  redistributions count once): tensor parallel and resharding exposed, per microbatch, where their consumer
+  is; a layer's FSDP all-gather prefetched under the previous layer's forward, so a chunk of ``k`` layers
+  exposes ``g`` once (:attr:`StageCosts.gather_head`) and ``max(0, g - f)`` per layer;
+* gradient synchronisation once per step: the layers' syncs bucketed and hidden under the backward of the
+  layers after them in the last microbatch (:attr:`StageCosts.sync_exposed`, by layer count, from
+  :func:`cost_models.overlap.exposed_gradient_sync`); syncs outside the layers exposed in full;
+* memory: a tied parameter (GPT-2's embedding and head) counts in every part that reads it, as each stage
+  holding a reader keeps a copy.
 
 Also here: :func:`stage_memory_problem`, the search problem's memory re-weighted for one stage, so that the
 intra-op search on the sub-mesh fits the stage that holds ``L / p`` layers (the largest share any stage can
@@ -28,15 +36,10 @@ import numpy as np
 from autoshard.pipeline.stages import Part, StageCosts
 from autoshard.placement import Shard
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.costs import (
-    edge_steps,
-    node_compute,
-    node_memory,
-    optimizer_time,
-    output_fix_steps,
-    steps_time,
-)
+from autoshard.problem.costs import node_compute, node_memory, optimizer_time
+from autoshard.problem.extract import plan_collectives
 from autoshard.search import SearchProblem, Solution
+from cost_models.overlap import exposed_gradient_sync
 
 __all__ = ["boundary_bytes", "part_costs", "runtime_reserve", "stage_memory_problem"]
 
@@ -57,37 +60,31 @@ def _where(built: BuiltProblem) -> dict[str, int]:
 
 
 def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
-    """Split the chosen plan's costs into one layer, pre and post (per device, per microbatch)."""
+    """Split the chosen plan's costs into one layer, pre and post (per device, per microbatch), priced as
+    :func:`~autoshard.problem.step.critical_path` prices the intra-op plan (module docstring)."""
     opts, cluster, n = built.options, built.cluster, max(1, built.num_blocks)
+    m = opts.microbatches
     chosen = {
         v: built.strategies[v][k]
         for v, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
     }
-    pick = {name: chosen[built.template[name]] for name in built.infos}
     where = _where(built)
     sums: list[defaultdict[str, float]] = [defaultdict(float) for _ in range(3)]
     readers: dict[str, set[int]] = defaultdict(set)
     for use in built.edges:
-        producer = built.infos[use.producer]
-        part = _LAYER if _LAYER in (where[use.consumer], where[use.producer]) else where[use.consumer]
-        scale = use.weight / n if part == _LAYER else float(use.weight)
-        steps = edge_steps(
-            producer, use.which, pick[use.producer], pick[use.consumer], use.position, opts, built.cache
-        )
-        sums[part]["forward"] += steps_time(steps.forward, cluster) * scale
-        key = "once" if producer.kind == "parameter" else "backward"
-        sums[part][key] += steps_time(steps.backward, cluster) * scale
-        if producer.kind == "parameter":
+        if built.infos[use.producer].kind == "parameter":
             readers[built.template[use.producer]].add(where[use.consumer])
+    layer_fwd = layer_bwd = 0.0
     for name in built.variables:
         info, strat = built.infos[name], chosen[name]
-        part = where[name]
+        part, count = where[name], built.multiplicity[name]
+        share = count / n if part == _LAYER else float(count)
         fwd, bwd = node_compute(info, strat, cluster, opts, tuple(built.infos[s] for s in info.inputs))
-        if info.is_output:
-            fwd += steps_time(output_fix_steps(info, strat, built.cache), cluster)
-        sums[part]["forward"] += fwd
-        sums[part]["backward"] += bwd
-        sums[part]["once"] += optimizer_time(info, strat, cluster, opts)
+        sums[part]["forward"] += fwd * share
+        sums[part]["backward"] += bwd * share
+        if part == _LAYER:
+            layer_fwd, layer_bwd = layer_fwd + fwd * share, layer_bwd + bwd * share
+        sums[part]["once"] += optimizer_time(info, strat, cluster, opts) * share
         memory = node_memory(info, strat, cluster, opts, built.keeps.get(name, True))
         if info.kind == "parameter":
             for reader in readers.get(name, {part}):
@@ -96,8 +93,44 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
             sums[part]["static"] += memory
         else:
             sums[part]["activation"] += memory
+    gather = sync = sync_bytes = 0.0  # one layer's, per microbatch (gather) and per step (sync)
+    for c in plan_collectives(built, solution):
+        moved = built.infos.get(c.tensor)
+        parameter = moved is not None and moved.kind == "parameter"
+        if c.layer is not None:
+            part, share = _LAYER, 1.0 / n
+        elif parameter and c.phase == "backward":  # a sync serves the parameter: its first reader's stage
+            part, share = min(readers.get(c.tensor, {_PRE})), 1.0
+        else:  # everything else serves its consumer (a tied head's gather runs where the head does)
+            part, share = where.get(c.node, _POST), 1.0
+        if c.phase == "backward" and parameter:  # gradient synchronisation: once per step
+            if part == _LAYER:
+                sync, sync_bytes = sync + c.seconds * share, sync_bytes + c.nbytes * share
+            else:  # outside the layers: exposed in full (critical_path says why)
+                sums[part]["once"] += c.seconds
+            continue
+        seconds = c.seconds * share / m
+        if c.phase == "forward" and c.kind == "all_gather" and parameter and part == _LAYER:
+            gather += seconds  # FSDP: prefetched under the previous layer's forward
+            continue
+        sums[part][c.phase] += seconds  # tensor parallel and resharding: exposed
+    per_layer = max(0.0, gather - layer_fwd)  # what the previous layer's forward does not hide
+    sums[_LAYER]["forward"] += per_layer
+    exposed_sync = tuple(
+        exposed_gradient_sync([layer_bwd] * k, [sync] * k, opts.overlap, grad_bytes=[sync_bytes] * k)
+        for k in range(n + 1)
+    )
     pre, layer, post = (Part(**dict(s)) for s in sums)
-    return StageCosts(layer, pre, post, n, p2p_seconds=0.0, reserve=runtime_reserve(built))
+    return StageCosts(
+        layer,
+        pre,
+        post,
+        n,
+        p2p_seconds=0.0,
+        reserve=runtime_reserve(built),
+        gather_head=gather - per_layer,  # a chunk's first gather has no previous layer: exposed whole
+        sync_exposed=exposed_sync,
+    )
 
 
 def boundary_bytes(built: BuiltProblem, solution: Solution) -> float:

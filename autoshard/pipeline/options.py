@@ -1,12 +1,15 @@
 """The pipeline pins a user gives, checked, and the candidates the search walks.
 
-``autoshard.plan(..., pipeline="auto" | int | None, microbatches="auto" | int, schedule="auto" | name)``:
+``autoshard.plan(..., pipeline="auto" | int | None, microbatches=None | "auto" | int, schedule="auto" | name)``:
 
 - ``pipeline``: ``None`` plans without stages; an int pins the degree; ``"auto"`` tries every degree that
   divides the nodes (stages go across nodes, each stage keeps whole nodes) and the layers (identical layers
   split evenly), with at least two layers a stage.  A
   pinned degree that does not divide the nodes but divides a single node's devices puts stages inside it.
-- ``microbatches``: an int pins the count (it must divide the global batch); ``"auto"`` tries the whole batch
+- ``microbatches``: ``None`` (the default) is 1 without stages and, with ``p`` stages, the smallest count of at
+  least ``2 p`` that divides the global batch (:func:`default_microbatches`; the whole batch, one sample
+  each, when none does), said in the plan's notes; an int pins the count (it must divide the global batch);
+  ``"auto"`` tries the whole batch
   (``1``) and one microbatch size for every degree that leaves at least as many microbatches as stages
   (:func:`~autoshard.pipeline.search.microbatch_sizes`: each size costs a capture and a build per degree).
 - ``schedule``: a :class:`~autoshard.pipeline.schedules.Schedule` value or ``"auto"`` (all of them).
@@ -26,10 +29,25 @@ from typing import Any
 from autoshard.errors import PipelineError
 from autoshard.pipeline.schedules import Schedule
 
-__all__ = ["STAGE_PIN", "PipelineRequest", "check_request", "divisors", "split_cut_pins"]
+__all__ = [
+    "MICROBATCHES_PER_STAGE",
+    "STAGE_PIN",
+    "PipelineRequest",
+    "check_request",
+    "default_microbatches",
+    "divisors",
+    "split_cut_pins",
+]
 
 STAGE_PIN = "stage"
 """Annotation value that starts a pipeline stage at a repeated layer."""
+
+
+MICROBATCHES_PER_STAGE = 2
+"""Default microbatches per pipeline stage.  The bubble (p−1)/(m+p−1) of p stages and m microbatches is
+under a third at m = 2p (it is ~50% at m = p = 2 and 1/2 for m = 1, p = 2); torchtitan warns when there are
+fewer microbatches than stages (its ``build_pipeline_schedule``), and Megatron-LM's
+interleaved schedule requires the count to be a multiple of the stages (Narayanan et al. 2021, §2.2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +55,23 @@ class PipelineRequest:
     """What the user pinned, validated: ``None`` fields are searched."""
 
     degree: int | None  # None: search; 1 with no stages
-    microbatches: int | None
+    microbatches: int | None  # None: searched ("auto") or, with ``by_default``, default_microbatches(p)
     schedules: tuple[Schedule, ...]
     cuts: tuple[int, ...]  # layer indices where a chunk starts (pinned), sorted
+    by_default: bool = False  # microbatches not given: default_microbatches of each degree
+
+    def counts(self, degree: int, batch: int) -> int | None:
+        """The microbatch count to price with ``degree`` stages; ``None``: search them."""
+        return default_microbatches(degree, batch) if self.by_default else self.microbatches
+
+
+def default_microbatches(stages: int, batch: int) -> int:
+    """1 without stages; else the smallest divisor of ``batch`` of at least ``MICROBATCHES_PER_STAGE ×
+    stages``, or ``batch`` itself (microbatches of one sample) when it has none that large."""
+    if stages <= 1:
+        return 1
+    want = MICROBATCHES_PER_STAGE * stages
+    return next((d for d in divisors(batch) if d >= want), batch)
 
 
 def divisors(n: int) -> list[int]:
@@ -52,7 +84,7 @@ def _whole(value: object) -> bool:
 
 def check_request(
     pipeline: int | str | None,
-    microbatches: int | str,
+    microbatches: int | str | None,
     schedule: str,
     *,
     batch: int,
@@ -90,7 +122,8 @@ def check_request(
             )
     else:
         raise PipelineError(f"pipeline={pipeline!r}: use 'auto', None or a whole number of stages >= 1")
-    if microbatches == "auto":
+    by_default = microbatches is None
+    if microbatches == "auto" or microbatches is None:
         count: int | None = None
     elif _whole(microbatches) and microbatches >= 1:  # type: ignore[operator]
         count = int(microbatches)
@@ -108,7 +141,7 @@ def check_request(
         schedules = (Schedule(schedule),)
     else:
         raise PipelineError(f"schedule={schedule!r} is unknown; use 'auto' or one of {', '.join(names)}")
-    return PipelineRequest(degree, count, schedules, tuple(sorted(set(cuts))))
+    return PipelineRequest(degree, count, schedules, tuple(sorted(set(cuts))), by_default)
 
 
 def split_cut_pins(

@@ -20,9 +20,16 @@ only fits inside a node) and each microbatch count ``m``:
    (:func:`~autoshard.pipeline.stages.best_split`) for every schedule and chunk count ``v`` that torch's
    schedule classes accept (:func:`~autoshard.pipeline.schedules.torch_refuses`).
 
-``p = 1`` is the intra-op planner with ``m`` microbatches (gradient accumulation), priced by the same
-solver.  The least step time over all of them wins; ties keep the smaller ``p``, then fewer microbatches.
-With ``recompute="auto"``, a candidate that does not fit is retried with full recomputation.
+Every candidate is priced as the intra-op planner prices its plan: each stage's time is the critical path of
+:func:`~autoshard.problem.step.critical_path` on its sub-mesh (tensor-parallel collectives exposed, FSDP
+gathers prefetched under the previous layer, gradient sync hidden under the backward of the last
+microbatch; :func:`~autoshard.pipeline.layers.part_costs`), and the p2p sends as torch's schedules batch
+them (one send per neighbour and microbatch, :func:`~autoshard.pipeline.schedules.p2p_time`).  ``p = 1`` is
+the intra-op planner with ``m`` microbatches (gradient accumulation), priced by the same stage function, so
+its step equals the intra-op plan's ``predicted_step_time``.  The least step time over all of them wins;
+ties keep the smaller ``p``, then fewer microbatches.  With ``recompute="auto"``, a candidate that does not
+fit is retried with selective recomputation (torchtitan's op-level policy), then full; under a binding
+budget every policy is priced (the budget shapes the intra-op plan, so recomputing can be faster).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from autoshard.pipeline.schedules import (
     torch_refuses,
     virtual_stage_options,
 )
-from autoshard.pipeline.stages import StageSplit, best_split
+from autoshard.pipeline.stages import StageSplit, best_split, price_split
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.search import Solution, solve
@@ -160,8 +167,9 @@ def _candidates(request: PipelineRequest, cluster: Cluster, batch: int, layers: 
     pairs: list[tuple[int, int]] = []
     sizes = microbatch_sizes(batch, cluster.nodes)
     for p in degrees:
-        if request.microbatches is not None:
-            pairs.append((p, request.microbatches))
+        pinned = request.counts(p, batch)
+        if pinned is not None:
+            pairs.append((p, pinned))
             continue
         counts = {1} if p == 1 else set()
         counts |= {batch // b for b in sizes if batch // b >= p}
@@ -197,6 +205,7 @@ def search_pipeline(
         if size not in captures:
             say("capture")
             captures[size] = capture_fn(*_microbatch_args(args, kwargs, batch, size))
+        fitted = False
         for policy in policies:
             say("strategies" if policy is policies[0] else "recompute")
             opts = CostOptions(training=training, recompute=policy, microbatches=count)
@@ -210,9 +219,11 @@ def search_pipeline(
             if found is not None and (best is None or found.step_seconds < best.step_seconds * (1 - 1e-12)):
                 best = found
             if found is not None:
+                fitted = True
                 priced.append(found.describe())
-                break
-        else:
+                if found.solution.budget_binding is False:
+                    break  # the budget did not shape the intra-op plan: recomputing only adds time
+        if not fitted:
             priced.append(f"pp {degree} × {count} microbatches: does not fit")
     if best is None:
         detail = errors[-1] if errors else "no schedule and cut fits the memory"
@@ -235,9 +246,11 @@ def _price(
     degree = where.degree
     budget = limit if math.isfinite(limit) else math.inf
     built = build(captured, where.sub, opts, budget if degree == 1 else math.inf)
-    if degree == 1:
+    if degree == 1:  # the intra-op plan with gradient accumulation, priced by the same stage function
         solution = solve(built.problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
-        return Candidate(solution.objective, where, count, built, solution, captured, None, opts.recompute)
+        whole = part_costs(built, solution)
+        step = price_split(whole, (0, whole.layers), Schedule.GPIPE, 1, 1, count).step_seconds
+        return Candidate(step, where, count, built, solution, captured, None, opts.recompute)
     flight = in_flight(Schedule.ONE_F_ONE_B, 0, degree, 1, count)
     problem = stage_memory_problem(built, degree, flight)
     if math.isfinite(budget):

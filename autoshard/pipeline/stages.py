@@ -10,8 +10,10 @@ A model of ``L`` identical layers is cut into ``C = p·v`` chunks; chunk ``c`` h
 (``l_0 = 0``, ``l_C = L``, every chunk at least one layer), chunk 0 also ``pre`` and chunk ``C − 1`` also
 ``post`` (so the first and last stages are unequal), and runs on device ``device_of_chunk(c)``.  A chunk's
 per-microbatch time is its parts' forward + backward plus one p2p send per neighbour (activations to the
-next chunk, gradients to the previous); its once-per-step time (gradient synchronisation, optimizer) and
-static memory are its parts' sums (plus the runtime reserve once per device); its activation memory is its
+next chunk, gradients to the previous) plus, when it holds a layer, the first FSDP gather no compute hides;
+its once-per-step time is its parts' optimizer and exposed gradient synchronisation (the layers' share from
+:attr:`StageCosts.sync_exposed` by the layers its device holds, as :mod:`cost_models.overlap` hides it), and
+its static memory its parts' sums (plus the runtime reserve once per device); its activation memory is its
 parts' per-microbatch activations times the microbatches its device holds in flight
 (:func:`~autoshard.pipeline.schedules.in_flight`).
 
@@ -78,6 +80,12 @@ class StageCosts:
     layers: int  # L, the repeated layers
     p2p_seconds: float  # one send of a layer's output (activations forward or gradients backward)
     reserve: float = 0.0  # bytes every device holds before the model (CUDA context, NCCL, allocator)
+    gather_head: float = 0.0  # per microbatch: a chunk's first FSDP gather, which no layer's compute hides
+    sync_exposed: tuple[float, ...] = ()  # [k]: exposed gradient sync of k layers on one device, per step
+
+    def exposed_sync(self, layers: int) -> float:
+        """Seconds of the gradient sync of ``layers`` layers that their backward does not hide."""
+        return self.sync_exposed[layers] if layers < len(self.sync_exposed) else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +113,8 @@ def _chunk(costs: StageCosts, c: int, chunks: int, start: int, end: int) -> Part
     if c == chunks - 1:
         part = part + costs.post
     sends = (c < chunks - 1, c > 0)  # activations to the next chunk, gradients to the previous
-    return part + Part(forward=costs.p2p_seconds * sends[0], backward=costs.p2p_seconds * sends[1])
+    head = costs.gather_head if end > start else 0.0
+    return part + Part(forward=costs.p2p_seconds * sends[0] + head, backward=costs.p2p_seconds * sends[1])
 
 
 def price_split(
@@ -127,7 +136,10 @@ def price_split(
     forward = [p.forward for p in per_device]
     backward = [p.backward for p in per_device]
     pipelined = step_time(schedule, forward, backward, microbatches, virtual)
-    once = [p.once for p in per_device]
+    held = [0] * degree
+    for c in range(chunks):
+        held[device_of_chunk(schedule, c, degree)] += bounds[c + 1] - bounds[c]
+    once = [p.once + costs.exposed_sync(k) for p, k in zip(per_device, held, strict=True)]
     memory = [
         costs.reserve + p.static + in_flight(schedule, d, degree, virtual, microbatches) * p.activation
         for d, p in enumerate(per_device)
@@ -158,15 +170,16 @@ def _tables(
     lay = costs.layer
     shape = (chunks, n + 1, n + 1)
     t, o, fits = np.full(shape, np.inf), np.full(shape, np.inf), np.zeros(shape, dtype=bool)
+    synced = np.array([costs.exposed_sync(j) for j in range(n + 1)])  # a chunk's own sync tail, by layers
     for c in range(chunks):
         extra = _chunk(costs, c, chunks, 0, 0)  # pre / post / p2p of this chunk, no layers
         d = device_of_chunk(schedule, c, degree)
         flight = in_flight(schedule, d, degree, virtual, microbatches)
-        time = extra.forward + extra.backward + k * (lay.forward + lay.backward)
+        time = extra.forward + extra.backward + costs.gather_head + k * (lay.forward + lay.backward)
         memory = extra.static + k * lay.static + flight * (extra.activation + k * lay.activation)
         ok = valid & (memory <= (limit - costs.reserve) / virtual)
         t[c] = np.where(valid, time, np.inf)
-        o[c] = np.where(valid, extra.once + k * lay.once, np.inf)
+        o[c] = np.where(valid, extra.once + k * lay.once + synced[np.clip(k, 0, n)], np.inf)
         fits[c] = ok
     return t, o, fits
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,9 +55,11 @@ from autoshard.problem.costs import (
     repeats,
     steps_time,
 )
+from autoshard.problem.dispatch import dispatch_seconds
 from autoshard.problem.extras import MemoryExtras, memory_extras
 from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
+from autoshard.problem.pricing import pairwise_ids
 from autoshard.problem.recompute import node_memory_total, reissued
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
@@ -200,7 +203,7 @@ def build_problem(
     variables = tuple(i.name for i in ordered if template[i.name] == i.name)
     index = {name: k for k, name in enumerate(variables)}
     mesh = cluster.mesh_shape
-    strategies = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
+    strategies = _strategies(gm, nodes, variables, tuple(mesh))
     # a shared block variable stands for its node in every one of the N layers; everything else for itself
     mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
     cache = cache if cache is not None and cache.cluster == cluster else StepCache(cluster)
@@ -262,6 +265,24 @@ def build_problem(
     )
 
 
+#: Strategies per (captured graph, mesh): they depend on nothing else, and the planner builds one capture
+#: several times (each recomputation policy, the pinned and the free problem, microbatch counts).
+_STRATEGIES: weakref.WeakKeyDictionary[fx.GraphModule, dict[tuple, dict[str, tuple[OpStrategy, ...]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _strategies(
+    gm: fx.GraphModule, nodes: dict[str, fx.Node], variables: tuple[str, ...], mesh: tuple[int, ...]
+) -> dict[str, tuple[OpStrategy, ...]]:
+    per_mesh = _STRATEGIES.setdefault(gm, {})
+    key = (mesh, variables)
+    found = per_mesh.get(key)
+    if found is None:
+        found = per_mesh[key] = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
+    return dict(found)
+
+
 def _display_name(info: NodeInfo) -> str:
     where = info.fqn or info.module
     return f"{info.name} ({info.target}{' in ' + where if where else ''})"
@@ -277,7 +298,8 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
         mem = np.empty(len(strategies[name]))
         for k, strat in enumerate(strategies[name]):
             fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
-            per_microbatch = fwd + bwd
+            # all-to-all token dispatch inside a routed-experts node (listed as collectives in the plan)
+            per_microbatch = fwd + bwd + dispatch_seconds(info, strat, cluster, inputs, opts)
             if info.is_output:
                 per_microbatch += steps_time(output_fix_steps(info, strat, cache), cluster)
             extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)
@@ -332,7 +354,7 @@ def edge_matrix(
     have = np.array([cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in src_list])
     want = np.array([cache.intern(s.inputs[pos]) for s in dst_list])
     parameter = producer.kind == "parameter"
-    matrix = _pairwise(have, want, meta.shape, meta.itemsize, cache)
+    matrix = pairwise_ids(have, want, meta.shape, meta.itemsize, cache)
     matrix = matrix * repeats(opts, parameter=parameter, backward=False)
     if opts.training and producer.requires_grad:
         duals = np.array(
@@ -343,19 +365,9 @@ def edge_matrix(
         )
         grads = np.array([cache.intern(s.input_grads[pos]) for s in dst_list])
         # a consumer that needs the value but yields no gradient (None) costs nothing backward
-        backward = _pairwise(grads, duals, meta.shape, meta.itemsize, cache).T
+        backward = pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T
         matrix = matrix + backward * repeats(opts, parameter=parameter, backward=True)
     return matrix
-
-
-def _pairwise(src: np.ndarray, dst: np.ndarray, shape, itemsize: int, cache: StepCache) -> np.ndarray:
-    """``T[i, j]`` = time(src[i] → dst[j]), priced once per distinct pair, a whole table at a time."""
-    us, si = np.unique(src, return_inverse=True)
-    ud, di = np.unique(dst, return_inverse=True)
-    table = cache.prices.pairwise(
-        [cache.spec(int(a)) for a in us], [cache.spec(int(b)) for b in ud], tuple(shape), int(itemsize)
-    )
-    return table[si][:, di]
 
 
 def _allowed(variables, template, allowed, extra: int = 0) -> tuple[np.ndarray | None, ...] | None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal
 
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
@@ -112,6 +113,9 @@ class CostOptions:
     overlap: OverlapPolicy = field(default_factory=OverlapPolicy)
     precision: PrecisionPolicy | None = None
     microbatches: int = 1  # per step; the graph is captured at one microbatch's shapes (see repeats)
+    # sequence layout of context parallelism's ring axis (problem/context.py): "auto" prices rings balanced
+    # and lets the planner pick zigzag or contiguous after the search; "zigzag" / "contiguous" pin one
+    cp_layout: Literal["auto", "zigzag", "contiguous"] = "contiguous"
     # share of the N repeated blocks that ``recompute`` applies to (k / N, Megatron's "recompute the first k
     # layers"); the others keep every activation.  Compute, re-issued moves and kept activations scale with
     # it, the working set (one block re-run at a time) does not: problem/mix.py
@@ -181,11 +185,11 @@ def node_compute(
     factor = _shape_factor(info, strategy, inputs, cluster)
     fwd = cluster.compute_time(info.flops / strategy.work_divisor / factor, moved, dtype)
     if not (opts.training and info.requires_grad):
-        return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0)[0], 0.0
+        return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0, opts.cp_layout)[0], 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
     if recomputed(info, opts.recompute):
         bwd += fwd * opts.recompute_share  # only the recomputed blocks re-run it
-    ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd)  # context parallel only
+    ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd, opts.cp_layout)  # CP only
     return fwd + ring_fwd, bwd + ring_bwd
 
 

@@ -16,7 +16,7 @@ import re
 from autoshard.placement import ShardingSpec
 from autoshard.plans import Collective, NodePlan, Plan, SolverReport
 from autoshard.problem.build import BuiltProblem, EdgeUse
-from autoshard.problem.context import context_degrees
+from autoshard.problem.context import choose_layout, context_degrees
 from autoshard.problem.costs import (
     COLLECTIVE_KINDS,
     dual_spec,
@@ -26,6 +26,7 @@ from autoshard.problem.costs import (
     output_fix_steps,
     repeats,
 )
+from autoshard.problem.dispatch import dispatch_steps, rerun_in_backward
 from autoshard.problem.extras import extra_memory as extra_memory_of
 from autoshard.problem.fanout import element_of
 from autoshard.problem.recompute import node_memory_total, reissued
@@ -34,7 +35,7 @@ from autoshard.redistribute import Step
 from autoshard.search import Solution
 from autoshard.strategies import OpStrategy
 
-__all__ = ["extract_plan"]
+__all__ = ["extract_plan", "plan_collectives"]
 
 
 def extract_plan(
@@ -57,8 +58,12 @@ def extract_plan(
     layer_of = _LayerNamer(built, block_prefix, block_first)
     nodes, compute, memory = _node_table(built, chosen)
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
+    collectives += _dispatch_collectives(built, chosen, layer_of)
     comm = sum(c.seconds for c in collectives)
     step, _exposed = critical_path(built, chosen, collectives, compute)
+    context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
+    step += context.extra_seconds
+    notes = (*notes, context.note) if context.note else notes
     full = tuple(solution.choice)
     if len(full) != built.problem.num_nodes:  # a choice of the variables alone (hand-made plans)
         full = built.full_choice(full[: len(built.variables)])
@@ -120,6 +125,8 @@ def extract_plan(
         recompute_blocks=_recompute_blocks(built),
         memory_limit=memory_limit,
         degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
+        context_axis=context.axis,
+        context_layout=context.layout,
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
     )
@@ -130,6 +137,19 @@ def _recompute_blocks(built: BuiltProblem) -> int | None:
     if built.options.recompute_share >= 1.0:
         return None
     return round(built.options.recompute_share * built.num_blocks)
+
+
+def plan_collectives(built: BuiltProblem, solution: Solution) -> tuple[Collective, ...]:
+    """The collectives of the chosen plan, one record per layer copy, as :func:`extract_plan` lists them
+    (``seconds`` per step).  The pipeline's stage pricing splits these into its parts."""
+    chosen = {
+        name: built.strategies[name][k]
+        for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
+    }
+    pick = {name: chosen[built.template[name]] for name in built.infos}
+    namer = _LayerNamer(built, None)
+    collectives = _edge_collectives(built, pick, namer) + _output_collectives(built, chosen, namer)
+    return tuple(collectives + _dispatch_collectives(built, chosen, namer))
 
 
 def _strings(spec: ShardingSpec | None) -> tuple[str, ...]:
@@ -336,6 +356,27 @@ def _output_collectives(
         steps = output_fix_steps(info, chosen[name], built.cache)
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
         out += _records(steps, "forward", "output", name, layers, built, built.options.microbatches)
+    return out
+
+
+def _dispatch_collectives(
+    built: BuiltProblem, chosen: dict[str, OpStrategy], namer: _LayerNamer
+) -> list[Collective]:
+    """The all-to-alls routed-experts nodes run inside themselves (:mod:`autoshard.problem.dispatch`)."""
+    out: list[Collective] = []
+    times = repeats(built.options, parameter=False, backward=False)
+    for name in built.variables:
+        info = built.infos[name]
+        inputs = tuple(built.infos[s] for s in info.inputs)
+        forward, backward = dispatch_steps(info, chosen[name], built.cluster, inputs)
+        if not forward:
+            continue
+        layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
+        out += _records(forward, "forward", name, name, layers, built, times)
+        if rerun_in_backward(info, built.options):  # the block's forward runs again in backward
+            out += _records(forward, "forward", name, name, _recomputed_layers(layers, built), built, times)
+        if built.options.training:
+            out += _records(backward, "backward", name, name, layers, built, times)
     return out
 
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from autoshard.problem.costs import CostOptions, StepCache, dual_spec, repeats
 from autoshard.problem.graph import NodeInfo
+from autoshard.problem.pricing import pairwise_ids
 from autoshard.problem.recompute import reissued
 from autoshard.search import Edge
 from autoshard.search import fanout as search_fanout
@@ -200,20 +201,18 @@ def _element_cost(
     """``C[a, e]``: forward + backward seconds of element ``e`` when the producer runs ``a`` (one layer)."""
     meta = producer.outputs[which]
     assert meta is not None
-    cost = np.zeros((len(src_list), len(elements)))
-    backward = opts.training and producer.requires_grad
     parameter = producer.kind == "parameter"
     fwd_times = repeats(opts, parameter=parameter, backward=False)  # per step: microbatches, or once
     bwd_times = repeats(opts, parameter=parameter, backward=True)
-    for a, s in enumerate(src_list):
-        have = s.outputs[which] if which < len(s.outputs) else None
-        have_id = cache.intern(have)
-        dual_id = cache.intern(dual_spec(have)) if have is not None else -1
-        for e, (want, grad) in enumerate(elements):
-            t = cache.time(have_id, want, meta.shape, meta.itemsize) * fwd_times
-            if backward:
-                t += cache.time(grad, dual_id, meta.shape, meta.itemsize) * bwd_times
-            cost[a, e] = t
+    outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
+    have = [cache.intern(o) for o in outs]
+    want = [w for w, _ in elements]
+    # whole tables, each distinct spec pair priced once (problem/pricing.py), equal to cache.time per pair
+    cost = pairwise_ids(have, want, meta.shape, meta.itemsize, cache) * fwd_times
+    if opts.training and producer.requires_grad:
+        duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
+        grads = [g for _, g in elements]
+        cost = cost + pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T * bwd_times
     return cost
 
 

@@ -33,7 +33,8 @@ _MATMUL_OPS = frozenset(
     {"mm", "bmm", "addmm", "matmul", "linear", "baddbmm", "einsum", "scaled_dot_product_attention",
      "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
      "_scaled_dot_product_flash_attention_for_cpu", "convolution", "conv2d", "conv1d", "_grouped_mm",
-     "grouped_mm_fallback", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "expert_mlp"}
+     "grouped_mm_fallback", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "expert_mlp",
+     "routed_experts"}
 )  # fmt: skip
 
 

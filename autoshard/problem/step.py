@@ -89,5 +89,7 @@ def critical_path(
     )
     exposed += gather.get(None, 0.0)
     gathered = [gather.get(i, 0.0) for i in layers]
-    exposed += exposed_prefetched_gathers(gathered, [fwd.get(i, 0.0) for i in layers], policy.prefetch)
+    # gathers are per step (one per microbatch, resharded after forward); so is the compute hiding them
+    hiding = [fwd.get(i, 0.0) * built.options.microbatches for i in layers]
+    exposed += exposed_prefetched_gathers(gathered, hiding, policy.prefetch)
     return compute + exposed, exposed

@@ -5,10 +5,13 @@ saved file without the model):
 
 - :mod:`~autoshard.report.labels` — parse the plan's S/R/P strategy labels; units (bytes, seconds);
 - :mod:`~autoshard.report.groups` — module groups with repeated layers collapsed, ops classified;
+- :mod:`~autoshard.report.roles` — what one op does on one mesh axis (batch, sequence, column, row, ...);
+- :mod:`~autoshard.report.axes` — what each mesh axis splits, and the headline's degrees made of it;
+- :mod:`~autoshard.report.describe` — one phrase list per module group (the report's body);
 - :mod:`~autoshard.report.patterns` — the named parallelisms (data parallel, FSDP, Megatron column→row,
-  head-parallel attention, vocab-parallel embedding, sequence parallel, expert parallel) and one phrase list
-  per module group;
-- :mod:`~autoshard.report.table` — the text report (100 columns) and its JSON form;
+  head-parallel attention, vocab-parallel embedding, sequence parallel, expert parallel);
+- :mod:`~autoshard.report.table` — the text report (100 columns) and its JSON form, with
+  :mod:`~autoshard.report.figures` (step time, memory, the data-parallel baseline);
 - :mod:`~autoshard.report.dot` — the plan as a networkx graph, DOT via pydot, SVG/PNG via graphviz;
 - :mod:`~autoshard.report.progress` — the spinner ``autoshard search`` shows on a terminal.
 

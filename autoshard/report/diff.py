@@ -2,7 +2,9 @@
 that differ first.
 
 Input: two :class:`~autoshard.plans.Plan` (typically of one model: two meshes, with and without annotations,
-two memory budgets).  Output: text (:func:`render`).  Nothing is re-planned; every figure is the plans' own.
+two memory budgets).  Placements are compared normalised: replicated on every axis is ``R`` whatever the
+mesh's rank, so ``R`` on a 1-D mesh equals ``(R, R, R)`` on a 3-D one.
+Output: text (:func:`render`).  Nothing is re-planned; every figure is the plans' own.
 
 Example::
 
@@ -11,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 
@@ -66,10 +69,25 @@ def _delta(x: float, y: float, fmt: Callable[[float], str]) -> str:
 
 
 def _pairs(a: Mapping[str, object], b: Mapping[str, object]) -> tuple[list[str], int]:
-    """Keys whose values differ (present on one side only counts), and how many agree."""
+    """Keys whose values differ once normalised (present on one side only counts), and how many agree."""
     keys = sorted(set(a) | set(b))
-    differ = [k for k in keys if a.get(k) != b.get(k)]
+    differ = [k for k in keys if _normal(a.get(k)) != _normal(b.get(k))]
     return differ, len(keys) - len(differ)
+
+
+_ALL_REPLICATED = re.compile(r"\(R(?:, R)*\)")
+
+
+def _normal(value: object) -> object:
+    """One spelling per placement: replicated on every axis is ``R`` whatever the mesh's rank (``(R, R, R)``,
+    ``(R,)``, ``R``), a one-axis tuple is its placement; in a strategy label each all-``R`` operand is ``R``."""
+    if isinstance(value, tuple):
+        if value and all(p == "R" for p in value):
+            return "R"
+        return value[0] if len(value) == 1 else value
+    if isinstance(value, str):
+        return _ALL_REPLICATED.sub("R", value)
+    return value
 
 
 def _strategies(plan: Plan) -> dict[str, str]:

@@ -87,7 +87,9 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
         )
     fuse = plan_fuses_experts(plan.nodes)  # the graph the plan was made on
     captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto", fuse_experts=fuse)
-    layers = captured.blocks.num_blocks if captured.blocks else 1  # Plan.recompute on recompute_blocks of them
+    layers = (
+        captured.blocks.num_blocks if captured.blocks else 1
+    )  # Plan.recompute on recompute_blocks of them
     share = min(1.0, plan.recompute_blocks / layers) if plan.recompute_blocks else 1.0
     opts = CostOptions(training=plan.training, recompute=Recompute(plan.recompute), recompute_share=share)
     return build_problem(captured, plan_cluster(plan), opts)
@@ -109,18 +111,22 @@ def _choices(plan: Plan, built: BuiltProblem) -> list[int]:
 
 
 def _terms(built: BuiltProblem, i: int, choice: list[int]) -> list[Terms]:
+    """Each strategy of variable ``i`` priced with every other variable at the plan's choice.  Fan-out nodes
+    (one shared redistribution per tensor, indices past the variables) take the state the choice then needs
+    (``BuiltProblem.full_choice``), and the edges out of those fed by ``i`` count as its output's."""
     p = built.problem
-    into = np.zeros(len(p.node_costs[i]))
-    out = np.zeros(len(p.node_costs[i]))
-    aux = built.extras.offset if built.extras is not None else p.num_nodes  # gather nodes: consistency only
-    for e in p.edges:
-        if e.u >= aux or e.v >= aux:
-            continue
-        if e.v == i:
-            into += e.cost[choice[e.u], :]
-        elif e.u == i:
-            out += e.cost[:, choice[e.v]]
-    memory = p.memory[i] if p.memory is not None else np.zeros(len(p.node_costs[i]))
+    n = len(p.node_costs[i])
+    into, out = np.zeros(n), np.zeros(n)
+    first_fan = len(built.variables)
+    fed = {e.v for e in p.edges if e.u == i and e.v >= first_fan}  # fan-out nodes carrying i's output
+    for s in range(n):
+        full = built.full_choice([s if k == i else c for k, c in enumerate(choice)])
+        for e in p.edges:
+            if e.v == i:
+                into[s] += e.cost[full[e.u], s]
+            elif e.u == i or e.u in fed:
+                out[s] += e.cost[full[e.u], full[e.v]]
+    memory = p.memory[i] if p.memory is not None else np.zeros(n)
     labels = (
         p.strategy_labels[i] if p.strategy_labels else tuple(map(str, built.strategies[built.variables[i]]))
     )
@@ -133,7 +139,7 @@ def _terms(built: BuiltProblem, i: int, choice: list[int]) -> list[Terms]:
 def explain(plan: Plan, built: BuiltProblem, node: str | None = None, top: int = 10) -> list[Explanation]:
     """Explanations for the graph nodes named ``node`` (a graph node name, a module path or a glob over
     either), else for the ``top`` costliest computing nodes."""
-    choice = list(built.full_choice(_choices(plan, built)))  # fan-out and gather nodes' states follow
+    choice = _choices(plan, built)
 
     def wanted(v: str) -> bool:
         info = built.infos[v]
@@ -220,6 +226,7 @@ def render_summary(explanations: list[Explanation]) -> str:
     for e in explanations:
         extra = f"+{fmt_seconds(e.runner_up.total - e.chosen.total)}" if e.runner_up else "none"
         other = e.runner_up.strategy if e.runner_up else "-"
-        lines.append(f"{e.name:<28}{e.module[:33]:<34}{fmt_seconds(e.chosen.total):>10}  {e.chosen.strategy}")
+        name = e.name if len(e.name) < 28 else e.name[:26] + "…"
+        lines.append(f"{name:<28}{e.module[:33]:<34}{fmt_seconds(e.chosen.total):>10}  {e.chosen.strategy}")
         lines.append(f"{'':<72}vs {other} ({extra})")
     return "\n".join(lines)

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeVar
 
 from autoshard.plans import Collective, NodePlan, Plan
 from autoshard.report.labels import OpLabel, parse_label
@@ -34,10 +35,12 @@ __all__ = [
     "Part",
     "PlanView",
     "WeightLayout",
+    "collapse_layers",
     "layer_pattern",
     "op_name",
 ]
 
+V = TypeVar("V", bound=Hashable)
 Part = Literal["attention", "mlp", "experts", "norm", "embedding", "head", "other"]
 OpKind = Literal["matmul", "grouped_mm", "attention", "embedding", "norm", "view", "other"]
 
@@ -60,6 +63,8 @@ WEIGHT_LAYOUT: dict[str, WeightLayout] = {
     "transformers.grouped_mm_fallback.default": WeightLayout(1, 2, 1, 0),
     # x, gate_up[experts, in, 2 x ffn], down, offsets (capture.experts)
     "autoshard.capture.experts.expert_mlp": WeightLayout(1, 2, 1, 0),
+    # hidden, gate_up, down, top-k index and weights (capture.dispatch: the whole routed-experts block)
+    "autoshard.capture.dispatch.routed_experts": WeightLayout(1, 2, 1, 0),
     "aten.embedding.default": WeightLayout(0, 1, 0, 1),  # W[vocab, hidden], ids
 }
 
@@ -209,6 +214,33 @@ def layer_pattern(module: str, prefix: str, count: int) -> str:
     return re.sub(rf"^{re.escape(prefix)}\.\d+", f"{prefix}.0–{count - 1}", module)
 
 
+_INDEXED = re.compile(r"^(?P<prefix>.+?)\.(?P<index>\d+)\.(?P<rest>.+)$")
+
+
+def collapse_layers(values: Mapping[str, V]) -> list[tuple[str, V]]:
+    """Names with a layer index, one row per run of consecutive layers with the same value:
+    ``{"h.0.w": x, "h.1.w": x, "h.2.w": y}`` → ``[("h.0–1.w", x), ("h.2.w", y)]`` (the report's notation).
+    Names without an index stay as they are; rows are sorted by name."""
+    runs: dict[tuple[str, str, V], list[int]] = {}
+    rows: list[tuple[tuple[str, int, str], str, V]] = []
+    for name, value in values.items():
+        m = _INDEXED.match(name)
+        if m is None:
+            rows.append(((name, -1, ""), name, value))
+        else:
+            runs.setdefault((m["prefix"], m["rest"], value), []).append(int(m["index"]))
+    for (prefix, rest, value), indices in runs.items():
+        indices.sort()
+        start = 0
+        for i in range(1, len(indices) + 1):
+            if i == len(indices) or indices[i] != indices[i - 1] + 1:
+                a, b = indices[start], indices[i - 1]
+                span = f"{a}–{b}" if b > a else str(a)
+                rows.append(((prefix, a, rest), f"{prefix}.{span}.{rest}", value))
+                start = i
+    return [(name, value) for _, name, value in sorted(rows, key=lambda r: r[0])]
+
+
 def _block_stack(nodes: tuple[NodePlan, ...]) -> tuple[str | None, int]:
     """The prefix of the repeated-layer stack (``model.layers``) and its depth, from the block rows."""
     prefixes: Counter[str] = Counter()
@@ -247,7 +279,11 @@ def _kind(target: str) -> OpKind:
     if target in WEIGHT_LAYOUT:
         if name == "embedding":
             return "embedding"
-        return "grouped_mm" if "grouped_mm" in name or target.endswith(".expert_mlp") else "matmul"
+        return (
+            "grouped_mm"
+            if "grouped_mm" in name or target.endswith((".expert_mlp", ".routed_experts"))
+            else "matmul"
+        )
     if "scaled_dot_product" in name or "flash_attention" in name:
         return "attention"
     if name in _NORM_OPS:

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "parse_label",
     "shard_dim",
     "spec_text",
+    "wrap",
 ]
 
 Spec = tuple[str, ...]
@@ -126,3 +128,9 @@ def fmt_seconds(s: float) -> str:
     if s >= 1e-3:
         return f"{s * 1e3:.2f} ms"
     return f"{s * 1e6:.1f} us"
+
+
+def wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
+    """``text`` wrapped to ``width``; continuation lines start with ``indent``, the first with ``first``."""
+    start = indent if first is None else first
+    return textwrap.wrap(text, width, initial_indent=start, subsequent_indent=indent) or [start]

@@ -1,20 +1,10 @@
-"""Recognise the named parallelisms in a plan, and say in words what each module group does.
+"""Recognise the named parallelisms in a plan.
 
 Input: a :class:`~autoshard.report.groups.PlanView`.
-Output: :func:`recognise` → a list of :class:`Pattern` (name, mesh axes, where, evidence), and
-:func:`describe_group` → one phrase list per module group ("attention by heads on axis 1, MLP column→row on
-axis 1, batch on axis 0").
-
-Everything is read from what the plan records: each op's strategy label, each parameter's stored placement and
-the collectives of one step.  The role of an op on one mesh axis:
-
-- a matmul-like op (``linear``, ``addmm``, ``mm``, grouped MoE matmul; see ``WEIGHT_LAYOUT``): ``row`` when its
-  output is ``P`` or its weight is split on the contracted dim, ``column`` when the weight is split on the
-  output-feature dim, ``experts`` when a grouped matmul's weight is split on the expert dim, otherwise the
-  activation decides: ``batch`` (dim 0 split) or ``sequence`` (a later dim split, weight whole);
-- ``scaled_dot_product_attention`` (``(B, H, S, D)`` operands): ``batch``, ``heads`` or ``sequence``;
-- an embedding: ``vocab`` (weight dim 0 split) or ``hidden`` (dim 1);
-- a norm or any other op on ``(B, S, H)`` activations: ``batch`` (dim 0) or ``sequence`` (dim 1).
+Output: :func:`recognise` → a list of :class:`Pattern` (name, mesh axes, where, evidence).  Everything is
+read from what the plan records: each op's strategy label and its role on each mesh axis
+(:mod:`autoshard.report.roles`), each parameter's stored placement and the collectives of one step.  The
+words per module group are :mod:`autoshard.report.describe`'s (re-exported here).
 
 The named patterns follow REFERENCE.md ("Canonical plans"): data parallel (batch split, weights replicated,
 gradients all-reduced), FSDP / ZeRO-3 (weights stored split and all-gathered before use), Megatron column→row
@@ -30,21 +20,14 @@ Example::
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
+from autoshard.report.describe import describe_group
 from autoshard.report.groups import Group, OpRow, PlanView
-from autoshard.report.labels import Spec, axes_text, fmt_bytes, shard_dim
+from autoshard.report.labels import axes_text, fmt_bytes
+from autoshard.report.roles import all_to_all_axes, axis_role
 
 __all__ = ["Pattern", "axis_role", "describe_group", "recognise"]
-
-_PART_TITLE = {
-    "attention": "attention",
-    "mlp": "MLP",
-    "experts": "experts",
-    "head": "output layer",
-    "other": "linears",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,161 +42,6 @@ class Pattern:
     def __str__(self) -> str:
         where = f": {', '.join(self.where)}" if self.where else ""
         return f"{self.name} on {axes_text(self.axes)}{where} ({self.evidence})"
-
-
-# -- roles of one op on one axis -------------------------------------------------------------------------------
-
-
-def axis_role(row: OpRow, axis: int) -> str | None:
-    """What ``row`` does on mesh ``axis`` (see the module docstring); ``None``: nothing to say."""
-    if row.kind in ("matmul", "grouped_mm", "embedding"):
-        return _weighted_role(row, axis)
-    if row.kind == "attention":
-        return {0: "batch", 1: "heads", 2: "sequence"}.get(_dim(row.label.input(0), axis) or -1)
-    if row.kind == "view":
-        return None
-    dim = _dim(row.label.output, axis)
-    if dim is None:
-        return "partial" if _at(row.label.output, axis) == "P" else None
-    if dim == 0:
-        return "batch"
-    # a norm normalises the last dim, so a split dim 1 of its (B, S, H) input is the sequence; elsewhere a
-    # dim-1 split may be features of a 2-D activation
-    return "sequence" if row.kind == "norm" or row.part == "norm" else f"dim {dim}"
-
-
-def _weighted_role(row: OpRow, axis: int) -> str | None:
-    layout = row.layout
-    assert layout is not None
-    w = _dim(row.label.input(layout.weight), axis)
-    if row.kind == "embedding":
-        if w is not None:
-            return "vocab" if w == layout.in_dim else "hidden"
-    elif (
-        row.kind == "grouped_mm" and w == 0
-    ):  # split over experts: its output is Partial, yet not a row split
-        return "experts"
-    elif _at(row.label.output, axis) == "P" or (w is not None and w == layout.in_dim):
-        return "row"
-    elif w is not None:
-        return "experts" if row.kind == "grouped_mm" and w == 0 else "column"
-    x = _dim(row.label.input(layout.activation), axis)
-    if x is None:
-        return None
-    return "batch" if x == 0 else "sequence"
-
-
-def _at(spec: Spec | None, axis: int) -> str | None:
-    return spec[axis] if spec is not None and axis < len(spec) else None
-
-
-def _dim(spec: Spec | None, axis: int) -> int | None:
-    placement = _at(spec, axis)
-    return shard_dim(placement) if placement is not None else None
-
-
-# -- per-group description -------------------------------------------------------------------------------------
-
-
-def describe_group(view: PlanView, group: Group) -> list[str]:
-    """Phrases for one module group, each naming its axes: ``["batch on axis 0", ...]``."""
-    ndim = len(view.plan.mesh_shape)
-    phrases: dict[str, list[int]] = defaultdict(list)
-    a2a = _all_to_all_axes(view, group)
-    fsdp = _fsdp_axes(view, set(group.params))
-    for axis in range(ndim):
-        for phrase in _group_phrases(group, axis, a2a.get(axis, set()), axis in fsdp):
-            phrases[phrase].append(axis)
-    if not phrases:
-        return ["replicated (every device computes all of it)"]
-    return [f"{p} on {axes_text(axes)}" for p, axes in phrases.items()]
-
-
-def _group_phrases(group: Group, axis: int, a2a_parts: set[str], fsdp: bool) -> list[str]:
-    roles: dict[str, set[str]] = defaultdict(set)  # part -> roles of its weighted ops / attention
-    data: set[str] = set()
-    other: set[str] = set()
-    for row in group.ops:
-        role = axis_role(row, axis)
-        if role is None:
-            continue
-        if row.kind in ("matmul", "grouped_mm", "embedding", "attention"):
-            roles[row.part].add(role)
-        if role in ("batch", "sequence"):
-            data.add(role)
-        elif role.startswith("dim "):
-            other.add(role)
-    out = [_attention_phrase(roles.get("attention", set()), "attention" in a2a_parts)]
-    for part in ("mlp", "experts", "head", "other"):
-        out.append(_linear_phrase(_PART_TITLE[part], roles.get(part, set())))
-    out.append(_embedding_phrase(roles.get("embedding", set())))
-    out += [role for role in ("batch", "sequence") if role in data]
-    if fsdp:
-        out.append("weights FSDP-sharded")
-    tensor_parallel = any(r & {"column", "row"} for r in roles.values())
-    if tensor_parallel and "dim 1" in other and "sequence" not in data:  # Megatron sequence parallelism
-        out.append("sequence")
-        other.discard("dim 1")
-    out = [p for p in out if p]
-    if not out and other:
-        out.append("activations split on " + ", ".join(sorted(other)))
-    return out
-
-
-def _attention_phrase(roles: set[str], all_to_all: bool) -> str:
-    how = ""
-    if "column" in roles and "row" in roles:
-        how = " (column→row projections)"
-    elif all_to_all:
-        how = " (all-to-all)"
-    if "heads" in roles:
-        return "attention by heads" + how
-    if "sequence" in roles and "batch" not in roles:
-        return "attention by sequence (context parallel)"
-    return "attention column→row" if how.startswith(" (column") else ""
-
-
-def _linear_phrase(title: str, roles: set[str]) -> str:
-    if "experts" in roles:
-        return f"{title} split by expert"
-    if "column" in roles and "row" in roles:
-        return f"{title} column→row"
-    if "column" in roles:
-        return f"{title} column-split"
-    if "row" in roles:
-        return f"{title} row-split"
-    return ""
-
-
-def _embedding_phrase(roles: set[str]) -> str:
-    if "vocab" in roles:
-        return "embedding split by vocabulary"
-    return "embedding split by hidden dim" if "hidden" in roles else ""
-
-
-def _all_to_all_axes(view: PlanView, group: Group) -> dict[int, set[str]]:
-    """axis -> parts of ``group`` whose ops receive a forward all-to-all on that axis."""
-    names = {r.node.name for r in group.ops}
-    out: dict[int, set[str]] = defaultdict(set)
-    for c in view.plan.collectives:
-        if c.phase != "forward" or c.kind != "all_to_all":
-            continue
-        row = view.consumer(c)
-        if row is not None and row.node.name in names:
-            out[c.mesh_axis].add(row.part)
-    return out
-
-
-def _fsdp_axes(view: PlanView, fqns: set[str] | None = None) -> dict[int, list[str]]:
-    """axis -> parameters stored split on it and all-gathered in the forward (FSDP / ZeRO-3)."""
-    out: dict[int, list[str]] = defaultdict(list)
-    for c in view.plan.collectives:
-        if c.phase != "forward" or c.kind != "all_gather" or c.tensor not in view.param_nodes:
-            continue
-        fqn = view.param_nodes[c.tensor]
-        if (fqns is None or fqn in fqns) and fqn not in out[c.mesh_axis]:
-            out[c.mesh_axis].append(fqn)
-    return out
 
 
 # -- named patterns --------------------------------------------------------------------------------------------
@@ -378,7 +206,7 @@ def _heads(view: PlanView, axis: int) -> Pattern | None:
     groups = [g.name for g in view.groups() if any(_is(r, "attention", axis, "heads") for r in g.ops)]
     if not groups:
         return None
-    a2a = any("attention" in _all_to_all_axes(view, g).get(axis, set()) for g in view.groups())
+    a2a = any("attention" in all_to_all_axes(view, g).get(axis, set()) for g in view.groups())
     how = "all-to-all before and after attention" if a2a else "q/k/v split by heads, no collective inside"
     return Pattern("head-parallel attention", (axis,), tuple(groups), how)
 
@@ -405,7 +233,7 @@ def _sequence(view: PlanView, axis: int) -> Pattern | None:
         return Pattern("sequence parallel", (axis,), (), how)
     if not split or len(split) * 2 < len(norms):
         return None
-    if any("attention" in _all_to_all_axes(view, g).get(axis, set()) for g in view.groups()):
+    if any("attention" in all_to_all_axes(view, g).get(axis, set()) for g in view.groups()):
         return Pattern(
             "sequence parallel", (axis,), (), "Ulysses-style: all-to-all to heads around attention"
         )
@@ -431,9 +259,17 @@ def _experts(view: PlanView, axis: int) -> Pattern | None:
     where = tuple(dict.fromkeys(r.group for r in rows))
     modules = {r.node.module for r in rows}
     at_experts = [c for c in view.plan.collectives if c.mesh_axis == axis and c.module in modules]
-    a2a = [c for c in at_experts if c.kind == "all_to_all"]
+    # a routed-experts node's own all-to-alls (problem.dispatch) move and serve that node, in every layer
+    names = {r.node.name for r in rows}
+    a2a = [
+        c
+        for c in view.plan.collectives
+        if c.mesh_axis == axis
+        and c.kind == "all_to_all"
+        and ((c.node in names and c.tensor == c.node) or c.module in modules)
+    ]
     if a2a:
-        how = f"{len(a2a)} all-to-alls per step ({fmt_bytes(sum(c.nbytes for c in a2a))})"
+        how = f"tokens sent by all-to-all: {len(a2a)} per step ({fmt_bytes(sum(c.nbytes for c in a2a))})"
     else:  # Megatron's all-gather dispatcher: tokens gathered over the expert axis, outputs reduced
         how = f"tokens gathered, outputs reduced: {fmt_bytes(sum(c.nbytes for c in at_experts))} per step"
     return Pattern("expert parallel", (axis,), where, f"experts split, {how}")

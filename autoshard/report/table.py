@@ -4,7 +4,8 @@ Input: a :class:`~autoshard.plans.Plan`, optionally a :class:`Baseline` (the sam
 parallel, or why that is impossible) and the wall time the planning took.
 Output: lines of at most ``width`` columns (default 100):
 
-1. the cluster and its mesh (which axes cross nodes);
+1. the cluster and its mesh (which axes cross nodes), and what each mesh axis splits
+   (:mod:`autoshard.report.axes`: the headline's degrees);
 2. the strategy per module group, repeated layers shown once (``model.layers.0–31 (×32)``);
 3. the named patterns recognised (:mod:`autoshard.report.patterns`);
 4. the collectives of one step, grouped by phase, kind, axis and purpose, with bytes and time;
@@ -22,15 +23,16 @@ Example::
 
 from __future__ import annotations
 
-import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from autoshard.pipeline.summary import headline
 from autoshard.plans import Collective, Plan
+from autoshard.report.axes import axis_uses
+from autoshard.report.figures import Baseline, figure_lines
 from autoshard.report.groups import Group, PlanView
-from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text
+from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text, wrap
 from autoshard.report.patterns import describe_group, recognise
 
 __all__ = ["Baseline", "collective_rows", "render", "report_data"]
@@ -40,51 +42,6 @@ MAX_COLLECTIVE_ROWS = 12
 MAX_PARAMETER_ROWS = 24
 _STAGE_NAMES = {"strategies_and_costs": "strategies"}
 _PHASE = {"forward": "fwd", "backward": "bwd"}
-
-
-@dataclass(frozen=True, slots=True)
-class Baseline:
-    """The figures of a comparison plan (pure data parallel), or why there is none (``step_time`` is None)."""
-
-    name: str
-    step_time: float | None = None
-    compute: float = 0.0
-    communication: float = 0.0
-    memory: float = 0.0
-    param_memory: float = 0.0
-    device_memory: float = 0.0
-    reason: str = ""
-
-    @classmethod
-    def of(cls, plan: Plan, name: str = "data parallel") -> Baseline:
-        return cls(
-            name,
-            plan.predicted_step_time,
-            plan.compute_time,
-            plan.communication_time,
-            plan.memory_per_device,
-            _param_memory(plan),
-            plan.device_memory,
-        )
-
-    @classmethod
-    def impossible(cls, reason: str, name: str = "data parallel") -> Baseline:
-        return cls(name, reason=reason)
-
-    @classmethod
-    def from_report(cls, report: dict[str, Any]) -> Baseline | None:
-        """Read back the ``baseline`` block of :func:`report_data` (``None`` when absent or malformed)."""
-        data = report.get("baseline")
-        if not isinstance(data, dict):
-            return None
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        try:
-            return cls(**fields)
-        except TypeError:
-            return None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,27 +72,27 @@ def render(
     """
     view = PlanView.of(plan)
     sections = [
-        [headline(plan)] if plan.degrees or plan.pipeline is not None or plan.microbatches > 1 else [],
+        [headline(plan)] if _parallel(view) or plan.pipeline is not None or plan.microbatches > 1 else [],
         _header(plan, width),
+        _axes(view, width),
         _strategy(view, width),
         _placements(view, width),
         _patterns(view, width),
         _collectives(view, width),
-        _figures(plan, baseline, width, memory_budget),
+        figure_lines(plan, baseline, width, memory_budget),
         _footer(plan, planned_seconds, width, baseline is not None and baseline.step_time is not None),
     ]
     text = "\n\n".join("\n".join(lines) for lines in sections if lines)
     return "\n".join(_fit(line, width) for line in text.splitlines())
 
 
+def _parallel(view: PlanView) -> bool:
+    """Whether some mesh axis splits something (then the report opens with the headline)."""
+    return any(use.kind is not None for use in axis_uses(view))
+
+
 def _fit(line: str, width: int) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def _wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
-    """``text`` wrapped to ``width``; continuation lines start with ``indent``, the first with ``first``."""
-    start = indent if first is None else first
-    return textwrap.wrap(text, width, initial_indent=start, subsequent_indent=indent) or [start]
 
 
 # -- sections --------------------------------------------------------------------------------------------------
@@ -146,9 +103,20 @@ def _header(plan: Plan, width: int) -> list[str]:
     lines = [f"autoshard plan: {plan.model}, {mode}, {plan.num_devices} devices"]
     description = str(plan.cluster.get("description", "")) or f"mesh {plan.mesh_shape}"
     hardware, _, mesh = description.partition("\n")
-    lines += _wrap(hardware, width, " " * 10, "cluster   ")
+    lines += wrap(hardware, width, " " * 10, "cluster   ")
     if mesh:
-        lines += _wrap(mesh.removeprefix("mesh "), width, " " * 10, "mesh      ")
+        lines += wrap(mesh.removeprefix("mesh "), width, " " * 10, "mesh      ")
+    return lines
+
+
+def _axes(view: PlanView, width: int) -> list[str]:
+    """What each mesh axis splits: the facts the headline's degrees are made of."""
+    uses = axis_uses(view, 0 if view.plan.pipeline is not None else None)
+    if not uses:
+        return []
+    lines = ["mesh axes (what each splits; the headline's degrees)"]
+    for use in uses:
+        lines += wrap(str(use), width, "    ", "  ")
     return lines
 
 
@@ -163,10 +131,10 @@ def _strategy(view: PlanView, width: int) -> list[str]:
     for group, name in zip(shown, names, strict=True):
         text = ", ".join(describe_group(view, group))
         first = f"  {name:<{column}}" if len(name) < column else f"  {name}  "
-        lines += _wrap(text, width, " " * (column + 2), first)
+        lines += wrap(text, width, " " * (column + 2), first)
     if minor:
         plural = "s" * (len(minor) != 1)
-        lines += _wrap(
+        lines += wrap(
             f"({len(minor)} small group{plural} without parameters: {', '.join(minor)})", width, "    ", "  "
         )
     return lines
@@ -194,7 +162,7 @@ def _patterns(view: PlanView, width: int) -> list[str]:
     patterns = recognise(view)
     lines = ["patterns recognised"]
     for p in patterns:
-        lines += _wrap(str(p), width, "    ", "  ")
+        lines += wrap(str(p), width, "    ", "  ")
     if not patterns:
         lines.append("  none: every device runs the whole model on the whole batch")
     return lines
@@ -263,99 +231,6 @@ def _totals(collectives: tuple[Collective, ...]) -> str:
     return "  total: " + "; ".join(parts)
 
 
-def _figures(plan: Plan, baseline: Baseline | None, width: int, budget: float | None) -> list[str]:
-    dp = baseline if baseline is not None and baseline.step_time is not None else None
-    mine_params = _param_memory(plan)
-    names = ("step time", "  compute", "  communication", "memory per device", "  weights, grads, optimizer")
-    mine: tuple[float, ...] = (plan.predicted_step_time, plan.compute_time, plan.communication_time)
-    unowned = sum(
-        plan.memory_breakdown.values()
-    )  # reserve, gathered weights, temporary: shown in _assumptions
-    mine += (plan.memory_per_device, mine_params, plan.memory_per_device - mine_params - unowned)
-    theirs: tuple[float, ...] = ()
-    if dp is not None and dp.step_time is not None:
-        theirs = (dp.step_time, dp.compute, dp.communication, dp.memory, dp.param_memory)
-        theirs += (dp.memory - dp.param_memory,)
-    lines = [f"{'predicted step time, memory':<30}{'this plan':>12}" + (f"{dp.name:>16}" if dp else "")]
-    for i, name in enumerate((*names, "  activations")):
-        fmt = fmt_seconds if i < 3 else fmt_bytes
-        lines.append(f"  {name:<28}{fmt(mine[i]):>12}" + (f"{fmt(theirs[i]):>16}" if theirs else ""))
-    lines.append(_capacity(plan, budget))
-    named = baseline.name if baseline is not None else None
-    comparison = _comparison(plan, baseline, width) + _replicated(plan, named, width)
-    return lines + _assumptions(plan, width) + _price(plan) + comparison
-
-
-def _price(plan: Plan) -> list[str]:
-    """The price of the user's annotations: the pinned plan's step time beside the unpinned optimum's."""
-    free = plan.unpinned_step_time
-    if free is None:
-        return []
-    extra = plan.predicted_step_time / free - 1 if free else 0.0
-    cost = f"{extra:+.1%}" if extra >= 0.0005 else "no extra cost"
-    return [
-        f"  price of your annotations: {fmt_seconds(plan.predicted_step_time)} pinned vs "
-        f"{fmt_seconds(free)} unpinned optimum ({cost})"
-    ]
-
-
-def _assumptions(plan: Plan, width: int) -> list[str]:
-    """Two lines: what the figures assume (dtypes, optimizer, micro-batches, recompute; overlap, memory)."""
-    recompute = plan.recompute  # Plan.recompute, on the first recompute_blocks blocks when set
-    if plan.recompute_blocks is not None and plan.recompute != "none":
-        recompute += f" on {plan.recompute_blocks} blocks, none on the rest"
-    first = (
-        f"assumes: captured dtypes, Adam (fp32 master + moments) sharded, "
-        f"{plan.microbatches} micro-batch{'es' * (plan.microbatches > 1)}, recompute {recompute}"
-    )
-    exposed = plan.predicted_step_time - plan.compute_time
-    memory = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in plan.memory_breakdown.items() if v > 0)
-    second = f"overlap: {plan.overlap.describe()}; {fmt_seconds(exposed)} comm exposed" + (
-        f"; + {memory}" if memory else ""
-    )
-    return _wrap(first, width, "    ", "  ") + _wrap(second, width, "    ", "  ")
-
-
-def _capacity(plan: Plan, budget: float | None) -> str:
-    limit = budget if budget is not None else plan.device_memory
-    what = f"memory budget {fmt_bytes(limit)}" if budget is not None else f"device memory {fmt_bytes(limit)}"
-    share = plan.memory_per_device / limit if limit else 0.0
-    return f"  {what}: this plan uses {share:.0%}"
-
-
-def _param_memory(plan: Plan) -> float:
-    fqns = set(plan.param_placements)
-    return sum(n.memory_bytes for n in plan.nodes if n.target == "placeholder" and n.module in fqns)
-
-
-def _comparison(plan: Plan, baseline: Baseline | None, width: int) -> list[str]:
-    if baseline is None:
-        return []
-    if baseline.step_time is None:
-        return _wrap(f"{baseline.name}: {baseline.reason}", width, "    ", "  ")
-    ratio = baseline.step_time / plan.predicted_step_time if plan.predicted_step_time else 1.0
-    verdict = f"as fast as {baseline.name} (within 0.5%)"
-    if ratio >= 1.005:
-        verdict = f"{ratio:.2f}x faster than {baseline.name}"
-    elif ratio < 0.995:  # only when annotations or a budget constrain this plan more than the baseline
-        verdict = f"{1 / ratio:.2f}x slower than {baseline.name}"
-    return [f"  this plan is {verdict}"]
-
-
-def _replicated(plan: Plan, baseline: str | None, width: int) -> list[str]:
-    """Ops without a rule run whole on every device, in this plan and in the baseline alike: say so."""
-    if not plan.replicated_ops:
-        return []
-    share = sum(plan.replicated_ops.values())
-    ops = ", ".join(sorted(plan.replicated_ops, key=lambda op: -plan.replicated_ops[op]))
-    text = (
-        f"warning: {share:.1%} of the forward FLOPs run replicated on every device (no sharding rule: {ops})"
-    )
-    if baseline is not None:
-        text += f"; {baseline} replicates them too, so the comparison does not show their cost"
-    return _wrap(text, width, "    ", "  ")
-
-
 def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline: bool = False) -> list[str]:
     s = plan.solver
     proof = "optimal" if s.optimal else f"not proven optimal (gap {s.gap:.2%})"
@@ -371,9 +246,9 @@ def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline
             stages += f", other {fmt_seconds(max(rest, 0.0))}: {what}"
     if stages:
         line += f" ({stages})"
-    lines = _wrap(line, width, "  ", "")
+    lines = wrap(line, width, "  ", "")
     for note in plan.notes:
-        lines += _wrap(note, width, "      ", "note: ")
+        lines += wrap(note, width, "      ", "note: ")
     return lines
 
 

@@ -134,7 +134,8 @@ def map_plan(
             f"the scaled-down model has {blocks.num_blocks} layers: build it with 2 so that one capture serves "
             "mapping and running"
         )
-    opts = CostOptions(training=plan.training)
+    zigzag = plan.context_layout == "zigzag"  # run the plan's sequence layout
+    opts = CostOptions(training=plan.training, cp_layout="zigzag" if zigzag else "contiguous")
     built = build_problem(captured, cluster, opts)
     big_block, big_outside = _plan_sequences(plan)
     small_block, small_outside = _small_sequences(built)

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import fx
 
+from autoshard.codegen.shard import local_piece
 from autoshard.placement import ShardingSpec
 from autoshard.strategies import OpStrategy
 from autoshard.strategies.local import shard_range
@@ -44,11 +45,19 @@ def _spec(text: str) -> ShardingSpec:
 
 
 def _global_mask(
-    local_shape: Sequence[int], p: float, spec: ShardingSpec, mesh: Sequence[int], coord: Sequence[int]
+    local_shape: Sequence[int],
+    p: float,
+    spec: ShardingSpec,
+    mesh: Sequence[int],
+    coord: Sequence[int],
+    zigzag_axis: int | None = None,
 ) -> torch.Tensor:
-    """This rank's piece of a Bernoulli(1 - p) mask drawn for the whole tensor, scaled by 1 / (1 - p)."""
+    """This rank's piece of a Bernoulli(1 - p) mask drawn for the whole tensor, scaled by 1 / (1 - p)
+    (``zigzag_axis``: context parallelism's load-balanced layout, :func:`~autoshard.codegen.shard.local_piece`)."""
     shape = [n * spec.shard_count(d, mesh) for d, n in enumerate(local_shape)]
     noise = torch.empty(shape).bernoulli_(1 - p)
+    if zigzag_axis is not None:
+        return local_piece(noise, spec, mesh, coord, zigzag_axis)
     index = tuple(
         slice(start, start + length)
         for d, size in enumerate(shape)
@@ -64,13 +73,14 @@ def seeded_dropout(
     spec: str,
     mesh: tuple[int, ...],
     coord: tuple[int, ...],
+    zigzag_axis: int | None = None,
 ) -> torch.Tensor:
     """``dropout(x, p, train)`` on this rank's piece ``x`` of a tensor placed ``spec`` (module doc)."""
     if not train or p == 0:
         return x
     if p == 1:
         return x * 0.0
-    noise = _global_mask(x.shape, p, _spec(spec), mesh, coord).to(dtype=x.dtype, device=x.device)
+    noise = _global_mask(x.shape, p, _spec(spec), mesh, coord, zigzag_axis).to(dtype=x.dtype, device=x.device)
     return x * noise.div_(1 - p)
 
 
@@ -87,11 +97,14 @@ def seeded_sdpa(
     spec: str,
     mesh: tuple[int, ...],
     coord: tuple[int, ...],
+    zigzag_axis: int | None = None,
 ) -> torch.Tensor:
     """``scaled_dot_product_attention`` with dropout through ATen's math path and this rank's piece of the
     global attention-probability mask ``(B, H, S, L)``; ``spec`` places that mask (q's dims 0-2, k's dim 2)."""
     attn_shape = (*q.shape[:-1], k.shape[-2])
-    keep = _global_mask(attn_shape, dropout_p, _spec(spec), mesh, coord).to(device=q.device).bool()
+    keep = (
+        _global_mask(attn_shape, dropout_p, _spec(spec), mesh, coord, zigzag_axis).to(device=q.device).bool()
+    )
     out, _ = aten._scaled_dot_product_attention_math(
         q, k, v, attn_mask, dropout_p, is_causal, keep, scale=scale, enable_gqa=enable_gqa
     )
@@ -115,7 +128,11 @@ def _mask_spec_of_sdpa(strategy: OpStrategy) -> ShardingSpec:
 
 
 def reproducible_randomness(
-    graph: fx.Graph, strategies: Mapping[str, OpStrategy], mesh: tuple[int, ...], coord: tuple[int, ...]
+    graph: fx.Graph,
+    strategies: Mapping[str, OpStrategy],
+    mesh: tuple[int, ...],
+    coord: tuple[int, ...],
+    zigzag_axis: int | None = None,
 ) -> int:
     """Rewrite every random op of ``graph`` to draw the single-device values (module doc); returns how many."""
     count = 0
@@ -131,7 +148,8 @@ def reproducible_randomness(
                 continue
             out = strategy.outputs[0]
             assert out is not None
-            node.target, node.args, node.kwargs = seeded_dropout, (x, p, train, str(out), mesh, coord), {}
+            args = (x, p, train, str(out), mesh, coord, zigzag_axis)
+            node.target, node.args, node.kwargs = seeded_dropout, args, {}
             count += 1
         elif node.target is aten.scaled_dot_product_attention.default:
             names = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -146,6 +164,7 @@ def reproducible_randomness(
                 "spec": spec,
                 "mesh": mesh,
                 "coord": coord,
+                "zigzag_axis": zigzag_axis,
             }
             count += 1
     return count

@@ -97,6 +97,7 @@ def intra_layout(plan: Plan) -> tuple[tuple[int, ...], int | None]:
 def split_stage(model: nn.Module, keep: Sequence[str], drop: Sequence[str]) -> nn.Module:
     """A copy of ``model`` without the modules in ``drop`` (module doc); weights of ``drop`` are not copied."""
     placeholder = nn.Identity()
+    drop = [n for n in drop if not any(n.startswith(f"{outer}.") for outer in drop)]  # a whole layer suffices
     memo: dict[int, Any] = {id(model.get_submodule(name)): placeholder for name in drop}
     stage = copy.deepcopy(model, memo)
     for name in sorted(drop, key=lambda n: n.count("."), reverse=True):
@@ -333,7 +334,9 @@ def _plan_stage(
         if fqn not in plan.param_placements:
             raise PipelineRunError(f"the plan has no placement for {fqn} (stage {index}): re-plan this model")
         pins[fqn] = _drop_axis(plan.param_placements[fqn], axis)
-    stage_plan = autoshard.plan(module, cluster, (example,), annotations=pins, memory_limit=float("inf"))
+    stage_plan = autoshard.plan(
+        module, cluster, (example,), annotations=pins, memory_limit=float("inf"), cp_layout="contiguous"
+    )  # pipelining cuts microbatches into contiguous pieces
     moved = {k: v for k, v in pins.items() if k in params and stage_plan.param_placements.get(k) != tuple(v)}
     assert not moved, f"stage {index} plan moved pinned parameters: {moved}"
     return stage_plan

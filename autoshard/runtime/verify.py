@@ -13,6 +13,8 @@ forks ``nproc`` ranks (:func:`~autoshard.runtime.launch.launch`): each builds it
 :func:`~autoshard.parallelize`, runs its pieces of the same inputs and output gradients, and the ranks gather
 outputs and gradients back whole.  Every rank sees identical weights and inputs (forked from the parent).
 
+The verdict (tolerances, :class:`VerifyReport`) is :mod:`autoshard.runtime.verdict`'s.
+
 CLI: ``autoshard verify`` (:mod:`autoshard.cli.verify`) calls :func:`run_verify`.
 
 Example::
@@ -28,7 +30,6 @@ import dataclasses
 import math
 import sys
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,104 +47,9 @@ from autoshard.codegen.shard import local_piece
 from autoshard.errors import AutoshardError, MeshError
 from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
+from autoshard.runtime.verdict import Difference, VerifyReport, report_of
 
 __all__ = ["Difference", "VerifyReport", "cluster_for", "main", "run_verify", "verify"]
-
-_TOLERANCE = {torch.float64: (1e-9, 1e-12), torch.float32: (2e-4, 1e-6)}  # (rtol, atol)
-_LOW_PRECISION = (2e-2, 1e-3)
-
-
-@dataclass(frozen=True, slots=True)
-class Difference:
-    """How far one tensor of the distributed run is from the single-device one."""
-
-    name: str
-    max_abs: float  # max |distributed - reference|
-    scale: float  # max |reference|
-    tolerance: float  # atol + rtol * scale
-
-    @property
-    def ok(self) -> bool:
-        return self.max_abs <= self.tolerance
-
-    def __str__(self) -> str:
-        mark = "ok  " if self.ok else "FAIL"
-        tol = f"tolerance {self.tolerance:.1e}, |ref| {self.scale:.2e}"
-        return f"{mark} {self.name:<48} max |diff| {self.max_abs:.3e} ({tol})"
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """The verdict of :func:`verify` (module doc)."""
-
-    model: str
-    mesh_shape: tuple[int, ...]
-    dtype: str
-    outputs: tuple[Difference, ...]
-    grads: tuple[Difference, ...]
-    ranks_agree: bool  # every rank issued the same collectives (kind, axis, bytes) in the same order
-    emitted: dict[str, int]  # collectives per step by "phase kind", as the ranks ran them
-    planned: dict[str, int]  # the same, as the plan lists them
-    seconds: float
-    split: bool = False  # the plan splits some input or parameter over some axis
-    exercised: tuple[str, ...] = ()  # mapped decisions that shard something ("module op: strategy")
-    unmapped: tuple[str, ...] = ()  # decisions of the deployed plan that could not be carried over
-    source: str = ""  # what plan this checks, e.g. "plan for llama3-70b on mesh (128, 8), mapped"
-    allow_replicated: bool = False  # the user accepts a check in which nothing distributed ran
-
-    @property
-    def distributed(self) -> bool:
-        """Whether anything distributed was checked: some collective ran or something was split."""
-        return self.split or sum(self.emitted.values()) > 0
-
-    @property
-    def ok(self) -> bool:
-        same = self.emitted == self.planned
-        numbers = same and self.ranks_agree and all(d.ok for d in (*self.outputs, *self.grads))
-        return numbers and (self.distributed or self.allow_replicated)
-
-    @property
-    def verdict(self) -> str:
-        if not self.distributed and not self.allow_replicated:
-            return "NOTHING DISTRIBUTED CHECKED"
-        return "OK" if self.ok else "MISMATCH"
-
-    def worst(self, k: int = 5) -> list[Difference]:
-        """The ``k`` tensors furthest from the reference, relative to their tolerance."""
-        every = [*self.outputs, *self.grads]
-        return sorted(
-            every, key=lambda d: d.max_abs / d.tolerance if d.tolerance else math.inf, reverse=True
-        )[:k]
-
-    def __str__(self) -> str:
-        head = (
-            f"verify {self.model} on mesh {self.mesh_shape} ({self.dtype}): {self.verdict} "
-            f"in {self.seconds:.1f} s; {len(self.outputs)} outputs, {len(self.grads)} gradients compared"
-        )
-        lines = [head] + ([f"checks the {self.source}"] if self.source else [])
-        lines += ["largest differences:", *(f"  {d}" for d in self.worst())]
-        lines.append(f"collectives per step: {_counts(self.emitted)} (plan: {_counts(self.planned)})")
-        if not self.ranks_agree:
-            lines.append("FAIL ranks issued different collective sequences (see module.autoshard.comm.log)")
-        if not self.distributed:
-            lines.append(
-                "no collective ran and nothing was split: this checks nothing distributed"
-                + (
-                    ""
-                    if self.allow_replicated
-                    else "; verify a plan that shards (--plan) or pass --allow-replicated"
-                )
-            )
-        if self.source:
-            lines.append(f"strategies exercised that split or reduce ({len(self.exercised)}):")
-            lines += [f"  {e}" for e in self.exercised] or ["  none"]
-            lines.append(f"not mapped ({len(self.unmapped)}):")
-            lines += [f"  {u}" for u in self.unmapped] or ["  none"]
-        return "\n".join(lines)
-
-
-def _counts(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
 
 
 @dataclass(frozen=True)
@@ -210,7 +116,9 @@ def verify(
     job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads, fault, rng_seed=seed + 2)
     results = launch(_rank_work, plan.num_devices, job, timeout=timeout)
     floor = _least_precise(captured)
-    report = _report(name or type(model).__name__, model, plan, (reference, ref_grads), results, start, floor)
+    report = report_of(
+        name or type(model).__name__, model, plan, (reference, ref_grads), results, start, floor
+    )
     return dataclasses.replace(report, allow_replicated=allow_replicated)
 
 
@@ -224,40 +132,6 @@ def _least_precise(captured: Captured) -> torch.dtype | None:
         if isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_floating_point()
     }
     return max(dtypes, key=lambda d: torch.finfo(d).eps) if dtypes else None
-
-
-def _report(
-    name: str,
-    model: nn.Module,
-    plan: Plan,
-    reference: tuple[list[torch.Tensor], dict[str, torch.Tensor]],
-    results: list[Any],
-    start: float,
-    floor: torch.dtype | None = None,
-) -> VerifyReport:
-    """Rank 0 returned the gathered outputs and gradients; every rank its log of collectives."""
-    (outputs, grads, _), logs = results[0], [log for _, _, log in results]
-    ref_outputs, ref_grads = reference
-    dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    return VerifyReport(
-        model=name,
-        mesh_shape=tuple(plan.mesh_shape),
-        dtype=str(dtype).removeprefix("torch."),
-        outputs=tuple(
-            _diff(f"output {i}", o, r, floor)
-            for i, (o, r) in enumerate(zip(outputs, ref_outputs, strict=True))
-        ),
-        grads=tuple(_diff(f"grad {k}", grads.get(k), g, floor) for k, g in ref_grads.items()),
-        ranks_agree=all(log == logs[0] for log in logs),
-        emitted=dict(Counter(f"{r.phase} {r.kind}" for r in logs[0] if r.phase in ("forward", "backward"))),
-        planned=dict(Counter(f"{c.phase} {c.kind}" for c in plan.collectives)),
-        seconds=time.perf_counter() - start,
-        split=any(
-            p.startswith("S(")
-            for ps in (*plan.param_placements.values(), *plan.input_placements.values())
-            for p in ps
-        ),
-    )
 
 
 def _random_inputs(
@@ -313,7 +187,7 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
     info = parallel_info(module)
     mesh, coord = info.comm.mesh_shape, info.comm.coord
     local = [
-        local_piece(v, spec, mesh, coord)
+        local_piece(v, spec, mesh, coord, info.comm.zigzag_axis)
         for v, (_, spec, _) in zip(job.user_inputs, info.inputs, strict=True)
     ]
     torch.manual_seed(job.rng_seed)  # as the reference forward did
@@ -325,7 +199,7 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
             "tensors, or nested outputs, are not compared yet"
         )
     pairs = [
-        (o, local_piece(g, spec, mesh, coord))
+        (o, local_piece(g, spec, mesh, coord, info.comm.zigzag_axis))
         for o, g, (spec, _) in zip(outs, job.out_grads, info.outputs, strict=True)
         if o.requires_grad
     ]
@@ -337,25 +211,6 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
     if coord != (0,) * len(coord):
         return None, None, log
     return list(gathered), grads, log
-
-
-def _diff(
-    name: str, got: torch.Tensor | None, want: torch.Tensor, floor: torch.dtype | None = None
-) -> Difference:
-    rtol, atol = _TOLERANCE.get(want.dtype, _LOW_PRECISION)
-    if (
-        floor is not None
-        and want.is_floating_point()
-        and torch.finfo(floor).eps > torch.finfo(want.dtype).eps
-    ):
-        rtol, atol = _TOLERANCE.get(floor, _LOW_PRECISION)  # checked to the precision the graph computes in
-    scale = float(want.abs().max()) if want.numel() and want.is_floating_point() else 0.0
-    if got is None:
-        return Difference(name + " (missing)", math.inf, scale, atol + rtol * scale)
-    if got.shape != want.shape:
-        return Difference(f"{name} (shape {tuple(got.shape)} != {tuple(want.shape)})", math.inf, scale, 0.0)
-    err = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
-    return Difference(name, err, scale, atol + rtol * scale)
 
 
 # -- the CLI ------------------------------------------------------------------------------------------------------

@@ -254,18 +254,28 @@ class ExactSolver:
                         bucket[w].discard(fid)
                 parts.append((fscope, arr))
             scope = tuple(sorted((step.var, *step.rest)))
-            table = self._gather(scope, parts)
-            axis = scope.index(step.var)
-            arg = np.argmin(table, axis=axis)
-            best = np.take_along_axis(table, np.expand_dims(arg, axis), axis).squeeze(axis)  # = min, one pass
-            backs.append(arg)
+            # min, not argmin: a reduction numpy vectorises along any axis; the argmin is needed only at
+            # the one assignment of ``rest`` the plan ends up with, and _back recomputes it there
+            best = self._gather(scope, parts).min(axis=scope.index(step.var))
+            backs.append(parts)
             if step.rest:
                 add(step.rest, best)
             else:
                 total += float(best)
-        for step, arg in zip(reversed(self.steps), reversed(backs), strict=True):
-            choice[step.var] = int(arg[tuple(choice[w] for w in step.rest)])
+        for step, parts in zip(reversed(self.steps), reversed(backs), strict=True):
+            choice[step.var] = self._back(step.var, parts, choice)
         return total
+
+    @staticmethod
+    def _back(var: int, parts: list[tuple[tuple[int, ...], np.ndarray]], choice: np.ndarray) -> int:
+        """``argmin`` over ``var`` of its bucket's sum with every other variable at ``choice``: the same
+        entries, added in the same order, as the table :meth:`_eliminate` reduced, so the same first minimum."""
+        column: np.ndarray | None = None
+        for fscope, arr in parts:
+            line = arr[tuple(slice(None) if w == var else int(choice[w]) for w in fscope)]
+            column = line if column is None else column + line
+        assert column is not None
+        return int(np.argmin(column))
 
     def _gather(self, scope: tuple[int, ...], parts: list[tuple[tuple[int, ...], np.ndarray]]) -> np.ndarray:
         """Sum factors over ``scope``; each factor's sorted scope is a subsequence, so a reshape aligns it."""

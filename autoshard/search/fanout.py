@@ -68,9 +68,12 @@ def fanout_sets(
     sets: set[frozenset[int]] = {frozenset()}
     for entry in entries:
         distinct = sorted({int(e) for e in entry})
-        sets = {s | {e} for s in sets for e in distinct}
-        if len(sets) > max_states:
-            return None
+        grown: set[frozenset[int]] = set()
+        for s in sets:
+            grown.update(s | {e} for e in distinct)
+            if len(grown) > max_states:  # stop as soon as the bound is passed: the full set can be huge
+                return None
+        sets = grown
     return tuple(sorted(sets, key=lambda s: (len(s), sorted(s))))
 
 

@@ -7,9 +7,10 @@ memory (up to ``memory_offset``).
 
 Steps, each exact:
 
-1. **Arc consistency** (:func:`prune_domains`): drop a strategy with ``inf`` node cost, outside its mask, or
-   with no finite-cost partner left at some neighbour; repeat to a fixpoint.  An emptied domain proves that no
-   finite plan exists; the error names the nodes that caused it (annotated ones first).
+1. **Arc consistency** (:func:`~autoshard.search.consistency.prune_domains`): drop a strategy with ``inf``
+   node cost, outside its mask, or with no finite-cost partner left at some neighbour; repeat to a fixpoint.
+   An emptied domain proves that no finite plan exists; the error names the nodes that caused it (annotated
+   ones first).
 2. **Parallel edges** are summed; an edge whose matrix is separable, ``F[s, t] = r[s] + c[t]`` (all zeros,
    say), is folded into the two node costs and disappears.
 3. **Fixed nodes** (one strategy left) fold their edge rows into their neighbours' node costs.
@@ -43,12 +44,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.errors import InfeasibleError
+from autoshard.search.consistency import prune_domains
 from autoshard.search.dominance import dominated_mask
 from autoshard.search.problem import (
-    AnnotationConflictError,
     Edge,
-    PairwiseForm,
     SearchProblem,
     format_bytes,
     memory_infeasible_error,
@@ -60,83 +59,6 @@ __all__ = ["Reduction", "prune_domains", "reduce_problem"]
 
 #: Degree-2 elimination builds an ``S_a x S_b x S_v`` table; above this it is left to the solver.
 _MAX_FOLD_TABLE = 1_000_000
-
-
-def _annotated(problem: SearchProblem, i: int) -> bool:
-    mask = None if problem.allowed is None else problem.allowed[i]
-    return mask is not None and not mask.all()
-
-
-def _name_list(problem: SearchProblem, nodes: Sequence[int], limit: int = 12) -> str:
-    shown = ", ".join(problem.names[i] for i in nodes[:limit])
-    return shown + (f" and {len(nodes) - limit} more" if len(nodes) > limit else "")
-
-
-def _wipeout_error(problem: SearchProblem, node: int, cause: Sequence[set[int]]) -> InfeasibleError:
-    """Error for an emptied domain at ``node``: the causal closure of the prunings that emptied it."""
-    closure, stack = {node}, [node]
-    while stack:
-        for y in cause[stack.pop()]:
-            if y not in closure:
-                closure.add(y)
-                stack.append(y)
-    involved = sorted(closure)
-    pinned = [i for i in involved if _annotated(problem, i)]
-    where = f"graph node {problem.names[node]} has no strategy left"
-    if pinned:
-        return AnnotationConflictError(
-            f"the annotations on {_name_list(problem, pinned)} conflict: {where} that is compatible with all "
-            f"of them at finite cost (nodes involved: {_name_list(problem, involved)}). Fix: change or drop "
-            "one of these annotations, or check the mesh axes they name."
-        )
-    return InfeasibleError(
-        f"no finite-cost plan exists: {where} (nodes involved: {_name_list(problem, involved)}); every "
-        "combination of their strategies has infinite cost (non-dividing shards or impossible conversions). "
-        "Fix: a mesh whose axis sizes divide these tensors' dims, or strategies that allow replication."
-    )
-
-
-def _constrained_arcs(form: PairwiseForm) -> list[list[tuple[int, np.ndarray]]]:
-    """``arcs[x]`` lists ``(y, finite[s_y, s_x])`` for every neighbour ``y`` whose edge forbids a pair."""
-    arcs: list[list[tuple[int, np.ndarray]]] = [[] for _ in form.unary]
-    for (a, b), mat in form.pairs.items():
-        finite = np.isfinite(mat)
-        if not finite.all():
-            arcs[a].append((b, finite.T))
-            arcs[b].append((a, finite))
-    return arcs
-
-
-def prune_domains(problem: SearchProblem, form: PairwiseForm | None = None) -> list[np.ndarray]:
-    """Arc-consistent domains: per node the bool mask of strategies that can still be part of a finite plan.
-
-    Raises :class:`InfeasibleError` (an :class:`AnnotationConflictError` when annotated nodes are involved)
-    naming the nodes behind an emptied domain.
-    """
-    form = pairwise_form(problem) if form is None else form
-    live = [np.isfinite(u) for u in form.unary]
-    cause: list[set[int]] = [set() for _ in live]
-    for i, dom in enumerate(live):
-        if not dom.any():
-            raise _wipeout_error(problem, i, cause)
-    arcs = _constrained_arcs(form)
-    queue = deque(i for i in range(len(live)) if arcs[i])
-    queued = [bool(a) for a in arcs]
-    while queue:
-        x = queue.popleft()
-        queued[x] = False
-        for y, finite in arcs[x]:
-            keep = live[y] & finite[:, live[x]].any(axis=1)
-            if keep.sum() == live[y].sum():
-                continue
-            live[y] = keep
-            cause[y].add(x)
-            if not keep.any():
-                raise _wipeout_error(problem, y, cause)
-            if not queued[y]:
-                queued[y] = True
-                queue.append(y)
-    return live
 
 
 @dataclass(frozen=True, slots=True, eq=False)

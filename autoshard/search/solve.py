@@ -14,8 +14,10 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    the least-memory plan decides feasibility (InfeasibleError stating the least memory needed), a
    Lagrangian sweep (:mod:`~autoshard.search.budget`: exact solves of ``cost + lambda * memory``) gives a
    fitting plan and a lower bound, Lagrangian fixing drops the strategies no plan cheaper than that one can
-   use, the problem is reduced again, and its exact optimum is returned if it fits; otherwise CP-SAT,
-   warm-started from the Lagrangian plan and told its bound, closes the gap within the time limit.
+   use, the problem is reduced again, and its exact optimum is returned if it fits; otherwise elimination
+   over (memory, cost) Pareto sets (:mod:`~autoshard.search.pareto`) solves what is left exactly, and only
+   when its tables grow too large does CP-SAT, warm-started from the Lagrangian plan and told its bound,
+   close the gap within the time limit.
 
 ``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and bound);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
@@ -43,6 +45,7 @@ from autoshard.errors import AutoshardError, InfeasibleError
 from autoshard.search.brute import brute_force
 from autoshard.search.budget import Lagrange, fixing_masks, lagrangian_sweep
 from autoshard.search.exact import MAX_FACTOR_SIZE, ExactSolver, FactorCapExceeded, min_memory_plan
+from autoshard.search.pareto import pareto_plan
 from autoshard.search.problem import (
     SearchProblem,
     Solution,
@@ -276,6 +279,10 @@ def _with_budget(run: _Run, ex: ExactSolver, method: Method, num_workers: int, m
             run.log.append(f"enumerating the {plans_left} plans left")
             found = brute_force(run.current, max_assignments=_MAX_ENUMERATION).choice
             return run.finish(found, bound, True, "exact:enumeration")
+        pareto = pareto_plan(run.current, upper=upper - run.offset())
+        if pareto is not None:  # what fixing leaves is small: exact elimination over (memory, cost) sets
+            run.log.append("exact: variable elimination over (memory, cost) Pareto sets (search/pareto.py)")
+            return run.finish(pareto, bound, True, "exact:pareto")
         solver = _exact_solver(run, max_factor)
         if solver is None:
             break

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from autoshard.errors import ShardingError
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.strategies.strategy import OpStrategy, output_vals, tensor_meta
 
@@ -35,8 +36,10 @@ __all__ = [
     "LocalContext",
     "bind",
     "default_call",
+    "shard_intervals",
     "shard_range",
     "with_arg",
+    "zigzag_chunks",
 ]
 
 
@@ -62,6 +65,7 @@ class LocalContext:
     coord: tuple[int, ...]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    zigzag_axis: int | None = None  # the mesh axis whose splits are load-balanced (codegen/context.py)
 
     @property
     def target(self) -> Callable[..., Any]:
@@ -93,8 +97,18 @@ class LocalContext:
     def out_range(self, dim: int, i: int = 0) -> tuple[int, int]:
         """``(start, length)`` of this device's piece of output ``i`` along ``dim``."""
         return shard_range(
-            self.output_spec(i), dim, self.global_out_shape(i)[dim], self.mesh_shape, self.coord
+            self.output_spec(i),
+            dim,
+            self.global_out_shape(i)[dim],
+            self.mesh_shape,
+            self.coord,
+            self.zigzag_axis,
         )
+
+    def out_intervals(self, dim: int, i: int = 0) -> tuple[tuple[int, int], ...]:
+        """``(start, length)`` runs, in local order, of this device's piece of output ``i`` along ``dim``."""
+        size = self.global_out_shape(i)[dim]
+        return shard_intervals(self.output_spec(i), dim, size, self.mesh_shape, self.coord, self.zigzag_axis)
 
     def in_range(self, node: fx.Node, dim: int) -> tuple[int, int]:
         """``(start, length)`` of this device's piece of input ``node`` along ``dim``."""
@@ -103,7 +117,7 @@ class LocalContext:
         assert val is not None and spec is not None, (
             f"{node} is not a constrained tensor input of {self.node}"
         )
-        return shard_range(spec, dim, int(val.shape[dim]), self.mesh_shape, self.coord)
+        return shard_range(spec, dim, int(val.shape[dim]), self.mesh_shape, self.coord, self.zigzag_axis)
 
     def partial_axes_of_output(self, i: int = 0) -> tuple[int, ...]:
         return self.output_spec(i).partial_axes()
@@ -121,19 +135,71 @@ def default_call(ctx: LocalContext) -> LocalCall:
     return LocalCall(ctx.target, ctx.args, dict(ctx.kwargs))
 
 
+def zigzag_chunks(rank: int, size: int) -> tuple[int, int]:
+    """The two of ``2 * size`` chunks that member ``rank`` holds under the zigzag (load-balanced) layout."""
+    return rank, 2 * size - 1 - rank
+
+
+def shard_intervals(
+    spec: ShardingSpec,
+    dim: int,
+    size: int,
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    zigzag_axis: int | None = None,
+) -> tuple[tuple[int, int], ...]:
+    """``(start, length)`` runs of ``dim`` (global ``size``) that device ``coord`` holds, in local order.
+
+    Axes sharding the same dim split it outer axis first, as in :mod:`autoshard.local_mesh`: each axis cuts
+    the piece its outer axes left.  A contiguous axis keeps block ``k`` of ``n``; the ``zigzag_axis`` keeps
+    chunks ``k`` and ``2n - 1 - k`` of ``2n`` (:func:`zigzag_chunks`), so that piece is two runs.
+    """
+    runs: list[tuple[int, int]] = [(0, size)]
+    for axis, p in enumerate(spec.placements):
+        if not (isinstance(p, Shard) and p.dim == dim):
+            continue
+        n, k = mesh_shape[axis], coord[axis]
+        held = sum(length for _, length in runs)
+        if axis == zigzag_axis:
+            chunk = held // (2 * n)
+            runs = [r for c in zigzag_chunks(k, n) for r in _cut(runs, c * chunk, chunk)]
+        else:
+            runs = _cut(runs, k * (held // n), held // n)
+    return tuple(runs)
+
+
+def _cut(runs: list[tuple[int, int]], offset: int, length: int) -> list[tuple[int, int]]:
+    """The runs of positions ``[offset, offset + length)`` of the concatenation of ``runs``."""
+    out: list[tuple[int, int]] = []
+    for start, n in runs:
+        lo, hi = max(offset, 0), min(offset + length, n)
+        if lo < hi:
+            out.append((start + lo, hi - lo))
+        offset -= n
+    return out
+
+
 def shard_range(
-    spec: ShardingSpec, dim: int, size: int, mesh_shape: Sequence[int], coord: Sequence[int]
+    spec: ShardingSpec,
+    dim: int,
+    size: int,
+    mesh_shape: Sequence[int],
+    coord: Sequence[int],
+    zigzag_axis: int | None = None,
 ) -> tuple[int, int]:
     """``(start, length)`` of the piece of ``dim`` (global ``size``) that device ``coord`` holds under ``spec``.
 
-    Axes sharding the same dim split it outer axis first, as in :mod:`autoshard.local_mesh`.
+    Axes sharding the same dim split it outer axis first, as in :mod:`autoshard.local_mesh`.  Raises
+    :class:`~autoshard.errors.ShardingError` when the piece is not one run (a zigzag split: use
+    :func:`shard_intervals`).
     """
-    start, length = 0, size
-    for axis, p in enumerate(spec.placements):
-        if isinstance(p, Shard) and p.dim == dim:
-            length //= mesh_shape[axis]
-            start += coord[axis] * length
-    return start, length
+    runs = shard_intervals(spec, dim, size, mesh_shape, coord, zigzag_axis) or ((0, 0),)
+    if len(runs) != 1:
+        raise ShardingError(
+            f"dim {dim} of {spec} is split in the zigzag layout on mesh axis {zigzag_axis}, so a device holds "
+            f"{len(runs)} runs {runs}, and this op needs one: plan with cp_layout='contiguous'"
+        )
+    return runs[0]
 
 
 # -- argument access by schema name --------------------------------------------------------------------------

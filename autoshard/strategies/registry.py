@@ -243,9 +243,13 @@ def local_call(
     coord: Sequence[int],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    zigzag_axis: int | None = None,
 ) -> LocalCall:
-    """What device ``coord`` runs for ``node`` under ``strategy``, given its local ``args``/``kwargs``."""
-    ctx = LocalContext(node, strategy, tuple(mesh_shape), tuple(coord), tuple(args), dict(kwargs))
+    """What device ``coord`` runs for ``node`` under ``strategy``, given its local ``args``/``kwargs``
+    (``zigzag_axis``: the mesh axis whose splits use the load-balanced layout, :mod:`autoshard.codegen.context`)."""
+    ctx = LocalContext(
+        node, strategy, tuple(mesh_shape), tuple(coord), tuple(args), dict(kwargs), zigzag_axis
+    )
     entry = lookup(node.target) if node.op == "call_function" else None
     hook = entry.local_args if entry is not None and entry.local_args is not None else default_call
     return hook(ctx)

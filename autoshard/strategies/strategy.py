@@ -164,18 +164,26 @@ def expand(
     role_nodes = [r if isinstance(r, fx.Node) else None for r in roles]
     inputs = node.all_input_nodes
     slot = {n: i for i, n in enumerate(inputs)}
-    role_vals = [tensor_meta(r) for r in role_nodes]
+    # what a combination is checked against, worked out once per node rather than once per combination:
+    # per constraining role (role index, input slot, shape, is float), per tensor output (shape, is float)
+    role_facts = []
+    for r, role in enumerate(role_nodes):
+        val = tensor_meta(role)
+        if role is not None and val is not None and role in slot:
+            role_facts.append((r, slot[role], tuple(val.shape), _is_float(val)))
     outs = output_vals(node)
+    out_facts = [(tuple(o.shape), _is_float(o)) if isinstance(o, torch.Tensor) else None for o in outs]
     nondiff_nodes = {role_nodes[i] for i in nondiff if role_nodes[i] is not None}
     if not any(_is_float(o) for o in outs):  # integer/bool results carry no gradient back
         nondiff_nodes = set(inputs)
+    no_grad = [inp in nondiff_nodes or not _is_float(tensor_meta(inp)) for inp in inputs]
     seen: set[tuple[tuple[ShardingSpec | None, ...], tuple[ShardingSpec | None, ...]]] = set()
     result: list[OpStrategy] = []
     for combo in itertools.product(choices, repeat=len(mesh_shape)):
-        in_specs = _input_specs(combo, role_nodes, role_vals, slot, len(inputs), mesh_shape)
+        in_specs = _input_specs(combo, role_facts, len(inputs), mesh_shape)
         if in_specs is None:
             continue
-        out_specs = _output_specs(combo, outs, mesh_shape)
+        out_specs = _output_specs(combo, out_facts, mesh_shape)
         if out_specs is None:
             continue
         key = (in_specs, out_specs)
@@ -186,13 +194,9 @@ def expand(
         for choice, n in zip(combo, mesh_shape, strict=True):
             if choice.splits_work:
                 work *= n
-        splitting = tuple(
-            any(o is not None and not isinstance(o.placements[a], Replicate) for o in out_specs)
-            for a in range(len(mesh_shape))
-        )
+        splitting = _splitting(out_specs, len(mesh_shape))
         grads = tuple(
-            None if inp in nondiff_nodes or not _is_float(tensor_meta(inp)) else _grad(spec, splitting)
-            for spec, inp in zip(in_specs, inputs, strict=True)
+            None if skip else _grad(spec, splitting) for spec, skip in zip(in_specs, no_grad, strict=True)
         )
         result.append(OpStrategy(in_specs, out_specs, grads, work))
     return result
@@ -200,21 +204,16 @@ def expand(
 
 def _input_specs(
     combo: Sequence[AxisChoice],
-    roles: Sequence[fx.Node | None],
-    role_vals: Sequence[torch.Tensor | None],
-    slot: dict[fx.Node, int],
+    role_facts: Sequence[tuple[int, int, tuple[int, ...], bool]],
     n_inputs: int,
     mesh_shape: tuple[int, ...],
 ) -> tuple[ShardingSpec | None, ...] | None:
     specs: list[ShardingSpec | None] = [None] * n_inputs
-    for r, (role, val) in enumerate(zip(roles, role_vals, strict=True)):
-        if role is None or val is None or role not in slot:
-            continue
+    for r, i, shape, is_float in role_facts:
         placements = tuple(_or_r(c.inputs[r]) for c in combo)
-        if not _valid(placements, tuple(val.shape), _is_float(val), mesh_shape):
+        if not _valid(placements, shape, is_float, mesh_shape):
             return None
         spec = _spec(placements)
-        i = slot[role]
         if specs[i] is not None and specs[i] != spec:
             return None  # the same node would need two different layouts
         specs[i] = spec
@@ -222,18 +221,30 @@ def _input_specs(
 
 
 def _output_specs(
-    combo: Sequence[AxisChoice], outs: tuple[object, ...], mesh_shape: tuple[int, ...]
+    combo: Sequence[AxisChoice],
+    out_facts: Sequence[tuple[tuple[int, ...], bool] | None],
+    mesh_shape: tuple[int, ...],
 ) -> tuple[ShardingSpec | None, ...] | None:
     specs: list[ShardingSpec | None] = []
-    for o, val in enumerate(outs):
-        if not isinstance(val, torch.Tensor):
+    for o, facts in enumerate(out_facts):
+        if facts is None:
             specs.append(None)
             continue
         placements = tuple(_or_r(c.outputs[o]) for c in combo)
-        if not _valid(placements, tuple(val.shape), _is_float(val), mesh_shape):
+        if not _valid(placements, facts[0], facts[1], mesh_shape):
             return None
         specs.append(_spec(placements))
     return tuple(specs)
+
+
+@functools.lru_cache(maxsize=65536)
+def _splitting(out_specs: tuple[ShardingSpec | None, ...], ndim: int) -> tuple[bool, ...]:
+    """Per mesh axis, whether some output is split or partial there (isinstance on torch placements is slow:
+    computed once per distinct output layout)."""
+    return tuple(
+        any(o is not None and not isinstance(o.placements[a], Replicate) for o in out_specs)
+        for a in range(ndim)
+    )
 
 
 def _or_r(p: Placement | None) -> Placement:

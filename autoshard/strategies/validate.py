@@ -38,6 +38,7 @@ from torch.fx.node import map_arg
 
 from autoshard.local_mesh import Coord, assemble, coords, distribute, replicas_agree
 from autoshard.placement import Partial, Replicate, ShardingSpec
+from autoshard.strategies.reference import UNDEFINED_VALUES, Whole, as_tuple, build_node, clone, compare
 from autoshard.strategies.registry import local_call, strategies_for
 from autoshard.strategies.strategy import OpStrategy
 
@@ -84,65 +85,6 @@ class RuleReport:
         return "\n".join([head, *lines])
 
 
-# -- building a one-op graph -------------------------------------------------------------------------------------
-
-
-def build_node(
-    op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None = None
-) -> tuple[fx.Node, dict[fx.Node, Any]]:
-    """A graph with one placeholder per distinct example tensor and one ``call_function`` node of ``op``.
-
-    Returns the node and the value of each input node.  ``meta["val"]`` holds real tensors (rules read only
-    their shapes and dtypes).
-    """
-    graph = fx.Graph()
-    values: dict[fx.Node, Any] = {}
-    by_id: dict[int, fx.Node] = {}
-
-    def lift(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            if id(v) not in by_id:
-                ph = graph.placeholder(f"in{len(by_id)}")
-                ph.meta["val"] = v
-                by_id[id(v)] = ph
-                values[ph] = v
-            return by_id[id(v)]
-        if isinstance(v, list | tuple):
-            return type(v)(lift(x) for x in v)
-        return v
-
-    node_args = lift(tuple(args))
-    node_kwargs = {k: lift(v) for k, v in (kwargs or {}).items()}
-    node = graph.call_function(op, node_args, node_kwargs)
-    node.meta["val"] = _run_whole(node, values)
-    graph.output(node)
-    return node, values
-
-
-def _clone(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return v.clone()
-    if isinstance(v, list | tuple):
-        return type(v)(_clone(x) for x in v)
-    return v
-
-
-def _run_whole(
-    node: fx.Node, values: dict[fx.Node, Any], leaves: dict[fx.Node, torch.Tensor] | None = None
-) -> Any:
-    def value(n: fx.Node) -> Any:
-        if leaves is not None and n in leaves:
-            return leaves[n].clone()
-        return _clone(values[n])
-
-    assert callable(node.target)
-    return node.target(*map_arg(node.args, value), **map_arg(node.kwargs, value))
-
-
-def _as_tuple(v: Any) -> tuple[Any, ...]:
-    return tuple(v) if isinstance(v, tuple | list) else (v,)
-
-
 # -- the check -------------------------------------------------------------------------------------------------------
 
 
@@ -172,7 +114,7 @@ def check_rule(
     # a strategy whose local op talks to other ranks (ring attention) cannot run on the simulated mesh: its
     # own test runs it on real gloo ranks (tests/codegen/test_codegen_context.py)
     chosen = _sample([s for s in strategies if not _needs_ranks(node, s, mesh)], max_strategies)
-    whole = _Whole(node, values, seed)
+    whole = Whole(node, values, seed)
     checks = tuple(_check_one(node, values, s, mesh, seed + i, backward, whole) for i, s in enumerate(chosen))
     return RuleReport(str(node.target), mesh, len(strategies), checks)
 
@@ -203,51 +145,6 @@ def _sample(strategies: list[OpStrategy], k: int | None) -> list[OpStrategy]:
         return strategies[:1]
     picks = sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
     return [strategies[i] for i in picks]
-
-
-def _tolerance(tensors: Sequence[object]) -> tuple[float, float]:
-    """``(rtol, atol)`` for the least precise floating dtype among ``tensors`` (inputs and outputs of an op:
-    Partial addends of a float32 input carry float32 rounding even into a float64 output)."""
-    floats = [t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if all(d == torch.float64 for d in floats):
-        return 1e-7, 1e-9
-    if all(d in (torch.float64, torch.float32) for d in floats):
-        return 1e-4, 1e-4  # Partial addends of magnitude ~1 carry float32 rounding into every piece
-    return 2e-2, 2e-2
-
-
-_UNDEFINED_VALUES = frozenset(
-    {
-        "aten.empty.memory_format",
-        "aten.new_empty.default",
-        "aten.empty_like.default",
-        "aten.empty_strided.default",
-    }
-)
-"""Ops whose output values are undefined: only shapes and dtypes are compared."""
-
-
-def _compare(
-    got: Any, want: Any, tol: tuple[float, float], shape_only: bool = False
-) -> tuple[bool, float, str]:
-    if not isinstance(want, torch.Tensor):
-        return True, 0.0, ""
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
-        shape = getattr(got, "shape", type(got).__name__)
-        return (
-            False,
-            float("inf"),
-            f"shape {tuple(shape)} / {getattr(got, 'dtype', '')} != {tuple(want.shape)} / {want.dtype}",
-        )
-    if shape_only:
-        return True, 0.0, ""
-    if not (want.is_floating_point() or want.is_complex()):
-        same = torch.equal(got, want)
-        return same, 0.0 if same else float("inf"), "" if same else "integer values differ"
-    rtol, atol = tol
-    err = float((got.detach() - want.detach()).abs().max()) if want.numel() else 0.0
-    ok = torch.allclose(got.detach(), want.detach(), rtol=rtol, atol=atol, equal_nan=True)
-    return ok, err, "" if ok else f"max error {err:.3g}"
 
 
 def _pieces(
@@ -283,7 +180,7 @@ def _distribute(
 
 def _piece_of(pieces: dict[fx.Node, dict[Coord, Any]], coord: Coord) -> Callable[[fx.Node], Any]:
     """A fresh copy of device ``coord``'s piece of each input (in-place ops must not touch the originals)."""
-    return lambda n: _clone(pieces[n][coord])
+    return lambda n: clone(pieces[n][coord])
 
 
 def _run_local(
@@ -295,53 +192,7 @@ def _run_local(
 ) -> tuple[Any, ...]:
     args = map_arg(node.args, value)
     kwargs = map_arg(node.kwargs, value)
-    return _as_tuple(local_call(node, strategy, mesh, coord, args, kwargs).run())
-
-
-class _Whole:
-    """The op on whole inputs: its outputs and, per set of differentiated inputs, its gradients (computed once
-    per node, shared by every strategy's check)."""
-
-    def __init__(self, node: fx.Node, values: dict[fx.Node, Any], seed: int) -> None:
-        self.node, self.values, self.seed = node, values, seed
-        self.outputs = _as_tuple(_run_whole(node, values))
-        flat = [x for v in values.values() for x in (v if isinstance(v, tuple | list) else (v,))]
-        self.tol = _tolerance([*flat, *self.outputs])
-        self._grads: dict[tuple[fx.Node, ...], _Grads | None] = {}
-
-    def grads(self, diff: tuple[fx.Node, ...]) -> _Grads | None:
-        """Output gradients (random, fixed per node) and the input gradients they give; None if no backward."""
-        if diff not in self._grads:
-            self._grads[diff] = self._backward(diff)
-        return self._grads[diff]
-
-    def _backward(self, diff: tuple[fx.Node, ...]) -> _Grads | None:
-        leaves = {inp: self.values[inp].detach().clone().requires_grad_() for inp in diff}
-        gen = torch.Generator().manual_seed(self.seed + 7)
-        try:
-            outs = _as_tuple(_run_whole(self.node, self.values, leaves))
-            live = tuple(j for j, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad)
-            if not live:
-                return None
-            grads_out = {j: torch.randn(outs[j].shape, generator=gen, dtype=outs[j].dtype) for j in live}
-            want = torch.autograd.grad([outs[j] for j in live], list(leaves.values()),
-                                       [grads_out[j] for j in live], allow_unused=True)  # fmt: skip
-        except RuntimeError as e:
-            if "derivative" in str(e) or "not differentiable" in str(e):
-                return None  # the op itself has no backward: nothing to check
-            raise
-        expected = {
-            inp: g if g is not None else torch.zeros_like(leaves[inp])
-            for inp, g in zip(diff, want, strict=True)
-        }
-        return _Grads(live, grads_out, expected)
-
-
-@dataclass(frozen=True, slots=True)
-class _Grads:
-    live: tuple[int, ...]
-    grads_out: dict[int, torch.Tensor]
-    expected: dict[fx.Node, torch.Tensor]
+    return as_tuple(local_call(node, strategy, mesh, coord, args, kwargs).run())
 
 
 def _check_one(
@@ -351,14 +202,14 @@ def _check_one(
     mesh: tuple[int, ...],
     seed: int,
     backward: bool,
-    whole: _Whole | None = None,
+    whole: Whole | None = None,
 ) -> StrategyCheck:
     name = str(strategy)
     try:
-        whole = whole if whole is not None else _Whole(node, values, seed)
+        whole = whole if whole is not None else Whole(node, values, seed)
         pieces = _pieces(node, values, strategy, mesh, seed)
         local = {c: _run_local(node, strategy, mesh, c, _piece_of(pieces, c)) for c in coords(mesh)}
-        shape_only = str(node.target) in _UNDEFINED_VALUES
+        shape_only = str(node.target) in UNDEFINED_VALUES
         ok, err, msg = _check_outputs(local, whole.outputs, strategy.outputs, mesh, whole.tol, shape_only)
         if not ok:
             return StrategyCheck(name, False, None, err, f"forward: {msg}")
@@ -385,7 +236,7 @@ def _check_outputs(
         per_device = {c: out[j] for c, out in local.items()}
         if not shape_only and not replicas_agree(per_device, spec, mesh, atol=1e-6):
             return False, float("inf"), f"output {j}: replicated pieces differ across devices under {spec}"
-        ok, err, msg = _compare(assemble(per_device, spec, mesh), want[j], tol, shape_only)
+        ok, err, msg = compare(assemble(per_device, spec, mesh), want[j], tol, shape_only)
         worst = max(worst, err)
         if not ok:
             return False, err, f"output {j} under {spec}: {msg}"
@@ -410,7 +261,7 @@ def _check_backward(
     strategy: OpStrategy,
     mesh: tuple[int, ...],
     pieces: dict[fx.Node, dict[Coord, Any]],
-    whole: _Whole,
+    whole: Whole,
 ) -> tuple[bool | None, float, str]:
     inputs = node.all_input_nodes
     diff = tuple(inp for inp, g in zip(inputs, strategy.input_grads, strict=True) if g is not None)
@@ -427,7 +278,7 @@ def _check_backward(
         local_leaves = {inp: pieces[inp][c].detach().clone().requires_grad_() for inp in diff}
 
         def value(n: fx.Node, c: Coord = c, lv: dict[fx.Node, torch.Tensor] = local_leaves) -> Any:
-            return lv[n].clone() if n in lv else _clone(pieces[n][c])
+            return lv[n].clone() if n in lv else clone(pieces[n][c])
 
         outs_local = _run_local(node, strategy, mesh, c, value)
         used = [j for j in live if outs_local[j].requires_grad]
@@ -440,7 +291,7 @@ def _check_backward(
         assert spec is not None
         if not replicas_agree(local_grads[inp], spec, mesh, atol=1e-6):
             return False, float("inf"), f"grad of {inp.name}: replicated pieces differ under {spec}"
-        ok, err, msg = _compare(assemble(local_grads[inp], spec, mesh), ref.expected[inp], whole.tol)
+        ok, err, msg = compare(assemble(local_grads[inp], spec, mesh), ref.expected[inp], whole.tol)
         worst = max(worst, err)
         if not ok:
             return False, err, f"grad of {inp.name} under {spec}: {msg}"

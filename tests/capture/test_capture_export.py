@@ -69,7 +69,7 @@ def test_every_node_is_annotated(captured: dict, name: str) -> None:
     for node in cap.op_nodes():
         meta = node.meta[META_TENSOR]
         assert isinstance(meta, (TensorMeta, tuple)), f"{name}: {node.name} has no tensor meta"
-        assert node.meta[META_OP].startswith(("aten.", "getitem", "expert_mlp")), (
+        assert node.meta[META_OP].startswith(("aten.", "getitem", "expert_mlp", "routed_experts")), (
             f"{name}: {node.name} is {node.meta[META_OP]}"
         )
 
@@ -130,8 +130,8 @@ def test_mixtral_bf16_experts_export_as_grouped_mm(captured: dict) -> None:
     """bf16 experts export as ``aten._grouped_mm``; capture fuses each layer's pair (gate_up, down) with the
     activation into one expert MLP node that runs aten's grouped matmul (``use_aten``), priced as both."""
     _, cap = captured["mixtral-tiny"]
-    fused = [n for n in cap.op_nodes() if n.meta[META_OP] == "expert_mlp"]
-    assert len(fused) == 2 and all(n.args[5] is True for n in fused)  # one per layer, aten's grouped matmul
+    fused = [n for n in cap.op_nodes() if n.meta[META_OP] == "routed_experts"]  # expert MLP and its routing
+    assert len(fused) == 2 and all(n.args[6] is True for n in fused)  # one per layer, aten's grouped matmul
     assert all(n.meta[META_FLOPS] > 0 for n in fused)
 
 

@@ -1,5 +1,5 @@
 """Capture's coverage rewrites keep the model's numbers: training batch norm as statistic ops, slice
-assignment as ``slice_scatter``, the grouped-GEMM expert MLP fused into one node."""
+assignment as ``slice_scatter``, the grouped-GEMM expert MLP and its routing fused into one node."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from autoshard.capture import capture, graph_inputs
-from autoshard.capture.experts import expert_mlp
+from autoshard.capture.dispatch import routed_experts
 from autoshard.zoo_extra import ResNetCNN
 
 aten = torch.ops.aten
@@ -56,7 +56,7 @@ def test_slice_assignment_becomes_slice_scatter() -> None:
     torch.testing.assert_close(got, SliceAssign()(a, b), rtol=0, atol=0)
 
 
-def test_expert_mlp_is_fused_with_the_same_numbers() -> None:
+def test_routed_experts_are_fused_with_the_same_numbers() -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.MixtralConfig(
         hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
@@ -67,8 +67,15 @@ def test_expert_mlp_is_fused_with_the_same_numbers() -> None:
     model = transformers.MixtralForCausalLM(config).eval()
     ids = torch.randint(0, 64, (2, 8))
     cap = capture(model, (ids,), blocks=None)
-    fused = [n for n in cap.graph_module.graph.nodes if n.target is expert_mlp]
-    assert len(fused) == 1 and not any("grouped_mm" in str(n.target) for n in cap.graph_module.graph.nodes)
+    targets = [str(n.target) for n in cap.graph_module.graph.nodes]
+    fused = [n for n in cap.graph_module.graph.nodes if n.target is routed_experts]
+    assert len(fused) == 1 and not any("grouped_mm" in t or "expert_mlp" in t for t in targets)
+    # the routing around the expert MLP went into the node too: no sort, histc or unsorting index_put_ left
+    assert not any(t.startswith(("aten.sort", "aten.histc", "aten.index_put_")) for t in targets)
+    hidden, gate_up, down, index, weights = fused[0].args[:5]
+    assert [tuple(a.meta["val"].shape) for a in (hidden, gate_up, down, index, weights)] == [
+        (16, 32), (4, 32, 64), (4, 32, 32), (16, 2), (16, 2)
+    ]  # fmt: skip
     got = cap.graph_module(*graph_inputs(cap, model, (ids,)))
     got = got[0] if isinstance(got, tuple | list) else got
     torch.testing.assert_close(got, model(ids).logits, rtol=0, atol=0)

@@ -67,3 +67,40 @@ def test_explain_errors_are_one_line(cli, tmp_path: Path, mlp_files: dict[str, P
     r = cli("explain", str(path))
     assert r.code == 2 and r.err.count("\n") == 1 and "--model SPEC" in r.err
     assert cli("explain", str(path), "--model", "mlp").code == 0
+
+
+def test_diff_normalises_placements_across_mesh_ranks() -> None:
+    """``R`` on a 1-D mesh and ``(R, R, R)`` on a 3-D one are the same placement; a real split still differs."""
+    import report_cases as cases
+
+    from autoshard.report.diff import render
+
+    op = [("linear", "fc", cases.LINEAR, "R, R -> R")]
+    flat = cases.make_plan((8,), {"fc.weight": ("R",), "fc.bias": ("R",)}, op)
+    op3 = [("linear", "fc", cases.LINEAR, "(R, R, R), (R, R, R) -> (R, R, R)")]
+    cube = cases.make_plan((2, 2, 2), {"fc.weight": ("R", "R", "R"), "fc.bias": ("R", "S(0)", "R")}, op3)
+    text = render(flat, cube)
+    assert "parameter placements: 1 differ, 1 the same" in text
+    assert "graph-node strategies: 1 differ" in text  # the bias's placeholder; the op and input x agree
+    assert "=>  -> (R, S(0), R)" in text
+    assert any(line.split() == ["fc.bias", "R", "->", "(R,", "S(0),", "R)"] for line in text.splitlines())
+
+
+@pytest.mark.slow  # plans and rebuilds LLaMA-tiny (~10 s)
+def test_explain_a_plan_with_fan_out_nodes(cli, tmp_path: Path) -> None:
+    """Shared redistributions (fan-out nodes, past the variables in the problem) made explain fail with an
+    IndexError on every LLaMA plan; each alternative is now priced with the fan-out states it needs."""
+    path = tmp_path / "llama.json"
+    r = cli("search", "--profile", "a100x8", "--model", "llama-tiny", "--mesh", "2x4", "--no-baseline",
+            "--out", str(path))  # fmt: skip
+    assert r.code == 0, r.err
+    from autoshard.plans import load_plan
+    from autoshard.report.explain import explain, rebuild
+
+    plan = load_plan(path)
+    built = rebuild(plan)
+    assert built.fanouts, "the case needs fan-out nodes"
+    found = explain(plan, built)
+    assert found and all(e.runner_up is None or e.chosen.total <= e.runner_up.total + 1e-12 for e in found)
+    shown = cli("explain", str(path))
+    assert shown.code == 0 and "runner-up" in shown.out, shown.err

@@ -30,10 +30,25 @@ def test_profile_on_cpu_writes_a_profile_that_loads_and_plans(cli, tmp_path: Pat
     assert all(t > 0 for v in measured["collectives"].values() for _, t in v)
     assert set(measured["axes"]) == {"axis0 (2 ranks)", "axis1 (2 ranks)"}  # each mesh axis timed too
     assert "axis0 (2 ranks): all_reduce" in r.out
+    assert "GFLOP/s (float32, best at n=" in r.out and "no datasheet peak" in r.out
     assert all("autoshard profile" in profile.source_of(p) for p in ("intra_node.bus_bandwidth.all_reduce",))
     cluster = autoshard.load_cluster(str(out))
     plan = autoshard.plan(torch.nn.Linear(8, 8), cluster, (torch.randn(4, 8),))
     assert plan.cluster["profile"] == "node"
+
+
+def test_gemm_summary_says_the_rate_and_what_it_is_a_fraction_of() -> None:
+    """On a CPU against an A100's peak the efficiency is 0.0004: the old line printed 'GEMM efficiency 0.00'."""
+    from autoshard.cli.profile import gemm_summary
+
+    gemm = [(256, 2 * 256**3 / 20e9), (512, 2 * 512**3 / 40e9)]  # 20 and 40 GFLOP/s
+    alone = gemm_summary(gemm, "float32", 40e9, None)
+    assert alone.startswith("GEMM 40.0 GFLOP/s (float32, best at n=512); no datasheet peak")
+    against = gemm_summary(gemm, "float32", 19.5e12, "a100x8")
+    assert (
+        against
+        == "GEMM 40.0 GFLOP/s (float32, best at n=512) = 0.00205 of the a100x8 float32 peak, 19.5 TFLOP/s"
+    )
 
 
 def test_profile_refuses_bad_sizes(cli, tmp_path: Path) -> None:

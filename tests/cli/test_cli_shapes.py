@@ -18,7 +18,22 @@ def test_shapes_prints_each_bucket_and_the_shared_layout(cli) -> None:
     assert r.code == 0, r.err
     assert "2 input shapes, one parameter layout" in r.out
     assert "weight 0.75: input_ids (8, 16)" in r.out and "weight 0.25: input_ids (8, 64)" in r.out
-    assert "transformer.h.0.attn.c_attn.weight:" in r.out
+    layers = [line for line in r.out.splitlines() if "attn.c_attn.weight:" in line]
+    assert layers == [layers[0]] and layers[0].startswith(
+        "  transformer.h.0–1.attn.c_attn.weight: "
+    )  # grouped
+
+
+def test_collapse_layers_keeps_runs_with_one_value() -> None:
+    from autoshard.report.groups import collapse_layers
+
+    values = {"h.0.w": ("R",), "h.1.w": ("R",), "h.2.w": ("S(0)",), "h.3.w": ("R",), "wte.weight": ("R",)}
+    assert collapse_layers(values) == [
+        ("h.0–1.w", ("R",)),
+        ("h.2.w", ("S(0)",)),
+        ("h.3.w", ("R",)),
+        ("wte.weight", ("R",)),
+    ]
 
 
 def test_shapes_refuses_a_malformed_bucket(cli) -> None:

@@ -94,3 +94,43 @@ def test_cli_prints_the_crossover_naming_both_plans(tmp_path) -> None:
         "whatif", str(tmp_path / "dp.json"), "--against", str(tmp_path / "tp.json"), "--vary", "x=1..2"
     )
     assert bad.code == 2 and "NAME is one of batch, seq, devices, bandwidth" in bad.err
+
+
+@pytest.mark.slow  # plans the seed model (cached with the test above)
+def test_a_plan_faster_throughout_says_by_how_much(tmp_path) -> None:
+    dp, tp = seed_plans()
+    dp.save(tmp_path / "dp.json")
+    tp.save(tmp_path / "tp.json")
+    result = run_main(
+        "whatif",
+        str(tmp_path / "dp.json"),
+        "--against",
+        str(tmp_path / "tp.json"),
+        "--vary",
+        "batch=4096..8192",
+    )
+    assert result.code == 0, result.err
+    (line,) = [x for x in result.out.splitlines() if "throughout" in x]
+    assert line.startswith("  dp is faster than tp throughout batch 4096..8192, by ")
+    a, b = (float(p.rstrip("%")) for p in line.rsplit(" ", 1)[1].split("–"))
+    dp_cost, tp_cost = plan_cost(dp, "dp"), plan_cost(tp, "tp")
+    ends = sorted(100 * (tp_cost.at(batch=x) / dp_cost.at(batch=x) - 1) for x in (4096, 8192))
+    assert (a, b) == pytest.approx(ends, abs=0.051)  # the margin is monotonic in the batch here: its ends
+    assert "overtakes" not in result.out
+
+
+def test_devices_is_refused_for_a_plan_on_several_mesh_axes() -> None:
+    import sympy
+
+    from autoshard.whatif import PlanCost, WhatIfError, lead
+
+    ref = {"batch": 8.0, "seq": 16.0, "devices": 8.0, "bandwidth": 1.0}
+    cube = PlanCost("cube", sympy.Float(1.0), ref, (2, 2, 2))
+    line = PlanCost("line", sympy.Float(2.0), ref, (1, 8))  # one axis of size > 1: devices scales it
+    with pytest.raises(WhatIfError, match=r"cannot vary devices for cube: it is planned on the 3-D mesh"):
+        crossovers(line, [cube], "devices", 2, 64)
+    assert str(lead(cube, PlanCost("other", sympy.Float(1.5), ref, (2, 2, 2)), "batch", 1, 64)) == (
+        "cube is faster than other throughout batch 1..64, by 50.0%"
+    )
+    assert "take the same time" in str(lead(cube, cube, "seq", 1, 64))
+    assert crossovers(line, [line], "devices", 2, 64) == []

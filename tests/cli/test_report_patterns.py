@@ -83,7 +83,9 @@ def test_vocab_parallel_embedding_and_head() -> None:
 
 def test_expert_parallel() -> None:
     found = {p.name: p for p in recognise(PlanView.of(cases.expert_parallel()))}
-    assert found["expert parallel"].evidence == "experts split, 2 all-to-alls per step (2.0 MiB)"
+    assert (
+        found["expert parallel"].evidence == "experts split, tokens sent by all-to-all: 2 per step (2.0 MiB)"
+    )
     view = PlanView.of(cases.expert_parallel())
     experts = next(g for g in view.groups() if g.name == "moe.experts")
     assert describe_group(view, experts) == ["experts split by expert on axis 0"]

@@ -12,7 +12,8 @@ import torch
 from autoshard.codegen.collectives import MeshComm, format_steps, parse_steps, redistribute, run_steps
 from autoshard.local_mesh import distribute
 from autoshard.placement import ShardingSpec
-from autoshard.redistribute import Step, apply_steps_local, plan_redistribute
+from autoshard.redistribute import Step, plan_redistribute
+from autoshard.redistribute_local import apply_steps_local
 from autoshard.runtime.launch import device_mesh, launch
 
 SHAPE = (4, 8, 4)

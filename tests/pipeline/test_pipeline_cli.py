@@ -47,3 +47,21 @@ def test_bad_pipeline_values_exit_2_with_one_line(extra, words) -> None:
     assert len(lines) == 1 and "Traceback" not in err
     for word in words:
         assert word in lines[0]
+
+
+def test_stages_without_microbatches_default_to_two_per_stage() -> None:
+    """``--pp 2`` alone used to run 1 microbatch (a 50% bubble); now 4 (2 per stage), said in the notes."""
+    code, out, err = _run(*BASE, "--batch", "8", "--pp", "2")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("PP 2 (") and ", 4 microbatches of " in out.splitlines()[0]
+    assert "note: microbatches: 4 by default (at least 2 per stage, dividing the batch of 8)" in out
+
+
+def test_default_microbatches_rule() -> None:
+    from autoshard.pipeline.options import check_request, default_microbatches
+
+    assert [default_microbatches(p, 16) for p in (1, 2, 3, 4, 8, 16)] == [1, 4, 8, 8, 16, 16]
+    assert default_microbatches(4, 6) == 6  # no divisor of 6 reaches 8: one sample a microbatch
+    request = check_request(2, None, "auto", batch=16, layers=4, devices=8, nodes=2)
+    assert request.by_default and request.counts(2, 16) == 4
+    assert check_request(2, 2, "auto", batch=16, layers=4, devices=8, nodes=2).counts(2, 16) == 2

@@ -47,3 +47,40 @@ def test_table_rows_grow_lazily_and_stay_consistent() -> None:
     whole = cache.prices.pairwise(specs, specs, shape, 4)
     assert np.array_equal(first, whole[:5])
     assert math.isfinite(whole[0, -1])
+
+
+def test_fanout_element_tables_equal_the_pair_by_pair_prices() -> None:
+    """Fan-out element costs come from whole price tables; they equal StepCache.time pair by pair, bit for bit."""
+    from autoshard import zoo
+    from autoshard.capture import capture
+    from autoshard.problem.build import build_problem
+    from autoshard.problem.costs import CostOptions, dual_spec
+    from autoshard.problem.fanout import _element_cost, element_of
+
+    case = zoo.build("llama-tiny")
+    cluster = autoshard.load_cluster("a100x8", mesh=(2, 2, 2))
+    opts = CostOptions()
+    built = build_problem(capture(case.model, case.args, case.kwargs), cluster, opts)
+    assert built.fanouts, "the tiny LLaMA shares tensors among consumers on this mesh"
+    cache = built.cache
+    for fan in built.fanouts[:2]:  # the per-pair search is slow: a few nodes, a few source strategies each
+        producer = built.infos[fan.group.producer]
+        src = built.strategies[fan.group.producer]
+        elements = sorted(
+            {
+                element_of(producer, s, pos, opts, cache)
+                for c, pos in fan.group.entries
+                for s in built.strategies[c]
+            }
+        )
+        table = _element_cost(producer, fan.group.which, src, elements, opts, cache)
+        meta = producer.outputs[fan.group.which]
+        assert meta is not None
+        for a, s in list(enumerate(src))[:: max(1, len(src) // 6)]:
+            have = s.outputs[fan.group.which]
+            h, d = cache.intern(have), cache.intern(dual_spec(have)) if have is not None else -1
+            for e, (want, grad) in enumerate(elements):
+                t = cache.time(h, want, meta.shape, meta.itemsize)
+                if producer.requires_grad:
+                    t += cache.time(grad, d, meta.shape, meta.itemsize)
+                assert table[a, e] == t or (math.isinf(t) and math.isinf(table[a, e]))

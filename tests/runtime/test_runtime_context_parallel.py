@@ -1,7 +1,10 @@
-"""A plan that chooses ring attention (context parallelism) runs on 4 gloo ranks and matches one device."""
+"""Plans with ring attention (context parallelism) run on 4 gloo ranks and match one device: a causal toy where
+the planner chooses the ring and the zigzag layout itself, and a tiny LLaMA (GQA, RoPE, the model's own mask)
+with the ring and the zigzag layout pinned."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,11 @@ import torch
 from torch import nn
 
 import autoshard
+from autoshard import zoo
+from autoshard.capture import capture
 from autoshard.codegen import context
+from autoshard.errors import PlanFileError, ShardingError
+from autoshard.pipeline.summary import headline
 from autoshard.runtime.verify import cluster_for
 
 
@@ -35,6 +42,18 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
     (sdpa,) = [n for n in plan.nodes if "scaled_dot_product_attention" in n.target]
     assert sdpa.strategy == "S(2), S(2), S(2) -> S(2)"  # q, k, v and the output split along the sequence
     assert plan.degrees == {"cp": 4}
+    # an implicit causal mask: contiguous chunks would leave the last rank 7/4 of the average work
+    assert (plan.context_axis, plan.context_layout) == (0, "zigzag")
+    assert any("zigzag layout (contiguous would add" in n for n in plan.notes)
+    assert "CP 4 (zigzag)" in headline(plan)
+    hops = _count_hops(tmp_path, monkeypatch)
+    report = autoshard.verify(model, (x,), plan=plan)
+    assert report.ok, str(report)
+    # 4 ranks x (3 hops forward + 4 backward): the ring really ran
+    assert hops.read_text().count("hop") == 4 * 7
+
+
+def _count_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     hops = tmp_path / "hops"
     rotate = context._rotate
 
@@ -44,7 +63,96 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
         return rotate(tensors, nxt, prv, group)
 
     monkeypatch.setattr(context, "_rotate", counted)
-    report = autoshard.verify(model, (x,), plan=plan)
+    return hops
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_tiny_llama_with_a_pinned_zigzag_ring_matches_one_device(
+    ranks: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = zoo.build("llama-tiny", batch=1, seq=32)  # 4 heads over 2 kv heads; 32 tokens = 4 chunks per rank
+    model = case.model.double()  # float64 throughout (LLaMA's RMSNorm still rounds through float32)
+    pins = {"model.layers.*.self_attn": "ring", "input_ids": ("S(1)",)}
+    plan = autoshard.plan(model, cluster_for("cpu", ranks), case.args, annotations=pins, cp_layout="zigzag")
+    assert (plan.context_axis, plan.context_layout, plan.degrees.get("cp")) == (0, "zigzag", ranks)
+    assert plan.input_placements == {"input_ids": ("S(1)",)}  # the sequence is split once, at the input
+    hops = _count_hops(tmp_path, monkeypatch)
+    report = autoshard.verify(model, case.args, plan=plan)
     assert report.ok, str(report)
-    # 4 ranks x (3 hops forward + 4 backward): the ring really ran
-    assert hops.read_text().count("hop") == 4 * 7
+    # 2 layers x ranks x ((n - 1) hops forward + n backward)
+    assert hops.read_text().count("hop") == 2 * ranks * (2 * ranks - 1)
+
+
+@pytest.fixture(scope="module")
+def toy_plans() -> dict[str, autoshard.Plan]:
+    torch.manual_seed(0)
+    model, x = CausalAttention(32), torch.randn(1, 4096, 32)
+    cluster = cluster_for("cpu", 4)
+    captured = capture(model, (x,))
+    layouts = ("auto", "zigzag", "contiguous")
+    return {
+        lay: autoshard.plan(model, cluster, (x,), captured=captured, cp_layout=lay)  # type: ignore[arg-type]
+        for lay in layouts
+    }
+
+
+def test_the_planner_prices_the_zigzag_layout_balanced_and_picks_it(toy_plans) -> None:  # type: ignore[no-untyped-def]
+    auto, zigzag, contiguous = toy_plans["auto"], toy_plans["zigzag"], toy_plans["contiguous"]
+    for plan in toy_plans.values():  # the ring wins under either layout here
+        assert plan.degrees == {"cp": 4} and plan.context_axis == 0
+    assert (auto.context_layout, zigzag.context_layout, contiguous.context_layout) == (
+        "zigzag",
+        "zigzag",
+        "contiguous",
+    )
+    assert auto.predicted_step_time == pytest.approx(zigzag.predicted_step_time, rel=1e-12)
+    # the contiguous layout's last rank does 7/4 of the average causal work: the step waits for it
+    assert contiguous.predicted_step_time > 1.2 * auto.predicted_step_time
+    assert any("zigzag layout pinned" in n for n in zigzag.notes)
+
+
+def test_the_context_layout_is_saved_and_checked(toy_plans, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    plan = toy_plans["auto"]
+    plan.save(tmp_path / "p.json")
+    assert autoshard.load_plan(tmp_path / "p.json") == plan
+    data = json.loads(json.dumps(plan.to_json()))
+    for field, value, message in (
+        ("context_layout", "spiral", "'spiral' is not one of contiguous, zigzag"),
+        ("context_axis", None, "the zigzag layout needs the mesh axis"),
+        ("context_axis", 3, "not an axis of more than one device"),
+    ):
+        with pytest.raises(PlanFileError, match=message):
+            autoshard.Plan.from_json({**data, field: value}, "p.json")
+
+
+@pytest.mark.slow
+def test_an_explicit_mask_gains_nothing_from_zigzag_so_auto_keeps_contiguous() -> None:
+    case = zoo.build("llama-tiny", batch=1, seq=32)
+    pins = {"model.layers.*.self_attn": "ring", "input_ids": ("S(1)",)}
+    plan = autoshard.plan(case.model, cluster_for("cpu", 4), case.args, annotations=pins)
+    # the mask's contents are unknown when planning: the full square is priced either way, and zigzag would
+    # only add the reordering of the gathers on the ring axis
+    assert plan.context_layout == "contiguous"
+    assert any("contiguous layout (contiguous would add 0 s of causal imbalance" in n for n in plan.notes)
+
+
+class EmbedAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.attn = nn.Embedding(64, 32), CausalAttention(32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.attn(self.emb(ids))
+
+
+def test_zigzag_is_refused_where_an_op_needs_one_run_of_the_sequence() -> None:
+    model, ids = EmbedAttention(), torch.zeros(1, 64, dtype=torch.long)
+    pins = {"emb": "vocab", "attn": "ring"}  # a vocab-parallel lookup reads its vocab offset on the ring axis
+    cluster = cluster_for("cpu", 4)
+    captured = capture(model, (ids,))
+    plan = autoshard.plan(model, cluster, (ids,), annotations=pins, captured=captured)
+    assert (plan.context_axis, plan.context_layout) == (0, "contiguous")
+    assert any("emb split on mesh axis 0 need one run" in n for n in plan.notes)
+    with pytest.raises(ShardingError, match="cp_layout='zigzag' cannot be emitted: emb split"):
+        autoshard.plan(model, cluster, (ids,), annotations=pins, captured=captured, cp_layout="zigzag")

@@ -1,12 +1,15 @@
 """Expert parallelism and MLA on real gloo ranks, for tiny Hugging Face Mixtral, Qwen3-MoE and DeepSeek-V3.
 
-- Forced expert parallelism (the fused expert MLP's weights split over experts on a 1-D mesh of 4) matches
-  one device in outputs and every gradient, and the expert layer's output reduction ran (asserted from the
-  collectives every rank issued, against the plan); the report names the pattern.
+- Forced expert parallelism (the routed experts' weights split over experts on a 1-D mesh of 4) matches one
+  device in outputs and every gradient, with either token dispatcher: all-gather (tokens whole on the axis,
+  the output's Partial reduced) and all-to-all (tokens split, dispatched and combined by
+  ``all_to_all_single``: 3 forward all-to-alls -- split sizes, dispatch, combine -- and 2 backward per MoE
+  layer), each asserted from the collectives every rank issued, against the plan; the report names it.
 - DeepSeek-V3's MLA attention with Megatron tensor parallelism forced on ``q_b_proj`` / ``kv_b_proj``
   (column) and ``o_proj`` (row) matches one device forward and backward (it used to fail in backward with
   "_RedistributeBackward returned an invalid gradient": slice assignment into a ``new_empty`` buffer).
-- A Mixtral-8x7B-shaped model on 8 x 8 with 16 x 4096 tokens is planned expert-parallel by the planner itself.
+- A Mixtral-8x7B-shaped model on 8 x 8 with 16 x 4096 tokens is planned expert-parallel by the planner itself,
+  dispatching by all-to-all, and the report gives the all-to-all volume.
 
 Models run in float32: CPU grouped matmuls (``aten._grouped_mm``) take no float64.
 """
@@ -20,7 +23,7 @@ import torch
 
 import autoshard
 from autoshard.capture import capture
-from autoshard.capture.experts import expert_mlp
+from autoshard.capture.dispatch import routed_experts
 from autoshard.runtime.verify import cluster_for, verify
 
 transformers = pytest.importorskip("transformers")
@@ -58,6 +61,7 @@ def _model(kind: str) -> torch.nn.Module:
 
 
 EXPERT_PARALLEL = {"*.experts": ((1, 1), (4, 1, 1), (4, 1, 1))}  # x whole, both expert weights split 4 ways
+ALL_TO_ALL = {"*.experts": ((4, 1), (4, 1, 1), (4, 1, 1))}  # tokens and both expert weights split 4 ways
 
 
 @pytest.mark.slow
@@ -66,17 +70,65 @@ def test_forced_expert_parallelism_verifies_on_4_ranks(kind: str) -> None:
     model = _model(kind)
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
     captured = capture(model, (ids,), blocks="full")
-    assert any(n.target is expert_mlp for n in captured.graph_module.graph.nodes)
+    assert any(n.target is routed_experts for n in captured.graph_module.graph.nodes)
     plan = autoshard.plan(model, cluster_for("cpu", 4), (ids,), annotations=EXPERT_PARALLEL)
-    experts = [n for n in plan.nodes if n.target.endswith("expert_mlp")]
-    assert experts and all(", S(0), S(0), " in n.strategy and n.strategy.endswith("-> P") for n in experts)
+    experts = [n for n in plan.nodes if n.target.endswith("routed_experts")]
+    assert experts and all(n.strategy == "R, S(0), S(0), R, R -> P" for n in experts)
     assert "expert parallel on axis 0" in plan.summary()
-    reductions = [c for c in plan.collectives if c.phase == "forward" and c.module.endswith("mlp.experts")]
+    # the Partial is reduced after the experts (DeepSeek-V3: after the shared expert's output is added)
+    reductions = [
+        c for c in plan.collectives if c.phase == "forward" and c.kind in ("all_reduce", "reduce_scatter")
+    ]
     assert reductions, "the expert output's Partial must be reduced"
     report = verify(model, (ids,), plan=plan, captured=captured, name=kind)
     assert report.ok, str(report)
     assert report.emitted == report.planned and report.ranks_agree
     assert report.emitted.get("forward all_reduce", 0) + report.emitted.get("forward reduce_scatter", 0) >= 1
+    assert "forward all_to_all" not in report.emitted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3-moe", "deepseek-v3"])
+def test_all_to_all_dispatch_verifies_on_4_ranks(kind: str) -> None:
+    """Tokens stay split; each rank sends its rows to the experts' ranks and gets them back.  The plan lists
+    the all-to-alls with the volume it priced (each rank's 4 tokens x top-2 rows of 32 float32), and the ranks
+    ran exactly those."""
+    model = _model(kind)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    plan = autoshard.plan(model, cluster_for("cpu", 4), (ids,), annotations=ALL_TO_ALL)
+    [experts] = [n for n in plan.nodes if n.target.endswith("routed_experts")]
+    assert experts.strategy == "S(0), S(0), S(0), S(0), S(0) -> S(0)"
+    a2a = [c for c in plan.collectives if c.kind == "all_to_all" and c.node == experts.name]
+    rows = 16 // 4 * 2 * 32 * 4  # tokens per rank x top-k x hidden x bytes
+    assert sorted((c.phase, c.nbytes) for c in a2a) == [
+        ("backward", rows), ("backward", rows), ("forward", 4 * 8), ("forward", rows), ("forward", rows)
+    ]  # fmt: skip
+    assert "tokens sent by all-to-all: 5 per step" in " ".join(plan.summary().split())  # lines wrap
+    report = verify(model, (ids,), plan=plan, name=kind)
+    assert report.ok, str(report)
+    assert report.emitted == report.planned and report.ranks_agree
+    assert report.emitted["forward all_to_all"] == 3 and report.emitted["backward all_to_all"] == 2
+
+
+@pytest.mark.slow
+def test_all_to_all_dispatch_composes_with_a_second_axis() -> None:
+    """On 2 x 2 the all-to-all runs on axis 0's groups while axis 1 splits the tokens further (each group
+    exchanges its own quarter of the batch) or splits the FFN dim inside the experts (the combined rows come
+    back Partial on axis 1 and are reduced after)."""
+    model = _model("mixtral")
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    cluster = autoshard.load_cluster("cpu", mesh=(2, 2))
+    for pins, out in [
+        ({"*.experts": ((4, 1), (2, 1, 1), (2, 1, 1))}, "-> (S(0), S(0))"),  # tokens on both axes
+        ({"*.experts": ((2, 1), (2, 1, 1), (2, 2, 1))}, "-> (S(0), P)"),  # FFN dim on axis 1
+    ]:
+        plan = autoshard.plan(model, cluster, (ids,), annotations=pins)
+        [experts] = [n for n in plan.nodes if n.target.endswith("routed_experts")]
+        assert experts.strategy.endswith(out), experts.strategy
+        report = verify(model, (ids,), plan=plan, name="mixtral 2x2")
+        assert report.ok, str(report)
+        assert report.emitted == report.planned and report.ranks_agree
+        assert report.emitted["forward all_to_all"] == 3 and report.emitted["backward all_to_all"] == 2
 
 
 MLA_TP = {
@@ -100,18 +152,24 @@ def test_mla_tensor_parallel_forward_and_backward() -> None:
 @pytest.mark.slow
 def test_mixtral_8x7b_chooses_expert_parallelism_on_8x8() -> None:
     """At 16 x 4096 tokens, moving tokens to the experts costs less than gathering 2.8 GB of expert weights per
-    layer: the planner splits the experts (across nodes, here) and the report names it, with the bytes."""
+    layer: the planner splits the experts (across nodes, here), dispatches by all-to-all, and the report names
+    it, with the bytes."""
     from autoshard import zoo
 
     case = zoo.build("mixtral-8x7b", batch=16, seq=4096)
     plan = autoshard.plan(case.model, autoshard.load_cluster("a100x8", nodes=8, mesh=(8, 8)), case.args)
-    experts = [n for n in plan.nodes if n.target.endswith("expert_mlp")]
+    experts = [n for n in plan.nodes if n.target.endswith("routed_experts")]
     assert experts and all("(S(0), R), (S(0), R)" in n.strategy for n in experts), [
         n.strategy for n in experts
     ]
     assert "expert parallel on axis 0" in plan.summary()
     moved = [c for c in plan.collectives if c.mesh_axis == 0 and c.module.endswith("mlp.experts")]
-    assert {c.kind for c in moved if c.phase == "forward"} >= {"all_gather"}  # tokens dispatched to experts
+    # 8 experts over 8 nodes, top-2: sending each token's 2 rows (n / k = 4 times less than gathering every
+    # token) wins; per layer: split sizes, dispatch and combine forward, both again backward
+    assert {c.kind for c in moved} == {"all_to_all"} and len(moved) == 5 * 32
+    rows = 16 * 4096 // 64 * 2 * 4096 * 2  # tokens per device x top-2 x hidden x bf16 bytes
+    assert sorted({c.nbytes for c in moved}) == [8 * 8, rows]
+    assert "tokens sent by all-to-all: 160 per step" in " ".join(plan.summary().split())
 
 
 @pytest.mark.slow

@@ -140,7 +140,20 @@ def _experts() -> list[Example]:
     return [
         ex(expert_mlp, x, gate_up, down, offs, aten.silu.default, True),
         ex(expert_mlp, x, gate_up, down, offs, aten.gelu.default, True),
+        *_routed_experts(),
     ]
+
+
+def _routed_experts() -> list[Example]:
+    """The routed-experts block (capture.dispatch) on aten's grouped matmul: 8 tokens, top-2 of 4 experts,
+    expert 3 never chosen; the all-to-all strategy talks to other ranks and is checked on gloo instead
+    (tests/runtime/test_runtime_moe.py)."""
+    from autoshard.capture.dispatch import routed_experts
+
+    hidden, gate_up, down = f(8, 8).float(), f(4, 8, 32).float(), f(4, 16, 8).float()
+    index = torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2], [1, 0], [2, 1], [0, 1], [1, 2]])
+    weights = pos(8, 2).float()
+    return [ex(routed_experts, hidden, gate_up, down, index, weights, aten.silu.default, True)]
 
 
 def coverage_examples() -> list[Example]:

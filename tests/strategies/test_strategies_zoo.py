@@ -21,7 +21,7 @@ import torch
 from torch import fx, nn
 
 from autoshard.capture import capture, graph_inputs
-from autoshard.capture.experts import expert_mlp
+from autoshard.capture.dispatch import routed_experts
 from autoshard.strategies import UnsupportedOpWarning, missing_rules, strategies_for
 from autoshard.strategies.validate import check_rule
 
@@ -142,8 +142,8 @@ def test_zoo_covers_the_ops_that_matter(zoo: dict[str, fx.GraphModule]) -> None:
     for op in [f"aten.{name}" for name in wanted]:
         assert op in targets, op
     # both Mixtral dtypes' grouped matmuls (transformers' fallback in fp32, aten._grouped_mm in bf16) are fused
-    fused = [n for gm in zoo.values() for n in gm.graph.nodes if n.target is expert_mlp]
-    assert {n.args[5] for n in fused} == {False, True}
+    fused = [n for gm in zoo.values() for n in gm.graph.nodes if n.target is routed_experts]
+    assert {n.args[6] for n in fused} == {False, True}
 
 
 def _nodes(gm: fx.GraphModule) -> Iterator[fx.Node]:
@@ -183,9 +183,10 @@ def test_canonical_strategies_are_offered(zoo: dict[str, fx.GraphModule]) -> Non
     assert "S(1), S(1), S(1), R -> S(1)" in sdpa  # heads split, (B, 1, S, S) mask replicated
     assert "S(0), R -> P" in offered(zoo["llama"], "aten.embedding.default")  # vocab parallel
     experts = {
-        str(s) for n in _nodes(zoo["mixtral"]) if n.target is expert_mlp for s in strategies_for(n, (2,))
+        str(s) for n in _nodes(zoo["mixtral"]) if n.target is routed_experts for s in strategies_for(n, (2,))
     }
-    assert "R, S(0), S(0), R -> P" in experts  # expert parallel: both expert weights split, output Partial
+    assert "R, S(0), S(0), R, R -> P" in experts  # expert parallel, all-gather dispatch: output Partial
+    assert "S(0), S(0), S(0), S(0), S(0) -> S(0)" in experts  # expert parallel, all-to-all dispatch
 
 
 # -- the harness on every node of real graphs -------------------------------------------------------------------

@@ -11,6 +11,8 @@ Example: ``arange(8)`` on mesh (2,) gives ``-> R`` and ``-> S(0)``; device 1 run
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import fx
 
@@ -40,10 +42,19 @@ def _arange_local(ctx: LocalContext) -> LocalCall:
     b = ctx.bound()
     start = b.get("start", 0)
     step = b.get("step", 1)
-    first, length = ctx.out_range(0)
-    local_start = start + first * step
     kwargs = {k: v for k, v in ctx.kwargs.items() if k in ("dtype", "layout", "device", "pin_memory")}
+    runs = ctx.out_intervals(0)
+    if len(runs) > 1:  # the zigzag layout of context parallelism: this device's positions, in local order
+        bounds = tuple((start + first * step, start + (first + length) * step) for first, length in runs)
+        return LocalCall(_aranges, (bounds, step), kwargs)
+    first, length = runs[0] if runs else (0, 0)
+    local_start = start + first * step
     return LocalCall(aten.arange.start_step, (local_start, local_start + length * step, step), kwargs)
+
+
+def _aranges(bounds: tuple[tuple[Any, Any], ...], step: Any, **kwargs: Any) -> torch.Tensor:
+    """``arange`` of several runs, concatenated (a device's positions under a zigzag split)."""
+    return torch.cat([aten.arange.start_step(lo, hi, step, **kwargs) for lo, hi in bounds])
 
 
 def _free(

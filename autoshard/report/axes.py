@@ -1,0 +1,158 @@
+"""What each mesh axis splits: the facts the report's body shows and its headline is made of.
+
+Input: a :class:`~autoshard.report.groups.PlanView`.  Output: one :class:`AxisUse` per mesh axis
+(:func:`axis_uses`), and the degrees ``{"tp": 8, "dp": 16}`` they add up to (:func:`degrees`).
+
+Per axis, two facts are read from the plan, the same ones the strategy section words per module group
+(:mod:`autoshard.report.describe`, through :func:`autoshard.report.roles.axis_role`):
+
+- **the compute**: every matmul, grouped matmul, attention and embedding op has a role on the axis; roles
+  fall into four families, weighted by the op's compute time (all layers): ``batch``; ``sequence`` (a
+  sequence split of activations, or attention heads exchanged by all-to-all around attention: Ulysses);
+  ``features`` (weights used split: column, row, heads, vocabulary, hidden); ``experts``.  The family with the
+  largest share is what the axis splits;
+- **the parameters**: how many are stored split on the axis, and whether they are all-gathered before use.
+
+The kind of parallelism follows from them, and nothing else:
+
+======================  ================================================================================
+kind                    when
+======================  ================================================================================
+``pp``                  the axis the pipeline stages are laid along
+``ep``                  the compute is split by experts
+``tp``                  the compute uses weights split (Megatron column→row, heads, vocabulary)
+``cp``                  the compute is split by sequence and attention itself is (ring attention)
+``sp``                  the compute is split by sequence, attention is not (Ulysses, norms only)
+``fsdp``                the compute is split by batch and at least half the parameters are stored split
+                        and gathered before use
+``dp``                  the compute is split by batch, parameters mostly replicated
+(none)                  nothing is split on the axis: every device of it computes the same
+======================  ================================================================================
+
+Example::
+
+    for use in axis_uses(PlanView.of(plan)):
+        print(use)   # "axis 1 (8): TP: weights used split (100% of the weighted compute); 7 of 9 ..."
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from autoshard.report.groups import PlanView
+from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_axes
+
+__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees"]
+
+KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
+_FAMILY = {
+    "batch": "batch",
+    "sequence": "sequence",
+    "column": "features",
+    "row": "features",
+    "heads": "features",
+    "vocab": "features",
+    "hidden": "features",
+    "experts": "experts",
+}
+_WEIGHTED = ("matmul", "grouped_mm", "attention", "embedding")
+_SAYS = {
+    "batch": "activations split by batch",
+    "sequence": "activations split by sequence",
+    "features": "weights used split",
+    "experts": "experts split",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AxisUse:
+    """What one mesh axis splits (module docstring)."""
+
+    axis: int
+    size: int
+    kind: str | None  # one of KIND_ORDER; None: nothing split on this axis
+    compute: str  # the family of the largest share ("batch", "sequence", "features", "experts"), or ""
+    share: float  # its share of the weighted ops' compute time
+    attention_by_sequence: bool
+    params_split: int  # parameters stored split on this axis
+    params: int
+    gathered: bool  # some parameter stored split is all-gathered before use (FSDP)
+
+    def __str__(self) -> str:
+        head = f"axis {self.axis} ({self.size}): "
+        if self.kind == "pp":
+            return head + "PP: pipeline stages"
+        if self.kind is None:
+            return head + "nothing split: every device of this axis computes the same"
+        what = _SAYS[self.compute]
+        if self.compute == "sequence":
+            what += ", attention too (ring)" if self.attention_by_sequence else ", attention not by sequence"
+        stored = f"{self.params_split} of {self.params} parameters stored split"
+        if self.gathered:
+            stored += ", gathered before use"
+        return f"{head}{self.kind.upper()}: {what} ({self.share:.0%} of the weighted compute); {stored}"
+
+
+def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]:
+    """One record per mesh axis of size > 1."""
+    placements = view.plan.param_placements
+    gathered = fsdp_axes(view)
+    out = []
+    for axis, size in enumerate(view.plan.mesh_shape):
+        if size == 1:
+            continue
+        split = sum(1 for spec in placements.values() if axis < len(spec) and spec[axis].startswith("S("))
+        family, share, ring = _compute(view, axis)
+        kind = (
+            "pp" if axis == pipeline_axis else _kind(family, ring, split, len(placements), axis in gathered)
+        )
+        out.append(AxisUse(axis, size, kind, family, share, ring, split, len(placements), axis in gathered))
+    return out
+
+
+def degrees(uses: list[AxisUse]) -> dict[str, int]:
+    """``{"tp": 8, "dp": 16}``: the sizes of the axes of each kind multiplied together."""
+    out: dict[str, int] = {}
+    for use in uses:
+        if use.kind is not None:
+            out[use.kind] = out.get(use.kind, 1) * use.size
+    return out
+
+
+def _compute(view: PlanView, axis: int) -> tuple[str, float, bool]:
+    """(family of the largest compute share, that share, attention split by sequence) on ``axis``."""
+    ulysses = any("attention" in all_to_all_axes(view, g).get(axis, set()) for g in view.groups())
+    seconds: dict[str, float] = defaultdict(float)
+    ops: dict[str, int] = defaultdict(int)  # ties (plans without compute times) go to the most ops
+    total = 0.0
+    ring = False
+    for row in view.ops:
+        if row.kind not in _WEIGHTED:
+            continue
+        total += row.node.compute_seconds
+        role = axis_role(row, axis)
+        if role is None or role not in _FAMILY:
+            continue
+        family = _FAMILY[role]
+        if row.kind == "attention" and role == "heads" and ulysses:
+            family = "sequence"  # heads exchanged for the sequence around attention: Ulysses
+        ring = ring or (row.kind == "attention" and role == "sequence")
+        seconds[family] += row.node.compute_seconds
+        ops[family] += 1
+    if not seconds:
+        return "", 0.0, ring
+    family = max(seconds, key=lambda f: (seconds[f], ops[f], f))
+    return family, (seconds[family] / total if total else 0.0), ring
+
+
+def _kind(family: str, ring: bool, split: int, params: int, gathered: bool) -> str | None:
+    if family == "experts":
+        return "ep"
+    if family == "features":
+        return "tp"
+    if family == "sequence":
+        return "cp" if ring else "sp"
+    if family == "batch":
+        return "fsdp" if gathered and 2 * split >= params else "dp"
+    return None

@@ -1,0 +1,159 @@
+"""The figures of a plan beside its baseline: step time and its split, memory against capacity, what the
+figures assume, the price of pins and the comparison with data parallel.
+
+Input: a :class:`~autoshard.plans.Plan` and optionally a :class:`Baseline` (the same model planned as pure
+data parallel, or why that is impossible).  Output: report lines (:func:`figure_lines`), part of
+:func:`autoshard.report.table.render`.
+
+Example::
+
+    lines = figure_lines(plan, Baseline.of(dp_plan), width=100, budget=None)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autoshard.plans import Plan
+from autoshard.report.labels import fmt_bytes, fmt_seconds, wrap
+
+__all__ = ["Baseline", "figure_lines", "param_memory"]
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """The figures of a comparison plan (pure data parallel), or why there is none (``step_time`` is None)."""
+
+    name: str
+    step_time: float | None = None
+    compute: float = 0.0
+    communication: float = 0.0
+    memory: float = 0.0
+    param_memory: float = 0.0
+    device_memory: float = 0.0
+    reason: str = ""
+
+    @classmethod
+    def of(cls, plan: Plan, name: str = "data parallel") -> Baseline:
+        return cls(
+            name,
+            plan.predicted_step_time,
+            plan.compute_time,
+            plan.communication_time,
+            plan.memory_per_device,
+            param_memory(plan),
+            plan.device_memory,
+        )
+
+    @classmethod
+    def impossible(cls, reason: str, name: str = "data parallel") -> Baseline:
+        return cls(name, reason=reason)
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> Baseline | None:
+        """Read back the ``baseline`` block of :func:`report_data` (``None`` when absent or malformed)."""
+        data = report.get("baseline")
+        if not isinstance(data, dict):
+            return None
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        try:
+            return cls(**fields)
+        except TypeError:
+            return None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def figure_lines(plan: Plan, baseline: Baseline | None, width: int, budget: float | None) -> list[str]:
+    dp = baseline if baseline is not None and baseline.step_time is not None else None
+    mine_params = param_memory(plan)
+    names = ("step time", "  compute", "  communication", "memory per device", "  weights, grads, optimizer")
+    mine: tuple[float, ...] = (plan.predicted_step_time, plan.compute_time, plan.communication_time)
+    unowned = sum(
+        plan.memory_breakdown.values()
+    )  # reserve, gathered weights, temporary: shown in _assumptions
+    mine += (plan.memory_per_device, mine_params, plan.memory_per_device - mine_params - unowned)
+    theirs: tuple[float, ...] = ()
+    if dp is not None and dp.step_time is not None:
+        theirs = (dp.step_time, dp.compute, dp.communication, dp.memory, dp.param_memory)
+        theirs += (dp.memory - dp.param_memory,)
+    lines = [f"{'predicted step time, memory':<30}{'this plan':>12}" + (f"{dp.name:>16}" if dp else "")]
+    for i, name in enumerate((*names, "  activations")):
+        fmt = fmt_seconds if i < 3 else fmt_bytes
+        lines.append(f"  {name:<28}{fmt(mine[i]):>12}" + (f"{fmt(theirs[i]):>16}" if theirs else ""))
+    lines.append(_capacity(plan, budget))
+    named = baseline.name if baseline is not None else None
+    comparison = _comparison(plan, baseline, width) + _replicated(plan, named, width)
+    return lines + _assumptions(plan, width) + _price(plan) + comparison
+
+
+def _price(plan: Plan) -> list[str]:
+    """The price of the user's annotations: the pinned plan's step time beside the unpinned optimum's."""
+    free = plan.unpinned_step_time
+    if free is None:
+        return []
+    extra = plan.predicted_step_time / free - 1 if free else 0.0
+    cost = f"{extra:+.1%}" if extra >= 0.0005 else "no extra cost"
+    return [
+        f"  price of your annotations: {fmt_seconds(plan.predicted_step_time)} pinned vs "
+        f"{fmt_seconds(free)} unpinned optimum ({cost})"
+    ]
+
+
+def _assumptions(plan: Plan, width: int) -> list[str]:
+    """Two lines: what the figures assume (dtypes, optimizer, micro-batches, recompute; overlap, memory)."""
+    recompute = plan.recompute  # Plan.recompute, on the first recompute_blocks blocks when set
+    if plan.recompute_blocks is not None and plan.recompute != "none":
+        recompute += f" on {plan.recompute_blocks} blocks, none on the rest"
+    first = (
+        f"assumes: captured dtypes, Adam (fp32 master + moments) sharded, "
+        f"{plan.microbatches} micro-batch{'es' * (plan.microbatches > 1)}, recompute {recompute}"
+    )
+    exposed = plan.predicted_step_time - plan.compute_time
+    memory = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in plan.memory_breakdown.items() if v > 0)
+    second = f"overlap: {plan.overlap.describe()}; {fmt_seconds(exposed)} comm exposed" + (
+        f"; + {memory}" if memory else ""
+    )
+    return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ")
+
+
+def _capacity(plan: Plan, budget: float | None) -> str:
+    limit = budget if budget is not None else plan.device_memory
+    what = f"memory budget {fmt_bytes(limit)}" if budget is not None else f"device memory {fmt_bytes(limit)}"
+    share = plan.memory_per_device / limit if limit else 0.0
+    return f"  {what}: this plan uses {share:.0%}"
+
+
+def param_memory(plan: Plan) -> float:
+    fqns = set(plan.param_placements)
+    return sum(n.memory_bytes for n in plan.nodes if n.target == "placeholder" and n.module in fqns)
+
+
+def _comparison(plan: Plan, baseline: Baseline | None, width: int) -> list[str]:
+    if baseline is None:
+        return []
+    if baseline.step_time is None:
+        return wrap(f"{baseline.name}: {baseline.reason}", width, "    ", "  ")
+    ratio = baseline.step_time / plan.predicted_step_time if plan.predicted_step_time else 1.0
+    verdict = f"as fast as {baseline.name} (within 0.5%)"
+    if ratio >= 1.005:
+        verdict = f"{ratio:.2f}x faster than {baseline.name}"
+    elif ratio < 0.995:  # only when annotations or a budget constrain this plan more than the baseline
+        verdict = f"{1 / ratio:.2f}x slower than {baseline.name}"
+    return [f"  this plan is {verdict}"]
+
+
+def _replicated(plan: Plan, baseline: str | None, width: int) -> list[str]:
+    """Ops without a rule run whole on every device, in this plan and in the baseline alike: say so."""
+    if not plan.replicated_ops:
+        return []
+    share = sum(plan.replicated_ops.values())
+    ops = ", ".join(sorted(plan.replicated_ops, key=lambda op: -plan.replicated_ops[op]))
+    text = (
+        f"warning: {share:.1%} of the forward FLOPs run replicated on every device (no sharding rule: {ops})"
+    )
+    if baseline is not None:
+        text += f"; {baseline} replicates them too, so the comparison does not show their cost"
+    return wrap(text, width, "    ", "  ")

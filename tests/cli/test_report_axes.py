@@ -1,0 +1,117 @@
+"""The report's headline degrees come from what each mesh axis splits, the facts its body prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import report_cases as cases
+import torch
+
+import autoshard
+from autoshard import zoo
+from autoshard.pipeline.summary import degrees_of, headline
+from autoshard.plans import Plan
+from autoshard.report.table import render
+from autoshard.runtime.verify import cluster_for
+
+LINEAR, SDPA, EMBEDDING = cases.LINEAR, cases.SDPA, cases.EMBEDDING
+SEQ = "(S(0), S(1))"  # (B, S, H) activations: batch on axis 0, sequence on axis 1
+
+
+def context_parallel_with_a_gathered_embedding() -> Plan:
+    """Mesh (4, 8): batch on axis 0; attention and every linear split by sequence on axis 1 (ring attention),
+    the embedding table stored split on axis 1 and all-gathered before use.  The headline used to read
+    ``FSDP 8 × DP 4`` (one gathered parameter made axis 1 "FSDP") above a body showing context parallelism."""
+    qkv = "(S(0), S(2))"  # (B, H, S, D): sequence is dim 2
+    ops = [
+        ("embedding", "embed", EMBEDDING, f"(R, R), {SEQ} -> {SEQ}"),
+        ("linear", "attn.q", LINEAR, f"{SEQ}, (R, R) -> {SEQ}"),
+        ("sdpa", "attn", SDPA, f"{qkv}, {qkv}, {qkv} -> {qkv}"),
+        ("linear_1", "attn.out", LINEAR, f"{SEQ}, (R, R) -> {SEQ}"),
+    ]
+    params = {"embed.weight": ("R", "S(1)"), "attn.q.weight": ("R", "R"), "attn.out.weight": ("R", "R")}
+    w = cases.param_node("embed.weight")
+    comms = [cases.collective("all_gather", "forward", w, "embedding", "embed", axis=1)]
+    return cases.make_plan((4, 8), params, ops, comms, inputs={"ids": ("S(0)", "S(1)")})
+
+
+def _axes_section(report: str) -> list[str]:
+    """The kinds the "mesh axes" section names, one per axis: ``["DP", "CP"]``."""
+    block = report.split("mesh axes")[1].split("\n\n")[0]
+    return re.findall(r"^  axis \d+ \(\d+\): ([A-Z]+):", block, flags=re.M)
+
+
+def _headline_kinds(line: str) -> list[str]:
+    return re.findall(r"([A-Z]+) \d+", line.split(",")[0])
+
+
+def test_context_parallel_axis_is_cp_not_fsdp() -> None:
+    plan = context_parallel_with_a_gathered_embedding()
+    report = render(plan)
+    assert report.splitlines()[0] == "CP 8 × DP 4, 1 microbatch"
+    assert "attention by sequence (context parallel) on axis 1" in report  # the body says the same
+    assert "axis 1 (8): CP: activations split by sequence, attention too (ring)" in report
+    assert degrees_of(plan) == {"cp": 8, "dp": 4}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        cases.megatron_mlp,
+        cases.data_parallel_and_fsdp,
+        cases.ulysses_attention_stack,
+        cases.vocab_parallel,
+        cases.expert_parallel,
+        context_parallel_with_a_gathered_embedding,
+    ],
+)
+def test_headline_and_body_name_the_same_kinds(make) -> None:
+    plan = make()
+    report = render(plan)
+    axes = _axes_section(report)
+    assert sorted(_headline_kinds(headline(plan))) == sorted(dict.fromkeys(axes))
+    assert len(axes) == sum(1 for n in plan.mesh_shape if n > 1)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (cases.megatron_mlp, {"tp": 8}),
+        (cases.data_parallel_and_fsdp, {"dp": 2, "fsdp": 8}),
+        (cases.ulysses_attention_stack, {"sp": 8}),
+        (cases.vocab_parallel, {"tp": 8}),
+        (cases.expert_parallel, {"ep": 8}),
+    ],
+)
+def test_canonical_plans_keep_their_degrees(make, expected) -> None:
+    assert degrees_of(make()) == expected
+
+
+def _example_layout(kind: str, mesh: tuple[int, ...]) -> dict:
+    path = Path(__file__).parents[2] / "examples" / "train.py"
+    spec = importlib.util.spec_from_file_location("example_train", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._layout(kind, mesh)
+
+
+@pytest.mark.slow
+def test_train_example_tp_dp_layout_is_headed_tp_by_dp() -> None:
+    """``examples/train.py plan --mesh 2x2 --layout tp-dp`` was headed ``FSDP 2 × DP 2``."""
+    case = zoo.build("llama-tiny", batch=4, seq=32, device="meta")
+    ids = torch.zeros(4, 32, dtype=torch.long, device="meta")
+    plan = autoshard.plan(
+        case.model,
+        cluster_for("cpu", 4, (2, 2)),
+        (ids,),
+        {"labels": ids},
+        annotations=_example_layout("tp-dp", (2, 2)),
+    )
+    report = render(plan)
+    assert report.splitlines()[0] == "TP 2 × DP 2, 1 microbatch"
+    assert _axes_section(report) == ["DP", "TP"]
+    assert "row-split on axis 1" in report  # the body: the row-split projections use their weights split
