@@ -22,6 +22,9 @@ another, each stream in issue order:
    runs under the compute of layer i, so the first is exposed and each other one only beyond that compute:
    ``g_1 + Σ_{i≥2} max(0, g_i − c_{i−1})`` (:func:`exposed_prefetched_gathers`).  Without prefetch every
    gather is exposed.
+   With ``reshard_after_forward`` (FSDP2's default) each gathered weight is freed after use and gathered
+   again in backward: those re-gathers are priced as the forward ones, in backward order under the
+   backward compute of the layer after (the same function).
 4. **Pipeline point-to-point** transfers are priced by the pipeline schedule (``autoshard.pipeline``), not here.
 
 Step time = compute + exposed TP collectives + exposed gathers + exposed gradient sync (+ pipeline bubble).
@@ -72,12 +75,16 @@ class OverlapPolicy:
         prefetch: FSDP all-gathers issued this many layers ahead (FSDP2 default 1; 0: no prefetch).
         async_tp: tensor-parallel collectives overlapped with their matmuls (collective matmul); False:
             exposed, the default of DTensor TP and Megatron without ``--tp-comm-overlap``.
+        reshard_after_forward: gathered (FSDP) weights are freed after their forward use and gathered again
+            in backward (FSDP2's default; ``autoshard.runtime.reshard``), which the memory model assumes and
+            the step prices (``Plan.collectives`` phase ``"regather"``); False: kept until backward.
     """
 
     overlap_grad_sync: bool = True
     bucket_bytes: int = DDP_BUCKET_BYTES
     prefetch: int = 1
     async_tp: bool = False
+    reshard_after_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 1:

@@ -141,7 +141,29 @@ def _rss_now() -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    """Train under torchrun with a saved plan (module doc)."""
+    """Train under torchrun with a saved plan (module doc), then close the process groups.
+
+    Why the order matters: gloo runs each collective on a worker thread of its process group, and that thread
+    drops the collective's tensors after ``wait()`` has returned.  If the last reference to such a tensor is
+    the worker's when the interpreter finalises, freeing it needs the GIL, the thread is stopped inside a
+    ``noexcept`` frame and the process aborts ("terminate called without an active exception").  Destroying a
+    gloo group joins its workers -- but only when its last reference goes, and the module, the optimizer and
+    the last step's autograd graph (its ``ctx.comm``) all hold the groups.  So training runs in its own frame;
+    once it has returned nothing of ours holds a group, ``destroy_process_group`` drops c10d's references, the
+    groups are destroyed here and their workers joined while the interpreter is whole.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    _train(args)
+    gc.collect()  # reference cycles (fx modules) that still hold a group
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def _train(args: argparse.Namespace) -> None:
+    """Everything of ``run`` that holds a process group (module doc)."""
     import torch.distributed as dist
 
     import autoshard
@@ -149,6 +171,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     from autoshard.runtime import init_from_env
     from autoshard.runtime.checkpoint import load_checkpoint, save_checkpoint
     from autoshard.runtime.materialize import InitWeights, SafetensorsWeights
+    from autoshard.runtime.prefetch import prefetch_gathers
     from autoshard.runtime.reshard import reshard_after_forward
     from autoshard.runtime.zero import ZeroOptimizer
 
@@ -165,8 +188,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     module = parallelize(
         model, plan, (ids,), {"labels": ids}, weights=weights, device=device, record=args.log
     )
-    if args.zero == 3:
+    if args.zero == 3 and plan.overlap.reshard_after_forward:  # as the plan priced (Plan.overlap)
         reshard_after_forward(module)
+    prefetch_gathers(module)  # FSDP gathers plan.overlap.prefetch layers ahead (nothing without FSDP)
     optimizer = ZeroOptimizer(
         module, torch.optim.AdamW, stage=args.zero, lr=args.lr, weight_decay=0.0, foreach=False
     )
@@ -213,13 +237,6 @@ def cmd_run(args: argparse.Namespace) -> None:
                 "losses": losses, "tokens_per_s": speeds, "model_bytes": full, "collectives": counts,
                 "ranks": [dict(zip(FIELDS, t.tolist(), strict=True)) for t in every],
             }, indent=1))  # fmt: skip
-    # Gloo's worker threads drop a finished collective's tensors (taking the GIL) only after wait() has returned: a
-    # rank that went straight on to exit reached interpreter shutdown first now and then, and the worker's GIL
-    # request then aborted it ("terminate called without an active exception", 3 runs in 12 of the resume
-    # command).  Let every rank get here, then hand the GIL over for a moment (0 in 12 with both).
-    dist.barrier()
-    time.sleep(0.2)
-    dist.destroy_process_group()
 
 
 FIELDS = ("peak_rss", "params", "optimizer", "built_rss", "start_rss")

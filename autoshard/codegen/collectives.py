@@ -165,14 +165,30 @@ def _dim(d: int | None) -> int:
     return d
 
 
-def _all_gather(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tensor, int]:
+def issue_all_gather(
+    x: torch.Tensor, step: Step, comm: MeshComm, *, async_op: bool = False
+) -> Callable[[], torch.Tensor]:
+    """Start one ``all_gather`` step; the returned callable waits for it (when ``async_op``) and gives the
+    gathered tensor.  The FSDP prefetch (:mod:`autoshard.runtime.prefetch`) issues it ahead of use."""
     n, d = comm.mesh_shape[step.mesh_axis], _dim(step.src_dim)
     flat = x.new_empty((n * x.shape[0], *x.shape[1:]) if x.dim() else (n,))  # c10d gathers along dim 0
-    _all_gather_base(flat, x.contiguous(), group=comm.group(step.mesh_axis))
-    # (n, ..., s_d, ...) -> (..., n * s_d, ...): member k's piece lands at [k * s_d, (k + 1) * s_d)
-    full = flat.view(n, *x.shape).movedim(0, d).reshape(*x.shape[:d], n * x.shape[d], *x.shape[d + 1 :])
-    if step.mesh_axis == comm.zigzag_axis:
-        full = _reorder(full, d, _from_zigzag(n))
+    work = _all_gather_base(flat, x.contiguous(), group=comm.group(step.mesh_axis), async_op=async_op)
+    shape = x.shape
+
+    def done() -> torch.Tensor:
+        if async_op:
+            work.wait()
+        # (n, ..., s_d, ...) -> (..., n * s_d, ...): member k's piece lands at [k * s_d, (k + 1) * s_d)
+        full = flat.view(n, *shape).movedim(0, d).reshape(*shape[:d], n * shape[d], *shape[d + 1 :])
+        if step.mesh_axis == comm.zigzag_axis:
+            full = _reorder(full, d, _from_zigzag(n))
+        return full
+
+    return done
+
+
+def _all_gather(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.Tensor, int]:
+    full = issue_all_gather(x, step, comm)()
     return full, full.numel() * full.element_size()
 
 

@@ -93,7 +93,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
             sums[part]["static"] += memory
         else:
             sums[part]["activation"] += memory
-    gather = sync = sync_bytes = 0.0  # one layer's, per microbatch (gather) and per step (sync)
+    gather = regather = sync = sync_bytes = 0.0  # one layer's, per microbatch (gathers) and per step (sync)
     for c in plan_collectives(built, solution):
         moved = built.infos.get(c.tensor)
         parameter = moved is not None and moved.kind == "parameter"
@@ -113,9 +113,14 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         if c.phase == "forward" and c.kind == "all_gather" and parameter and part == _LAYER:
             gather += seconds  # FSDP: prefetched under the previous layer's forward
             continue
-        sums[part][c.phase] += seconds  # tensor parallel and resharding: exposed
+        if c.phase == "regather" and part == _LAYER:
+            regather += seconds  # FSDP's backward re-gather: prefetched under the next layer's backward
+            continue
+        sums[part]["backward" if c.phase == "regather" else c.phase] += seconds  # TP, resharding: exposed
     per_layer = max(0.0, gather - layer_fwd)  # what the previous layer's forward does not hide
     sums[_LAYER]["forward"] += per_layer
+    per_layer_back = max(0.0, regather - layer_bwd)  # what the next layer's backward does not hide
+    sums[_LAYER]["backward"] += per_layer_back
     exposed_sync = tuple(
         exposed_gradient_sync([layer_bwd] * k, [sync] * k, opts.overlap, grad_bytes=[sync_bytes] * k)
         for k in range(n + 1)
@@ -128,7 +133,8 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         n,
         p2p_seconds=0.0,
         reserve=runtime_reserve(built),
-        gather_head=gather - per_layer,  # a chunk's first gather has no previous layer: exposed whole
+        # a chunk's first gather has no previous layer, its last re-gather no next one: exposed whole
+        gather_head=gather - per_layer + regather - per_layer_back,
         sync_exposed=exposed_sync,
     )
 

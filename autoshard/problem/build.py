@@ -60,7 +60,7 @@ from autoshard.problem.extras import MemoryExtras, memory_extras
 from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.problem.pricing import pairwise_ids
-from autoshard.problem.recompute import node_memory_total, reissued
+from autoshard.problem.recompute import node_memory_total, rerun_share
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
@@ -324,9 +324,11 @@ def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache) -> 
             # much).  Forward steps (FSDP gathers) keep every copy.
             fwd = edge_matrix(producer, which, strategies[tu], strategies[tv], pos, forward_only, cache)
             matrix = fwd * weight + (matrix / weight - fwd)
-        if reissued(infos[tu], infos[tv], opts):  # backward re-runs the block, moves inside it included
+        # backward re-runs the block, moves inside it included; or (FSDP reshard after forward) re-gathers
+        share = rerun_share(infos[tu], infos[tv], opts)  # recomputed blocks re-issue, the rest re-gather
+        if share:
             again = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, forward_only, cache)
-            matrix = matrix + again * (weight * opts.recompute_share)  # in the recomputed blocks only
+            matrix = matrix + again * (weight * share)
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
             node_costs[index[tu]] += np.diag(matrix)
             continue

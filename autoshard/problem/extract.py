@@ -29,7 +29,14 @@ from autoshard.problem.costs import (
 from autoshard.problem.dispatch import dispatch_steps, rerun_in_backward
 from autoshard.problem.extras import extra_memory as extra_memory_of
 from autoshard.problem.fanout import element_of
-from autoshard.problem.recompute import node_memory_total, reissued
+from autoshard.problem.recompute import (
+    node_memory_total,
+    recompute_blocks,
+    recomputed_layers,
+    regathered,
+    reissued,
+    rerun_share,
+)
 from autoshard.problem.step import critical_path
 from autoshard.redistribute import Step
 from autoshard.search import Solution
@@ -122,7 +129,7 @@ def extract_plan(
         timings=dict(timings),
         notes=notes + built.notes,
         recompute=built.options.recompute.value,
-        recompute_blocks=_recompute_blocks(built),
+        recompute_blocks=recompute_blocks(built.options, built.num_blocks),
         memory_limit=memory_limit,
         degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
         context_axis=context.axis,
@@ -130,13 +137,6 @@ def extract_plan(
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
     )
-
-
-def _recompute_blocks(built: BuiltProblem) -> int | None:
-    """How many of the repeated blocks ``Plan.recompute`` applies to; None when all of them."""
-    if built.options.recompute_share >= 1.0:
-        return None
-    return round(built.options.recompute_share * built.num_blocks)
 
 
 def plan_collectives(built: BuiltProblem, solution: Solution) -> tuple[Collective, ...]:
@@ -276,8 +276,13 @@ def _edge_collectives(
         bwd_times = repeats(built.options, parameter=parameter, backward=True)
         out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if reissued(producer, consumer, built.options):  # run again when backward recomputes the block
-            again = _recomputed_layers(layers, built)
+            again = recomputed_layers(layers, built.options, built.num_blocks)
             out += _records(steps.forward, "forward", served, moved, again, built, fwd_times)
+            if rerun_share(producer, consumer, built.options) > built.options.recompute_share:  # the others
+                rest = [lp for lp in layers if lp not in again]
+                out += _records(steps.forward, "regather", served, moved, rest, built, fwd_times)
+        elif regathered(producer, consumer, built.options):  # reshard after forward: gathered again
+            out += _records(steps.forward, "regather", served, moved, layers, built, fwd_times)
         if producer.fqn:  # gradient synchronisation serves the parameter of each layer
             for layer, path in layers:
                 fqn = built.infos[moved].fqn
@@ -293,17 +298,6 @@ def _edge_collectives(
         else:
             out += _records(steps.backward, "backward", served, moved, layers, built, bwd_times)
     return out
-
-
-def _recomputed_layers(
-    layers: list[tuple[int | None, str]], built: BuiltProblem
-) -> list[tuple[int | None, str]]:
-    """The layers backward recomputes: all, or the first ``k`` under a per-block share (problem/mix.py)."""
-    share = built.options.recompute_share
-    if share >= 1.0:
-        return layers
-    k = round(share * built.num_blocks)
-    return [(layer, path) for layer, path in layers if layer is not None and layer < k]
 
 
 class _Shared:
@@ -374,7 +368,8 @@ def _dispatch_collectives(
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
         out += _records(forward, "forward", name, name, layers, built, times)
         if rerun_in_backward(info, built.options):  # the block's forward runs again in backward
-            out += _records(forward, "forward", name, name, _recomputed_layers(layers, built), built, times)
+            again = recomputed_layers(layers, built.options, built.num_blocks)
+            out += _records(forward, "forward", name, name, again, built, times)
         if built.options.training:
             out += _records(backward, "backward", name, name, layers, built, times)
     return out

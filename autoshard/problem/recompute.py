@@ -9,12 +9,21 @@ and codegen (:mod:`autoshard.codegen.recompute`) emits what they price.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autoshard.cluster import Cluster
 from autoshard.problem.costs import CostOptions, Recompute, node_memory
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
 
-__all__ = ["node_memory_total", "reissued"]
+__all__ = [
+    "node_memory_total",
+    "recompute_blocks",
+    "recomputed_layers",
+    "regathered",
+    "reissued",
+    "rerun_share",
+]
 
 
 def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
@@ -22,6 +31,29 @@ def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
     a move between block nodes is inside it (codegen/recompute.py leaves moves from outside out of it)."""
     training = opts.training and opts.recompute is not Recompute.NONE
     return training and producer.block is not None and consumer.block is not None
+
+
+def regathered(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
+    """Whether backward gathers a parameter again (FSDP's reshard after forward,
+    ``OverlapPolicy.reshard_after_forward``; run by :mod:`autoshard.runtime.reshard`): the forward move of a
+    parameter is re-run in backward unless a recomputed block re-issues it anyway (:func:`reissued`).  Only
+    moves that gather cost anything: a weight read in its own layout or sliced moves nothing."""
+    return (
+        opts.training
+        and opts.overlap.reshard_after_forward
+        and producer.kind == "parameter"
+        and producer.requires_grad
+        and not reissued(producer, consumer, opts)
+    )
+
+
+def rerun_share(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> float:
+    """Share of a move's layer copies whose forward backward runs again: the recomputed blocks re-issue it
+    (``recompute_share`` of them), and under FSDP's reshard after forward the other blocks re-gather it."""
+    if reissued(producer, consumer, opts):
+        rest = regathered(producer, consumer, replace(opts, recompute=Recompute.NONE))
+        return 1.0 if rest else opts.recompute_share
+    return 1.0 if regathered(producer, consumer, opts) else 0.0
 
 
 def node_memory_total(
@@ -38,3 +70,16 @@ def node_memory_total(
         total += (kept - dropped) * count * (1.0 - opts.recompute_share)  # the blocks not recomputed
         total += kept  # the working set
     return total
+
+
+def recompute_blocks(opts: CostOptions, num_blocks: int) -> int | None:
+    """How many of the repeated blocks ``Plan.recompute`` applies to (the first ones); None when all."""
+    return None if opts.recompute_share >= 1.0 else round(opts.recompute_share * num_blocks)
+
+
+def recomputed_layers(layers: list, opts: CostOptions, num_blocks: int) -> list:
+    """The ``(layer, path)`` pairs backward recomputes: all, or the first ``k`` under a share (problem/mix)."""
+    k = recompute_blocks(opts, num_blocks)
+    return (
+        layers if k is None else [(layer, path) for layer, path in layers if layer is not None and layer < k]
+    )

@@ -70,6 +70,7 @@ def critical_path(
     sync: dict[int | None, float] = defaultdict(float)
     sync_bytes: dict[int | None, float] = defaultdict(float)
     gather: dict[int | None, float] = defaultdict(float)
+    regather: dict[int | None, float] = defaultdict(float)
     exposed = 0.0
     for c in collectives:
         if c.phase == "backward" and _moves_parameter(built, c):
@@ -77,9 +78,11 @@ def critical_path(
             sync_bytes[c.layer] += c.nbytes
         elif c.phase == "forward" and c.kind == "all_gather" and _moves_parameter(built, c):
             gather[c.layer] += c.seconds
+        elif c.phase == "regather":  # FSDP's backward re-gathers, prefetched like the forward ones
+            regather[c.layer] += c.seconds
         else:
             exposed += c.seconds
-    layers = sorted(set(fwd) | {k for k in (*sync, *gather) if k is not None})
+    layers = sorted(set(fwd) | {k for k in (*sync, *gather, *regather) if k is not None})
     order = list(reversed(layers))  # backward visits the last layer first
     exposed += exposed_gradient_sync(
         [bwd.get(i, 0.0) for i in order] + [0.0],
@@ -92,4 +95,8 @@ def critical_path(
     # gathers are per step (one per microbatch, resharded after forward); so is the compute hiding them
     hiding = [fwd.get(i, 0.0) * built.options.microbatches for i in layers]
     exposed += exposed_prefetched_gathers(gathered, hiding, policy.prefetch)
+    # FSDP's backward re-gathers, in backward order under the backward of the layer after (per step too)
+    again = [regather.get(i, 0.0) for i in order]
+    behind = [bwd.get(i, 0.0) * built.options.microbatches for i in order]
+    exposed += regather.get(None, 0.0) + exposed_prefetched_gathers(again, behind, policy.prefetch)
     return compute + exposed, exposed

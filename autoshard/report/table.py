@@ -41,7 +41,7 @@ MINOR_SHARE = 0.005  # groups below this share of compute, without parameters, a
 MAX_COLLECTIVE_ROWS = 12
 MAX_PARAMETER_ROWS = 24
 _STAGE_NAMES = {"strategies_and_costs": "strategies"}
-_PHASE = {"forward": "fwd", "backward": "bwd"}
+_PHASE = {"forward": "fwd", "backward": "bwd", "regather": "bwd"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +193,8 @@ def _where(collapsed: str, cs: list[Collective]) -> str:
 def _purpose(view: PlanView, c: Collective) -> tuple[str, str]:
     """(purpose, where): gradient sync and weight gathers of parameters, else activations at a module."""
     if c.tensor in view.param_nodes:
-        return ("weight all-gather (FSDP)" if c.phase == "forward" else "gradient sync"), ""
+        kinds = {"forward": "weight all-gather (FSDP)", "regather": "weight re-gather (FSDP)"}
+        return kinds.get(c.phase, "gradient sync"), ""
     if c.node == "output":
         return "output of", view.layer_of(c.module)
     return "activations", view.layer_of(c.module) or c.node
@@ -221,7 +222,7 @@ def _collectives(view: PlanView, width: int) -> list[str]:
 
 def _totals(collectives: tuple[Collective, ...]) -> str:
     parts = []
-    for phase in ("forward", "backward"):
+    for phase in ("forward", "backward", "regather"):
         cs = [c for c in collectives if c.phase == phase]
         if cs:
             parts.append(

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 import time
@@ -74,8 +75,21 @@ def init_from_env(backend: Backend | None = None) -> torch.device:
     if chosen == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
+        keep_world_unreferenced()
         dist.init_process_group(chosen)
     return default_device()
+
+
+def keep_world_unreferenced() -> None:
+    """Import ``torch.distributed.nn`` before the default group exists.
+
+    Its functions take ``group=group.WORLD`` as a default, evaluated at import: imported after
+    ``init_process_group`` (DCP imports it, lazily) they hold the world group for good, so
+    ``destroy_process_group`` cannot free it and gloo's worker threads outlive the script into interpreter
+    shutdown, where one dropping a finished collective's tensor aborts the process (examples/train.py).
+    Imported first, the default is ``None`` and destroying the group joins its workers.
+    """
+    importlib.import_module("torch.distributed.nn")
 
 
 def launch(

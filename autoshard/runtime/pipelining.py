@@ -33,7 +33,9 @@ The batch is cut into microbatches *before* it is split over a stage's ranks (:f
 microbatch ``k`` is the same rows of the global batch whatever the intra-op split.  Replicated parameters
 synchronise their gradients once per step, after the last microbatch (:mod:`autoshard.runtime.grad_sync`
 takes their all-reduces out of the stage graph's backward; ``sync_once=False`` keeps one per microbatch);
-gradients that are reduce-scattered (FSDP) still are, in every microbatch's backward.
+gathered (FSDP) parameters accumulate their whole gradient over the microbatches and reduce-scatter it once
+per step, as priced.  A :class:`~autoshard.runtime.zero.ZeroOptimizer` over a stage module reduce-scatters
+the deferred sums itself (ZeRO-1 combines with pipelining: the same pass, one record).
 
 Example (on every rank, e.g. under ``torchrun``)::
 
@@ -73,6 +75,7 @@ from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.plans import Plan
 from autoshard.redistribute import plan_redistribute
 from autoshard.runtime.grad_sync import DeferredSync, defer_gradient_sync, sync_gradients
+from autoshard.runtime.reshard import reshard_after_forward
 from autoshard.runtime.stages import PipelineRunError, StageBuild, intra_layout, prepare_stages
 
 __all__ = [
@@ -169,8 +172,10 @@ def build_pipeline(
         module = parallelize(
             b.module, b.plan, (b.example,), mesh=intra_mesh, captured=b.captured, device=where, record=record
         )
+        if plan.overlap.reshard_after_forward:  # FSDP weights freed after use, as priced (no-op without)
+            reshard_after_forward(module)
         modules.append(module)
-        deferred.append(defer_gradient_sync(module) if sync_once else ())
+        deferred.append(defer_gradient_sync(module, gathered=True) if sync_once else ())
         planned_out = spec_of(b.plan.output_placements[0])
         out_spec = output_spec if b is last else planned_out
         runs: nn.Module = module
@@ -239,8 +244,9 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     local_target = local_batch(target, run.output_spec, run.microbatches, mesh_shape, coord).to(run.device)
     losses: list[torch.Tensor] = []
     run.schedule.step(*args, target=local_target if run.is_last else None, losses=losses)
+    scale = run.microbatches if getattr(run.schedule, "scale_grads", True) else 1  # as torch scaled .grad
     for module, deferred in zip(run.modules, run.deferred, strict=True):
-        sync_gradients(module, deferred)
+        sync_gradients(module, deferred, scale=scale)
     if not run.is_last:
         return None
     loss = torch.stack([t.detach() for t in losses]).mean()

@@ -15,7 +15,8 @@ same module, where (:func:`reshard_after_forward`)
 
 Memory: at most the weights of the ops being run, plus their gradients, instead of all gathered weights.
 Cost: one more all-gather per gathered parameter in backward (logged with phase ``"regather"``), as FSDP2's
-default ``reshard_after_forward=True`` pays; ``autoshard.problem.costs`` does not price it yet.
+default ``reshard_after_forward=True`` pays, and as the plan prices it (``Plan.collectives``, phase
+``"regather"``).  With :mod:`autoshard.runtime.prefetch` the re-gathers are issued layers ahead.
 
 Example::
 
@@ -34,16 +35,25 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from autoshard.codegen.collectives import MeshComm, parse_steps, redistribute, run_steps
 from autoshard.codegen.parallelize import parallel_info
 
-__all__ = ["gather_param", "reshard_after_forward"]
+__all__ = ["gather_param", "remember_gathered", "reshard_after_forward"]
 
 _GATHERED: Any = WeakTensorKeyDictionary()  # gathered weight -> (local shard, comm, forward steps)
+
+
+def remember_gathered(
+    out: torch.Tensor, local: torch.Tensor, comm: MeshComm, forward: str, source: Any = None
+) -> None:
+    """Save ``out`` (a gathered weight) as a re-gather of ``local`` when autograd keeps it (weakly keyed).
+
+    ``source``: ``(prefetcher, fqn)`` when :mod:`autoshard.runtime.prefetch` re-gathers it ahead of use."""
+    if out.is_contiguous():  # keyed by the storage's root tensor: every view of it saves as a regather
+        _GATHERED[out if out._base is None else out._base] = (local, comm, forward, source)
 
 
 def gather_param(x: torch.Tensor, comm: MeshComm, forward: str, backward: str = "") -> torch.Tensor:
     """:func:`~autoshard.codegen.collectives.redistribute`, remembering the output as a gathered weight."""
     out = redistribute(x, comm, forward, backward)
-    if out.is_contiguous():  # keyed by the storage's root tensor: every view of it saves as a regather
-        _GATHERED[out if out._base is None else out._base] = (x, comm, forward)
+    remember_gathered(out, x, comm, forward)
     return out
 
 
@@ -51,16 +61,21 @@ def _pack(t: torch.Tensor) -> Any:
     base = t if t._base is None else t._base
     if base not in _GATHERED:
         return t
-    local, comm, forward = _GATHERED[base]
-    return ("regather", local, comm, forward, tuple(t.shape), t.stride(), t.storage_offset())
+    local, comm, forward, source = _GATHERED[base]
+    if source is not None:
+        source[0].packed(source[1])
+    return ("regather", local, comm, forward, source, tuple(t.shape), t.stride(), t.storage_offset())
 
 
 def _unpack(saved: Any) -> torch.Tensor:
     if not (isinstance(saved, tuple) and saved and saved[0] == "regather"):
         return saved
-    _, local, comm, forward, shape, stride, offset = saved
-    with torch.no_grad():
-        whole = run_steps(local.detach(), parse_steps(forward), comm, "regather")
+    _, local, comm, forward, source, shape, stride, offset = saved
+    if source is not None:
+        whole = source[0].regather(source[1])
+    else:
+        with torch.no_grad():
+            whole = run_steps(local.detach(), parse_steps(forward), comm, "regather")
     return whole.as_strided(shape, stride, offset)  # offsets count from the storage: same layout as before
 
 
@@ -70,6 +85,10 @@ def reshard_after_forward(module: fx.GraphModule) -> int:
     info = parallel_info(module)
     params = {a.fqn for a in info.attrs if a.kind == "parameter"}
     count = 0
+    prefetcher = getattr(module, "_autoshard_prefetch", None)
+    if prefetcher is not None:  # prefetch_gathers ran first: its edges save re-gathers too
+        prefetcher.reshard = True
+        count += len(prefetcher.layer_of)
     for node in module.graph.nodes:
         if node.op != "get_attr" or node.target not in params:
             continue

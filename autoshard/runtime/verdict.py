@@ -151,7 +151,7 @@ def report_of(
         grads=tuple(difference(f"grad {k}", grads.get(k), g, floor) for k, g in ref_grads.items()),
         ranks_agree=all(log == logs[0] for log in logs),
         emitted=dict(Counter(f"{r.phase} {r.kind}" for r in logs[0] if r.phase in ("forward", "backward"))),
-        planned=dict(Counter(f"{c.phase} {c.kind}" for c in plan.collectives)),
+        planned=dict(Counter(f"{c.phase} {c.kind}" for c in plan.collectives if c.phase != "regather")),
         seconds=time.perf_counter() - start,
         split=any(
             p.startswith("S(")

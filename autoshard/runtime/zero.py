@@ -19,8 +19,9 @@ exactly that:
   parameter's) and all-gathers the updated chunks into the parameters.
 - ``stage=2`` (ZeRO-2): the reduce-scatter runs in each parameter's post-accumulate-grad hook during backward
   and the whole gradient is freed at once; only chunks of gradients stay.
-- ``overlap=True`` (with ``stage=2``): those reduce-scatters are bucketed and issued asynchronously while
-  backward goes on (:mod:`autoshard.runtime.overlap`).
+- ``overlap`` (with ``stage=2``; default ``Plan.overlap.overlap_grad_sync``): those reduce-scatters are
+  bucketed (``Plan.overlap.bucket_bytes``) and issued asynchronously while backward goes on
+  (:mod:`autoshard.runtime.overlap`).
 - ``stage=3`` (FSDP / ZeRO-3) is a *plan*: parameters placed ``S(d)`` over the data axes, which the emitted
   module all-gathers before use and whose gradients its backward reduce-scatters (the edges the cost model
   priced).  On such a module this optimizer has nothing left to split for sharded parameters and behaves as
@@ -43,6 +44,7 @@ Example::
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -50,17 +52,17 @@ from typing import Any, Literal
 import torch
 from torch import fx, nn
 
-from autoshard.codegen.collectives import MeshComm, format_steps, parse_steps, redistribute, run_steps
+from autoshard.codegen.collectives import MeshComm, run_steps
 from autoshard.codegen.parallelize import parallel_info
 from autoshard.errors import AutoshardError
 from autoshard.placement import Replicate, ShardingSpec
 from autoshard.redistribute import Step
-from autoshard.runtime.overlap import BUCKET_BYTES, GradBuckets
+from autoshard.runtime.grad_sync import claim, defer_gradient_sync
+from autoshard.runtime.overlap import GradBuckets
 
 __all__ = ["FlatShard", "ZeroError", "ZeroOptimizer", "defer_grad_sync"]
 
 Stage = Literal[1, 2, 3]
-DEFERRED_ATTR = "_autoshard_deferred_grad_sync"
 STAGE3_MAX_REPLICATED = 1 << 20
 """Elements above which a replicated parameter is refused under ``stage=3`` (norm weights and biases are far
 below; a replicated weight matrix means the plan is not FSDP)."""
@@ -71,40 +73,21 @@ class ZeroError(AutoshardError, ValueError):
 
 
 def defer_grad_sync(module: fx.GraphModule) -> dict[str, tuple[int, ...]]:
-    """Take the gradient all-reduces of replicated parameters out of ``module``'s graph (module doc).
+    """Take the gradient sums of replicated parameters out of ``module``'s graph and claim them (module doc).
 
-    Returns ``{parameter FQN: mesh axes left Partial}``.  Idempotent: a second call returns what the first
-    deferred (kept on the module), so a second optimizer over the same module still reduces those gradients.
+    One pass rewrites gradient-sync edges (:func:`autoshard.runtime.grad_sync.defer_gradient_sync`); this
+    claims, of what it took out (now or earlier, e.g. by a pipeline stage), the pure sums over replicated
+    axes.  Returns ``{parameter FQN: mesh axes left Partial}``; a second call returns the same.
     """
     info = parallel_info(module)
-    deferred: dict[str, tuple[int, ...]] = dict(getattr(module, DEFERRED_ATTR, {}))
-    nodes = {n.target: n for n in module.graph.nodes if n.op == "get_attr"}
-    for attr in info.attrs:
-        node = nodes.get(attr.fqn)
-        if attr.kind != "parameter" or node is None:
-            continue
-        replicated = set(_replicated_axes(attr.spec, info.comm.mesh_shape))
-        users = list(node.users)
-        if not users or any(u.target is not redistribute for u in users):
-            continue
-        per_use = [
-            {s.mesh_axis for s in parse_steps(str(u.args[3])) if s.kind == "all_reduce"} for u in users
-        ]
-        axes = per_use[0] & replicated
-        if not axes or any((use & replicated) != axes for use in per_use):
-            continue
-        for user in users:
-            kept = [
-                s
-                for s in parse_steps(str(user.args[3]))
-                if not (s.kind == "all_reduce" and s.mesh_axis in axes)
-            ]
-            user.args = (*user.args[:3], format_steps(kept))
-        deferred[attr.fqn] = tuple(sorted(axes))
-    if deferred:
-        module.recompile()
-        setattr(module, DEFERRED_ATTR, dict(deferred))
-    return deferred
+    taken: dict[str, tuple[int, ...]] = {}
+    for item in defer_gradient_sync(module):
+        attr = next(a for a in info.attrs if a.fqn == item.param)
+        axes = item.axes
+        if axes and set(axes) <= set(_replicated_axes(attr.spec, info.comm.mesh_shape)):
+            taken[item.param] = axes
+    claim(module, set(taken))
+    return taken
 
 
 def _replicated_axes(spec: ShardingSpec, mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -175,8 +158,8 @@ class ZeroOptimizer:
         optimizer_cls: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
         *,
         stage: Stage = 1,
-        overlap: bool = False,
-        bucket_bytes: int = BUCKET_BYTES,
+        overlap: bool | None = None,
+        bucket_bytes: int | None = None,
         **optimizer_kwargs: Any,
     ) -> None:
         if stage not in (1, 2, 3):
@@ -204,7 +187,10 @@ class ZeroOptimizer:
             self.params.append((param, flat, master))
         self.inner = optimizer_cls([m for _, _, m in self.params], **optimizer_kwargs)
         split = [(flat, master) for _, flat, master in self.params if flat.axes]
-        self.buckets = GradBuckets(split, self.comm, bucket_bytes) if overlap and stage >= 2 else None
+        policy = info.plan.overlap  # the policy the plan priced, unless the caller overrides it
+        overlap = policy.overlap_grad_sync if overlap is None else overlap
+        size = policy.bucket_bytes if bucket_bytes is None else bucket_bytes
+        self.buckets = GradBuckets(split, self.comm, size) if overlap and stage >= 2 else None
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook(flat, master))
             for p, flat, master in self.params
@@ -212,8 +198,13 @@ class ZeroOptimizer:
         ]
 
     def _hook(self, flat: FlatShard, master: nn.Parameter) -> Callable[[torch.Tensor], None]:
+        # weakly: a hook lives on the parameter, out of the garbage collector's sight, so a strong reference
+        # would keep this optimizer -- and its process groups -- alive for good (examples/train.py)
+        owner = weakref.ref(self)
+
         def reduce_now(param: torch.Tensor) -> None:
-            assert param.grad is not None
+            self = owner()
+            assert param.grad is not None and self is not None
             if self.buckets is not None and self.buckets.handles(master):
                 self.buckets.add(master, param.grad)  # reduce-scattered asynchronously with its bucket
                 param.grad = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from autoshard.codegen.collectives import redistribute
-from autoshard.runtime.grad_sync import DeferredSync, defer_gradient_sync
+from autoshard.codegen.collectives import parse_steps, redistribute
+from autoshard.runtime.grad_sync import DeferredSync, defer_gradient_sync, sum_axes
 
 ALL_REDUCE = "all_reduce(axis=0, 128 B)"
 TWO_AXES = "reduce_scatter(axis=1, dim=0, 128 B); all_reduce(axis=0, 64 B); all_gather(axis=1, dim=0, 128 B)"
@@ -48,4 +48,22 @@ def test_only_single_use_same_layout_weights_are_deferred() -> None:
         "twice": ALL_REDUCE,
     }
     assert "redistribute(dp, comm, '', '')" in module.code
-    assert defer_gradient_sync(module) == ()  # idempotent: nothing left to take out
+    code = module.code
+    assert defer_gradient_sync(module) == deferred  # idempotent: the module keeps one record
+    assert module.code == code
+    assert [d.axes for d in deferred] == [(0,), (0, 1)]  # both are pure sums (ZeRO can reduce-scatter them)
+
+
+def test_pipelines_defer_the_fsdp_reduce_scatter_too() -> None:
+    module = _module()
+    deferred = defer_gradient_sync(module, gathered=True)
+    fsdp = DeferredSync("fsdp", "reduce_scatter(axis=0, dim=0, 128 B)", gathered=True)
+    assert deferred == (DeferredSync("dp", ALL_REDUCE), DeferredSync("dp2", TWO_AXES), fsdp)
+    assert fsdp.axes is None  # its gradient arrives whole: held over the microbatches, reduce-scattered once
+    assert "gather_later(fsdp, comm" in module.code
+
+
+def test_sum_axes_accepts_only_sums() -> None:
+    assert sum_axes(parse_steps(TWO_AXES)) == (0, 1)
+    assert sum_axes(parse_steps("all_gather(axis=0, dim=0)")) is None
+    assert sum_axes(parse_steps("reduce_scatter(axis=0, dim=0)")) is None  # leaves the gradient split

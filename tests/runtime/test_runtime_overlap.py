@@ -1,0 +1,110 @@
+"""Plan.overlap at run time: DP all-reduces bucketed and issued during backward, FSDP gathers prefetched a layer
+ahead in forward and backward -- checked structurally (the order of issue and use) and against single-device AdamW."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from runtime_cases import model, plan
+from test_runtime_zero import DP, FSDP, STEPS, _batches, _reference
+
+from autoshard.codegen import full_state_dict, parallel_info, parallelize, shard_inputs
+from autoshard.runtime.launch import launch
+from autoshard.runtime.overlap import apply_overlap
+from autoshard.runtime.zero import ZeroOptimizer
+from cost_models.overlap import OverlapPolicy
+
+
+def _equal(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+    for name, value in reference.items():
+        torch.testing.assert_close(state[name], value, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def _counts(module: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for rec in parallel_info(module).comm.log or []:
+        counts[f"{rec.phase}:{rec.kind}"] = counts.get(f"{rec.phase}:{rec.kind}", 0) + 1
+    return counts
+
+
+def _train_dp() -> tuple[dict[str, torch.Tensor], dict[str, int], list[tuple[int, int]], int, str]:
+    m = model("llama")
+    p = dataclasses.replace(plan("llama", 2, None, DP), overlap=OverlapPolicy(bucket_bytes=64 << 10))
+    module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-2, weight_decay=0.1)
+    sync, prefetcher = apply_overlap(module, opt)
+    assert prefetcher is None  # nothing gathered under DP
+    for ids in _batches():
+        opt.zero_grad()
+        (module(*shard_inputs(p, ids)).square().sum() / (4 * 8 * 512)).backward()
+        opt.step()  # its pre-hook waits for the buckets
+    return full_state_dict(module), _counts(module), sync.events, len(sync.buckets), module.code
+
+
+@pytest.mark.slow
+def test_dp_all_reduce_is_bucketed_and_issued_during_backward() -> None:
+    reference = _reference()
+    for state, counts, events, buckets, code in launch(_train_dp, 2):
+        _equal(state, reference)
+        assert buckets > 2  # 64 KiB buckets over the tiny LLaMA's ~0.9 MiB of gradients
+        assert counts["backward:all_reduce"] == buckets * STEPS  # one all-reduce per bucket, none per edge
+        per_step = [events[i * buckets : (i + 1) * buckets] for i in range(STEPS)]
+        for issued in per_step:
+            assert sorted(b for b, _ in issued) == list(range(buckets))  # each bucket once, during backward
+            assert all(waiting > 0 for _, waiting in issued[:-1])  # issued while gradients were still to come
+        assert "all_reduce" not in code  # the edges' all-reduces left the graph
+
+
+def _train_fsdp_prefetch() -> tuple[
+    dict[str, torch.Tensor], dict[str, int], list[tuple[str, str, str]], int, int
+]:
+    from autoshard.runtime.prefetch import prefetch_gathers
+    from autoshard.runtime.reshard import reshard_after_forward
+
+    m, p = model("llama"), plan("llama", 2, None, FSDP)
+    module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
+    rewired = reshard_after_forward(module)
+    prefetcher = prefetch_gathers(module, record=True)
+    assert prefetcher is not None and prefetcher.depth == p.overlap.prefetch == 1
+    opt = ZeroOptimizer(module, torch.optim.AdamW, stage=3, lr=1e-2, weight_decay=0.1)
+    for ids in _batches():
+        opt.zero_grad()
+        (module(*shard_inputs(p, ids)).square().sum() / (4 * 8 * 512)).backward()
+        opt.step()
+    assert prefetcher.events is not None
+    planned = parallel_info(module).collective_counts("forward")["all_gather"]
+    ran = Counter(
+        (r.kind, r.mesh_axis, r.nbytes) for r in parallel_info(module).comm.log or () if r.phase == "regather"
+    )
+    priced = Counter((c.kind, c.mesh_axis, c.nbytes) for c in p.collectives if c.phase == "regather")
+    assert ran == Counter({k: n * STEPS for k, n in priced.items()}), (ran, priced)  # priced == emitted
+    return full_state_dict(module), _counts(module), prefetcher.events, rewired, planned
+
+
+def _ahead(events: list[tuple[str, str, str]], phase: str, order: list[str]) -> None:
+    """Layer ``order[i + 1]``'s gathers were issued before layer ``order[i]``'s last use."""
+    step = [(a, layer) for a, ph, layer in events if ph == phase]
+    for now, upcoming in itertools.pairwise(order):
+        issued = step.index(("issue", upcoming))
+        last_use = max(i for i, e in enumerate(step) if e == ("use", now))
+        assert issued < last_use, (phase, now, upcoming, step)
+
+
+@pytest.mark.slow
+def test_fsdp_gathers_are_prefetched_forward_and_backward() -> None:
+    reference = _reference()
+    for state, counts, events, rewired, planned in launch(_train_fsdp_prefetch, 2):
+        _equal(state, reference)
+        assert counts["forward:all_gather"] == planned * STEPS  # prefetch adds no gather
+        assert counts["regather:all_gather"] == rewired * STEPS
+        per_step = len(events) // STEPS
+        last = events[-per_step:]
+        layers = list(dict.fromkeys(layer for _, ph, layer in last if ph == "forward"))
+        assert layers == ["model.layers.0", "model.layers.1", "lm_head.weight"]
+        _ahead(last, "forward", layers)
+        _ahead(last, "regather", list(reversed(layers)))
