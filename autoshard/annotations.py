@@ -362,7 +362,7 @@ def pin_problem(
                 + ": allow that kind or drop the annotation"
             )
         masks[name] = both
-    fanouts = (None,) * len(built.fanouts)  # the fan-out nodes follow the variables
+    fanouts = (None,) * (built.problem.num_nodes - len(built.variables))  # fan-out, gather nodes follow
     allowed = tuple(masks.get(v) for v in built.variables) + fanouts
     edges = built.problem.edges
     if "fsdp" in kinds:

@@ -144,7 +144,10 @@ def _merge(builts: Sequence[BuiltProblem], weights: Sequence[float]) -> tuple[Se
     maps: list[list[int]] = []
     for i, (built, w) in enumerate(zip(builts, weights, strict=True)):
         p = built.problem
-        if p.num_nodes != len(built.variables) + len(built.fanouts):
+        gathers = (
+            len(built.extras.gathers) if built.extras is not None else 0
+        )  # memory nodes (problem/extras)
+        if p.num_nodes != len(built.variables) + len(built.fanouts) + gathers:
             raise AutoshardError(
                 f"shape {i}: the problem has {p.num_nodes} nodes for {len(built.variables)} variables and "
                 f"{len(built.fanouts)} fan-out nodes; expected the variables followed by the fan-out nodes"

@@ -14,7 +14,7 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 - shapes: every input shape is positive, sharded dims exist in the input and divide by the axes that split
   them;
 - degrees: known kinds, each at least 1 and dividing the device count; microbatches at least 1; pipeline
-  stage ranks on the mesh;
+  stage ranks on the mesh; recompute a known policy and ``recompute_blocks`` null or a count >= 1;
 - context parallelism: ``context_layout`` is contiguous or zigzag, ``context_axis`` an axis of more than one
   device (required by zigzag).
 
@@ -258,8 +258,23 @@ def _degrees(data: Mapping[str, Any], devices: int, source: str) -> None:
     micro = data.get("microbatches", 1)
     if not isinstance(micro, int) or micro < 1:
         raise _fail(source, "microbatches", f"{micro!r} must be a positive whole number")
+    _recompute(data, source)
     pipeline = data.get("pipeline")
     for i, st in enumerate((pipeline or {}).get("stages") or ()):
         ranks: Sequence[Any] = st.get("ranks", ())
         if not all(isinstance(r, int) and 0 <= r < devices for r in ranks):
             raise _fail(source, f"pipeline.stages[{i}].ranks", f"ranks must lie in 0..{devices - 1}")
+
+
+def _recompute(data: Mapping[str, Any], source: str) -> None:
+    """``recompute`` is a known policy; ``recompute_blocks`` (how many blocks it applies to) null or >= 1."""
+    policy = data.get("recompute", "none")
+    if policy not in ("none", "selective", "full"):
+        raise _fail(source, "recompute", f"{policy!r} must be one of none, selective, full")
+    blocks = data.get("recompute_blocks")
+    if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
+        raise _fail(
+            source, "recompute_blocks", f"{blocks!r} must be null (every block) or a whole number >= 1"
+        )
+    if blocks is not None and policy == "none":
+        raise _fail(source, "recompute_blocks", "is set but recompute is none; set it to null")

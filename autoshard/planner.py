@@ -13,7 +13,9 @@ The order, and why:
    solved exactly and the fastest plan that fits kept.  Recomputation only ever adds time (compute and
    re-issued forward collectives) and only saves memory, so when the memory budget does not bind the plan
    without it (its optimum is the unconstrained optimum), that plan is optimal over all three and the
-   others are not solved;
+   others are not solved.  When the budget binds, ``k`` of the ``N`` repeated blocks recomputed under
+   selective or full (the rest keeping everything) is searched too, exactly (:mod:`autoshard.problem.mix`),
+   and recorded in ``Plan.recompute_blocks``;
 6. read the plan back from the same cost functions, so its step time is the solver's objective;
 7. when capture fused grouped-GEMM expert MLPs (:mod:`autoshard.capture.experts`: cheap expert parallelism,
    but no K/N split inside the experts), plan the unfused capture too and keep the cheaper plan (a note says
@@ -50,7 +52,8 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
-from autoshard.search import BoundExceeded, Solution, solve
+from autoshard.problem.mix import mix_policies
+from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
 from autoshard.strategies import UnsupportedOpWarning
 from autoshard.strategies.coverage import replicated_shares
 
@@ -212,6 +215,10 @@ def _plan_captured(
     best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
     error: InfeasibleError | None = None
     pruned: BoundExceeded | None = None
+    uniform: dict[
+        Recompute, tuple[BuiltProblem, BuiltProblem, float]
+    ] = {}  # policy -> (free, pinned, objective)
+    idle = False
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout)
         say("strategies" if policy is policies[0] else "recompute")
@@ -222,42 +229,89 @@ def _plan_captured(
             solution = solve(built.problem, method=search, time_limit=time_limit, ceiling=ceiling)
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
-            error = error or e  # the error without recomputation names what does not fit
+            error = e  # the last policy's (the least memory) says by how much even that overshoots
+            uniform[policy] = (free, built, float("inf"))
             continue
         except BoundExceeded as e:
             if policy is policies[0]:
                 raise  # recomputation only adds time: no later policy beats this bound either
             pruned = e  # this policy cannot beat the ceiling; a later one may still fit better
             continue
+        uniform[policy] = (free, built, solution.objective)
         timings["total"] = time.perf_counter() - start
-
-        def read(problem: BuiltProblem, chosen: Solution, policy: Recompute = policy) -> Plan:
-            return extract_plan(
-                problem,
-                chosen,
-                model=type(model).__name__,
-                block_prefix=captured.blocks.prefix if captured.blocks else None,
-                block_first=captured.blocks.first if captured.blocks else 0,
-                output_order=_output_order(captured),
-                timings=dict(timings),
-                notes=tuple(notes) + _recompute_note(policy, recompute),
-                memory_limit=limit if limit != float("inf") else None,
-            )
-
+        read = _reader(model, captured, timings, notes, limit, _recompute_note(policy, recompute))
         found = read(built, solution)
         if best is None or found.predicted_step_time < best[0].predicted_step_time:
             best = (found, free, built, read)
         if policy is Recompute.NONE and _budget_idle(built, solution, search, time_limit):
+            idle = True
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
+    if recompute == "auto" and training and not idle and len(uniform) > 1:
+        t0 = time.perf_counter()
+        deadline = t0 + time_limit  # the scan's own share of the solver time limit
+
+        def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
+            opts = CostOptions(training=True, recompute=policy, recompute_share=0.0, cp_layout=cp_layout)
+            return _build(captured, cluster, opts, annotations, limit, {}, kinds)
+
+        def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
+            return solve(
+                p, method=method, time_limit=max(1.0, min(time_limit, deadline - time.perf_counter()))
+            )
+
+        mixed = mix_policies(uniform, zero, run, deadline)
+        timings["recompute_blocks"] = time.perf_counter() - t0
+        if mixed is not None:
+            solution_k, free, built, k = mixed
+            note = (
+                f"activations do not fit without recomputation: {built.options.recompute.value} recomputation of "
+                f"the first {k} of {built.num_blocks} repeated blocks (per-block count searched exactly)",
+            )
+            read = _reader(model, captured, timings, notes, limit, note)
+            plan_k = read(built, solution_k)
+            if best is None or plan_k.predicted_step_time < best[0].predicted_step_time:
+                best = (plan_k, free, built, read)
     if best is None:
         if pruned is not None:
             raise pruned  # every policy either does not fit or cannot beat the ceiling
         assert error is not None
-        raise error
+        raise InfeasibleError(
+            f"{error} (tried recomputation none, selective and full of every repeated block"
+            f"{'; fsdp is forbidden' if 'fsdp' in kinds else ''})"
+        ) from error
     found, free, built, read = best
+    if limit != float("inf") and found.memory_per_device > limit * (1 + 1e-9):  # the budget held every term
+        raise InfeasibleError(
+            f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
+            f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
+        )
     price = _unpinned(free, search, time_limit, read) if built is not free else None
     flat = dataclasses.replace(found, unpinned_step_time=price)
     return dataclasses.replace(flat, degrees=degrees_of(flat))
+
+
+def _reader(
+    model: torch.nn.Module,
+    captured: Captured,
+    timings: dict[str, float],
+    notes: list[str],
+    limit: float,
+    recompute_note: tuple[str, ...],
+) -> Callable[[BuiltProblem, Solution], Plan]:
+    def read(problem: BuiltProblem, chosen: Solution) -> Plan:
+        return extract_plan(
+            problem,
+            chosen,
+            model=type(model).__name__,
+            block_prefix=captured.blocks.prefix if captured.blocks else None,
+            block_first=captured.blocks.first if captured.blocks else 0,
+            output_order=_output_order(captured),
+            timings=dict(timings),
+            notes=tuple(notes) + recompute_note,
+            memory_limit=limit if limit != float("inf") else None,
+        )
+
+    return read
 
 
 def _budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:

@@ -162,6 +162,9 @@ class Plan:
     # activation recomputation of the repeated blocks, searched by the planner: "none" | "selective" | "full"
     # (autoshard.problem.costs.Recompute); codegen wraps each block in torch.utils.checkpoint accordingly
     recompute: str = "none"
+    # how many of the repeated blocks ``recompute`` applies to (the first k, as Megatron's "block" method);
+    # None: every block.  The others keep all their activations.
+    recompute_blocks: int | None = None
     # Op kind -> share of the step's forward FLOPs that runs replicated on every device because the op has no
     # sharding rule (the replicate-only fallback); empty when every op has a rule.
     replicated_ops: dict[str, float] = field(default_factory=dict)
@@ -245,6 +248,7 @@ class Plan:
                 overlap=OverlapPolicy.from_json(data.get("overlap")),
                 memory_breakdown={str(k): float(v) for k, v in data.get("memory_breakdown", {}).items()},
                 recompute=str(data.get("recompute", "none")),
+                recompute_blocks=data.get("recompute_blocks"),
                 replicated_ops={str(k): float(v) for k, v in data.get("replicated_ops", {}).items()},
                 context_axis=data.get("context_axis"),
                 context_layout=str(data.get("context_layout", "contiguous")),

@@ -23,7 +23,7 @@ the FSDP axis (FSDP2), the batch split over it, and for the 2D run Megatron's co
 node's 8 GPUs; recomputation as published; ``memory_limit=inf`` so nothing is bent to fit.  The prediction
 is the plan's ``memory_per_device``: the solver's per-node memory (parameters, gradients, Adam state at 16
 bytes per parameter: torchtitan's fp32 sharded parameters, fp32 gradients and two fp32 moments are 16
-bytes too; activations kept for backward) plus :func:`autoshard.problem.step.unowned_memory` (runtime
+bytes too; activations kept for backward) plus :func:`autoshard.problem.extras.extra_memory` (runtime
 reserve, gathered FSDP weights, largest temporary).  Nothing in it was fitted to these rows: they are all
 held out.
 """

@@ -158,7 +158,7 @@ def parallelize(
     for attr in lowered.attrs:
         root[attr.fqn] = _local_tensor(model, captured, attr, comm, where, weights)
     module = fx.GraphModule(root, lowered.graph, class_name=f"Parallel{plan.model}")
-    rerun = checkpoint_blocks(module, getattr(plan, "recompute", "none"))  # Plan.recompute: blocks re-run
+    rerun = checkpoint_blocks(module, plan.recompute, plan.recompute_blocks)  # Plan.recompute: blocks re-run
     _check_collectives((*lowered.edges, *rerun), plan)
     stateful = frozenset(a.fqn for a in lowered.attrs if _in_state_dict(model, a))
     info = ParallelInfo(

@@ -93,14 +93,17 @@ def _regions(gm: fx.GraphModule) -> dict[int, dict[fx.Node, int | None]]:
     return out
 
 
-def checkpoint_blocks(gm: fx.GraphModule, policy: str) -> tuple[EdgeRecord, ...]:
-    """Wrap every block of ``gm`` (in place) for ``policy`` ("none", "selective", "full"); returns the moves
-    that backward runs again (their forward steps), for the collective count check."""
+def checkpoint_blocks(gm: fx.GraphModule, policy: str, blocks: int | None = None) -> tuple[EdgeRecord, ...]:
+    """Wrap every block of ``gm`` (in place) for ``policy`` ("none", "selective", "full"), or only the first
+    ``blocks`` of them (``Plan.recompute_blocks``); returns the moves that backward runs again (their forward
+    steps), for the collective count check."""
     if policy == "none":
         return ()
     if policy not in ("selective", "full"):
         raise ValueError(f"recompute policy {policy!r}: use none, selective or full")
     regions = _regions(gm)
+    if blocks is not None:  # the first ``blocks`` layers, as priced (problem/mix.py)
+        regions = {b: regions[b] for b in sorted(regions)[:blocks]}
     again = tuple(
         EdgeRecord(n.name, "recompute", n.meta[META_STEPS][0], ())
         for nodes in regions.values()

@@ -56,10 +56,11 @@ from autoshard.problem.costs import (
     steps_time,
 )
 from autoshard.problem.dispatch import dispatch_seconds
+from autoshard.problem.extras import MemoryExtras, memory_extras
 from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.problem.pricing import pairwise_ids
-from autoshard.problem.recompute import node_memory_total, regathered, reissued
+from autoshard.problem.recompute import node_memory_total, rerun_share
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
@@ -99,6 +100,8 @@ class BuiltProblem:
     # still moves a tensor once per layout, so the plan lists them that way (problem/extract.py)
     apart: tuple[Group, ...] = ()
     notes: tuple[str, ...] = ()
+    # memory no node owns, as solver terms (problem/extras.py): gather nodes follow the fan-out nodes
+    extras: MemoryExtras | None = None
 
     def index(self, name: str) -> int:
         return self.variables.index(self.template[name])
@@ -106,7 +109,8 @@ class BuiltProblem:
     def full_choice(self, choice: Sequence[int]) -> tuple[int, ...]:
         """A solver choice for the variables alone, completed with the state every fan-out node then needs."""
         chosen = dict(zip(self.variables, choice, strict=True))
-        return tuple(choice) + tuple(complete_choice(self.fanouts, chosen, self.strategies))
+        gathers = self.extras.complete(chosen) if self.extras is not None else []
+        return tuple(choice) + tuple(complete_choice(self.fanouts, chosen, self.strategies)) + tuple(gathers)
 
 
 def _templates(infos: tuple[NodeInfo, ...], captured: Captured) -> tuple[dict[str, str], int]:
@@ -220,14 +224,25 @@ def build_problem(
     names = [_display_name(infos[v]) for v in variables] + [f"fanout {f.group.producer}" for f in fans]
     labels = [tuple(str(s) for s in strategies[v]) for v in variables]
     labels += [tuple(f.node.label(k) for k in range(len(f.node.states))) for f in fans]
+    # gathered FSDP weights and the largest temporary, inside the budget (problem/extras.py)
+    extras = memory_extras(uses, infos, template, variables, strategies, keeps, opts, cache, len(names))
+    edges += extras.edges(index)
+    names += [f"gathered {g.producer} for {g.consumer}" for g in extras.gathers]
+    labels += extras.labels(cache)
+    trailing = [np.zeros(len(f.node.states)) for f in fans] + [
+        np.zeros(len(g.states)) for g in extras.gathers
+    ]
     problem = SearchProblem(
-        node_costs=tuple(node_costs) + tuple(np.zeros(len(f.node.states)) for f in fans),
+        node_costs=tuple(node_costs) + tuple(trailing),
         edges=tuple(edges),
-        memory=tuple(memory) + tuple(np.zeros(len(f.node.states)) for f in fans),
+        memory=tuple(memory)
+        + tuple(np.zeros(len(f.node.states)) for f in fans)
+        + tuple(g.memory for g in extras.gathers),
         memory_limit=memory_limit,
-        allowed=_allowed(variables, template, allowed, len(fans)),
+        allowed=_allowed(variables, template, allowed, len(trailing)),
         names=tuple(names),
         strategy_labels=tuple(labels),
+        peak=extras.temporary + tuple(trailing),
     )
     return BuiltProblem(
         problem=problem,
@@ -245,7 +260,8 @@ def build_problem(
         keeps=keeps,
         fanouts=tuple(fans),
         apart=tuple(unshared),
-        notes=tuple(notes),
+        notes=tuple(notes) + extras.notes,
+        extras=extras,
     )
 
 
@@ -309,9 +325,10 @@ def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache) -> 
             fwd = edge_matrix(producer, which, strategies[tu], strategies[tv], pos, forward_only, cache)
             matrix = fwd * weight + (matrix / weight - fwd)
         # backward re-runs the block, moves inside it included; or (FSDP reshard after forward) re-gathers
-        if reissued(infos[tu], infos[tv], opts) or regathered(infos[tu], infos[tv], opts):
+        share = rerun_share(infos[tu], infos[tv], opts)  # recomputed blocks re-issue, the rest re-gather
+        if share:
             again = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, forward_only, cache)
-            matrix = matrix + again * weight
+            matrix = matrix + again * (weight * share)
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
             node_costs[index[tu]] += np.diag(matrix)
             continue

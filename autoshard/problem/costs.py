@@ -11,12 +11,12 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
   that carries gradients once; recomputation (:class:`Recompute`, one choice for the repeated blocks) adds
   the forward of every block node it re-runs again (:func:`recomputed`), and re-issues the forward
   redistributions into those blocks (priced by the builder on the edges);
-- communication on an edge ``u → v``: forward, ``u``'s output spec is redistributed to the spec ``v``'s
-  strategy wants; backward, the gradient ``v``'s strategy yields (``OpStrategy.input_grads``) is redistributed
-  to the dual of ``u``'s output spec (``S(d) → S(d)``, ``P → R``, ``R → R``).  Gradient synchronisation of
-  replicated parameters is this rule on the parameter's edges: a batch-split consumer yields a ``P`` gradient
-  and the parameter's dual spec is ``R``, hence one all-reduce; an ``S(0)`` (ZeRO-3/FSDP) parameter gets a
-  reduce-scatter instead;
+- communication on an edge ``u → v`` (:mod:`autoshard.problem.moves`): forward, ``u``'s output spec is
+  redistributed to the spec ``v``'s strategy wants; backward, the gradient ``v``'s strategy yields
+  (``OpStrategy.input_grads``) is redistributed to the dual of ``u``'s output spec (``S(d) → S(d)``,
+  ``P → R``, ``R → R``).  Gradient synchronisation of replicated parameters is this rule on the parameter's
+  edges: a batch-split consumer yields a ``P`` gradient and the parameter's dual spec is ``R``, hence one
+  all-reduce; an ``S(0)`` (ZeRO-3/FSDP) parameter gets a reduce-scatter instead;
 - memory per device: each parameter's shard and its gradient (the parameter's itemsize per element each, or
   the bytes of ``CostOptions.precision``), its Adam state (fp32 master + two moments, 12 bytes per element,
   for 16-bit parameters; two moments, 8 bytes, for fp32 ones), plus the activations backward keeps (outputs
@@ -38,29 +38,38 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
 from autoshard.cluster import Cluster
-from autoshard.errors import AutoshardError
-from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
+from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.context import ring_seconds
 from autoshard.problem.graph import NodeInfo
-from autoshard.problem.pricing import PriceTable
-from autoshard.redistribute import Step, plan_redistribute, redistribute_time
+
+# the edge half of the cost model (split along the node / edge seam); re-exported for existing importers
+from autoshard.problem.moves import (
+    COLLECTIVE_KINDS,
+    EdgeSteps,
+    StepCache,
+    dual_spec,
+    edge_steps,
+    output_fix_steps,
+    steps_time,
+)
 from autoshard.strategies import OpStrategy
 from cost_models.compute import gemm_efficiency
 from cost_models.memory import PrecisionPolicy
 from cost_models.overlap import OverlapPolicy
 
 __all__ = [
+    "COLLECTIVE_KINDS",
     "MEMORY_TIE_BREAK",
     "CostOptions",
     "EdgeSteps",
     "Recompute",
+    "StepCache",
     "dual_spec",
     "edge_steps",
     "node_compute",
@@ -107,8 +116,14 @@ class CostOptions:
     # sequence layout of context parallelism's ring axis (problem/context.py): "auto" prices rings balanced
     # and lets the planner pick zigzag or contiguous after the search; "zigzag" / "contiguous" pin one
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "contiguous"
+    # share of the N repeated blocks that ``recompute`` applies to (k / N, Megatron's "recompute the first k
+    # layers"); the others keep every activation.  Compute, re-issued moves and kept activations scale with
+    # it, the working set (one block re-run at a time) does not: problem/mix.py
+    recompute_share: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.recompute_share <= 1.0:
+            raise ValueError(f"CostOptions.recompute_share must be in [0, 1], got {self.recompute_share!r}")
         if (
             isinstance(self.microbatches, bool)
             or not isinstance(self.microbatches, int)
@@ -135,24 +150,6 @@ def repeats(opts: CostOptions, *, parameter: bool, backward: bool) -> int:
     (the backward of a parameter edge), ``microbatches`` times for everything else (compute, activation
     traffic both ways, a sharded parameter's forward gather)."""
     return 1 if (parameter and backward) else opts.microbatches
-
-
-@dataclass(frozen=True, slots=True)
-class EdgeSteps:
-    """The redistribution an edge needs under one (producer, consumer) strategy pair."""
-
-    forward: tuple[Step, ...]
-    backward: tuple[Step, ...]
-    feasible: bool = True
-
-
-_INFEASIBLE = EdgeSteps((), (), feasible=False)
-
-
-@functools.lru_cache(maxsize=4096)
-def dual_spec(spec: ShardingSpec) -> ShardingSpec:
-    """The spec a tensor's gradient must reach: shards stay, ``P`` becomes ``R``, ``R`` stays ``R``."""
-    return ShardingSpec(tuple(Replicate() if isinstance(p, Partial) else p for p in spec.placements))
 
 
 def _local_bytes(nbytes: int, spec: ShardingSpec | None, mesh_shape: tuple[int, ...]) -> float:
@@ -191,7 +188,7 @@ def node_compute(
         return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0, opts.cp_layout)[0], 0.0
     bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
     if recomputed(info, opts.recompute):
-        bwd += fwd
+        bwd += fwd * opts.recompute_share  # only the recomputed blocks re-run it
     ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd, opts.cp_layout)  # CP only
     return fwd + ring_fwd, bwd + ring_bwd
 
@@ -297,116 +294,3 @@ def _optimizer_elements(numel: int, spec: ShardingSpec | None, cluster: Cluster,
     if opts.shard_optimizer:
         return numel / cluster.num_devices
     return _local_bytes(numel, spec, cluster.mesh_shape)
-
-
-class StepCache:
-    """Memoised redistribution plans and their times, keyed by (src, dst, shape, itemsize).
-
-    Specs are interned to small integers once, so the hot loop of the cost builder hashes ints, not
-    placement objects; many edges of a transformer share shapes and spec pairs and so share entries.
-    """
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.mesh_shape = cluster.mesh_shape
-        self._ids: dict[ShardingSpec, int] = {}
-        self._specs: list[ShardingSpec] = []
-        self._steps: dict[tuple, tuple[Step, ...] | None] = {}
-        self._times: dict[tuple, float] = {}
-        self.prices = PriceTable.for_cluster(cluster)  # whole edge matrices at once (the builder's hot path)
-
-    def spec(self, spec_id: int) -> ShardingSpec | None:
-        """The spec an :meth:`intern` id names (None for -1)."""
-        return None if spec_id < 0 else self._specs[spec_id]
-
-    def intern(self, spec: ShardingSpec | None) -> int:
-        """A small integer naming ``spec`` (-1 for None)."""
-        if spec is None:
-            return -1
-        found = self._ids.get(spec)
-        if found is None:
-            found = self._ids[spec] = len(self._specs)
-            self._specs.append(spec)
-        return found
-
-    def get(self, src: ShardingSpec, dst: ShardingSpec, shape: tuple[int, ...], itemsize: int):
-        """The steps turning ``src`` into ``dst``, or None when no plan exists (the pair is forbidden)."""
-        key = (self.intern(src), self.intern(dst), shape, itemsize)
-        if key not in self._steps:
-            try:
-                # priced with the cluster: the cheapest path differs from the fewest bytes on mixed links
-                self._steps[key] = plan_redistribute(
-                    src, dst, shape, itemsize, self.mesh_shape, cluster=self.cluster
-                )
-            except AutoshardError:
-                self._steps[key] = None
-        return self._steps[key]
-
-    def time(self, src_id: int, dst_id: int, shape: tuple[int, ...], itemsize: int) -> float:
-        """Seconds of the redistribution between two interned specs; inf when impossible, 0 for None."""
-        if src_id < 0 or dst_id < 0:
-            return 0.0
-        key = (src_id, dst_id, shape, itemsize)
-        found = self._times.get(key)
-        if found is None:
-            try:
-                found = redistribute_time(
-                    self._specs[src_id], self._specs[dst_id], shape, itemsize, self.cluster
-                )
-            except AutoshardError:
-                found = math.inf  # this conversion cannot be done: the pair is forbidden
-            self._times[key] = found
-        return found
-
-
-def edge_steps(
-    producer: NodeInfo,
-    which: int,
-    src: OpStrategy,
-    dst: OpStrategy,
-    position: int,
-    opts: CostOptions,
-    cache: StepCache,
-) -> EdgeSteps:
-    """Forward and backward redistribution on the edge ``producer → consumer`` (consumer input ``position``)."""
-    meta = producer.outputs[which] if which < len(producer.outputs) else None
-    have = src.outputs[which] if which < len(src.outputs) else None
-    want = dst.inputs[position]
-    if meta is None or have is None or want is None:
-        return EdgeSteps((), ())
-    fwd = cache.get(have, want, meta.shape, meta.itemsize)
-    if fwd is None:
-        return _INFEASIBLE
-    if not (opts.training and producer.requires_grad):
-        return EdgeSteps(fwd, ())
-    grad = dst.input_grads[position]
-    if grad is None:
-        return EdgeSteps(fwd, ())
-    bwd = cache.get(grad, dual_spec(have), meta.shape, meta.itemsize)
-    if bwd is None:
-        return _INFEASIBLE
-    return EdgeSteps(fwd, bwd)
-
-
-def output_fix_steps(info: NodeInfo, strategy: OpStrategy, cache: StepCache) -> tuple[Step, ...]:
-    """A model output left ``Partial`` is reduced before it is returned (``P → R`` on those axes)."""
-    fixed: list[Step] = []
-    for meta, spec in zip(info.outputs, strategy.outputs, strict=False):
-        if meta is None or spec is None or not spec.partial_axes():
-            continue
-        target = dual_spec(spec)
-        steps = cache.get(spec, target, meta.shape, meta.itemsize)
-        fixed.extend(steps or ())
-    return tuple(fixed)
-
-
-COLLECTIVE_KINDS = frozenset({"all_gather", "all_reduce", "reduce_scatter", "all_to_all"})
-
-
-def steps_time(steps: tuple[Step, ...], cluster: Cluster) -> float:
-    """Seconds of a step list; local steps (slices, zeroing) are free."""
-    return math.fsum(
-        cluster.collective_time(s.kind, s.nbytes, axis=s.mesh_axis)
-        for s in steps
-        if s.kind in COLLECTIVE_KINDS
-    )

@@ -102,7 +102,7 @@ def dispatch_seconds(
     fwd, bwd = dispatch_times(info, strategy, cluster, inputs)
     if not opts.training:
         return fwd
-    return fwd * (2 if rerun_in_backward(info, opts) else 1) + bwd
+    return fwd * (1 + (opts.recompute_share if rerun_in_backward(info, opts) else 0)) + bwd
 
 
 def _meta(info: NodeInfo, which: int) -> TensorMeta | None:

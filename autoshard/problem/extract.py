@@ -27,9 +27,17 @@ from autoshard.problem.costs import (
     repeats,
 )
 from autoshard.problem.dispatch import dispatch_steps, rerun_in_backward
+from autoshard.problem.extras import extra_memory as extra_memory_of
 from autoshard.problem.fanout import element_of
-from autoshard.problem.recompute import node_memory_total, regathered, reissued
-from autoshard.problem.step import critical_path, unowned_memory
+from autoshard.problem.recompute import (
+    node_memory_total,
+    recompute_blocks,
+    recomputed_layers,
+    regathered,
+    reissued,
+    rerun_share,
+)
+from autoshard.problem.step import critical_path
 from autoshard.redistribute import Step
 from autoshard.search import Solution
 from autoshard.strategies import OpStrategy
@@ -63,15 +71,18 @@ def extract_plan(
     context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
     step += context.extra_seconds
     notes = (*notes, context.note) if context.note else notes
-    extra_memory = unowned_memory(built, pick, collectives)
+    full = tuple(solution.choice)
+    if len(full) != built.problem.num_nodes:  # a choice of the variables alone (hand-made plans)
+        full = built.full_choice(full[: len(built.variables)])
+    reserve = float(built.cluster.profile.memory.runtime_reserve)
+    extra_memory = extra_memory_of(built.extras, full, reserve)  # the terms the budget saw (problem/extras)
     total_memory = memory + sum(extra_memory.values())
-    if memory_limit is not None and total_memory > memory_limit:
+    if memory_limit is not None and total_memory > memory_limit * (1 + 1e-9):
         over = total_memory - memory_limit
         notes = (
             *notes,
-            f"memory {total_memory / 2**30:.2f} GiB per device is {over / 2**30:.2f} GiB over the budget: "
-            "gathered FSDP weights and the largest temporary are priced after the search; lower the budget "
-            "or allow recomputation",
+            f"memory {total_memory / 2**30:.2f} GiB per device is {over / 2**30:.2f} GiB over the budget of the "
+            "whole model: the plan was sized for a pipeline stage or a pinned plan",
         )
     cluster = built.cluster
     return Plan(
@@ -118,6 +129,7 @@ def extract_plan(
         timings=dict(timings),
         notes=notes + built.notes,
         recompute=built.options.recompute.value,
+        recompute_blocks=recompute_blocks(built.options, built.num_blocks),
         memory_limit=memory_limit,
         degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
         context_axis=context.axis,
@@ -264,7 +276,11 @@ def _edge_collectives(
         bwd_times = repeats(built.options, parameter=parameter, backward=True)
         out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if reissued(producer, consumer, built.options):  # run again when backward recomputes the block
-            out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
+            again = recomputed_layers(layers, built.options, built.num_blocks)
+            out += _records(steps.forward, "forward", served, moved, again, built, fwd_times)
+            if rerun_share(producer, consumer, built.options) > built.options.recompute_share:  # the others
+                rest = [lp for lp in layers if lp not in again]
+                out += _records(steps.forward, "regather", served, moved, rest, built, fwd_times)
         elif regathered(producer, consumer, built.options):  # reshard after forward: gathered again
             out += _records(steps.forward, "regather", served, moved, layers, built, fwd_times)
         if producer.fqn:  # gradient synchronisation serves the parameter of each layer
@@ -352,7 +368,8 @@ def _dispatch_collectives(
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
         out += _records(forward, "forward", name, name, layers, built, times)
         if rerun_in_backward(info, built.options):  # the block's forward runs again in backward
-            out += _records(forward, "forward", name, name, layers, built, times)
+            again = recomputed_layers(layers, built.options, built.num_blocks)
+            out += _records(forward, "forward", name, name, again, built, times)
         if built.options.training:
             out += _records(backward, "backward", name, name, layers, built, times)
     return out

@@ -186,7 +186,7 @@ def _group_node(
     if reissued(producer, consumer, opts):  # the shared move is re-run once when the block is recomputed
         forward = replace(opts, training=False)
         again = _element_cost(producer, group.which, strategies[group.producer], list(ids), forward, cache)
-        element_cost = element_cost + again
+        element_cost = element_cost + again * opts.recompute_share  # in the recomputed blocks only
     return fanout_node(element_cost * group.weight, entries, search_fanout.MAX_FANOUT_STATES), entries
 
 

@@ -9,12 +9,21 @@ and codegen (:mod:`autoshard.codegen.recompute`) emits what they price.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autoshard.cluster import Cluster
 from autoshard.problem.costs import CostOptions, Recompute, node_memory
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
 
-__all__ = ["node_memory_total", "regathered", "reissued"]
+__all__ = [
+    "node_memory_total",
+    "recompute_blocks",
+    "recomputed_layers",
+    "regathered",
+    "reissued",
+    "rerun_share",
+]
 
 
 def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
@@ -38,11 +47,39 @@ def regathered(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> boo
     )
 
 
+def rerun_share(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> float:
+    """Share of a move's layer copies whose forward backward runs again: the recomputed blocks re-issue it
+    (``recompute_share`` of them), and under FSDP's reshard after forward the other blocks re-gather it."""
+    if reissued(producer, consumer, opts):
+        rest = regathered(producer, consumer, replace(opts, recompute=Recompute.NONE))
+        return 1.0 if rest else opts.recompute_share
+    return 1.0 if regathered(producer, consumer, opts) else 0.0
+
+
 def node_memory_total(
     info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions, keeps: bool, count: int
 ) -> float:
-    """Bytes per device of ``count`` copies, plus the recompute working set (one block's re-run activations)."""
+    """Bytes per device of ``count`` copies, plus the recompute working set (one block's re-run activations).
+
+    With ``opts.recompute_share < 1`` only that share of the copies drops what recomputation re-runs; the
+    other blocks keep it."""
     total = node_memory(info, strategy, cluster, opts, keeps) * count
     if not keeps and info.block is not None and opts.recompute is not Recompute.NONE:
-        total += node_memory(info, strategy, cluster, opts, True)
+        dropped = node_memory(info, strategy, cluster, opts, False)
+        kept = node_memory(info, strategy, cluster, opts, True)
+        total += (kept - dropped) * count * (1.0 - opts.recompute_share)  # the blocks not recomputed
+        total += kept  # the working set
     return total
+
+
+def recompute_blocks(opts: CostOptions, num_blocks: int) -> int | None:
+    """How many of the repeated blocks ``Plan.recompute`` applies to (the first ones); None when all."""
+    return None if opts.recompute_share >= 1.0 else round(opts.recompute_share * num_blocks)
+
+
+def recomputed_layers(layers: list, opts: CostOptions, num_blocks: int) -> list:
+    """The ``(layer, path)`` pairs backward recomputes: all, or the first ``k`` under a share (problem/mix)."""
+    k = recompute_blocks(opts, num_blocks)
+    return (
+        layers if k is None else [(layer, path) for layer, path in layers if layer is not None and layer < k]
+    )

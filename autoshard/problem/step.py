@@ -19,14 +19,8 @@ The solver prices a repeated layer's gradient sync once and the other copies as 
 says why), and every other collective in full; its objective equals this step time while each layer's sync
 is shorter than its backward and no FSDP gather is exposed, and is below it otherwise.
 
-Memory added to the solver's per-node sum (the plan's ``memory_breakdown``):
-
-* ``runtime reserve``: the profile's ``memory.runtime_reserve`` (CUDA context, NCCL, allocator);
-* ``gathered weights``: FSDP keeps the gathered weights of the layer computing and of the ``prefetch``
-  layers gathered ahead: ``(1 + prefetch)`` × the largest layer's all-gathered parameter bytes;
-* ``largest temporary``: the largest local output of an op that backward does not keep (it is alive while
-  the next op runs, on top of everything kept).
-These are priced after the search; only the reserve is taken off the solver's budget (it is plan-independent).
+Memory no single node owns (runtime reserve, gathered FSDP weights, the largest temporary) is part of the
+solver's budget: :mod:`autoshard.problem.extras` writes it as solver terms and reads it back for the plan.
 """
 
 from __future__ import annotations
@@ -36,12 +30,11 @@ from collections.abc import Sequence
 
 from autoshard.plans import Collective
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.costs import _local_bytes, node_compute
+from autoshard.problem.costs import node_compute
 from autoshard.strategies import OpStrategy
-from cost_models.memory import gathered_weight_bytes
 from cost_models.overlap import exposed_gradient_sync, exposed_prefetched_gathers
 
-__all__ = ["critical_path", "unowned_memory"]
+__all__ = ["critical_path"]
 
 
 def _per_layer_compute(
@@ -107,28 +100,3 @@ def critical_path(
     behind = [bwd.get(i, 0.0) * built.options.microbatches for i in order]
     exposed += regather.get(None, 0.0) + exposed_prefetched_gathers(again, behind, policy.prefetch)
     return compute + exposed, exposed
-
-
-def unowned_memory(
-    built: BuiltProblem, pick: dict[str, OpStrategy], collectives: Sequence[Collective]
-) -> dict[str, float]:
-    """Bytes per device that no node's memory holds: reserve, gathered FSDP weights, largest temporary."""
-    per_layer: dict[int | None, float] = defaultdict(float)
-    for c in collectives:
-        if c.phase == "forward" and c.kind == "all_gather" and _moves_parameter(built, c):
-            per_layer[c.layer] += c.nbytes
-    largest_layer = max(per_layer.values(), default=0.0)
-    temporary = 0.0
-    mesh = built.cluster.mesh_shape
-    for name, info in built.infos.items():
-        kept = built.options.training and built.keeps.get(name, True) and info.requires_grad
-        if info.kind != "op" or info.is_view or kept:
-            continue
-        for meta, spec in zip(info.outputs, pick[name].outputs, strict=False):
-            if meta is not None:
-                temporary = max(temporary, _local_bytes(meta.nbytes, spec, mesh))
-    return {
-        "runtime reserve": float(built.cluster.profile.memory.runtime_reserve),
-        "gathered weights": gathered_weight_bytes(largest_layer, built.options.overlap.prefetch),
-        "largest temporary": temporary,
-    }

@@ -87,8 +87,11 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
         )
     fuse = plan_fuses_experts(plan.nodes)  # the graph the plan was made on
     captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto", fuse_experts=fuse)
-    full = any("full recomputation" in n for n in plan.notes)
-    opts = CostOptions(training=plan.training, recompute=Recompute.FULL if full else Recompute.NONE)
+    layers = (
+        captured.blocks.num_blocks if captured.blocks else 1
+    )  # Plan.recompute on recompute_blocks of them
+    share = min(1.0, plan.recompute_blocks / layers) if plan.recompute_blocks else 1.0
+    opts = CostOptions(training=plan.training, recompute=Recompute(plan.recompute), recompute_share=share)
     return build_problem(captured, plan_cluster(plan), opts)
 
 

@@ -104,7 +104,9 @@ def _price(plan: Plan) -> list[str]:
 
 def _assumptions(plan: Plan, width: int) -> list[str]:
     """Two lines: what the figures assume (dtypes, optimizer, micro-batches, recompute; overlap, memory)."""
-    recompute = "full" if any("recomputation" in n for n in plan.notes) else "none"
+    recompute = plan.recompute  # Plan.recompute, on the first recompute_blocks blocks when set
+    if plan.recompute_blocks is not None and plan.recompute != "none":
+        recompute += f" on {plan.recompute_blocks} blocks, none on the rest"
     first = (
         f"assumes: captured dtypes, Adam (fp32 master + moments) sharded, "
         f"{plan.microbatches} micro-batch{'es' * (plan.microbatches > 1)}, recompute {recompute}"

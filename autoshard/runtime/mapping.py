@@ -252,6 +252,6 @@ def verify_plan(
 
 
 def _pin(built: BuiltProblem, allowed: dict[str, np.ndarray]) -> BuiltProblem:
-    fanouts = (None,) * len(built.fanouts)  # the fan-out nodes follow the variables
+    fanouts = (None,) * (built.problem.num_nodes - len(built.variables))  # fan-out, gather nodes follow
     masks = tuple(allowed.get(v) for v in built.variables) + fanouts
     return dataclasses.replace(built, problem=dataclasses.replace(built.problem, allowed=masks))

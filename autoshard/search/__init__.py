@@ -12,6 +12,7 @@ Modules, in the order :func:`solve` uses them:
 * ``exact``     -- tree DP and variable elimination (orders and cutset conditioning in ``order``): the main,
   provably optimal path.
 * ``budget``    -- a binding memory budget: Lagrangian bound and plan, Lagrangian fixing of strategies.
+* ``peak``      -- a max term in the budget (``SearchProblem.peak``: the largest temporary), by thresholds.
 * ``ilp``       -- CP-SAT for what fixing leaves under a budget, or treewidth beyond conditioning
   (formulation in its docstring).
 * ``solve``     -- dispatch, time limit, lower bound and gap.

@@ -46,6 +46,8 @@ def _chunk_costs(problem: SearchProblem, plans: np.ndarray) -> tuple[np.ndarray,
     if problem.memory is not None:
         for i, m in enumerate(problem.memory):
             mem += m[plans[:, i]]
+    if problem.peak is not None:  # only the largest counts (SearchProblem.peak)
+        mem += np.max([p[plans[:, i]] for i, p in enumerate(problem.peak)], axis=0)
     return cost, mem
 
 

@@ -7,8 +7,10 @@ objective of an assignment ``choice`` is::
 
     sum_i node_costs[i][choice[i]] + sum_(u,v) edge.cost[choice[u], choice[v]]
 
-subject to ``sum_i memory[i][choice[i]] <= memory_limit`` (bytes per device) when both are given, and to
-the ``allowed`` masks (user annotations).  ``+inf`` marks a forbidden option or combination.
+subject to ``sum_i memory[i][choice[i]] + max_i peak[i][choice[i]] <= memory_limit`` (bytes per device)
+when both are given, and to the ``allowed`` masks (user annotations).  ``peak`` (optional) holds what only
+its largest instance costs, such as the largest temporary buffer: :mod:`~autoshard.search.peak` solves it
+exactly as a threshold on the other solvers' plain problems.  ``+inf`` marks a forbidden option or combination.
 
 Example::
 
@@ -44,6 +46,7 @@ __all__ = [
     "memory_lower_bound",
     "memory_of",
     "pairwise_form",
+    "peak_floor",
     "relative_gap",
 ]
 
@@ -98,6 +101,8 @@ class SearchProblem:
         memory_limit: bytes per device every plan must fit in, or None for no budget (needs ``memory``).
         allowed: per node a bool mask ``[S_i]`` (None = all allowed) from user annotations, or None.
         strategy_labels: per node one label per strategy (e.g. ``"(S(0), R) -> S(0)"``) for explanations.
+        peak: per node a vector ``[S_i]`` of bytes of which only the largest over nodes counts (added to the
+            sum of ``memory``), or None; needs ``memory``.
     """
 
     node_costs: tuple[np.ndarray, ...]
@@ -107,6 +112,7 @@ class SearchProblem:
     memory_limit: float | None = None
     allowed: tuple[np.ndarray | None, ...] | None = None
     strategy_labels: tuple[tuple[str, ...], ...] | None = None
+    peak: tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         costs = tuple(np.asarray(c, dtype=np.float64) for c in self.node_costs)
@@ -160,6 +166,16 @@ class SearchProblem:
                 raise ValueError(f"memory[{i}] ({self.names[i]}) shape {m.shape} != node cost shape")
             if not np.isfinite(m).all() or (m < 0).any():
                 raise ValueError(f"memory[{i}] ({self.names[i]}) must be finite bytes >= 0")
+        if self.peak is not None:
+            peak = tuple(np.asarray(m, dtype=np.float64) for m in self.peak)
+            object.__setattr__(self, "peak", peak)
+            if len(peak) != self.num_nodes or any(
+                p.shape != c.shape or not np.isfinite(p).all() or (p < 0).any()
+                for p, c in zip(peak, self.node_costs, strict=True)
+            ):
+                raise ValueError(
+                    "peak must hold one vector of finite bytes >= 0 per node, shaped like its costs"
+                )
         if self.memory_limit is not None and not (
             self.memory_limit >= 0 and math.isfinite(self.memory_limit)
         ):
@@ -253,7 +269,10 @@ def memory_of(problem: SearchProblem, choice: Sequence[int]) -> float:
     _check_choice(problem, choice)
     if problem.memory is None:
         return 0.0
-    return math.fsum(float(m[choice[i]]) for i, m in enumerate(problem.memory))
+    total = math.fsum(float(m[choice[i]]) for i, m in enumerate(problem.memory))
+    if problem.peak is not None:
+        total += max((float(p[choice[i]]) for i, p in enumerate(problem.peak)), default=0.0)
+    return total
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -305,10 +324,22 @@ def memory_lower_bound(problem: SearchProblem) -> float:
     """Sum over nodes of the least memory among allowed finite-cost strategies: no plan needs less."""
     assert problem.memory is not None
     form = pairwise_form(problem)
-    return math.fsum(
+    total = math.fsum(
         float(m[np.isfinite(u)].min(initial=math.inf))
         for u, m in zip(form.unary, problem.memory, strict=True)
     )
+    return total + peak_floor(problem)
+
+
+def peak_floor(problem: SearchProblem) -> float:
+    """The least ``max_i peak[i]`` any plan has: each node's least peak among its allowed strategies."""
+    if problem.peak is None:
+        return 0.0
+    form = pairwise_form(problem)
+    least = [
+        float(p[np.isfinite(u)].min(initial=math.inf)) for u, p in zip(form.unary, problem.peak, strict=True)
+    ]
+    return max((x for x in least if math.isfinite(x)), default=0.0)
 
 
 def memory_infeasible_error(

@@ -289,6 +289,11 @@ def solve(
     Raises InfeasibleError when no finite plan fits (the message names the nodes or the least memory needed)
     and AnnotationConflictError (an AnnotationError and an InfeasibleError) when annotations conflict.
     """
+    if problem.peak is not None:  # a max term in the budget: thresholds over plain solves (search/peak.py)
+        from autoshard.search.peak import solve_with_peak
+
+        kwargs = dict(method=method, time_limit=time_limit, num_workers=num_workers, hint=hint)
+        return solve_with_peak(problem, solve, max_factor_size=max_factor_size, **kwargs)
     start = time.perf_counter()
     if method == "propagate":
         sol = _propagate(problem, start)

@@ -50,3 +50,15 @@ def test_each_layer_is_one_checkpointed_region() -> None:
     assert len(regions) == 2 and all(r.selective for r in regions)  # llama-tiny has 2 layers
     code = module.code
     assert code.count("self.block_0(") == 1 and code.count("self.block_1(") == 1
+
+
+def test_recompute_blocks_checkpoints_only_the_first_k_layers() -> None:
+    """``Plan.recompute_blocks`` = k: the first k layers are checkpointed, as the planner priced them."""
+    m = model("llama")
+    plan = recompute_plan("full")
+    lowered = lower_graph(m.captured, assign_strategies(m.captured, plan), plan_cluster(plan), (0,))
+    root = {a.fqn: torch.zeros(a.spec.local_shape(a.global_shape, (2,))) for a in lowered.attrs}
+    module = fx.GraphModule({**root, "autoshard_comm": torch.nn.Module()}, lowered.graph)
+    again = checkpoint_blocks(module, "full", blocks=1)
+    regions = [name for name, mod in module.named_children() if isinstance(mod, Checkpointed)]
+    assert regions == ["block_0"] and again  # layer 1 keeps its activations; layer 0's moves re-run

@@ -1,0 +1,213 @@
+"""Memory no single node owns, written as solver terms so the memory budget sees it.
+
+Input: the builder's edge uses, node records, strategies and :class:`~autoshard.problem.costs.CostOptions`.
+Output: :class:`MemoryExtras`: auxiliary solver nodes for gathered FSDP weights and a per-node *peak* vector
+for the largest temporary (:class:`~autoshard.search.SearchProblem` ``peak``); :func:`extra_memory` reads
+the same terms back for a chosen plan (the plan's ``memory_breakdown``), so the plan's memory is the
+memory the budget constrained.
+
+Gathered weights.  A parameter stored with spec ``h`` and read by a consumer that wants spec ``w`` is
+all-gathered before use when ``h -> w`` has an all-gather step; the gathered buffer (``Step.nbytes`` of the
+last gather: the tensor unsharded over that axis) lives while the consumer runs.  The size depends on the
+*pair* of strategies, so each such parameter use gets an auxiliary node whose states are the pairs
+``(w, b)`` of a wanted spec and a buffer size that occur: an edge to the consumer allows only states with
+its ``w``, an edge to the parameter only states whose ``b`` is what its ``h`` gathers into that ``w``
+(``inf`` otherwise, no cost), and the node's memory is ``b``.  (Pairs ``(h, w)`` would do too; keying by
+size merges the stored specs that gather the same bytes: 81 states become ~20 on a 2-D mesh.)  Exact and
+pairwise: the solvers need no change, and without a budget the auxiliary nodes hold
+no cost and fold away (``search/reduce``).  How much is counted follows torch's FSDP2
+(``torch.distributed.fsdp.fully_shard``: each block is a unit resharded after forward, the root unit, here
+everything outside the repeated blocks, is not, "since its parameters would typically be immediately
+all-gathered for backward"):
+
+* a repeated block's parameters: ``1 + prefetch`` blocks gathered at a time (``OverlapPolicy.prefetch``),
+  once for the whole stack, not per layer;
+* a parameter outside the blocks (embedding, head, leading layers that differ): gathered for the step, so
+  every one counts (at the peak, the end of forward, the head is gathered next to the last block).
+
+Largest temporary.  The largest local output of an op that backward does not keep is alive while the next
+op runs, on top of everything kept: a max over nodes, given to the solver as ``SearchProblem.peak``
+(:mod:`autoshard.search.peak` solves it exactly by thresholds).  Only the largest counts, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.problem.costs import CostOptions, _local_bytes
+from autoshard.problem.graph import NodeInfo
+from autoshard.problem.moves import StepCache
+from autoshard.search import Edge
+from autoshard.search.problem import format_bytes
+from autoshard.strategies import OpStrategy
+
+__all__ = ["GatherNode", "MemoryExtras", "extra_memory", "memory_extras"]
+
+
+@dataclass(frozen=True, slots=True)
+class GatherNode:
+    """One parameter use that may gather: states are ``(wanted spec id, gathered bytes)`` pairs."""
+
+    producer: str  # the parameter's variable node
+    consumer: str  # the consumer's variable node
+    states: tuple[tuple[int, float], ...]
+    memory: np.ndarray  # bytes per state, ``factor`` included
+    have: np.ndarray  # per producer strategy, its stored spec id
+    want: np.ndarray  # per consumer strategy, the spec id it wants
+    sizes: dict[tuple[int, int], float]  # (stored, wanted) spec ids -> gathered bytes (``factor`` excluded)
+
+    def state(self, producer: int, consumer: int) -> int:
+        """The state a (producer strategy, consumer strategy) pair implies."""
+        w = int(self.want[consumer])
+        return self.states.index((w, self.sizes[(int(self.have[producer]), w)]))
+
+    def producer_matrix(self) -> np.ndarray:
+        """``[S_producer, states]``: 0 where the stored spec gathers exactly the state's bytes, else inf."""
+        return np.array(
+            [
+                [0.0 if self.sizes[(int(h), w)] == size else np.inf for w, size in self.states]
+                for h in self.have
+            ]
+        )
+
+    def consumer_matrix(self) -> np.ndarray:
+        """``[S_consumer, states]``: 0 where the consumer wants the state's spec, else inf."""
+        wanted = np.array([w for w, _ in self.states])
+        return np.where(self.want[:, None] == wanted[None, :], 0.0, np.inf)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryExtras:
+    """The auxiliary nodes (solver nodes ``offset …``) and per-variable temporary sizes."""
+
+    gathers: tuple[GatherNode, ...]
+    offset: int  # solver index of the first gather node
+    temporary: tuple[np.ndarray, ...]  # per variable, bytes of the largest temporary per strategy
+    notes: tuple[str, ...] = ()
+
+    def complete(self, chosen: dict[str, int]) -> list[int]:
+        """The state of every gather node for a choice of the variables (``chosen``: name -> index)."""
+        return [g.state(chosen[g.producer], chosen[g.consumer]) for g in self.gathers]
+
+    def labels(self, cache: StepCache) -> list[tuple[str, ...]]:
+        """Per gather node, one label per state: ``gather 1.00 GiB into (R, R)`` or ``(S(0), R) as stored``."""
+        return [
+            tuple(
+                f"gather {format_bytes(size)} into {cache.spec(w)}" if size else f"{cache.spec(w)} as stored"
+                for w, size in g.states
+            )
+            for g in self.gathers
+        ]
+
+    def edges(self, index: dict[str, int]) -> list[Edge]:
+        out: list[Edge] = []
+        for k, g in enumerate(self.gathers):
+            out.append(Edge(index[g.producer], self.offset + k, g.producer_matrix()))
+            out.append(Edge(index[g.consumer], self.offset + k, g.consumer_matrix()))
+        return out
+
+
+def memory_extras(
+    uses: Iterable,
+    infos: dict[str, NodeInfo],
+    template: dict[str, str],
+    variables: Sequence[str],
+    strategies: dict[str, tuple[OpStrategy, ...]],
+    keeps: dict[str, bool],
+    opts: CostOptions,
+    cache: StepCache,
+    offset: int,
+) -> MemoryExtras:
+    """Gather nodes for every parameter use that can all-gather, and the temporary of every variable."""
+    gathers: list[GatherNode] = []
+    seen: set[tuple[str, str, int, int]] = set()
+    prefetch = 1 + opts.overlap.prefetch
+    for use in uses:
+        tu, tv = template[use.producer], template[use.consumer]
+        key = (tu, tv, use.which, use.position)
+        producer = infos[tu]
+        if producer.kind != "parameter" or key in seen or tu == tv:
+            continue
+        seen.add(key)
+        factor = prefetch if producer.block is not None else 1
+        node = _gather_node(producer, tu, tv, use.which, use.position, strategies, cache, factor)
+        if node is not None:
+            gathers.append(node)
+    temporary = tuple(_temporary(infos[v], strategies[v], keeps, opts, cache) for v in variables)
+    layers = {infos[g.producer].block[0] for g in gathers if infos[g.producer].block is not None}  # type: ignore[index]
+    notes: tuple[str, ...] = ()
+    if len(layers) > 1:  # not collapsed: each layer has its own variables, and their gathers are summed
+        notes = (
+            f"gathered FSDP weights of the {len(layers)} uncollapsed layers are summed in the memory budget (an "
+            "upper bound: FSDP holds 1 + prefetch layers at a time); plan with blocks='auto' to count them once",
+        )
+    return MemoryExtras(tuple(gathers), offset, temporary, notes)
+
+
+def _gather_node(
+    producer: NodeInfo,
+    tu: str,
+    tv: str,
+    which: int,
+    pos: int,
+    strategies: dict[str, tuple[OpStrategy, ...]],
+    cache: StepCache,
+    factor: int,
+) -> GatherNode | None:
+    meta = producer.outputs[which] if which < len(producer.outputs) else None
+    if meta is None:
+        return None
+    have = np.array(
+        [cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in strategies[tu]]
+    )
+    want = np.array([cache.intern(s.inputs[pos]) for s in strategies[tv]])
+    sizes = {
+        (int(h), int(w)): _gathered(cache, int(h), int(w), tuple(meta.shape), meta.itemsize)
+        for h in np.unique(have)
+        for w in np.unique(want)
+    }
+    if not any(sizes.values()):
+        return None
+    states = tuple(sorted({(w, size) for (_, w), size in sizes.items()}))
+    memory = np.array([factor * size for _, size in states])
+    return GatherNode(tu, tv, states, memory, have, want, sizes)
+
+
+def _gathered(cache: StepCache, have: int, want: int, shape: tuple[int, ...], itemsize: int) -> float:
+    """Bytes of the buffer an all-gather of ``have -> want`` leaves (0 when nothing is gathered)."""
+    src, dst = cache.spec(have), cache.spec(want)
+    if src is None or dst is None:
+        return 0.0
+    steps = cache.get(src, dst, shape, itemsize) or ()
+    return float(max((s.nbytes for s in steps if s.kind == "all_gather"), default=0))
+
+
+def _temporary(
+    info: NodeInfo,
+    strategies: tuple[OpStrategy, ...],
+    keeps: dict[str, bool],
+    opts: CostOptions,
+    cache: StepCache,
+) -> np.ndarray:
+    """Per strategy, the largest local output of ``info`` that backward does not keep (0 if it keeps it)."""
+    out = np.zeros(len(strategies))
+    kept = opts.training and keeps.get(info.name, True) and info.requires_grad
+    if info.kind != "op" or info.is_view or kept:
+        return out
+    for k, strat in enumerate(strategies):
+        for meta, spec in zip(info.outputs, strat.outputs, strict=False):
+            if meta is not None:
+                out[k] = max(out[k], _local_bytes(meta.nbytes, spec, cache.mesh_shape))
+    return out
+
+
+def extra_memory(extras: MemoryExtras | None, choice: Sequence[int], reserve: float) -> dict[str, float]:
+    """The plan's ``memory_breakdown``: the same terms the budget saw, at the solver's choice."""
+    gathered = largest = 0.0
+    if extras is not None:
+        gathered = sum(float(g.memory[choice[extras.offset + k]]) for k, g in enumerate(extras.gathers))
+        largest = max((float(t[c]) for t, c in zip(extras.temporary, choice, strict=False)), default=0.0)
+    return {"runtime reserve": reserve, "gathered weights": gathered, "largest temporary": largest}

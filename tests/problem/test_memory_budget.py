@@ -1,0 +1,109 @@
+"""Memory no node owns is inside the budget (problem/extras.py), and recomputation is a per-block count
+(problem/mix.py): the plan's memory is what the solver constrained, and the mixed count is the exact best."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+
+import autoshard
+from autoshard import zoo
+from autoshard.annotations import pin_problem
+from autoshard.capture import capture
+from autoshard.errors import InfeasibleError
+from autoshard.problem.build import BuiltProblem, build_problem
+from autoshard.problem.costs import CostOptions, Recompute
+from autoshard.problem.mix import best_share, share_problem
+from autoshard.search import memory_of, solve
+
+DATA_PARALLEL = {
+    "input_ids": ("S(0)",),
+    "*_proj": "replicate",
+    "lm_head": "replicate",
+    "model.embed_tokens": "replicate",
+}
+LAYERS = 8
+
+
+@functools.cache
+def _case():
+    case = zoo.build("llama-tiny", layers=LAYERS, batch=8, seq=256, device="meta")
+    return case, capture(case.model, case.args, case.kwargs), autoshard.load_cluster("a100x8", mesh=(8,))
+
+
+def _built(
+    policy: Recompute, share: float = 1.0, limit: float | None = None, pins=DATA_PARALLEL
+) -> BuiltProblem:
+    _, captured, cluster = _case()
+    opts = CostOptions(recompute=policy, recompute_share=share)
+    built = build_problem(captured, cluster, opts, memory_limit=limit)
+    return pin_problem(built, pins, frozenset(), "model.layers", 0) if pins else built
+
+
+def test_fsdp_gathers_and_the_temporary_are_inside_the_budget() -> None:
+    """Unpinned on 8 devices with a budget that forces sharding: the plan's memory (its breakdown included)
+    is exactly the memory the solver held under the budget, and it fits."""
+    case, _, cluster = _case()
+    free = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none")
+    limit = free.memory_per_device * 0.999
+    built = _built(Recompute.NONE, limit=limit, pins=None)
+    assert built.extras is not None and built.extras.gathers  # parameter uses that can all-gather
+    solution = solve(built.problem)
+    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none", memory_limit=limit)
+    assert plan.memory_per_device <= limit
+    assert plan.memory_per_device == pytest.approx(memory_of(built.problem, solution.choice), rel=1e-9)
+    assert set(plan.memory_breakdown) == {"runtime reserve", "gathered weights", "largest temporary"}
+
+
+def test_a_budget_below_every_plan_is_refused_with_the_overshoot() -> None:
+    case, _, cluster = _case()
+    with pytest.raises(InfeasibleError, match=r"over.*Fix: .*devices.*(recompute|fsdp)|no plan fits"):
+        autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=1.0e9)
+
+
+@pytest.mark.parametrize("k", [1, 3, LAYERS - 1])
+def test_the_mixed_problem_is_the_build_at_that_share(k: int) -> None:
+    zero, whole = _built(Recompute.FULL, 0.0), _built(Recompute.FULL, 1.0)
+    mixed, direct = share_problem(zero, whole, k).problem, _built(Recompute.FULL, k / LAYERS).problem
+    for a, b in zip(mixed.node_costs, direct.node_costs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-24)
+    for a, b in zip(mixed.memory, direct.memory, strict=True):  # type: ignore[arg-type]
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    for e, f in zip(mixed.edges, direct.edges, strict=True):
+        np.testing.assert_allclose(e.cost, f.cost, rtol=1e-12, atol=1e-24)
+
+
+def test_recomputing_some_blocks_beats_every_uniform_choice_and_equals_brute_force_over_k(tmp_path) -> None:
+    """Data parallel pinned, a budget halfway between keeping everything and recomputing every block: the
+    scan's count equals the best of solving every k = 0..N exactly, strictly inside, and beats both uniform
+    policies (none does not fit; full costs more)."""
+    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
+    high = memory_of(none.problem, solve(none.problem).choice)
+    low = memory_of(full.problem, solve(full.problem).choice)
+    limit = (high + low) / 2
+    zero = _built(Recompute.FULL, 0.0, limit)
+    whole = _built(Recompute.FULL, 1.0, limit)
+    every = {}
+    for k in range(LAYERS + 1):
+        try:
+            every[k] = solve(share_problem(zero, whole, k).problem).objective
+        except InfeasibleError:
+            continue
+    best_k = min(every, key=lambda k: every[k])
+    assert 0 < best_k < LAYERS and every[best_k] < every[LAYERS]
+    with pytest.raises(InfeasibleError):
+        solve(dataclasses.replace(none.problem, memory_limit=limit))
+    found = best_share(zero, whole, solve, incumbent=every[LAYERS])
+    assert found is not None and found[0] == best_k and found[2].objective == pytest.approx(every[best_k])
+    case, _, cluster = _case()
+    plan = autoshard.plan(
+        case.model, cluster, case.args, case.kwargs, annotations=DATA_PARALLEL, memory_limit=limit
+    )
+    assert (plan.recompute, plan.recompute_blocks) == ("full", best_k)
+    assert plan.memory_per_device <= limit
+    assert f"recompute full on {best_k} blocks" in " ".join(plan.summary().split())
+    plan.save(tmp_path / "plan.json")
+    assert autoshard.load_plan(tmp_path / "plan.json").recompute_blocks == best_k
