@@ -74,6 +74,7 @@ __all__ = [
     "check_extension",
     "cut_blocks",
     "find_repeated_blocks",
+    "signature_under",
 ]
 
 OP_KINDS = ("call_function", "call_method", "call_module")
@@ -227,8 +228,12 @@ def _arg_signature(arg: Any, local: dict[fx.Node, int]) -> Any:
 def block_signature(block: Sequence[fx.Node], prefix: str, index: int) -> tuple[Any, ...]:
     """The block's signature (see "Equality of blocks" in the module docstring); ``index`` is the child's
     index in its container."""
+    return signature_under(block, f"{prefix}.{index}.")
+
+
+def signature_under(block: Sequence[fx.Node], own: str) -> tuple[Any, ...]:
+    """The signature of a block whose parameters are named under ``own`` (``"model.layers.3."``)."""
     local = {n: p for p, n in enumerate(block)}
-    own = f"{prefix}.{index}."
     sig: list[Any] = []
     for node in block:
         if META_FQN in node.meta:

@@ -68,6 +68,7 @@ from autoshard.capture.meta import (
     TensorMeta,
     tensor_meta_of,
 )
+from autoshard.capture.runs import annotate_runs, find_runs
 from autoshard.errors import CaptureError
 
 __all__ = ["BlocksMode", "capture", "graph_inputs"]
@@ -124,7 +125,8 @@ def capture(
     if blocks == "auto" and candidate is not None and candidate.num_blocks >= MIN_BLOCKS_TO_CUT:
         cut = _capture_cut(model, args, kwargs, candidate, notes, check_blocks, fuse_experts)
         if cut is not None:
-            return replace(cut, seconds=time.perf_counter() - start, notes=tuple(notes))
+            runs = annotate_runs(cut.graph_module, find_runs(model, candidate), notes)
+            return replace(cut, seconds=time.perf_counter() - start, notes=tuple(notes), runs=runs)
     traced = _trace(model, args, kwargs, notes)
     _prepare(traced, model, notes, fuse_experts)
     info = None
@@ -133,7 +135,10 @@ def capture(
             info = annotate_blocks(traced.gm, candidate, candidate.num_blocks)
         except BlockMismatch as e:
             notes.append(f"repeated blocks {candidate.prefix} not labelled: {e}")
-    return _record(traced, model, info, time.perf_counter() - start, notes)
+            candidate = None
+    # further runs (encoder and decoder towers, attribute-held blocks) only where the search collapses
+    runs = annotate_runs(traced.gm, find_runs(model, candidate), notes) if blocks == "auto" else ()
+    return replace(_record(traced, model, info, time.perf_counter() - start, notes), runs=runs)
 
 
 def _capture_cut(
