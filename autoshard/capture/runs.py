@@ -15,8 +15,9 @@ had been collapsed.  Encoder-decoder models give one run per tower (T5: ``decode
 **Runs.** Children of one module that are (a) indexed ``0, 1, ..`` in a ``ModuleList`` / ``Sequential`` /
 integer-keyed ``ModuleDict`` (the final run of identical children, as for the primary), or (b) attributes
 named ``<stem><i>`` for consecutive ``i`` (``self.layer0``, ``self.layer1``, ..: the longest run of
-identical ones ending at the highest index).  A run has at least two blocks holding parameters; the same
-plain-layer-chain exclusion as the primary applies to ``Sequential``.  Runs are taken largest first (by
+identical ones ending at the highest index).  A run has at least two blocks, each holding at least two
+weight matrices: single layers (a ResNet block's ``conv1`` / ``conv2``, a chain of ``Linear``) keep one
+decision each, so that consecutive ones may alternate column / row (the primary's rule for ``Sequential``).  Runs are taken largest first (by
 parameters) and may not nest in or contain the primary's blocks or an earlier run.
 
 **Membership and equality** follow :mod:`autoshard.capture.blocks` (parameters by FQN, ops by the span rule,
@@ -94,8 +95,8 @@ def _candidates(model: nn.Module) -> list[_Run]:
         for run in groups:
             if len(run) < 2 or not _structure(run[0][1])[1]:
                 continue
-            if isinstance(module, nn.Sequential) and _matrices(run[0][1]) < 2:
-                continue  # a plain layer chain (see autoshard.capture.blocks)
+            if _matrices(run[0][1]) < 2:
+                continue  # single layers (conv1, conv2; a chain of Linear): one decision each, so they alternate
             numel = sum(p.numel() for _, c in run for p in c.parameters())
             out.append(_Run(prefix, tuple(n for n, _ in run), type(run[0][1]).__name__, numel))
     return out

@@ -31,7 +31,7 @@ def tiny_t5(layers: int = 4) -> tuple[nn.Module, tuple[torch.Tensor], dict[str, 
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(config).eval()
     ids = torch.zeros(8, 6, dtype=torch.long)
-    return model, (ids,), {"decoder_input_ids": ids}
+    return model, (ids,), {"decoder_input_ids": ids.clone()}  # distinct tensors, as verify feeds them
 
 
 class Block(nn.Module):
@@ -133,3 +133,27 @@ def test_plan_lists_every_block_of_a_run() -> None:
     )
     strategies = assign_strategies(capture(model, args, kwargs, blocks="full"), plan)
     assert strategies
+
+
+@pytest.mark.slow
+def test_t5_plan_with_a_collapsed_tower_verifies_on_gloo() -> None:
+    """Pin the MLP of one encoder block of the run (encoder.block.2) to Megatron column/row: the run shares
+    the decision, so every block of it (1..3) runs its all-reduces; block 0 and the decoder are free."""
+    from autoshard.runtime.verify import cluster_for, verify
+
+    model, args, kwargs = tiny_t5(4)
+    model = model.double()
+    mlp = "encoder.block.2.layer.1.DenseReluDense"
+    plan = autoshard.plan(
+        model, cluster_for("cpu", 2), args, kwargs, annotations={f"{mlp}.wi": "column", f"{mlp}.wo": "row"}
+    )
+    assert any("encoder.block.1..3 share one decision" in n for n in plan.notes), plan.notes
+    for i in (1, 2, 3):
+        assert plan.param_placements[f"encoder.block.{i}.layer.1.DenseReluDense.wi.weight"] == ("S(0)",)
+        assert plan.param_placements[f"encoder.block.{i}.layer.1.DenseReluDense.wo.weight"] == ("S(1)",)
+    report = verify(model, args, kwargs, plan=plan, name="t5")
+    assert report.ok, str(report)
+    assert report.emitted == report.planned and report.ranks_agree
+    # the row-parallel output of each of the run's three MLPs is summed forward, its input gradient backward
+    assert report.emitted.get("forward all_reduce", 0) >= 3, report.emitted
+    assert report.emitted.get("backward all_reduce", 0) >= 3, report.emitted
