@@ -275,17 +275,22 @@ def annotate_blocks(gm: fx.GraphModule, candidate: BlockCandidate, count: int) -
     )
 
 
-def _outside_signature(gm: fx.GraphModule) -> tuple[list[Any], list[Any], int]:
-    """(prefix ops, suffix ops, node count) of a block-annotated graph, ops as (name, TensorMeta)."""
+def _outside_signature(
+    gm: fx.GraphModule, dropped: frozenset[str] = frozenset()
+) -> tuple[list[Any], list[Any], int]:
+    """(prefix ops, suffix ops, node count) of a block-annotated graph, ops as (name, TensorMeta), leaving out
+    the nodes named in ``dropped``."""
     before: list[Any] = []
     after: list[Any] = []
     seen_block = False
     for node in gm.graph.nodes:
+        if node.name in dropped:
+            continue
         if META_BLOCK in node.meta:
             seen_block = seen_block or node.op in OP_KINDS  # block parameters sit before every op
         elif node.op in OP_KINDS or node.op == "output":
             (after if seen_block else before).append((node.meta[META_OP], _meta_str(node.meta[META_TENSOR])))
-    return before, after, len(gm.graph.nodes)
+    return before, after, len(gm.graph.nodes) - len(dropped)
 
 
 def _meta_str(meta: TensorMeta | tuple[TensorMeta | None, ...] | None) -> str:
@@ -293,9 +298,15 @@ def _meta_str(meta: TensorMeta | tuple[TensorMeta | None, ...] | None) -> str:
 
 
 def check_extension(
-    small: fx.GraphModule, big: fx.GraphModule, info_small: BlockInfo, info_big: BlockInfo
+    small: fx.GraphModule,
+    big: fx.GraphModule,
+    info_small: BlockInfo,
+    info_big: BlockInfo,
+    dropped: frozenset[str] = frozenset(),
 ) -> None:
-    """Check that ``big`` (k + 1 blocks) equals ``small`` (k blocks) plus exactly one block."""
+    """Check that ``big`` (k + 1 blocks) equals ``small`` (k blocks) plus exactly one block.  ``dropped``:
+    nodes of ``small`` that ``big`` was exported without (blocks of further runs cut to shorten the check
+    export, :func:`autoshard.capture.runs.cut_runs`)."""
     if info_big.captured_blocks != info_small.captured_blocks + 1:
         raise BlockMismatch("check_extension needs graphs of k and k + 1 blocks")
     if info_small.nodes_per_block != info_big.nodes_per_block:
@@ -307,7 +318,7 @@ def check_extension(
     sig_big = block_signature(_block_nodes(big, 0), info_big.prefix, info_big.first)
     if sig_small != sig_big:
         raise BlockMismatch("block 0 differs between the k- and (k+1)-block graphs")
-    before_s, after_s, count_s = _outside_signature(small)
+    before_s, after_s, count_s = _outside_signature(small, dropped)
     before_b, after_b, count_b = _outside_signature(big)
     if before_s != before_b:
         raise BlockMismatch("the ops before the first block differ between the k- and (k+1)-block graphs")

@@ -68,7 +68,7 @@ from autoshard.capture.meta import (
     TensorMeta,
     tensor_meta_of,
 )
-from autoshard.capture.runs import annotate_runs, find_runs
+from autoshard.capture.runs import annotate_runs, cut_runs, find_runs, nodes_under
 from autoshard.errors import CaptureError
 
 __all__ = ["BlocksMode", "capture", "graph_inputs"]
@@ -125,8 +125,7 @@ def capture(
     if blocks == "auto" and candidate is not None and candidate.num_blocks >= MIN_BLOCKS_TO_CUT:
         cut = _capture_cut(model, args, kwargs, candidate, notes, check_blocks, fuse_experts)
         if cut is not None:
-            runs = annotate_runs(cut.graph_module, find_runs(model, candidate), notes)
-            return replace(cut, seconds=time.perf_counter() - start, notes=tuple(notes), runs=runs)
+            return replace(cut, seconds=time.perf_counter() - start, notes=tuple(notes))
     traced = _trace(model, args, kwargs, notes)
     _prepare(traced, model, notes, fuse_experts)
     info = None
@@ -153,15 +152,19 @@ def _capture_cut(
     """The 2-block capture, checked against a 3-block one; ``None`` (and a note) when that fails."""
     cut_notes: list[str] = []  # kept only if the shortcut succeeds
     try:
-        graphs: list[tuple[_Traced, BlockInfo]] = []
-        for k in (CUT_BLOCKS, CUT_BLOCKS + 1) if check else (CUT_BLOCKS,):
-            with cut_blocks(model, candidate, k):
-                traced = _export(model, args, kwargs)
-            _prepare(traced, model, cut_notes if k == CUT_BLOCKS else [], fuse_experts)
-            graphs.append((traced, annotate_blocks(traced.gm, candidate, k)))
-        small, info_small = graphs[0]
+        with cut_blocks(model, candidate, CUT_BLOCKS):
+            small = _export(model, args, kwargs)
+        _prepare(small, model, cut_notes, fuse_experts)
+        info_small = annotate_blocks(small.gm, candidate, CUT_BLOCKS)
+        # further runs (an encoder tower) stay whole in the graph planned, but are cut in the check export
+        runs = find_runs(model, candidate)
+        found = annotate_runs(small.gm, runs, cut_notes)
         if check:
-            check_extension(small.gm, graphs[1][0].gm, info_small, graphs[1][1])
+            with cut_blocks(model, candidate, CUT_BLOCKS + 1), cut_runs(model, runs, found, CUT_BLOCKS) as out:
+                big = _export(model, args, kwargs)
+            _prepare(big, model, [], fuse_experts)
+            info_big = annotate_blocks(big.gm, candidate, CUT_BLOCKS + 1)
+            check_extension(small.gm, big.gm, info_small, info_big, nodes_under(small.gm, found, out))
     except Exception as e:  # any failure of the shortcut (BlockMismatch, export error): take the long road
         notes.append(
             f"2-block capture of {candidate.prefix} abandoned ({type(e).__name__}: {first_line(e)}); "
@@ -177,7 +180,7 @@ def _capture_cut(
             else "the 3-block check was done at other input shapes"
         )
     )
-    return _record(small, model, info_small, 0.0, notes)
+    return replace(_record(small, model, info_small, 0.0, notes), runs=found)
 
 
 def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], notes: list[str]) -> _Traced:

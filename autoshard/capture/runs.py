@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from torch import fx, nn
@@ -42,11 +43,12 @@ from autoshard.capture.blocks import (
     _last_run,
     _matrices,
     _structure,
+    cut_blocks,
     signature_under,
 )
 from autoshard.capture.meta import META_BLOCK, META_FQN, META_MODULE, META_RUN, RunInfo
 
-__all__ = ["annotate_runs", "find_runs"]
+__all__ = ["annotate_runs", "cut_runs", "find_runs"]
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)$")
 
@@ -183,3 +185,31 @@ def annotate_runs(gm: fx.GraphModule, runs: Sequence[_Run], notes: list[str]) ->
         )
         notes.append(f"{len(blocks)} identical blocks {run.path(0)}..{run.names[-1]} share one decision each")
     return tuple(infos)
+
+
+@contextmanager
+def cut_runs(
+    model: nn.Module, runs: Sequence[_Run], found: Sequence[RunInfo], keep: int
+) -> Iterator[frozenset[str]]:
+    """Temporarily keep the first ``keep`` blocks of every annotated run held in an indexed container (the
+    3-block check export of the primary stack needs no full-depth encoder); yields the module paths of the
+    blocks left out.  Attribute-held blocks are called by name, so they are never cut."""
+    left_out: set[str] = set()
+    with ExitStack() as stack:
+        for info in found:
+            run = next(r for r in runs if r.path(0) == info.blocks[0])
+            if len(run.names) <= keep or not all(n.isdigit() for n in run.names):
+                continue
+            first = int(run.names[0])
+            stack.enter_context(cut_blocks(model, BlockCandidate(run.parent, len(run.names), "", 0, first), keep))
+            left_out.update(info.blocks[keep:])
+        yield frozenset(left_out)
+
+
+def nodes_under(gm: fx.GraphModule, found: Sequence[RunInfo], blocks: frozenset[str]) -> frozenset[str]:
+    """Names of the nodes of a run's ``blocks`` (module paths) in an annotated graph."""
+    return frozenset(
+        n.name
+        for n in gm.graph.nodes
+        if META_RUN in n.meta and found[n.meta[META_RUN][0]].blocks[n.meta[META_RUN][1]] in blocks
+    )
