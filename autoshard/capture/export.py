@@ -18,6 +18,10 @@ Steps:
    (:func:`~autoshard.capture.blocks.check_extension`) and return the 2-layer graph with
    ``BlockInfo(num_blocks=N, captured_blocks=2)``; a 70B model captures in about a second instead of 20.
    If the check fails we export all N layers and say why in ``notes``.
+5. Further runs of identical blocks (``blocks="auto"``: an encoder tower beside the decoder stack, blocks
+   held as ``self.layer0``, ``self.layer1``, ..): every block stays in the graph, labelled ``META_RUN``
+   (:mod:`~autoshard.capture.runs`) for the search to collapse; the 3-layer check export cuts those held
+   in indexed containers to 2 blocks, since the graph planned already holds them all.
 
 Example::
 
@@ -160,7 +164,10 @@ def _capture_cut(
         runs = find_runs(model, candidate)
         found = annotate_runs(small.gm, runs, cut_notes)
         if check:
-            with cut_blocks(model, candidate, CUT_BLOCKS + 1), cut_runs(model, runs, found, CUT_BLOCKS) as out:
+            with (
+                cut_blocks(model, candidate, CUT_BLOCKS + 1),
+                cut_runs(model, runs, found, CUT_BLOCKS) as out,
+            ):
                 big = _export(model, args, kwargs)
             _prepare(big, model, [], fuse_experts)
             info_big = annotate_blocks(big.gm, candidate, CUT_BLOCKS + 1)

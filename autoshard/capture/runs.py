@@ -17,8 +17,9 @@ integer-keyed ``ModuleDict`` (the final run of identical children, as for the pr
 named ``<stem><i>`` for consecutive ``i`` (``self.layer0``, ``self.layer1``, ..: the longest run of
 identical ones ending at the highest index).  A run has at least two blocks, each holding at least two
 weight matrices: single layers (a ResNet block's ``conv1`` / ``conv2``, a chain of ``Linear``) keep one
-decision each, so that consecutive ones may alternate column / row (the primary's rule for ``Sequential``).  Runs are taken largest first (by
-parameters) and may not nest in or contain the primary's blocks or an earlier run.
+decision each, so that consecutive ones may alternate column / row (the primary's rule for
+``Sequential``).  Runs are taken largest first (by parameters) and may not nest in or contain the
+primary's blocks or an earlier run.
 
 **Membership and equality** follow :mod:`autoshard.capture.blocks` (parameters by FQN, ops by the span rule,
 signatures with block-relative names).  A run whose blocks do not decompose or differ is dropped with a note:
@@ -201,7 +202,9 @@ def cut_runs(
             if len(run.names) <= keep or not all(n.isdigit() for n in run.names):
                 continue
             first = int(run.names[0])
-            stack.enter_context(cut_blocks(model, BlockCandidate(run.parent, len(run.names), "", 0, first), keep))
+            stack.enter_context(
+                cut_blocks(model, BlockCandidate(run.parent, len(run.names), "", 0, first), keep)
+            )
             left_out.update(info.blocks[keep:])
         yield frozenset(left_out)
 

@@ -157,3 +157,22 @@ def test_t5_plan_with_a_collapsed_tower_verifies_on_gloo() -> None:
     # the row-parallel output of each of the run's three MLPs is summed forward, its input gradient backward
     assert report.emitted.get("forward all_reduce", 0) >= 3, report.emitted
     assert report.emitted.get("backward all_reduce", 0) >= 3, report.emitted
+
+
+def test_check_export_cuts_the_encoder_tower(monkeypatch) -> None:
+    """The planned graph holds every encoder block; the 3-block check export of the decoder holds two."""
+    import autoshard.capture.export as export
+
+    model, args, kwargs = tiny_t5(5)
+    depths: list[tuple[int, int]] = []
+    real = export._export
+
+    def counting(m, a, k):
+        depths.append((len(m.encoder.block), len(m.decoder.block)))
+        return real(m, a, k)
+
+    monkeypatch.setattr(export, "_export", counting)
+    cap = capture(model, args, kwargs)
+    assert depths == [(5, 3), (3, 4)]  # (encoder, decoder) blocks: block 0 of each is outside its run
+    assert any("3 blocks add exactly one block" in n for n in cap.notes), cap.notes
+    assert [len(r.blocks) for r in cap.runs] == [4]
