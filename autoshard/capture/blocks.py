@@ -176,39 +176,44 @@ def cut_blocks(model: nn.Module, candidate: BlockCandidate, k: int) -> Iterator[
         setattr(parent, attr, original)
 
 
-def _block_of_path(path: str, prefix: str, first: int = 0) -> int | None:
-    """Block index (child index minus ``first``) of a module or parameter path, or ``None``."""
-    if not path.startswith(prefix + "."):
-        return None
-    head = path[len(prefix) + 1 :].split(".", 1)[0]
-    return int(head) - first if head.isdigit() and int(head) >= first else None
+def _block_of_path(path: str, prefix: str, heads: dict[str, int]) -> int | None:
+    """Block index of a module or parameter path (``heads``: child name -> block), or ``None``."""
+    if prefix:
+        if not path.startswith(prefix + "."):
+            return None
+        path = path[len(prefix) + 1 :]
+    return heads.get(path.split(".", 1)[0])
 
 
-def _partition(gm: fx.GraphModule, prefix: str, count: int, first: int = 0) -> list[list[fx.Node]]:
-    """Nodes of each of ``count`` blocks in graph order (see "Membership" in the module docstring)."""
+def _partition(
+    gm: fx.GraphModule, prefix: str, count: int, first: int = 0, names: Sequence[str] | None = None
+) -> list[list[fx.Node]]:
+    """Nodes of each of ``count`` blocks in graph order (see "Membership" in the module docstring): children
+    ``first ..`` of ``prefix``, or the children called ``names`` (``layer0``, ``layer1``, ..)."""
+    names = names if names is not None else [str(first + b) for b in range(count)]
+    heads = {name: b for b, name in enumerate(names)}
+    where = [f"{prefix}.{name}" if prefix else name for name in names]
     nodes = list(gm.graph.nodes)
     members: list[list[fx.Node]] = [[] for _ in range(count)]
     spans: list[list[int]] = [[] for _ in range(count)]
     for i, node in enumerate(nodes):
         if META_FQN in node.meta:
-            block = _block_of_path(node.meta[META_FQN], prefix, first)
-            if block is not None and block < count:
+            block = _block_of_path(node.meta[META_FQN], prefix, heads)
+            if block is not None:
                 members[block].append(node)
         elif node.op in OP_KINDS:
-            block = _block_of_path(node.meta[META_MODULE], prefix, first)
-            if block is not None and block < count:
+            block = _block_of_path(node.meta[META_MODULE], prefix, heads)
+            if block is not None:
                 spans[block].append(i)
     if any(not s for s in spans):
         raise BlockMismatch(f"some of the {count} blocks under {prefix} have no ops in the graph")
     bounds = [(s[0], s[-1]) for s in spans]
     for b, ((_, last), (first_next, _)) in enumerate(itertools.pairwise(bounds)):
         if first_next <= last:
-            raise BlockMismatch(f"ops of {prefix}.{b} and {prefix}.{b + 1} interleave in the graph")
+            raise BlockMismatch(f"ops of {where[b]} and {where[b + 1]} interleave in the graph")
         between = [n.name for n in nodes[last + 1 : first_next] if n.op in OP_KINDS]
         if between:
-            raise BlockMismatch(
-                f"ops {between[:5]} between {prefix}.{b} and {prefix}.{b + 1} belong to no block"
-            )
+            raise BlockMismatch(f"ops {between[:5]} between {where[b]} and {where[b + 1]} belong to no block")
     for b, (first, last) in enumerate(bounds):
         members[b].extend(n for n in nodes[first : last + 1] if n.op in OP_KINDS)
     order = {n: i for i, n in enumerate(nodes)}

@@ -28,7 +28,6 @@ it is then planned at full depth, never mis-collapsed.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -37,17 +36,17 @@ from dataclasses import dataclass
 from torch import fx, nn
 
 from autoshard.capture.blocks import (
-    OP_KINDS,
     BlockCandidate,
     BlockMismatch,
     _indexed_children,
     _last_run,
     _matrices,
+    _partition,
     _structure,
     cut_blocks,
     signature_under,
 )
-from autoshard.capture.meta import META_BLOCK, META_FQN, META_MODULE, META_RUN, RunInfo
+from autoshard.capture.meta import META_BLOCK, META_RUN, RunInfo
 
 __all__ = ["annotate_runs", "cut_runs", "find_runs"]
 
@@ -124,49 +123,12 @@ def find_runs(model: nn.Module, primary: BlockCandidate | None) -> list[_Run]:
     return runs
 
 
-def _block_of(path: str, heads: dict[str, int], parent: str) -> int | None:
-    if parent:
-        if not path.startswith(parent + "."):
-            return None
-        path = path[len(parent) + 1 :]
-    return heads.get(path.split(".", 1)[0])
-
-
-def _partition(gm: fx.GraphModule, run: _Run) -> list[list[fx.Node]]:
-    """Nodes of each block in graph order (the membership rule of autoshard.capture.blocks)."""
-    heads = {name: i for i, name in enumerate(run.names)}
-    nodes = list(gm.graph.nodes)
-    members: list[list[fx.Node]] = [[] for _ in run.names]
-    spans: list[list[int]] = [[] for _ in run.names]
-    for i, node in enumerate(nodes):
-        if META_FQN in node.meta:
-            block = _block_of(node.meta[META_FQN], heads, run.parent)
-            if block is not None:
-                members[block].append(node)
-        elif node.op in OP_KINDS:
-            block = _block_of(node.meta[META_MODULE], heads, run.parent)
-            if block is not None:
-                spans[block].append(i)
-    if any(not s for s in spans):
-        raise BlockMismatch(f"some blocks of {run.path(0)}.. have no ops in the graph")
-    bounds = [(s[0], s[-1]) for s in spans]
-    for b, ((_, last), (first_next, _)) in enumerate(itertools.pairwise(bounds)):
-        if first_next <= last:
-            raise BlockMismatch(f"ops of {run.path(b)} and {run.path(b + 1)} interleave in the graph")
-        if any(n.op in OP_KINDS for n in nodes[last + 1 : first_next]):
-            raise BlockMismatch(f"ops between {run.path(b)} and {run.path(b + 1)} belong to no block")
-    for b, (first, last) in enumerate(bounds):
-        members[b].extend(n for n in nodes[first : last + 1] if n.op in OP_KINDS)
-    order = {n: i for i, n in enumerate(nodes)}
-    return [sorted(m, key=order.__getitem__) for m in members]
-
-
 def annotate_runs(gm: fx.GraphModule, runs: Sequence[_Run], notes: list[str]) -> tuple[RunInfo, ...]:
     """Write ``META_RUN`` on the nodes of every run whose blocks check out; note the others."""
     infos: list[RunInfo] = []
     for run in runs:
         try:
-            blocks = _partition(gm, run)
+            blocks = _partition(gm, run.parent, len(run.names), names=run.names)
             claimed = [n for b in blocks for n in b if META_RUN in n.meta or META_BLOCK in n.meta]
             if claimed:
                 raise BlockMismatch(f"{claimed[0].name} already belongs to another repeated run")
