@@ -111,6 +111,20 @@ def test_attribute_blocks_are_a_run() -> None:
     assert [r.blocks for r in cap.runs] == [("layer0", "layer1", "layer2", "layer3")]
 
 
+class CalledTwice(AttributeBlocks):
+    """The same modules, but ``layer2`` runs twice: its graph differs from the others'."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer1(self.layer0(self.embed(x)))
+        return self.head(self.layer3(self.layer2(self.layer2(x))))
+
+
+def test_blocks_that_differ_in_the_graph_are_not_collapsed() -> None:
+    cap = capture(CalledTwice(), (torch.randn(8, 16),))
+    assert cap.runs == ()
+    assert any("layer0.. not collapsed" in n for n in cap.notes), cap.notes
+
+
 @pytest.mark.parametrize("mesh", [(8,), (2, 4)])
 def test_t5_collapsed_optimum_is_exact_on_the_uncollapsed_problem(mesh) -> None:
     cluster = autoshard.load_cluster("a100x8", mesh=mesh)
