@@ -15,6 +15,16 @@ across is only tried as the 1-D mesh).
 
 The model is captured once and each candidate re-plans the same capture (the mesh only enters at strategy
 generation), so a search costs one capture plus one strategy/cost/solve pass per candidate.
+
+Pruning (``prune=True``, the default).  Candidates are planned fewest axes first, and each is handed the
+best predicted step time so far as a ceiling (:func:`autoshard.plan`'s ``ceiling``).  Where the memory
+budget binds, the candidate's optimum without the budget is a proven lower bound on its optimum under it,
+and recomputation only adds time, so that bound holds for every recomputation policy; a plan's predicted
+step time is at least its solver objective (:mod:`autoshard.problem.step`).  When the bound reaches the
+ceiling the candidate cannot beat the best, and its budgeted solve and recomputation retries are skipped; it
+is listed as ``pruned: bound X s >= best Y s``.  Ties keep the earlier mesh either way, so pruning never
+changes the plan returned (``tests/test_meshsearch_prune.py`` compares it with the unpruned search).  Where
+the budget does not bind, the exact optimum is as cheap as any bound and nothing is pruned.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from autoshard.capture import Captured, capture
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AutoshardError, MeshError
 from autoshard.plans import Plan
+from autoshard.search import BoundExceeded
 
 __all__ = ["MeshCandidate", "MeshSearch", "candidate_meshes", "search_mesh"]
 
@@ -44,9 +55,17 @@ class MeshCandidate:
     memory_bytes: float | None
     seconds: float  # planning time of this candidate
     error: str | None = None
+    bound: float | None = None  # pruned: a proven lower bound on its step time, at least ``best``
+    best: float | None = None  # pruned: the best step time when it was pruned
+
+    @property
+    def pruned(self) -> bool:
+        return self.bound is not None
 
     def __str__(self) -> str:
         mesh = "x".join(map(str, self.mesh_shape))
+        if self.bound is not None:
+            return f"{mesh}: pruned: bound {self.bound:.4g} s >= best {self.best:.4g} s"
         if self.step_seconds is None:
             return f"{mesh}: {self.error}"
         return f"{mesh}: {self.step_seconds:.4g} s/step, {self.memory_bytes / 2**30:.1f} GiB/device"  # type: ignore[operator]
@@ -125,11 +144,13 @@ def search_mesh(
     meshes: list[tuple[int, ...]] | None = None,
     progress: Callable[[str], None] | None = None,
     captured: Captured | None = None,
+    prune: bool = True,
     **plan_options: Any,
 ) -> MeshSearch:
     """Plan ``model`` on every candidate mesh of ``nodes`` nodes of ``profile``; the best plan wins.
 
     ``meshes`` overrides the candidates; ``captured`` is a capture of this model and these inputs to reuse;
+    ``prune`` skips candidates proven unable to beat the best so far (module docstring);
     ``plan_options`` go to :func:`autoshard.plan` unchanged.  The
     returned plan's notes list the runners-up with their predicted step times.  Raises the first candidate's
     :class:`~autoshard.errors.AutoshardError` (the 1-D mesh's: the simplest to act on) when no mesh gives a plan.
@@ -143,13 +164,26 @@ def search_mesh(
         captured = capture(model, args, dict(example_kwargs or {}), blocks=plan_options.get("blocks", "auto"))
     results: list[tuple[MeshCandidate, Plan | None]] = []
     first_error: AutoshardError | None = None
+    best = math.inf
     for shape in shapes:
         if progress is not None:
             progress(f"mesh {'x'.join(map(str, shape))}")
         t0 = time.perf_counter()
         try:
             cluster = Cluster(base.profile, nodes, shape)
-            plan = plan_one(model, cluster, args, example_kwargs, captured=captured, **plan_options)
+            plan = plan_one(
+                model,
+                cluster,
+                args,
+                example_kwargs,
+                captured=captured,
+                ceiling=best if prune else math.inf,
+                **plan_options,
+            )
+        except BoundExceeded as e:
+            pruned = MeshCandidate(shape, None, None, time.perf_counter() - t0, bound=e.bound, best=e.ceiling)
+            results.append((pruned, None))
+            continue
         except AutoshardError as e:
             first_error = first_error or e
             seconds = time.perf_counter() - t0
@@ -159,17 +193,19 @@ def search_mesh(
         results.append(
             (MeshCandidate(shape, plan.predicted_step_time, plan.memory_per_device, seconds), plan)
         )
+        best = min(best, plan.predicted_step_time)
     planned = sorted((r for r in results if r[1] is not None), key=lambda r: r[0].step_seconds or 0.0)
     if not planned:
         assert first_error is not None
         raise first_error
-    ranked = tuple(c for c, _ in planned) + tuple(c for c, p in results if p is None)
-    best = planned[0][1]
-    assert best is not None
-    lines = [f"mesh search: {len(shapes)} meshes tried; best {ranked[0]}"]
+    cut = tuple(c for c, p in results if p is None and c.pruned)
+    ranked = (*(c for c, _ in planned), *cut, *(c for c, p in results if p is None and not c.pruned))
+    chosen = planned[0][1]
+    assert chosen is not None
+    tried = f"{len(shapes)} meshes tried" + (f", {len(cut)} pruned by a lower bound" if cut else "")
+    lines = [f"mesh search: {tried}; best {ranked[0]}"]
     lines += [f"  runner-up {c}" for c in ranked[1:6]]
-    best = _with_notes(best, tuple(lines))
-    return MeshSearch(best, ranked)
+    return MeshSearch(_with_notes(chosen, tuple(lines)), ranked)
 
 
 def _with_notes(plan: Plan, lines: tuple[str, ...]) -> Plan:

@@ -50,7 +50,7 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
-from autoshard.search import Solution, solve
+from autoshard.search import BoundExceeded, Solution, solve
 from autoshard.strategies import UnsupportedOpWarning
 from autoshard.strategies.coverage import replicated_shares
 
@@ -80,6 +80,7 @@ def plan(
     forbid: Sequence[str] = (),
     captured: Captured | None = None,
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
+    ceiling: float = float("inf"),
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -114,6 +115,10 @@ def plan(
         cp_layout: the sequence layout of context parallelism's ring axis (``Plan.context_layout``):
             ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price
             (:mod:`autoshard.problem.context`); pipelined plans use contiguous.
+        ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
+            plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
+            solving under the memory budget and retrying with recomputation.  Not applied with pipeline
+            stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too).
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
@@ -138,9 +143,11 @@ def plan(
     timings["capture"] = time.perf_counter() - start
     replicated = _warn_replicated(captured)
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
+    fuses = plan_fuses_experts(captured.op_nodes())
     solve_one = functools.partial(
         _plan_captured, model, cluster, annotations=annotations, training=training, limit=limit,
         recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds, cp_layout=cp_layout,
+        ceiling=float("inf") if fuses else ceiling,
     )  # fmt: skip
     fused: Plan | AutoshardError
     try:
@@ -148,7 +155,7 @@ def plan(
     except (InfeasibleError, AnnotationError) as e:
         fused = e
     result: Plan | AutoshardError = fused
-    if plan_fuses_experts(captured.op_nodes()):  # fused expert MLPs: cheap EP, but no K/N split: try both
+    if fuses:  # fused expert MLPs: cheap EP, but no K/N split: try both
         t0 = time.perf_counter()
         plain: Plan | AutoshardError
         try:
@@ -194,6 +201,7 @@ def _plan_captured(
     say: Callable[[str], None],
     kinds: frozenset[str],
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
+    ceiling: float = float("inf"),
 ) -> Plan:
     """Strategies, costs, pins, the recomputation search and the solve on one capture."""
     start = time.perf_counter()
@@ -203,6 +211,7 @@ def _plan_captured(
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
     best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
     error: InfeasibleError | None = None
+    pruned: BoundExceeded | None = None
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout)
         say("strategies" if policy is policies[0] else "recompute")
@@ -210,10 +219,15 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            solution = solve(built.problem, method=search, time_limit=time_limit)
+            solution = solve(built.problem, method=search, time_limit=time_limit, ceiling=ceiling)
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = error or e  # the error without recomputation names what does not fit
+            continue
+        except BoundExceeded as e:
+            if policy is policies[0]:
+                raise  # recomputation only adds time: no later policy beats this bound either
+            pruned = e  # this policy cannot beat the ceiling; a later one may still fit better
             continue
         timings["total"] = time.perf_counter() - start
 
@@ -236,6 +250,8 @@ def _plan_captured(
         if policy is Recompute.NONE and _budget_idle(built, solution, search, time_limit):
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if best is None:
+        if pruned is not None:
+            raise pruned  # every policy either does not fit or cannot beat the ceiling
         assert error is not None
         raise error
     found, free, built, read = best

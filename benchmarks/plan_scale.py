@@ -9,8 +9,17 @@ Cases:
   batch 1,024 x 4096): seconds of ``autoshard.plan`` (capture, strategies + costs, solve), peak RSS, and the
   objective against the one recorded with the code before this work (``BEFORE``) on the same problem;
 - a 405B-shaped LLaMA (126 layers, hidden 16384, FFN 53248, 128 heads, 8 KV heads) at sequence 131,072,
-  batch 128, on 2,048 nodes of 8 H100 with a (128, 16, 8) mesh and no pipeline (pipeline stages are another
-  branch's work): planning seconds, whether SDPA runs context-parallel (ring) and on which axis, step time.
+  batch 128, on 2,048 nodes of 8 H100:
+
+  - without stages on a (128, 16, 8) mesh: no plan fits any more since the memory model counts every term
+    (the case reports the least memory a plan needs);
+  - Llama 3's published layout pinned: ``pipeline=16`` over the outer axis of a (16, 8, 16, 8) mesh (PP 16 ×
+    the 8 × 16 × 8 sub-mesh on which the search chooses TP / CP / DP), 16 microbatches, every schedule;
+  - ``pipeline="auto"`` is not a case: only degrees dividing both the 2,048 nodes and the 126 layers are
+    searched, i.e. 1 and 2, and PP 2 leaves a 4-D sub-mesh per stage.
+
+  For each: CPU and wall seconds, peak RSS, step time, degrees, whether SDPA runs context-parallel (ring) and
+  on which axis, and the solver's method, optimality and proven gap.
 """
 
 from __future__ import annotations
@@ -32,15 +41,27 @@ BEFORE: dict[str, tuple[float, float]] = {
     "llama3-70b 16x8x8": (12.80995132906476, 263.2),
 }
 
-CASES: tuple[tuple[str, str, tuple[int, ...], int, int, int], ...] = (
-    # model, profile, mesh, nodes, batch, seq
-    ("llama3-8b", "a100x8", (2, 4, 8), 8, 64, 4096),
-    ("llama3-70b", "a100x8", (16, 8, 8), 128, 1024, 4096),
-    ("llama3-405b", "h100x8", (128, 16, 8), 2048, 128, 131072),
+#: Llama 3 405B's published layout: PP 16 over the outermost axis, 16 microbatches (one sample per DP rank).
+PUBLISHED: dict[str, Any] = {"pipeline": 16, "microbatches": 16, "schedule": "auto"}
+
+CASES: tuple[tuple[str, str, tuple[int, ...], int, int, int, dict[str, Any]], ...] = (
+    # model, profile, mesh, nodes, batch, seq, pipeline options
+    ("llama3-8b", "a100x8", (2, 4, 8), 8, 64, 4096, {}),
+    ("llama3-70b", "a100x8", (16, 8, 8), 128, 1024, 4096, {}),
+    ("llama3-405b", "h100x8", (128, 16, 8), 2048, 128, 131072, {}),
+    ("llama3-405b", "h100x8", (16, 8, 16, 8), 2048, 128, 131072, PUBLISHED),
 )
 
 
-def plan_case(model: str, profile: str, mesh: list[int], nodes: int, batch: int, seq: int) -> dict[str, Any]:
+def plan_case(
+    model: str,
+    profile: str,
+    mesh: list[int],
+    nodes: int,
+    batch: int,
+    seq: int,
+    staged: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Plan one case (in a child process); stage seconds, objective, and the attention's strategy."""
     import autoshard
     from autoshard import zoo
@@ -48,7 +69,7 @@ def plan_case(model: str, profile: str, mesh: list[int], nodes: int, batch: int,
     case = zoo.build(model, batch=batch, seq=seq, device="meta")
     cluster = autoshard.load_cluster(profile, nodes=nodes, mesh=tuple(mesh))
     t0, c0 = time.perf_counter(), time.process_time()
-    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs)
+    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs, **(staged or {}))
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
     sdpa = [n.strategy for n in plan.nodes if "scaled_dot_product_attention" in n.target]
     return {
@@ -61,6 +82,11 @@ def plan_case(model: str, profile: str, mesh: list[int], nodes: int, batch: int,
         "memory_gib": plan.memory_per_device / 2**30,
         "sdpa": sdpa[0] if sdpa else "",
         "notes": list(plan.notes),
+        "method": plan.solver.method,
+        "gap": plan.solver.gap,
+        "degrees": dict(plan.degrees or {}),
+        "plan_mesh": list(plan.mesh_shape),
+        "solver_log": list(plan.solver.log),
     }
 
 
@@ -80,8 +106,8 @@ def _ring_axes(strategy: str, mesh: tuple[int, ...]) -> str:
 
 def run(log: Any = print) -> list[dict[str, Any]]:
     rows = []
-    for model, profile, mesh, nodes, batch, seq in CASES:
-        key = f"{model} {'x'.join(map(str, mesh))}"
+    for model, profile, mesh, nodes, batch, seq, staged in CASES:
+        key = f"{model} {'x'.join(map(str, mesh))}" + (f" pp {staged['pipeline']}" if staged else "")
         r = run_isolated(
             "benchmarks.plan_scale:plan_case",
             {
@@ -91,12 +117,13 @@ def run(log: Any = print) -> list[dict[str, Any]]:
                 "nodes": nodes,
                 "batch": batch,
                 "seq": seq,
+                "staged": staged,
             },
             timeout=900,
         )
         r["case"], r["devices"] = key, math.prod(mesh)
         if "error" not in r:
-            r["ring"] = _ring_axes(r["sdpa"], mesh)
+            r["ring"] = _ring_axes(r["sdpa"], tuple(r["plan_mesh"]))
             before = BEFORE.get(key)
             if before is not None:
                 r["before_objective"], r["before_s"] = before
@@ -113,7 +140,8 @@ def _line(r: dict[str, Any]) -> str:
         f"{r['case']} ({r['devices']} devices): {r['total_s']:.1f} s wall, {r.get('cpu_s', float('nan')):.1f} s CPU "
         f"{r['timings']}, peak RSS "
         f"{r['peak_rss_gib']:.2f} GiB, step {r['step_s']:.4g} s, {r['memory_gib']:.1f} GiB/device, "
-        f"optimal {r['optimal']}, ring attention on {r['ring']}"
+        f"{r['method']}, optimal {r['optimal']} (proven gap {r['gap']:.2%}), degrees {r['degrees']}, "
+        f"ring attention on {r['ring']}"
     )
     if "before_objective" in r:
         text += (

@@ -44,13 +44,14 @@ from autoshard.search.problem import (
 )
 from autoshard.search.propagate import propagate
 from autoshard.search.reduce import Reduction, reduce_problem
-from autoshard.search.solve import Method, solve
+from autoshard.search.solve import BoundExceeded, Method, solve
 
 if TYPE_CHECKING:
     from autoshard.search.ilp import IlpResult, solve_ilp
 
 __all__ = [
     "AnnotationConflictError",
+    "BoundExceeded",
     "Edge",
     "ExactResult",
     "FactorCapExceeded",

@@ -18,8 +18,14 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    over (memory, cost) Pareto sets (:mod:`~autoshard.search.pareto`) solves what is left exactly, and only
    when its tables grow too large does CP-SAT, warm-started from the Lagrangian plan and told its bound,
    close the gap within the time limit.
+4. Budget, and the budgeted problem too wide to eliminate (its memory terms keep nodes from folding: the
+   405B-shaped LLaMA's pipeline stage on 8 x 16 x 8): the same Lagrangian dual with each relaxed problem
+   ``cost + lambda * memory`` reduced and eliminated on its own (no budget, so it folds); proven optimal
+   when the dual closes, else its best fitting plan and bound, which CP-SAT then tries to improve.
+5. ``ceiling``: once the optimum without the budget reaches it, :class:`~autoshard.search.run.BoundExceeded`
+   instead of the budgeted solve (the mesh search's pruning).
 
-``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and bound);
+``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and its proven gap);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
 
 Example::
@@ -38,12 +44,13 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
-from autoshard.errors import AutoshardError, InfeasibleError
+import numpy as np
+
+from autoshard.errors import AutoshardError
 from autoshard.search.brute import brute_force
-from autoshard.search.budget import Lagrange, fixing_masks, lagrangian_sweep
+from autoshard.search.budget import Lagrange, Relaxed, dual_search, fixing_masks, lagrangian_sweep
 from autoshard.search.exact import MAX_FACTOR_SIZE, ExactSolver, FactorCapExceeded, min_memory_plan
 from autoshard.search.pareto import pareto_plan
 from autoshard.search.problem import (
@@ -58,11 +65,14 @@ from autoshard.search.problem import (
     relative_gap,
 )
 from autoshard.search.propagate import propagate
-from autoshard.search.reduce import Reduction, reduce_problem
+from autoshard.search.reduce import reduce_problem
+from autoshard.search.repair import repair
+from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, run_ilp
 
-__all__ = ["Method", "solve", "trivial_lower_bound"]
+__all__ = ["BoundExceeded", "Method", "solve", "trivial_lower_bound"]
 
 Method = Literal["auto", "exact", "ilp", "propagate"]
+
 
 #: Rounds of Lagrangian sweep + fixing + reduction before CP-SAT takes over.  A second round can only
 #: gain where the first one's reduction (dominance, folding) changed the structure; on the LLaMA budgets
@@ -73,71 +83,6 @@ _FIXING_ROUNDS = 2
 _MAX_ENUMERATION = 200_000
 
 
-@dataclass(slots=True)
-class _Run:
-    """What one call of :func:`solve` has found so far.
-
-    ``stages`` are the reductions applied so far, outermost first: a choice on the last stage's problem
-    expands through all of them to the original nodes.
-    """
-
-    problem: SearchProblem
-    stages: list[Reduction]
-    start: float
-    time_limit: float
-    log: list[str] = field(default_factory=list)
-
-    @property
-    def current(self) -> SearchProblem:
-        """The problem the solvers work on now (the last stage's)."""
-        return self.stages[-1].problem
-
-    def offset(self) -> float:
-        """Original objective minus the current problem's objective, for any choice."""
-        return math.fsum(r.cost_offset for r in self.stages)
-
-    def expand(self, choice: Sequence[int]) -> tuple[int, ...]:
-        """A choice on the current problem as a choice on the original one."""
-        out = tuple(choice)
-        for red in reversed(self.stages):
-            out = red.expand(out)
-        return out
-
-    def restrict(self, choice: Sequence[int]) -> list[int | None]:
-        """An original choice on the current problem (None where a reduction removed its strategy)."""
-        out: list[int | None] = list(choice)
-        for red in self.stages:
-            out = red.restrict(out)
-        return out
-
-    def left(self) -> float:
-        return self.time_limit - (time.perf_counter() - self.start)
-
-    def finish(self, reduced_choice: Sequence[int], bound: float, optimal: bool, method: str) -> Solution:
-        """Expand a current-problem choice; ``bound`` is a lower bound on the *original* objective."""
-        return self.finish_original(self.expand(reduced_choice), bound, optimal, method)
-
-    def finish_original(self, choice: tuple[int, ...], bound: float, optimal: bool, method: str) -> Solution:
-        objective = evaluate(self.problem, choice)
-        if not math.isfinite(objective):
-            raise _no_finite_plan(self.problem, choice)
-        limit = self.problem.memory_limit
-        assert limit is None or memory_of(self.problem, choice) <= limit * (1 + 1e-12), (
-            "plan breaks the budget"
-        )
-        bound = objective if optimal else min(bound, objective)
-        return Solution(
-            choice=choice,
-            objective=objective,
-            lower_bound=bound,
-            gap=relative_gap(objective, bound),
-            optimal=optimal,
-            method=method,
-            seconds=time.perf_counter() - self.start,
-            log=tuple(self.log),
-        )
-
-
 def trivial_lower_bound(problem: SearchProblem) -> float:
     """Every node and every edge at its own cheapest allowed entry: a valid bound, usually loose."""
     form = pairwise_form(problem)
@@ -146,91 +91,13 @@ def trivial_lower_bound(problem: SearchProblem) -> float:
     )
 
 
-def _no_finite_plan(problem: SearchProblem, choice: Sequence[int]) -> InfeasibleError:
-    """Name where even the optimum breaks (arc consistency passed, so the cause is a cycle of constraints).
-
-    Every plan of an infeasible component costs ``inf``, the optimum included; its ``inf`` edges show where.
-    """
-    parent = list(range(problem.num_nodes))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for e in problem.edges:
-        parent[find(e.u)] = find(e.v)
-    broken = [e for e in problem.edges if not math.isfinite(float(e.cost[choice[e.u], choice[e.v]]))]
-    bad = {find(e.u) for e in broken}
-    names = [problem.names[i] for i in range(problem.num_nodes) if find(i) in bad]
-    shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
-    where = ", ".join(f"{problem.names[e.u]} -> {problem.names[e.v]}" for e in broken[:6])
-    return InfeasibleError(
-        f"no finite-cost plan exists for the nodes {shown}: every combination of their strategies includes "
-        f"an impossible conversion or a non-dividing shard (the cheapest plan still breaks at {where}). Fix: "
-        "a mesh whose axis sizes divide these tensors' dims, or strategies that allow replication."
-    )
-
-
-def _exact_label(ex: ExactSolver) -> str:
-    return "exact:reduce" if ex.method == "none" else f"exact:{ex.method}"
-
-
-def _exact_solver(run: _Run, max_factor_size: float) -> ExactSolver | None:
-    try:
-        return ExactSolver(pairwise_form(run.current), max_factor_size)
-    except FactorCapExceeded as e:
-        run.log.append(f"exact: {e}; treewidth too high, using CP-SAT")
-        return None
-
-
-def _fits(problem: SearchProblem, choice: Sequence[int]) -> bool:
-    ok = math.isfinite(evaluate(problem, choice))
-    return ok and (problem.memory_limit is None or memory_of(problem, choice) <= problem.memory_limit)
-
-
-def _ilp(
-    run: _Run,
-    hint: Sequence[int | None] | None,
-    num_workers: int,
-    floor: float = -math.inf,
-    fallback: tuple[int, ...] | None = None,
-) -> Solution:
-    """CP-SAT on the current problem.  ``floor`` is a lower bound on the current objective known already;
-    ``fallback`` a fitting plan on the original nodes, returned if CP-SAT finds nothing better."""
-    from autoshard.search.ilp import solve_ilp  # lazy: ortools pulls in pandas (~0.5 s of import)
-
-    rp = run.current
-    if hint is None or all(h is None for h in hint):
-        hint = propagate(rp)
-        run.log.append("hint: propagation plan")
-    res = solve_ilp(rp, time_limit=max(0.01, run.left()), num_workers=num_workers, hint=hint)
-    run.log.extend(res.log)
-    bound = max(res.lower_bound, floor) + run.offset()
-    full_hint = [h for h in hint if h is not None]
-    if fallback is None and len(full_hint) == rp.num_nodes and _fits(rp, full_hint):
-        fallback = run.expand(full_hint)
-    if res.choice is not None:
-        found = run.expand(res.choice)
-        if fallback is None or evaluate(run.problem, found) <= evaluate(run.problem, fallback):
-            return run.finish_original(found, bound, res.optimal, "cp-sat")
-    if fallback is not None:
-        # When CP-SAT proved its plan optimal (to its integer resolution), one at least as cheap is too.
-        run.log.append(f"cp-sat ({res.status}) did not beat the warm start; returning the warm start")
-        return run.finish_original(fallback, bound, res.optimal, "warm-start")
-    raise InfeasibleError(
-        f"CP-SAT found no plan within the time limit ({run.time_limit:.0f} s) and did not prove "
-        "infeasibility either. Fix: raise time_limit, or the memory limit."
-    )
-
-
-def _fits_unconstrained(run: _Run, ex: ExactSolver) -> Solution | None:
+def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
     """The exact optimum without the budget, as the answer when it fits (then it is optimal under it too)."""
     rp = run.current
     assert rp.memory_limit is not None
     plan, value = ex.solve()
     if memory_of(rp, plan) > rp.memory_limit:
+        run.prune(value + run.offset())  # the optimum without the budget bounds the one under it
         return None
     off = math.fsum(r.memory_offset for r in run.stages)
     run.log.append(
@@ -238,11 +105,11 @@ def _fits_unconstrained(run: _Run, ex: ExactSolver) -> Solution | None:
         f"{format_bytes(rp.memory_limit + off)}), so it is optimal under the budget too"
     )
     return dataclasses.replace(
-        run.finish(plan, value + run.offset(), True, _exact_label(ex)), budget_binding=False
+        run.finish(plan, value + run.offset(), True, exact_label(ex)), budget_binding=False
     )
 
 
-def _with_budget(run: _Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float) -> Solution:
+def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float) -> Solution:
     """Unconstrained optimum if it fits; else rounds of Lagrangian sweep, fixing and reduction, then
     enumeration or CP-SAT on what is left."""
     done = _fits_unconstrained(run, ex)
@@ -283,7 +150,7 @@ def _with_budget(run: _Run, ex: ExactSolver, method: Method, num_workers: int, m
         if pareto is not None:  # what fixing leaves is small: exact elimination over (memory, cost) sets
             run.log.append("exact: variable elimination over (memory, cost) Pareto sets (search/pareto.py)")
             return run.finish(pareto, bound, True, "exact:pareto")
-        solver = _exact_solver(run, max_factor)
+        solver = exact_solver(run, max_factor)
         if solver is None:
             break
         ex = solver
@@ -294,10 +161,98 @@ def _with_budget(run: _Run, ex: ExactSolver, method: Method, num_workers: int, m
             break
     if method == "exact":
         return run.finish_original(best, bound, False, "exact:lagrangian")
-    return _ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
+    return run_ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
 
 
-def _sweep(run: _Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) -> Lagrange:
+def _relaxed_by_reduction(problem: SearchProblem, max_factor: float) -> Relaxed:
+    """``lambda`` -> the exact minimiser of ``cost + lambda * memory`` on ``problem`` (no budget), found by
+    reducing that unbudgeted problem (every node folds or is dominated as without a budget) and eliminating
+    what is left; raises FactorCapExceeded when even that is too wide."""
+    memory = problem.memory
+    assert memory is not None
+
+    def relaxed(lam: float) -> tuple[tuple[int, ...], float]:
+        costs = tuple(c + lam * m for c, m in zip(problem.node_costs, memory, strict=True))
+        free = dataclasses.replace(problem, node_costs=costs, memory=None, memory_limit=None)
+        red = reduce_problem(free)
+        plan, value = ExactSolver(pairwise_form(red.problem), max_factor).solve()
+        return red.expand(plan), value + red.cost_offset
+
+    return relaxed
+
+
+def _with_budget_by_reduction(run: Run, method: Method, num_workers: int, max_factor: float) -> Solution:
+    """A binding budget on a problem too wide to eliminate with its memory terms: the Lagrangian dual, each
+    relaxed problem reduced on its own (:func:`_relaxed_by_reduction`).  Proven optimal when the dual
+    closes the gap; otherwise the best fitting plan with the dual's bound, which CP-SAT (``"auto"``) then
+    tries to improve in the time left."""
+    rp = run.current
+    assert rp.memory_limit is not None
+    relaxed = _relaxed_by_reduction(rp, max_factor)
+    try:
+        plan, value = relaxed(0.0)
+    except FactorCapExceeded as e:
+        run.log.append(f"lagrangian by reduction: {e}")
+        if method == "exact":
+            raise AutoshardError(
+                "method='exact' cannot solve this graph: " + run.log[-1] + ". Use method='auto' or 'ilp'."
+            ) from None
+        return run_ilp(run, None, num_workers)
+    run.prune(value + run.offset())
+    if memory_of(rp, plan) <= rp.memory_limit:
+        run.log.append("exact (reduced without the budget): the optimum without the budget fits")
+        return dataclasses.replace(
+            run.finish(plan, value + run.offset(), True, "exact:reduce"), budget_binding=False
+        )
+    least, least_mem = _least_memory(rp, max_factor)
+    if not least_mem <= rp.memory_limit:
+        off = math.fsum(r.memory_offset for r in run.stages)
+        raise memory_infeasible_error(run.problem, memory_lower_bound(run.problem), least_mem + off)
+    lag = Lagrange(least, evaluate(rp, least), value, 0.0)
+    lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
+    # The probe count ends the search (the crossing is reached in a few); the whole time limit only guards
+    # against a pathological graph, so that a loaded machine does not change the result.
+    # each relaxed solve is a reduction and an elimination (~2 s on the 405B stage): stop once no multiplier
+    # can prove more than 5 % of the gap left
+    dual_search(relaxed, rp, lag, lam0, deadline=run.start + run.time_limit, seeds=(plan,), tolerance=0.05)
+    for over in lag.over[-2:]:  # the cheapest plans over the budget, moved until they fit
+        fixed = repair(rp, over)
+        if fixed is not None and evaluate(rp, fixed) < lag.cost:
+            lag.plan, lag.cost = fixed, evaluate(rp, fixed)
+    bound = lag.bound + run.offset()
+    run.log.append(
+        f"lagrangian by reduction: {lag.solves} relaxed solves, best fitting plan {lag.cost + run.offset():.6g} s, "
+        f"bound {bound:.6g} s (gap {relative_gap(lag.cost + run.offset(), bound):.3%})"
+    )
+    best = run.expand(lag.plan)
+    if lag.closed():
+        return run.finish_original(best, bound, True, "exact:lagrangian")
+    if method == "exact":
+        return run.finish_original(best, bound, False, "exact:lagrangian")
+    return run_ilp(run, lag.plan, num_workers, floor=lag.bound, fallback=best)
+
+
+def _least_memory(problem: SearchProblem, max_factor: float) -> tuple[tuple[int, ...], float]:
+    """The least-memory finite plan; by reduction (memory as the only cost) when the graph is too wide."""
+    try:
+        return min_memory_plan(problem, max_factor_size=max_factor)
+    except FactorCapExceeded:
+        pass
+    assert problem.memory is not None
+    costs = tuple(
+        np.where(np.isfinite(c), m, np.inf) for c, m in zip(problem.node_costs, problem.memory, strict=True)
+    )
+    edges = tuple(
+        dataclasses.replace(e, cost=np.where(np.isfinite(e.cost), 0.0, np.inf)) for e in problem.edges
+    )
+    free = dataclasses.replace(problem, node_costs=costs, edges=edges, memory=None, memory_limit=None)
+    red = reduce_problem(free)
+    plan, _ = ExactSolver(pairwise_form(red.problem), max_factor).solve()
+    full = red.expand(plan)
+    return full, memory_of(problem, full)
+
+
+def _sweep(run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) -> Lagrange:
     """Lagrangian sweep on the current problem, starting from ``best`` (original nodes) where that plan
     survived the reductions, else from the current least-memory plan."""
     rp = run.current
@@ -308,7 +263,7 @@ def _sweep(run: _Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float)
     plan, value = ex.solve()
     lag = Lagrange(start, evaluate(rp, start), value, 0.0)
     lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
-    lagrangian_sweep(ex, rp, lag, lam0, deadline=run.start + 0.5 * run.time_limit)
+    lagrangian_sweep(ex, rp, lag, lam0, deadline=run.start + 0.5 * run.time_limit, seeds=(plan,))
     run.log.append(
         f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
         f"(reduced problem)"
@@ -324,8 +279,12 @@ def solve(
     num_workers: int = 2,
     hint: Sequence[int] | None = None,
     max_factor_size: float = MAX_FACTOR_SIZE,
+    ceiling: float = math.inf,
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
+
+    ``ceiling``: under a binding budget, raise :class:`BoundExceeded` as soon as the optimum without the
+    budget (a lower bound on the one under it) is at least this, instead of solving under the budget.
 
     Raises InfeasibleError when no finite plan fits (the message names the nodes or the least memory needed)
     and AnnotationConflictError (an AnnotationError and an InfeasibleError) when annotations conflict.
@@ -344,24 +303,28 @@ def solve(
     # Folding free nodes creates the pair matrices on which dominance prunes most (the LLaMA problems
     # reduce to nothing), and it shrinks the CP-SAT model.
     red = reduce_problem(problem)
-    run = _Run(problem, [red], start, time_limit, log=list(red.log))
+    run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
     if method == "propagate":
         run.log.insert(0, "propagate: the plan has inf cost or breaks the budget; solving exactly instead")
         method = "auto"
     if method == "ilp":
-        return _ilp(run, None if hint is None else red.restrict(hint), num_workers)
-    ex = _exact_solver(run, max_factor_size)
+        return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
+    ex = exact_solver(run, max_factor_size)
+    if ex is None and red.problem.memory_limit is not None:
+        # Memory terms keep nodes from folding, so the budgeted problem's treewidth is high; each relaxed
+        # problem (cost + lambda * memory, no budget) still reduces and solves exactly.
+        return _with_budget_by_reduction(run, method, num_workers, max_factor_size)
     if ex is None:
         if method == "exact":
             raise AutoshardError(
                 "method='exact' cannot solve this graph: " + run.log[-1] + ". Use method='auto' or 'ilp'."
             )
-        return _ilp(run, None if hint is None else red.restrict(hint), num_workers)
+        return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
     run.log.append(f"exact: {ex.describe()}")
     if red.problem.memory_limit is not None:
         return _with_budget(run, ex, method, num_workers, max_factor_size)
     plan, value = ex.solve()
-    return run.finish(plan, value + red.cost_offset, True, _exact_label(ex))
+    return run.finish(plan, value + red.cost_offset, True, exact_label(ex))
 
 
 def _propagate(problem: SearchProblem, start: float) -> Solution | None:
