@@ -190,3 +190,13 @@ def test_check_export_cuts_the_encoder_tower(monkeypatch) -> None:
     assert depths == [(5, 3), (3, 4)]  # (encoder, decoder) blocks: block 0 of each is outside its run
     assert any("3 blocks add exactly one block" in n for n in cap.notes), cap.notes
     assert [len(r.blocks) for r in cap.runs] == [4]
+
+
+@pytest.mark.parametrize("which", ["t5", "attributes"])
+def test_plan_figures_are_the_collapsed_objective(which: str) -> None:
+    """Every block of a run listed with the shared decision adds up to what the solver priced once."""
+    model, args, kwargs = tiny_t5(4) if which == "t5" else (AttributeBlocks(), (torch.randn(64, 16),), {})
+    plan = autoshard.plan(model, autoshard.load_cluster("a100x8", mesh=(2, 4)), args, kwargs)
+    assert plan.predicted_step_time == pytest.approx(plan.solver.objective, rel=1e-6, abs=1e-9)
+    assert plan.compute_time + plan.communication_time == pytest.approx(plan.predicted_step_time)
+    assert set(plan.param_placements) == {name for name, _ in model.named_parameters()}
