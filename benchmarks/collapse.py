@@ -20,7 +20,8 @@ Pairs, each planned on meta on 8 x 8 A100s in its own process (seconds of ``auto
   ``encoder.block.1`` is a further run (:mod:`autoshard.capture.runs`): whole in the planned graph, its blocks
   sharing block 0's variables in the search, and cut to two blocks in the decoder's 3-block check export.
   Measured 2026-11-24 on the shared 2-core machine (``python -m benchmarks.collapse --case t5``):
-  2.45 s vs 1.66 s = 1.48x (capture 1.98 s vs 1.09 s; process CPU 5.3 s vs 4.5 s), target met.  Before
+  2.45 s vs 1.66 s = 1.48x (capture 1.98 s vs 1.09 s; process CPU 5.3 s vs 4.5 s), target met; three
+  later runs 1.40x, 1.39x, 1.41x (2.54 s vs 1.82 s, capture 2.06 s vs 1.19 s).  Before
   (one stack collapsed, the encoder at full depth), the same run of the parent commit: 4.13 s vs 1.90 s =
   2.17x (capture 2.70 s vs 1.20 s); 12.91 s vs 6.52 s = 1.98x earlier under heavier load.  What remains in
   depth is torch.export of the whole encoder (the planned graph keeps every block of a further run).
