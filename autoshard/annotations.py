@@ -122,17 +122,15 @@ def _resolve_one(
     ann, infos, strategies, template, mesh_shape, block_prefix, block_first=0
 ) -> dict[str, np.ndarray]:
     target = _normalise_target(ann.target, block_prefix, block_first)
-    params = [i for i in infos.values() if i.kind == "parameter" and template[i.name] == i.name]
-    leaves = [i for i in infos.values() if i.kind != "op" and template[i.name] == i.name]
-    by_param = [i for i in leaves if _matches(target, i.fqn or i.name)]
-    by_module = [i for i in params if _matches(target, i.fqn.rsplit(".", 1)[0])]
+    # a node of a further run of identical blocks (problem/runs.py) pins the decision its run shares
+    decides = [i for i in infos.values() if template[i.name] == i.name or i.block is None]
+    params = [i for i in decides if i.kind == "parameter"]
+    leaves = [i for i in decides if i.kind != "op"]
+    by_param = _shared([i for i in leaves if _matches(target, i.fqn or i.name)], infos, template)
+    by_module = _shared([i for i in params if _matches(target, i.fqn.rsplit(".", 1)[0])], infos, template)
     if isinstance(ann.choice, tuple) and ann.choice and isinstance(ann.choice[0], tuple):
-        ops = [
-            i
-            for i in infos.values()
-            if i.kind == "op" and template[i.name] == i.name and _matches(target, i.module)
-        ]
-        ops = [i for i in ops if i.op in _TUPLE_OPS]
+        ops = [i for i in decides if i.kind == "op" and _matches(target, i.module)]
+        ops = [i for i in _shared(ops, infos, template) if i.op in _TUPLE_OPS]
         if not ops:
             raise AnnotationError(
                 _no_match(
@@ -153,6 +151,11 @@ def _resolve_one(
         raise AnnotationError(_no_match(ann, infos, "a parameter, buffer or input"))
     spec = _parse_spec(ann, mesh_shape)
     return {i.name: _spec_mask(ann, i, strategies[i.name], spec) for i in by_param}
+
+
+def _shared(nodes, infos, template) -> list:
+    """The solver variable of each node, once each, in order."""
+    return list({template[i.name]: infos[template[i.name]] for i in nodes}.values())
 
 
 def _ring_masks(ann, infos, strategies, template, mesh_shape, target: str) -> dict[str, np.ndarray]:

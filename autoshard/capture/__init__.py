@@ -12,6 +12,7 @@ A tour of the stage, one module per step:
   ``requires_grad``, placeholder kind and FQN).
 - :mod:`~autoshard.capture.flops` — FLOP formulas per op family.
 - :mod:`~autoshard.capture.blocks` — repeated-block detection and the k / k+1 consistency check.
+- :mod:`~autoshard.capture.runs` — further runs of identical blocks (encoder towers, numbered attributes).
 - :mod:`~autoshard.capture.meta` — the records (:class:`TensorMeta`, :class:`BlockInfo`, :class:`Captured`)
   and the meta key names.
 

@@ -74,6 +74,7 @@ __all__ = [
     "check_extension",
     "cut_blocks",
     "find_repeated_blocks",
+    "signature_under",
 ]
 
 OP_KINDS = ("call_function", "call_method", "call_module")
@@ -175,39 +176,44 @@ def cut_blocks(model: nn.Module, candidate: BlockCandidate, k: int) -> Iterator[
         setattr(parent, attr, original)
 
 
-def _block_of_path(path: str, prefix: str, first: int = 0) -> int | None:
-    """Block index (child index minus ``first``) of a module or parameter path, or ``None``."""
-    if not path.startswith(prefix + "."):
-        return None
-    head = path[len(prefix) + 1 :].split(".", 1)[0]
-    return int(head) - first if head.isdigit() and int(head) >= first else None
+def _block_of_path(path: str, prefix: str, heads: dict[str, int]) -> int | None:
+    """Block index of a module or parameter path (``heads``: child name -> block), or ``None``."""
+    if prefix:
+        if not path.startswith(prefix + "."):
+            return None
+        path = path[len(prefix) + 1 :]
+    return heads.get(path.split(".", 1)[0])
 
 
-def _partition(gm: fx.GraphModule, prefix: str, count: int, first: int = 0) -> list[list[fx.Node]]:
-    """Nodes of each of ``count`` blocks in graph order (see "Membership" in the module docstring)."""
+def _partition(
+    gm: fx.GraphModule, prefix: str, count: int, first: int = 0, names: Sequence[str] | None = None
+) -> list[list[fx.Node]]:
+    """Nodes of each of ``count`` blocks in graph order (see "Membership" in the module docstring): children
+    ``first ..`` of ``prefix``, or the children called ``names`` (``layer0``, ``layer1``, ..)."""
+    names = names if names is not None else [str(first + b) for b in range(count)]
+    heads = {name: b for b, name in enumerate(names)}
+    where = [f"{prefix}.{name}" if prefix else name for name in names]
     nodes = list(gm.graph.nodes)
     members: list[list[fx.Node]] = [[] for _ in range(count)]
     spans: list[list[int]] = [[] for _ in range(count)]
     for i, node in enumerate(nodes):
         if META_FQN in node.meta:
-            block = _block_of_path(node.meta[META_FQN], prefix, first)
-            if block is not None and block < count:
+            block = _block_of_path(node.meta[META_FQN], prefix, heads)
+            if block is not None:
                 members[block].append(node)
         elif node.op in OP_KINDS:
-            block = _block_of_path(node.meta[META_MODULE], prefix, first)
-            if block is not None and block < count:
+            block = _block_of_path(node.meta[META_MODULE], prefix, heads)
+            if block is not None:
                 spans[block].append(i)
     if any(not s for s in spans):
         raise BlockMismatch(f"some of the {count} blocks under {prefix} have no ops in the graph")
     bounds = [(s[0], s[-1]) for s in spans]
     for b, ((_, last), (first_next, _)) in enumerate(itertools.pairwise(bounds)):
         if first_next <= last:
-            raise BlockMismatch(f"ops of {prefix}.{b} and {prefix}.{b + 1} interleave in the graph")
+            raise BlockMismatch(f"ops of {where[b]} and {where[b + 1]} interleave in the graph")
         between = [n.name for n in nodes[last + 1 : first_next] if n.op in OP_KINDS]
         if between:
-            raise BlockMismatch(
-                f"ops {between[:5]} between {prefix}.{b} and {prefix}.{b + 1} belong to no block"
-            )
+            raise BlockMismatch(f"ops {between[:5]} between {where[b]} and {where[b + 1]} belong to no block")
     for b, (first, last) in enumerate(bounds):
         members[b].extend(n for n in nodes[first : last + 1] if n.op in OP_KINDS)
     order = {n: i for i, n in enumerate(nodes)}
@@ -227,8 +233,12 @@ def _arg_signature(arg: Any, local: dict[fx.Node, int]) -> Any:
 def block_signature(block: Sequence[fx.Node], prefix: str, index: int) -> tuple[Any, ...]:
     """The block's signature (see "Equality of blocks" in the module docstring); ``index`` is the child's
     index in its container."""
+    return signature_under(block, f"{prefix}.{index}.")
+
+
+def signature_under(block: Sequence[fx.Node], own: str) -> tuple[Any, ...]:
+    """The signature of a block whose parameters are named under ``own`` (``"model.layers.3."``)."""
     local = {n: p for p, n in enumerate(block)}
-    own = f"{prefix}.{index}."
     sig: list[Any] = []
     for node in block:
         if META_FQN in node.meta:
@@ -270,17 +280,22 @@ def annotate_blocks(gm: fx.GraphModule, candidate: BlockCandidate, count: int) -
     )
 
 
-def _outside_signature(gm: fx.GraphModule) -> tuple[list[Any], list[Any], int]:
-    """(prefix ops, suffix ops, node count) of a block-annotated graph, ops as (name, TensorMeta)."""
+def _outside_signature(
+    gm: fx.GraphModule, dropped: frozenset[str] = frozenset()
+) -> tuple[list[Any], list[Any], int]:
+    """(prefix ops, suffix ops, node count) of a block-annotated graph, ops as (name, TensorMeta), leaving out
+    the nodes named in ``dropped``."""
     before: list[Any] = []
     after: list[Any] = []
     seen_block = False
     for node in gm.graph.nodes:
+        if node.name in dropped:
+            continue
         if META_BLOCK in node.meta:
             seen_block = seen_block or node.op in OP_KINDS  # block parameters sit before every op
         elif node.op in OP_KINDS or node.op == "output":
             (after if seen_block else before).append((node.meta[META_OP], _meta_str(node.meta[META_TENSOR])))
-    return before, after, len(gm.graph.nodes)
+    return before, after, len(gm.graph.nodes) - len(dropped)
 
 
 def _meta_str(meta: TensorMeta | tuple[TensorMeta | None, ...] | None) -> str:
@@ -288,9 +303,15 @@ def _meta_str(meta: TensorMeta | tuple[TensorMeta | None, ...] | None) -> str:
 
 
 def check_extension(
-    small: fx.GraphModule, big: fx.GraphModule, info_small: BlockInfo, info_big: BlockInfo
+    small: fx.GraphModule,
+    big: fx.GraphModule,
+    info_small: BlockInfo,
+    info_big: BlockInfo,
+    dropped: frozenset[str] = frozenset(),
 ) -> None:
-    """Check that ``big`` (k + 1 blocks) equals ``small`` (k blocks) plus exactly one block."""
+    """Check that ``big`` (k + 1 blocks) equals ``small`` (k blocks) plus exactly one block.  ``dropped``:
+    nodes of ``small`` that ``big`` was exported without (blocks of further runs cut to shorten the check
+    export, :func:`autoshard.capture.runs.cut_runs`)."""
     if info_big.captured_blocks != info_small.captured_blocks + 1:
         raise BlockMismatch("check_extension needs graphs of k and k + 1 blocks")
     if info_small.nodes_per_block != info_big.nodes_per_block:
@@ -302,7 +323,7 @@ def check_extension(
     sig_big = block_signature(_block_nodes(big, 0), info_big.prefix, info_big.first)
     if sig_small != sig_big:
         raise BlockMismatch("block 0 differs between the k- and (k+1)-block graphs")
-    before_s, after_s, count_s = _outside_signature(small)
+    before_s, after_s, count_s = _outside_signature(small, dropped)
     before_b, after_b, count_b = _outside_signature(big)
     if before_s != before_b:
         raise BlockMismatch("the ops before the first block differ between the k- and (k+1)-block graphs")

@@ -18,6 +18,10 @@ Steps:
    (:func:`~autoshard.capture.blocks.check_extension`) and return the 2-layer graph with
    ``BlockInfo(num_blocks=N, captured_blocks=2)``; a 70B model captures in about a second instead of 20.
    If the check fails we export all N layers and say why in ``notes``.
+5. Further runs of identical blocks (``blocks="auto"``: an encoder tower beside the decoder stack, blocks
+   held as ``self.layer0``, ``self.layer1``, ..): every block stays in the graph, labelled ``META_RUN``
+   (:mod:`~autoshard.capture.runs`) for the search to collapse; the 3-layer check export cuts those held
+   in indexed containers to 2 blocks, since the graph planned already holds them all.
 
 Example::
 
@@ -68,6 +72,7 @@ from autoshard.capture.meta import (
     TensorMeta,
     tensor_meta_of,
 )
+from autoshard.capture.runs import annotate_runs, cut_runs, find_runs, nodes_under
 from autoshard.errors import CaptureError
 
 __all__ = ["BlocksMode", "capture", "graph_inputs"]
@@ -133,7 +138,10 @@ def capture(
             info = annotate_blocks(traced.gm, candidate, candidate.num_blocks)
         except BlockMismatch as e:
             notes.append(f"repeated blocks {candidate.prefix} not labelled: {e}")
-    return _record(traced, model, info, time.perf_counter() - start, notes)
+            candidate = None
+    # further runs (encoder and decoder towers, attribute-held blocks) only where the search collapses
+    runs = annotate_runs(traced.gm, find_runs(model, candidate), notes) if blocks == "auto" else ()
+    return replace(_record(traced, model, info, time.perf_counter() - start, notes), runs=runs)
 
 
 def _capture_cut(
@@ -148,15 +156,22 @@ def _capture_cut(
     """The 2-block capture, checked against a 3-block one; ``None`` (and a note) when that fails."""
     cut_notes: list[str] = []  # kept only if the shortcut succeeds
     try:
-        graphs: list[tuple[_Traced, BlockInfo]] = []
-        for k in (CUT_BLOCKS, CUT_BLOCKS + 1) if check else (CUT_BLOCKS,):
-            with cut_blocks(model, candidate, k):
-                traced = _export(model, args, kwargs)
-            _prepare(traced, model, cut_notes if k == CUT_BLOCKS else [], fuse_experts)
-            graphs.append((traced, annotate_blocks(traced.gm, candidate, k)))
-        small, info_small = graphs[0]
+        with cut_blocks(model, candidate, CUT_BLOCKS):
+            small = _export(model, args, kwargs)
+        _prepare(small, model, cut_notes, fuse_experts)
+        info_small = annotate_blocks(small.gm, candidate, CUT_BLOCKS)
+        # further runs (an encoder tower) stay whole in the graph planned, but are cut in the check export
+        runs = find_runs(model, candidate)
+        found = annotate_runs(small.gm, runs, cut_notes)
         if check:
-            check_extension(small.gm, graphs[1][0].gm, info_small, graphs[1][1])
+            with (
+                cut_blocks(model, candidate, CUT_BLOCKS + 1),
+                cut_runs(model, runs, found, CUT_BLOCKS) as out,
+            ):
+                big = _export(model, args, kwargs)
+            _prepare(big, model, [], fuse_experts)
+            info_big = annotate_blocks(big.gm, candidate, CUT_BLOCKS + 1)
+            check_extension(small.gm, big.gm, info_small, info_big, nodes_under(small.gm, found, out))
     except Exception as e:  # any failure of the shortcut (BlockMismatch, export error): take the long road
         notes.append(
             f"2-block capture of {candidate.prefix} abandoned ({type(e).__name__}: {first_line(e)}); "
@@ -172,7 +187,7 @@ def _capture_cut(
             else "the 3-block check was done at other input shapes"
         )
     )
-    return _record(small, model, info_small, 0.0, notes)
+    return replace(_record(small, model, info_small, 0.0, notes), runs=found)
 
 
 def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], notes: list[str]) -> _Traced:

@@ -29,6 +29,9 @@ Meta keys (``node.meta[KEY]``), all written by :mod:`autoshard.capture.annotate`
                           the node's index among that block's nodes in graph (topological) order, so
                           position *p* of block 0 plays the same role as position *p* of block 1.
                           Written by :mod:`autoshard.capture.blocks`.
+``META_RUN``              nodes of a further run of identical blocks (not the primary stack):
+                          ``(run, block_index, position)``, positions as for ``META_BLOCK``.
+                          Written by :mod:`autoshard.capture.runs`.
 ``META_NO_GRAD``          ``True`` on nodes inlined from a ``set_grad_enabled(False)`` region
                           (written by :mod:`autoshard.capture.clean`); they never carry gradients.
 ========================  ==========================================================================
@@ -61,12 +64,14 @@ __all__ = [
     "META_NO_GRAD",
     "META_OP",
     "META_REQUIRES_GRAD",
+    "META_RUN",
     "META_TENSOR",
     "BlockInfo",
     "Captured",
     "Method",
     "OutputInfo",
     "PlaceholderKind",
+    "RunInfo",
     "TensorMeta",
     "op_name",
     "op_set",
@@ -84,6 +89,7 @@ META_FQN = "autoshard_fqn"
 META_BLOCK = "autoshard_block"
 META_ALIASES = "autoshard_aliases"
 META_NO_GRAD = "autoshard_no_grad"
+META_RUN = "autoshard_run"
 
 PlaceholderKind = Literal["parameter", "buffer", "constant", "user_input"]
 Method = Literal["export", "symbolic_trace"]
@@ -222,6 +228,20 @@ class BlockInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A further run of identical blocks, all in the graph (:mod:`autoshard.capture.runs`): the search
+    shares block 0's decisions with the others; nothing else reads it."""
+
+    blocks: tuple[str, ...]
+    """Module path of every block, in order (``"encoder.block.1"``, .., or ``"layer0"``, ``"layer1"``, ..)."""
+    block_type: str
+    nodes_per_block: int
+
+    def __str__(self) -> str:
+        return f"{self.blocks[0]}..{self.blocks[-1]}: {len(self.blocks)} x {self.block_type}"
+
+
+@dataclass(frozen=True, slots=True)
 class OutputInfo:
     """One value the graph returns, in the order of the ``output`` node."""
 
@@ -252,6 +272,8 @@ class Captured:
     """Human-readable remarks: fallbacks taken and why."""
     constants: Mapping[str, torch.Tensor] = field(default_factory=dict)
     """Lifted tensor constants (export only), FQN -> value."""
+    runs: tuple[RunInfo, ...] = ()
+    """Further runs of identical blocks besides ``blocks``, every block in the graph (``META_RUN``)."""
 
     def nodes(self) -> Iterator[fx.Node]:
         """All nodes in topological order (fx keeps a graph's node list topologically sorted)."""

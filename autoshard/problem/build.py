@@ -61,6 +61,7 @@ from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arra
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.problem.pricing import pairwise_ids
 from autoshard.problem.recompute import node_memory_total, rerun_share
+from autoshard.problem.runs import collapse_runs
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
@@ -102,6 +103,8 @@ class BuiltProblem:
     notes: tuple[str, ...] = ()
     # memory no node owns, as solver terms (problem/extras.py): gather nodes follow the fan-out nodes
     extras: MemoryExtras | None = None
+    # nodes of further runs of identical blocks (problem/runs.py): node -> (run, block, position)
+    runs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def index(self, name: str) -> int:
         return self.variables.index(self.template[name])
@@ -200,12 +203,15 @@ def build_problem(
     ordered = describe(gm)
     infos = {i.name: i for i in ordered}
     template, n_blocks = _templates(ordered, captured)
+    # further runs of identical blocks (encoder towers, attribute-held blocks) share block 0's variables
+    template, run_copies, runs = collapse_runs(ordered, template, gm)
     variables = tuple(i.name for i in ordered if template[i.name] == i.name)
     index = {name: k for k, name in enumerate(variables)}
     mesh = cluster.mesh_shape
     strategies = _strategies(gm, nodes, variables, tuple(mesh))
     # a shared block variable stands for its node in every one of the N layers; everything else for itself
     mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
+    mult.update(run_copies)
     cache = cache if cache is not None and cache.cluster == cluster else StepCache(cluster)
     keeps = _keeps(infos, opts)
     node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
@@ -214,7 +220,7 @@ def build_problem(
         memory[0] = memory[0] + cluster.profile.memory.runtime_reserve
     uses = _edge_weights(infos, template, n_blocks)
     # one redistribution per (tensor, layout): a separate step, so pricing changes above merge cleanly
-    sharing = split_uses(uses, infos, template, n_blocks)
+    sharing = split_uses(uses, infos, template, n_blocks, runs)
     fans, unshared, notes = fanout_arrays(sharing, infos, index, strategies, opts, cache)
     weights = dict(sharing.single)
     for group in unshared:  # no layout two consumers could share: ordinary edges price them exactly
@@ -262,6 +268,7 @@ def build_problem(
         apart=tuple(unshared),
         notes=tuple(notes) + extras.notes,
         extras=extras,
+        runs=runs,
     )
 
 

@@ -37,6 +37,7 @@ from autoshard.problem.recompute import (
     reissued,
     rerun_share,
 )
+from autoshard.problem.runs import reads_into_run
 from autoshard.problem.step import critical_path
 from autoshard.redistribute import Step
 from autoshard.search import Solution
@@ -202,8 +203,8 @@ def _node_table(
     rows: list[NodePlan] = []
     total_compute = total_memory = 0.0
     outside = 0
-    for name in built.variables:
-        info, strat, count = built.infos[name], chosen[name], built.multiplicity[name]
+    for name in decision_nodes(built):
+        info, strat, count = built.infos[name], chosen[built.template[name]], _count(built, name)
         if info.block is not None and built.num_blocks > 1:  # one decision for every layer
             key = f"block:{info.block[1]}"
         else:
@@ -230,6 +231,16 @@ def _node_table(
             )
         )
     return tuple(rows), total_compute, total_memory
+
+
+def decision_nodes(built: BuiltProblem) -> list[str]:
+    """The nodes a plan lists, in graph order: the solver's variables, and every block of a further run of
+    identical blocks (problem/runs.py) with its block 0's decision, so the plan reads as uncollapsed."""
+    return [name for name in built.infos if name in built.runs or built.template[name] == name]
+
+
+def _count(built: BuiltProblem, name: str) -> int:
+    return 1 if name in built.runs else built.multiplicity[name]
 
 
 def _records(
@@ -320,6 +331,8 @@ class _Shared:
         tu, tv = built.template[use.producer], built.template[use.consumer]
         producer, consumer = built.infos[use.producer], built.infos[use.consumer]
         across = built.num_blocks > 1 and producer.block is None and consumer.block is not None
+        across = across or reads_into_run(use.producer, use.consumer, built.runs)
+        copy = built.runs.get(use.producer)  # which block of a further run made the tensor
         weight = self.grouped.get((tu, tv, use.which, use.position))
         if weight is None and not across:
             return layers
@@ -332,7 +345,7 @@ class _Shared:
         kept = []
         for layer, path in layers:
             made_in = None if producer.block is None or layer is None else layer - step_back
-            key = (tu, use.which, weight, element, made_in)
+            key = (tu, use.which, weight, element, made_in, copy)
             if key not in self.seen:
                 self.seen.add(key)
                 kept.append((layer, path))
@@ -343,11 +356,11 @@ def _output_collectives(
     built: BuiltProblem, chosen: dict[str, OpStrategy], namer: _LayerNamer
 ) -> list[Collective]:
     out: list[Collective] = []
-    for name in built.variables:
+    for name in decision_nodes(built):
         info = built.infos[name]
         if not info.is_output:
             continue
-        steps = output_fix_steps(info, chosen[name], built.cache)
+        steps = output_fix_steps(info, chosen[built.template[name]], built.cache)
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
         out += _records(steps, "forward", "output", name, layers, built, built.options.microbatches)
     return out
@@ -359,10 +372,10 @@ def _dispatch_collectives(
     """The all-to-alls routed-experts nodes run inside themselves (:mod:`autoshard.problem.dispatch`)."""
     out: list[Collective] = []
     times = repeats(built.options, parameter=False, backward=False)
-    for name in built.variables:
+    for name in decision_nodes(built):
         info = built.infos[name]
         inputs = tuple(built.infos[s] for s in info.inputs)
-        forward, backward = dispatch_steps(info, chosen[name], built.cluster, inputs)
+        forward, backward = dispatch_steps(info, chosen[built.template[name]], built.cluster, inputs)
         if not forward:
             continue
         layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]

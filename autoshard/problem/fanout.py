@@ -37,6 +37,8 @@ from autoshard.problem.costs import CostOptions, StepCache, dual_spec, repeats
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pricing import pairwise_ids
 from autoshard.problem.recompute import reissued
+from autoshard.problem.runs import RunPosition, reads_into_run
+from autoshard.problem.runs import relation as run_relation
 from autoshard.search import Edge
 from autoshard.search import fanout as search_fanout
 from autoshard.search.fanout import FanOutNode, best_state, fanout_node, shareable
@@ -87,20 +89,29 @@ class FanOut:
 
 
 def split_uses(
-    uses: Sequence, infos: Mapping[str, NodeInfo], template: Mapping[str, str], n_blocks: int
+    uses: Sequence,
+    infos: Mapping[str, NodeInfo],
+    template: Mapping[str, str],
+    n_blocks: int,
+    runs: Mapping[str, RunPosition] | None = None,
 ) -> Sharing:
-    """Aggregate uses by template key (as ``build`` did) and group those one redistribution can serve."""
+    """Aggregate uses by template key (as ``build`` did) and group those one redistribution can serve.
+    ``runs``: nodes of further runs of identical blocks (:mod:`autoshard.problem.runs`)."""
+    runs = runs or {}
     weights: dict[UseKey, int] = defaultdict(int)
     relation: dict[UseKey, str] = {}
     for use in uses:
         key = (template[use.producer], template[use.consumer], use.which, use.position)
         weights[key] += use.weight
-        relation.setdefault(key, _relation(infos[use.producer], infos[use.consumer]))
+        in_run = run_relation(use.producer, use.consumer, runs)
+        relation.setdefault(key, in_run or _relation(infos[use.producer], infos[use.consumer]))
     single: dict[UseKey, int] = {}
     by_tensor: dict[tuple[str, int, int, str], list[tuple[str, int]]] = defaultdict(list)
     for (tu, tv, which, pos), weight in weights.items():
         if n_blocks > 1 and infos[tu].block is None and infos[tv].block is not None:
             weight = 1  # one tensor read by every layer: one layout for all, moved once
+        elif reads_into_run(tu, tv, runs):
+            weight = 1  # the same for every block of a further run
         meta = infos[tu].outputs[which] if which < len(infos[tu].outputs) else None
         if tu == tv or meta is None:
             single[(tu, tv, which, pos)] = weight

@@ -1,0 +1,202 @@
+"""Every repeated run collapsed, not only one stack per graph (issue 16): encoder and decoder towers (T5) and
+blocks held as numbered attributes (``self.layer0``, ``self.layer1``, ..).
+
+The further runs stay in the graph and share block 0's solver variables; the plan lists every node.  The
+collapsed optimum mapped onto the uncollapsed problem costs exactly what the collapsed problem claimed, and
+equals the uncollapsed optimum.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import autoshard
+from autoshard.capture import capture
+from autoshard.capture.meta import META_RUN
+from autoshard.codegen.assign import assign_strategies
+from autoshard.problem.build import BuiltProblem, build_problem
+from autoshard.problem.costs import CostOptions
+from autoshard.search import evaluate, solve
+
+
+def tiny_t5(layers: int = 4) -> tuple[nn.Module, tuple[torch.Tensor], dict[str, torch.Tensor]]:
+    config = transformers.T5Config(
+        vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=layers, num_decoder_layers=layers, num_heads=4,
+        dropout_rate=0.0, use_cache=False, relative_attention_num_buckets=8,
+    )  # fmt: skip
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    ids = torch.zeros(8, 6, dtype=torch.long)
+    return model, (ids,), {"decoder_input_ids": ids.clone()}  # distinct tensors, as verify feeds them
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class AttributeBlocks(nn.Module):
+    """Identical blocks held as plain attributes ``layer0 .. layer3``, called one by one."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Linear(width, width)
+        self.layer0, self.layer1, self.layer2, self.layer3 = (Block(width) for _ in range(4))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        x = self.layer3(self.layer2(self.layer1(self.layer0(x))))
+        return self.head(x)
+
+
+def _uncollapsed(cap):
+    """The same capture with its further runs forgotten: every block's nodes are variables of their own."""
+    for node in cap.graph_module.graph.nodes:
+        node.meta.pop(META_RUN, None)
+    return cap
+
+
+def _map_choice(small: BuiltProblem, big: BuiltProblem, choice) -> list[int]:
+    """The collapsed choice on the uncollapsed problem: the variable a node shares, else its own."""
+    chosen = dict(zip(small.variables, choice, strict=True))
+    mapped = []
+    for name in big.variables:
+        source = small.template[name]
+        assert [str(s) for s in small.strategies[source]] == [str(s) for s in big.strategies[name]]
+        mapped.append(chosen[source])
+    return mapped
+
+
+def _exact(model, args, kwargs, cluster) -> tuple[BuiltProblem, float]:
+    collapsed = build_problem(capture(model, args, kwargs), cluster, CostOptions())
+    full = build_problem(_uncollapsed(capture(model, args, kwargs)), cluster, CostOptions())
+    assert collapsed.runs and not full.runs
+    assert len(collapsed.variables) < len(full.variables)
+    solution = solve(collapsed.problem)
+    assert solution.optimal
+    on_full = evaluate(
+        full.problem,
+        full.full_choice(_map_choice(collapsed, full, solution.choice[: len(collapsed.variables)])),
+    )
+    assert on_full == pytest.approx(solution.objective, rel=1e-9)
+    best_full = solve(full.problem)
+    assert best_full.optimal
+    assert best_full.objective == pytest.approx(on_full, rel=1e-9)
+    return collapsed, solution.objective
+
+
+def test_t5_collapses_both_towers() -> None:
+    model, args, kwargs = tiny_t5(4)
+    cap = capture(model, args, kwargs)
+    assert cap.blocks is not None and (cap.blocks.prefix, cap.blocks.first, cap.blocks.captured_blocks) == (
+        "decoder.block",
+        1,
+        2,
+    )
+    assert [r.blocks for r in cap.runs] == [("encoder.block.1", "encoder.block.2", "encoder.block.3")]
+
+
+def test_attribute_blocks_are_a_run() -> None:
+    cap = capture(AttributeBlocks(), (torch.randn(8, 16),))
+    assert cap.blocks is None
+    assert [r.blocks for r in cap.runs] == [("layer0", "layer1", "layer2", "layer3")]
+
+
+class CalledTwice(AttributeBlocks):
+    """The same modules, but ``layer2`` runs twice: its graph differs from the others'."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer1(self.layer0(self.embed(x)))
+        return self.head(self.layer3(self.layer2(self.layer2(x))))
+
+
+def test_blocks_that_differ_in_the_graph_are_not_collapsed() -> None:
+    cap = capture(CalledTwice(), (torch.randn(8, 16),))
+    assert cap.runs == ()
+    assert any("layer0.. not collapsed" in n for n in cap.notes), cap.notes
+
+
+@pytest.mark.parametrize("mesh", [(8,), (2, 4)])
+def test_t5_collapsed_optimum_is_exact_on_the_uncollapsed_problem(mesh) -> None:
+    cluster = autoshard.load_cluster("a100x8", mesh=mesh)
+    _exact(*tiny_t5(4), cluster)
+
+
+@pytest.mark.parametrize("mesh", [(8,), (2, 4)])
+def test_attribute_blocks_collapsed_optimum_is_exact(mesh) -> None:
+    cluster = autoshard.load_cluster("a100x8", mesh=mesh)
+    _exact(AttributeBlocks(), (torch.randn(64, 16),), {}, cluster)
+
+
+def test_plan_lists_every_block_of_a_run() -> None:
+    """The plan reads as uncollapsed: codegen assigns every node of a full capture its decision."""
+    model, args, kwargs = tiny_t5(4)
+    plan = autoshard.plan(model, autoshard.load_cluster("a100x8", mesh=(2, 4)), args, kwargs)
+    assert any("encoder.block.1..3 share one decision" in n for n in plan.notes), plan.notes
+    assert {f"encoder.block.{i}.layer.0.SelfAttention.q.weight" for i in range(4)} <= set(
+        plan.param_placements
+    )
+    strategies = assign_strategies(capture(model, args, kwargs, blocks="full"), plan)
+    assert strategies
+
+
+@pytest.mark.slow
+def test_t5_plan_with_a_collapsed_tower_verifies_on_gloo() -> None:
+    """Pin the MLP of one encoder block of the run (encoder.block.2) to Megatron column/row: the run shares
+    the decision, so every block of it (1..3) runs its all-reduces; block 0 and the decoder are free."""
+    from autoshard.runtime.verify import cluster_for, verify
+
+    model, args, kwargs = tiny_t5(4)
+    model = model.double()
+    mlp = "encoder.block.2.layer.1.DenseReluDense"
+    plan = autoshard.plan(
+        model, cluster_for("cpu", 2), args, kwargs, annotations={f"{mlp}.wi": "column", f"{mlp}.wo": "row"}
+    )
+    assert any("encoder.block.1..3 share one decision" in n for n in plan.notes), plan.notes
+    for i in (1, 2, 3):
+        assert plan.param_placements[f"encoder.block.{i}.layer.1.DenseReluDense.wi.weight"] == ("S(0)",)
+        assert plan.param_placements[f"encoder.block.{i}.layer.1.DenseReluDense.wo.weight"] == ("S(1)",)
+    report = verify(model, args, kwargs, plan=plan, name="t5")
+    assert report.ok, str(report)
+    assert report.emitted == report.planned and report.ranks_agree
+    # the row-parallel output of each of the run's three MLPs is summed forward, its input gradient backward
+    assert report.emitted.get("forward all_reduce", 0) >= 3, report.emitted
+    assert report.emitted.get("backward all_reduce", 0) >= 3, report.emitted
+
+
+def test_check_export_cuts_the_encoder_tower(monkeypatch) -> None:
+    """The planned graph holds every encoder block; the 3-block check export of the decoder holds two."""
+    import autoshard.capture.export as export
+
+    model, args, kwargs = tiny_t5(5)
+    depths: list[tuple[int, int]] = []
+    real = export._export
+
+    def counting(m, a, k):
+        depths.append((len(m.encoder.block), len(m.decoder.block)))
+        return real(m, a, k)
+
+    monkeypatch.setattr(export, "_export", counting)
+    cap = capture(model, args, kwargs)
+    assert depths == [(5, 3), (3, 4)]  # (encoder, decoder) blocks: block 0 of each is outside its run
+    assert any("3 blocks add exactly one block" in n for n in cap.notes), cap.notes
+    assert [len(r.blocks) for r in cap.runs] == [4]
+
+
+@pytest.mark.parametrize("which", ["t5", "attributes"])
+def test_plan_figures_are_the_collapsed_objective(which: str) -> None:
+    """Every block of a run listed with the shared decision adds up to what the solver priced once."""
+    model, args, kwargs = tiny_t5(4) if which == "t5" else (AttributeBlocks(), (torch.randn(64, 16),), {})
+    plan = autoshard.plan(model, autoshard.load_cluster("a100x8", mesh=(2, 4)), args, kwargs)
+    assert plan.predicted_step_time == pytest.approx(plan.solver.objective, rel=1e-6, abs=1e-9)
+    assert plan.compute_time + plan.communication_time == pytest.approx(plan.predicted_step_time)
+    assert set(plan.param_placements) == {name for name, _ in model.named_parameters()}
