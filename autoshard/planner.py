@@ -32,13 +32,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 
-from autoshard.annotations import forbidden_kinds, pin_problem
+from autoshard.annotations import forbidden_kinds
 from autoshard.capture import Captured, capture
 from autoshard.capture.blocks import find_repeated_blocks
 from autoshard.capture.experts import plan_fuses_experts
@@ -48,18 +47,26 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
+from autoshard.planner_steps import (
+    SearchMethod,
+    batch_size,
+    budget_idle,
+    build,
+    global_shapes,
+    output_order,
+    reader,
+    recompute_note,
+    unpinned,
+    warn_replicated,
+)
 from autoshard.plans import Plan
-from autoshard.problem.build import BuiltProblem, build_problem
+from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
 from autoshard.problem.mix import mix_policies
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
-from autoshard.strategies import UnsupportedOpWarning
-from autoshard.strategies.coverage import replicated_shares
 
 __all__ = ["plan"]
-
-SearchMethod = Literal["auto", "exact", "ilp", "propagate"]
 
 
 def plan(
@@ -144,7 +151,7 @@ def plan(
     kinds = forbidden_kinds(allow, forbid)
     captured = captured or capture(model, args, kwargs, blocks=blocks)
     timings["capture"] = time.perf_counter() - start
-    replicated = _warn_replicated(captured)
+    replicated = warn_replicated(captured)
     limit = float(cluster.device_memory) if memory_limit is None else float(memory_limit)
     fuses = plan_fuses_experts(captured.op_nodes())
     solve_one = functools.partial(
@@ -222,7 +229,7 @@ def _plan_captured(
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout)
         say("strategies" if policy is policies[0] else "recompute")
-        free, built = _build(captured, cluster, opts, annotations, limit, timings, kinds)
+        free, built = build(captured, cluster, opts, annotations, limit, timings, kinds)
         try:
             say("solve")
             t0 = time.perf_counter()
@@ -239,11 +246,11 @@ def _plan_captured(
             continue
         uniform[policy] = (free, built, solution.objective)
         timings["total"] = time.perf_counter() - start
-        read = _reader(model, captured, timings, notes, limit, _recompute_note(policy, recompute))
+        read = reader(model, captured, timings, notes, limit, recompute_note(policy, recompute))
         found = read(built, solution)
         if best is None or found.predicted_step_time < best[0].predicted_step_time:
             best = (found, free, built, read)
-        if policy is Recompute.NONE and _budget_idle(built, solution, search, time_limit):
+        if policy is Recompute.NONE and budget_idle(built, solution, search, time_limit):
             idle = True
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if recompute == "auto" and training and not idle and len(uniform) > 1:
@@ -252,7 +259,7 @@ def _plan_captured(
 
         def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
             opts = CostOptions(training=True, recompute=policy, recompute_share=0.0, cp_layout=cp_layout)
-            return _build(captured, cluster, opts, annotations, limit, {}, kinds)
+            return build(captured, cluster, opts, annotations, limit, {}, kinds)
 
         def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
             return solve(
@@ -267,7 +274,7 @@ def _plan_captured(
                 f"activations do not fit without recomputation: {built.options.recompute.value} recomputation of "
                 f"the first {k} of {built.num_blocks} repeated blocks (per-block count searched exactly)",
             )
-            read = _reader(model, captured, timings, notes, limit, note)
+            read = reader(model, captured, timings, notes, limit, note)
             plan_k = read(built, solution_k)
             if best is None or plan_k.predicted_step_time < best[0].predicted_step_time:
                 best = (plan_k, free, built, read)
@@ -285,50 +292,9 @@ def _plan_captured(
             f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
-    price = _unpinned(free, search, time_limit, read) if built is not free else None
+    price = unpinned(free, search, time_limit, read) if built is not free else None
     flat = dataclasses.replace(found, unpinned_step_time=price)
     return dataclasses.replace(flat, degrees=degrees_of(flat))
-
-
-def _reader(
-    model: torch.nn.Module,
-    captured: Captured,
-    timings: dict[str, float],
-    notes: list[str],
-    limit: float,
-    recompute_note: tuple[str, ...],
-) -> Callable[[BuiltProblem, Solution], Plan]:
-    def read(problem: BuiltProblem, chosen: Solution) -> Plan:
-        return extract_plan(
-            problem,
-            chosen,
-            model=type(model).__name__,
-            block_prefix=captured.blocks.prefix if captured.blocks else None,
-            block_first=captured.blocks.first if captured.blocks else 0,
-            output_order=_output_order(captured),
-            timings=dict(timings),
-            notes=tuple(notes) + recompute_note,
-            memory_limit=limit if limit != float("inf") else None,
-        )
-
-    return read
-
-
-def _budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:
-    """Whether the memory budget leaves the optimum unchanged (then no recomputation can beat it)."""
-    if built.problem.memory_limit is None or solution.budget_binding is False:
-        return True
-    free = solve(dataclasses.replace(built.problem, memory_limit=None), method=search, time_limit=time_limit)
-    return solution.optimal and free.optimal and solution.objective <= free.objective * (1 + 1e-12)
-
-
-def _recompute_note(policy: Recompute, asked: str) -> tuple[str, ...]:
-    if policy is Recompute.NONE or asked != "auto":
-        return ()
-    return (
-        f"activations do not fit without recomputation: {policy.value} recomputation of the repeated blocks "
-        "(the fastest plan that fits; none, selective and full searched)",
-    )
 
 
 def _has_stage_pin(annotations: Mapping[str, Any] | None) -> bool:
@@ -359,7 +325,7 @@ def _plan_pipelined(
     start = time.perf_counter()
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     kwargs = dict(example_kwargs or {})
-    batch = _batch_size(args, kwargs)
+    batch = batch_size(args, kwargs)
     repeated = find_repeated_blocks(model)
     layers, prefix = (repeated.num_blocks, repeated.prefix) if repeated else (0, None)
     rest, cuts = split_cut_pins(annotations, prefix, layers)
@@ -386,12 +352,12 @@ def _plan_pipelined(
 
     caches: dict[Cluster, StepCache] = {}  # redistribution times are shared by builds on one sub-mesh
 
-    def build(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
+    def build_stage(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
         cache = caches.setdefault(sub, StepCache(sub))
-        return _build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
+        return build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
 
     best = search_pipeline(
-        request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, build=build,
+        request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, build=build_stage,
         policies=policies, training=training, memory_limit=limit, method=search, time_limit=time_limit,
         say=progress or (lambda stage: None),
     )  # fmt: skip
@@ -414,7 +380,7 @@ def _plan_pipelined(
         model=type(model).__name__,
         block_prefix=prefix,
         block_first=repeated.first if repeated else 0,
-        output_order=_output_order(best.captured),
+        output_order=output_order(best.captured),
         timings=timings,
         notes=tuple(notes),
         memory_limit=limit if limit != float("inf") else None,
@@ -429,84 +395,4 @@ def _plan_pipelined(
     }
     record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
     plan = assemble(best, intra, prefix, record, first=repeated.first if repeated else 0)
-    return dataclasses.replace(plan, input_shapes=_global_shapes(plan, args, batch))
-
-
-def _batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
-    for x in (*args, *kwargs.values()):
-        if isinstance(x, torch.Tensor) and x.dim() > 0:
-            return int(x.shape[0])
-    raise PipelineError(
-        "microbatches and pipeline stages split the batch: give a tensor input whose dim 0 is it"
-    )
-
-
-def _global_shapes(plan: Plan, args: tuple[Any, ...], batch: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The plan's input shapes at the global batch (it was captured at one microbatch's)."""
-    return {
-        name: (((batch, *shape[1:]) if shape else shape), dtype)
-        for name, (shape, dtype) in plan.input_shapes.items()
-    }
-
-
-def _build(
-    captured: Captured,
-    cluster: Cluster,
-    opts: CostOptions,
-    annotations: Mapping[str, Any] | None,
-    limit: float,
-    timings: dict[str, float],
-    kinds: frozenset[str] = frozenset(),
-    cache: StepCache | None = None,
-) -> tuple[BuiltProblem, BuiltProblem]:
-    """The problem as priced, and the same with the user's pins folded in (the same object without pins).
-
-    ``cache``: redistribution times already priced on ``cluster`` (the pipeline search builds often)."""
-    t0 = time.perf_counter()
-    budget = limit if limit != float("inf") else None
-    built = build_problem(captured, cluster, opts, memory_limit=budget, cache=cache)
-    timings["strategies_and_costs"] = time.perf_counter() - t0
-    if not (annotations or kinds):
-        return built, built
-    prefix = captured.blocks.prefix if captured.blocks else None
-    first = captured.blocks.first if captured.blocks else 0
-    return built, pin_problem(built, annotations, kinds, prefix, first)
-
-
-def _unpinned(
-    built: BuiltProblem,
-    search: SearchMethod,
-    time_limit: float,
-    read: Callable[[BuiltProblem, Solution], Plan],
-) -> float | None:
-    """The predicted step time of the best plan without the user's pins (``None`` when none fits)."""
-    try:
-        return read(built, solve(built.problem, method=search, time_limit=time_limit)).predicted_step_time
-    except InfeasibleError:
-        return None
-
-
-def _warn_replicated(captured: Captured) -> dict[str, float]:
-    """Ops without a rule run replicated on every device: warn once with their share of the step's FLOPs."""
-    shares = replicated_shares(captured)
-    if shares:
-        total = sum(shares.values())
-        ops = ", ".join(f"{op} ({share:.1%})" for op, share in sorted(shares.items(), key=lambda kv: -kv[1]))
-        warnings.warn(
-            f"{total:.1%} of the step's forward FLOPs run replicated on every device: no sharding rule for "
-            f"{ops}; data parallel replicates them too. Add rules in autoshard/strategies/rules/ "
-            "(`autoshard ops MODEL` lists every op and its rule)",
-            UnsupportedOpWarning,
-            stacklevel=3,
-        )
-    return shares
-
-
-def _output_order(captured: Captured) -> tuple[str, ...]:
-    out = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
-    return tuple(n.name for n in out.all_input_nodes)
-
-
-def solve_built(built: BuiltProblem, method: SearchMethod = "auto", time_limit: float = 60.0) -> Solution:
-    """Solve an already built problem (used by benchmarks that time stages separately)."""
-    return solve(built.problem, method=method, time_limit=time_limit)
+    return dataclasses.replace(plan, input_shapes=global_shapes(plan, args, batch))

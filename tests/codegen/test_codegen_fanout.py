@@ -17,7 +17,8 @@ import autoshard
 from autoshard.capture import capture
 from autoshard.codegen import assign_strategies, lower_graph, plan_cluster
 from autoshard.placement import ShardingSpec
-from autoshard.planner import _build, _output_order
+from autoshard.planner_steps import build as _build
+from autoshard.planner_steps import output_order as _output_order
 from autoshard.problem.costs import CostOptions
 from autoshard.problem.extract import extract_plan
 from autoshard.runtime.verify import cluster_for, verify

@@ -1,0 +1,162 @@
+"""The steps ``autoshard.plan`` runs on one capture: build (priced, then pinned), read a solution back as a
+:class:`~autoshard.plans.Plan`, the unpinned price, and the checks around them (:mod:`autoshard.planner` drives
+them; the pipeline search calls :func:`build` once per stage sub-mesh)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import torch
+
+from autoshard.annotations import pin_problem
+from autoshard.capture import Captured
+from autoshard.cluster import Cluster
+from autoshard.errors import InfeasibleError, PipelineError
+from autoshard.plans import Plan
+from autoshard.problem.build import BuiltProblem, build_problem
+from autoshard.problem.costs import CostOptions, Recompute, StepCache
+from autoshard.problem.extract import extract_plan
+from autoshard.search import Solution, solve
+from autoshard.strategies import UnsupportedOpWarning
+from autoshard.strategies.coverage import replicated_shares
+
+__all__ = [
+    "SearchMethod",
+    "batch_size",
+    "budget_idle",
+    "build",
+    "global_shapes",
+    "output_order",
+    "reader",
+    "recompute_note",
+    "solve_built",
+    "unpinned",
+    "warn_replicated",
+]
+
+SearchMethod = Literal["auto", "exact", "ilp", "propagate"]
+
+
+def reader(
+    model: torch.nn.Module,
+    captured: Captured,
+    timings: dict[str, float],
+    notes: list[str],
+    limit: float,
+    recompute_note: tuple[str, ...],
+) -> Callable[[BuiltProblem, Solution], Plan]:
+    def read(problem: BuiltProblem, chosen: Solution) -> Plan:
+        return extract_plan(
+            problem,
+            chosen,
+            model=type(model).__name__,
+            block_prefix=captured.blocks.prefix if captured.blocks else None,
+            block_first=captured.blocks.first if captured.blocks else 0,
+            output_order=output_order(captured),
+            timings=dict(timings),
+            notes=tuple(notes) + recompute_note,
+            memory_limit=limit if limit != float("inf") else None,
+        )
+
+    return read
+
+
+def budget_idle(built: BuiltProblem, solution: Solution, search: SearchMethod, time_limit: float) -> bool:
+    """Whether the memory budget leaves the optimum unchanged (then no recomputation can beat it)."""
+    if built.problem.memory_limit is None or solution.budget_binding is False:
+        return True
+    free = solve(dataclasses.replace(built.problem, memory_limit=None), method=search, time_limit=time_limit)
+    return solution.optimal and free.optimal and solution.objective <= free.objective * (1 + 1e-12)
+
+
+def recompute_note(policy: Recompute, asked: str) -> tuple[str, ...]:
+    if policy is Recompute.NONE or asked != "auto":
+        return ()
+    return (
+        f"activations do not fit without recomputation: {policy.value} recomputation of the repeated blocks "
+        "(the fastest plan that fits; none, selective and full searched)",
+    )
+
+
+def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            return int(x.shape[0])
+    raise PipelineError(
+        "microbatches and pipeline stages split the batch: give a tensor input whose dim 0 is it"
+    )
+
+
+def global_shapes(plan: Plan, args: tuple[Any, ...], batch: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The plan's input shapes at the global batch (it was captured at one microbatch's)."""
+    return {
+        name: (((batch, *shape[1:]) if shape else shape), dtype)
+        for name, (shape, dtype) in plan.input_shapes.items()
+    }
+
+
+def build(
+    captured: Captured,
+    cluster: Cluster,
+    opts: CostOptions,
+    annotations: Mapping[str, Any] | None,
+    limit: float,
+    timings: dict[str, float],
+    kinds: frozenset[str] = frozenset(),
+    cache: StepCache | None = None,
+) -> tuple[BuiltProblem, BuiltProblem]:
+    """The problem as priced, and the same with the user's pins folded in (the same object without pins).
+
+    ``cache``: redistribution times already priced on ``cluster`` (the pipeline search builds often)."""
+    t0 = time.perf_counter()
+    budget = limit if limit != float("inf") else None
+    built = build_problem(captured, cluster, opts, memory_limit=budget, cache=cache)
+    timings["strategies_and_costs"] = time.perf_counter() - t0
+    if not (annotations or kinds):
+        return built, built
+    prefix = captured.blocks.prefix if captured.blocks else None
+    first = captured.blocks.first if captured.blocks else 0
+    return built, pin_problem(built, annotations, kinds, prefix, first)
+
+
+def unpinned(
+    built: BuiltProblem,
+    search: SearchMethod,
+    time_limit: float,
+    read: Callable[[BuiltProblem, Solution], Plan],
+) -> float | None:
+    """The predicted step time of the best plan without the user's pins (``None`` when none fits)."""
+    try:
+        return read(built, solve(built.problem, method=search, time_limit=time_limit)).predicted_step_time
+    except InfeasibleError:
+        return None
+
+
+def warn_replicated(captured: Captured) -> dict[str, float]:
+    """Ops without a rule run replicated on every device: warn once with their share of the step's FLOPs."""
+    shares = replicated_shares(captured)
+    if shares:
+        total = sum(shares.values())
+        ops = ", ".join(f"{op} ({share:.1%})" for op, share in sorted(shares.items(), key=lambda kv: -kv[1]))
+        warnings.warn(
+            f"{total:.1%} of the step's forward FLOPs run replicated on every device: no sharding rule for "
+            f"{ops}; data parallel replicates them too. Add rules in autoshard/strategies/rules/ "
+            "(`autoshard ops MODEL` lists every op and its rule)",
+            UnsupportedOpWarning,
+            stacklevel=3,
+        )
+    return shares
+
+
+def output_order(captured: Captured) -> tuple[str, ...]:
+    out = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
+    return tuple(n.name for n in out.all_input_nodes)
+
+
+def solve_built(built: BuiltProblem, method: SearchMethod = "auto", time_limit: float = 60.0) -> Solution:
+    """Solve an already built problem (used by benchmarks that time stages separately)."""
+    return solve(built.problem, method=method, time_limit=time_limit)
