@@ -38,6 +38,7 @@ def plan_case(model: str, profile: str, mesh: list[int], nodes: int, batch: int,
     """Plan one case (in a child process): CPU and wall seconds, CPU per stage, objective."""
     import autoshard
     import autoshard.planner as planner
+    import autoshard.planner_steps as planner_steps
     from autoshard import zoo
 
     stages: dict[str, float] = {}
@@ -53,7 +54,9 @@ def plan_case(model: str, profile: str, mesh: list[int], nodes: int, batch: int,
         return wrapper
 
     for name, attr in (("capture", "capture"), ("build", "build_problem"), ("solve", "solve")):
-        setattr(planner, attr, timed(name, getattr(planner, attr)))
+        for module in (planner, planner_steps):  # the planner and its per-capture steps
+            if hasattr(module, attr):
+                setattr(module, attr, timed(name, getattr(module, attr)))
     case = zoo.build(model, batch=batch, seq=seq, device="meta")
     cluster = autoshard.load_cluster(profile, nodes=nodes, mesh=tuple(mesh))
     t0, c0 = time.perf_counter(), time.process_time()
