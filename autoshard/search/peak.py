@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
@@ -53,8 +54,13 @@ from autoshard.search.problem import (
 __all__ = ["solve_with_peak"]
 
 
-def solve_with_peak(problem: SearchProblem, solve: Callable[..., Solution], **kwargs) -> Solution:
-    """The best plan under ``memory + max peak <= limit`` (module docstring); ``solve`` solves plain problems."""
+def solve_with_peak(
+    problem: SearchProblem, solve: Callable[..., Solution], ceiling: float = math.inf, **kwargs
+) -> Solution:
+    """The best plan under ``memory + max peak <= limit`` (module docstring); ``solve`` solves plain problems.
+
+    ``ceiling`` (mesh-search pruning) reaches only the first, relaxed solve: it has every strategy, so its
+    optimum without the budget is the whole problem's; the threshold problems mask strategies out."""
     start = time.perf_counter()
     plain = dataclasses.replace(problem, peak=None)
     limit = problem.memory_limit
@@ -64,7 +70,7 @@ def solve_with_peak(problem: SearchProblem, solve: Callable[..., Solution], **kw
     if memory_lower_bound(problem) > limit:
         raise _too_big(problem, floor)
     try:
-        relaxed = solve(dataclasses.replace(plain, memory_limit=limit - floor), **kwargs)
+        relaxed = solve(dataclasses.replace(plain, memory_limit=limit - floor), ceiling=ceiling, **kwargs)
     except InfeasibleError as e:
         raise _too_big(problem, floor) from e
     if memory_of(problem, relaxed.choice) <= limit:

@@ -293,7 +293,7 @@ def solve(
         from autoshard.search.peak import solve_with_peak
 
         kwargs = dict(method=method, time_limit=time_limit, num_workers=num_workers, hint=hint)
-        return solve_with_peak(problem, solve, max_factor_size=max_factor_size, **kwargs)
+        return solve_with_peak(problem, solve, max_factor_size=max_factor_size, ceiling=ceiling, **kwargs)
     start = time.perf_counter()
     if method == "propagate":
         sol = _propagate(problem, start)
