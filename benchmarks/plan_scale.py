@@ -36,6 +36,9 @@ __all__ = ["BEFORE", "plan_case", "run"]
 #: Objective (predicted step seconds) and planning seconds of the same problems with main's code before this
 #: work was merged (330b057: the calibrated cost model, without the pricing/dominance/elimination changes),
 #: measured here on 2026-11-24 on 2 shared cores under heavy load from other jobs.
+#: Since the memory extras (gathered FSDP weights, the largest temporary) entered the search budget (issue 13),
+#: LLaMA-3-70B's budget binds harder and its objective is that of a different (stricter) problem: DIFFERENT
+#: there says the problem changed, not that the search lost the optimum (the tests against brute force say that).
 BEFORE: dict[str, tuple[float, float]] = {
     "llama3-8b 2x4x8": (1.1324306928780992, 133.4),
     "llama3-70b 16x8x8": (12.80995132906476, 263.2),
@@ -127,7 +130,8 @@ def run(log: Any = print) -> list[dict[str, Any]]:
             before = BEFORE.get(key)
             if before is not None:
                 r["before_objective"], r["before_s"] = before
-                r["same_optimum"] = math.isclose(r["objective"], before[0], rel_tol=1e-12)
+                # rel 1e-9: the vectorised pricing reassociates float sums
+                r["same_optimum"] = math.isclose(r["objective"], before[0], rel_tol=1e-9)
         rows.append(r)
         log(_line(r))
     return rows
