@@ -292,7 +292,9 @@ class CasePlanner:
             if roles is not None:
                 assert family is not None, "a hand plan needs its model family"
                 masks = hand_masks(built, roles, family)
-                allowed = tuple(masks.get(v) for v in built.variables) + (None,) * (problem.num_nodes - len(built.variables))  # fan-out, gather nodes
+                allowed = tuple(masks.get(v) for v in built.variables) + (None,) * (
+                    problem.num_nodes - len(built.variables)
+                )  # fan-out, gather nodes
                 problem = dataclasses.replace(problem, allowed=allowed)
             try:
                 solution = solve(problem, time_limit=time_limit)
