@@ -29,6 +29,7 @@ from autoshard.problem.costs import (
 from autoshard.problem.dispatch import dispatch_steps, rerun_in_backward
 from autoshard.problem.extras import extra_memory as extra_memory_of
 from autoshard.problem.fanout import element_of
+from autoshard.problem.layers import LayerNamer
 from autoshard.problem.recompute import (
     node_memory_total,
     recompute_blocks,
@@ -63,7 +64,7 @@ def extract_plan(
         for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
     }
     pick = {name: chosen[built.template[name]] for name in built.infos}
-    layer_of = _LayerNamer(built, block_prefix, block_first)
+    layer_of = LayerNamer(built, block_prefix, block_first)
     nodes, compute, memory = _node_table(built, chosen)
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
     collectives += _dispatch_collectives(built, chosen, layer_of)
@@ -148,53 +149,13 @@ def plan_collectives(built: BuiltProblem, solution: Solution) -> tuple[Collectiv
         for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
     }
     pick = {name: chosen[built.template[name]] for name in built.infos}
-    namer = _LayerNamer(built, None)
+    namer = LayerNamer(built, None)
     collectives = _edge_collectives(built, pick, namer) + _output_collectives(built, chosen, namer)
     return tuple(collectives + _dispatch_collectives(built, chosen, namer))
 
 
 def _strings(spec: ShardingSpec | None) -> tuple[str, ...]:
     return spec.as_strings() if spec is not None else ()
-
-
-class _LayerNamer:
-    """Which layers a captured-graph element stands for, and its module path in each."""
-
-    def __init__(self, built: BuiltProblem, prefix: str | None, first: int = 0) -> None:
-        self.n = built.num_blocks
-        self.prefix = prefix
-        self.first = first  # container index of layer 0 (leading layers that differ come before it)
-        self.infos = built.infos
-
-    def layers_of_edge(self, use: EdgeUse) -> list[int | None]:
-        u, v = self.infos[use.producer], self.infos[use.consumer]
-        if self.n == 1:
-            block = v.block or u.block
-            return [block[0] if block else None]
-        if v.block is not None:
-            return self._span(v.block[0], use.weight, inward=True)
-        if u.block is not None:
-            return self._span(u.block[0], use.weight, inward=False)
-        return [None]
-
-    def layers_of_node(self, name: str) -> list[int | None]:
-        info = self.infos[name]
-        if info.block is None:
-            return [None]
-        return list(range(self.n)) if self.n > 1 else [info.block[0]]
-
-    def _span(self, block: int, weight: int, *, inward: bool) -> list[int | None]:
-        n = self.n
-        if weight == n:
-            return list(range(n))
-        if weight == n - 1 and n > 2:  # with two layers each copy is its own layer: the block says which
-            return list(range(1, n)) if inward else list(range(0, n - 1))
-        return [0 if block == 0 else n - 1]
-
-    def module(self, path: str, layer: int | None) -> str:
-        if layer is None or not self.prefix:
-            return path
-        return re.sub(rf"^{re.escape(self.prefix)}\.\d+", f"{self.prefix}.{self.first + layer}", path)
 
 
 def _node_table(
@@ -262,7 +223,7 @@ def _records(
 
 
 def _edge_collectives(
-    built: BuiltProblem, pick: dict[str, OpStrategy], namer: _LayerNamer
+    built: BuiltProblem, pick: dict[str, OpStrategy], namer: LayerNamer
 ) -> list[Collective]:
     out: list[Collective] = []
     shared = _Shared(built, pick, namer)
@@ -320,7 +281,7 @@ class _Shared:
     layout; the key names the tensor by its template producer and the layer that made it.
     """
 
-    def __init__(self, built: BuiltProblem, pick: dict[str, OpStrategy], namer: _LayerNamer) -> None:
+    def __init__(self, built: BuiltProblem, pick: dict[str, OpStrategy], namer: LayerNamer) -> None:
         self.built, self.pick, self.namer = built, pick, namer
         groups = [fan.group for fan in built.fanouts] + list(built.apart)
         self.grouped = {(g.producer, c, g.which, p): g.weight for g in groups for c, p in g.entries}
@@ -353,7 +314,7 @@ class _Shared:
 
 
 def _output_collectives(
-    built: BuiltProblem, chosen: dict[str, OpStrategy], namer: _LayerNamer
+    built: BuiltProblem, chosen: dict[str, OpStrategy], namer: LayerNamer
 ) -> list[Collective]:
     out: list[Collective] = []
     for name in decision_nodes(built):
@@ -367,7 +328,7 @@ def _output_collectives(
 
 
 def _dispatch_collectives(
-    built: BuiltProblem, chosen: dict[str, OpStrategy], namer: _LayerNamer
+    built: BuiltProblem, chosen: dict[str, OpStrategy], namer: LayerNamer
 ) -> list[Collective]:
     """The all-to-alls routed-experts nodes run inside themselves (:mod:`autoshard.problem.dispatch`)."""
     out: list[Collective] = []
@@ -389,7 +350,7 @@ def _dispatch_collectives(
 
 
 def _param_placements(
-    built: BuiltProblem, pick: dict[str, OpStrategy], namer: _LayerNamer
+    built: BuiltProblem, pick: dict[str, OpStrategy], namer: LayerNamer
 ) -> dict[str, tuple[str, ...]]:
     placements: dict[str, tuple[str, ...]] = {}
     for info in built.infos.values():
