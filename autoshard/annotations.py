@@ -213,6 +213,11 @@ def _spec_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], spec: Shardin
 
 def _pattern_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape) -> np.ndarray:
     name, _, axis_text = str(ann.choice).partition("@")
+    if axis_text and not (axis_text.isdigit() and int(axis_text) < len(mesh_shape)):
+        raise AnnotationError(
+            f"annotation {ann.target!r}: axis {axis_text!r} in {ann.choice!r} is not a mesh axis of "
+            f"{tuple(mesh_shape)}; use {name}@0 .. {name}@{len(mesh_shape) - 1}"
+        )
     axis = int(axis_text) if axis_text else len(mesh_shape) - 1
     want = _PATTERNS[name]
     is_bias = _is_bias(info)
