@@ -216,7 +216,12 @@ def _pattern_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape
     if axis_text and not (axis_text.isdigit() and int(axis_text) < len(mesh_shape)):
         raise AnnotationError(
             f"annotation {ann.target!r}: axis {axis_text!r} in {ann.choice!r} is not a mesh axis of "
-            f"{tuple(mesh_shape)}; use {name}@0 .. {name}@{len(mesh_shape) - 1}"
+            f"{tuple(mesh_shape)}; use "
+            + (
+                f"{name}@0 .. {name}@{len(mesh_shape) - 1}"
+                if len(mesh_shape) > 1
+                else f"{name} (or {name}@0)"
+            )
         )
     axis = int(axis_text) if axis_text else len(mesh_shape) - 1
     want = _PATTERNS[name]

@@ -22,4 +22,4 @@ def test_pin_on_a_missing_axis_is_one_line() -> None:
     done = subprocess.run([*cmd, "--annotate", "fc1=column@3"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    assert "axis '3'" in done.stderr and "column@0 .. column@0" in done.stderr
+    assert "axis '3'" in done.stderr and "use column (or column@0)" in done.stderr
