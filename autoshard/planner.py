@@ -47,6 +47,7 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
+from autoshard.planner_rerank import rank_plan
 from autoshard.planner_steps import (
     SearchMethod,
     batch_size,
@@ -219,7 +220,7 @@ def _plan_captured(
     if not training:
         policies = [Recompute.NONE]
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
-    best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
+    best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan], Solution] | None = None
     error: InfeasibleError | None = None
     pruned: BoundExceeded | None = None
     uniform: dict[
@@ -249,7 +250,7 @@ def _plan_captured(
         read = reader(model, captured, timings, notes, limit, recompute_note(policy, recompute))
         found = read(built, solution)
         if best is None or found.predicted_step_time < best[0].predicted_step_time:
-            best = (found, free, built, read)
+            best = (found, free, built, read, solution)
         if policy is Recompute.NONE and budget_idle(built, solution, search, time_limit):
             idle = True
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
@@ -277,7 +278,7 @@ def _plan_captured(
             read = reader(model, captured, timings, notes, limit, note)
             plan_k = read(built, solution_k)
             if best is None or plan_k.predicted_step_time < best[0].predicted_step_time:
-                best = (plan_k, free, built, read)
+                best = (plan_k, free, built, read, solution_k)
     if best is None:
         if pruned is not None:
             raise pruned  # every policy either does not fit or cannot beat the ceiling
@@ -286,13 +287,14 @@ def _plan_captured(
             f"{error} (tried recomputation none, selective and full of every repeated block"
             f"{'; fsdp is forbidden' if 'fsdp' in kinds else ''})"
         ) from error
-    found, free, built, read = best
+    found, free, built, read, solution = best
     if limit != float("inf") and found.memory_per_device > limit * (1 + 1e-9):  # the budget held every term
         raise InfeasibleError(
             f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
-    price = unpinned(free, search, time_limit, read) if built is not free else None
+    found = rank_plan(found, built, solution, read, method=search, time_limit=time_limit)  # by the step
+    price = unpinned(free, search, time_limit, read, found) if built is not free else None
     flat = dataclasses.replace(found, unpinned_step_time=price)
     return dataclasses.replace(flat, degrees=degrees_of(flat))
 

@@ -22,9 +22,11 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoshard.plans import load_plan
     from autoshard.report.explain import explain, rebuild, render, render_summary
+    from autoshard.report.proof import proof_line
 
     plan = load_plan(args.plan)
     found = explain(plan, rebuild(plan, args.model), args.node)
+    print("proven: " + proof_line(plan))  # the same claim as the report's
     if args.node is None:
         print(render_summary(found))
     else:

@@ -34,6 +34,7 @@ from autoshard.report.figures import Baseline, figure_lines
 from autoshard.report.groups import Group, PlanView
 from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text, wrap
 from autoshard.report.patterns import describe_group, recognise
+from autoshard.report.proof import proof_line
 
 __all__ = ["Baseline", "collective_rows", "render", "report_data"]
 
@@ -234,7 +235,7 @@ def _totals(collectives: tuple[Collective, ...]) -> str:
 
 def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline: bool = False) -> list[str]:
     s = plan.solver
-    proof = "optimal" if s.optimal else f"not proven optimal (gap {s.gap:.2%})"
+    proof = "linear step model optimal" if s.optimal else f"linear step model gap {s.gap:.2%}"
     line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}"
     stages = ", ".join(
         f"{_STAGE_NAMES.get(k, k)} {fmt_seconds(v)}" for k, v in plan.timings.items() if k != "total"
@@ -247,7 +248,7 @@ def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline
             stages += f", other {fmt_seconds(max(rest, 0.0))}: {what}"
     if stages:
         line += f" ({stages})"
-    lines = wrap(line, width, "  ", "")
+    lines = wrap(proof_line(plan), width, "  ", "proven: ") + wrap(line, width, "  ", "")
     for note in plan.notes:
         lines += wrap(note, width, "      ", "note: ")
     return lines
