@@ -47,29 +47,53 @@ import numpy as np
 
 from autoshard.errors import InfeasibleError
 from autoshard.plans import Plan
-from autoshard.problem.build import BuiltProblem
+from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
-from autoshard.search import Edge, SearchProblem, Solution, evaluate, memory_of, solve
+from autoshard.problem.unpaid import unpaid
+from autoshard.search import Edge, SearchProblem, Solution, evaluate, solve
 
 __all__ = ["RANK_TOLERANCE", "hand_plan_masks", "lower_bound_problem", "rank_plan"]
 
-#: Relative slack between the bound and a step that still counts as equal (one part per million; the report
-#: prints four digits).  The objective carries a memory tie-break (``problem.costs.MEMORY_TIE_BREAK``,
-#: 1e-18 s per byte: ~1e-8 s at 10 GB), subtracted from the bound at its largest, and float sums.
-RANK_TOLERANCE = 1e-6
+#: Relative slack between the bound and a step that still counts as equal: float sums in two orders (the
+#: solver's objective and the critical path).  The objective's memory tie-break (``MEMORY_TIE_BREAK``) is
+#: taken out of the lower-bound problem exactly.
+RANK_TOLERANCE = 1e-9
 
 HAND_PLANS = ("data parallel", "fsdp")
 
 
 def lower_bound_problem(built: BuiltProblem) -> SearchProblem:
     """The search problem whose objective bounds every plan's reported step from below (module docstring)."""
+    problem = _without_tie_break(built)
     if not built.hidden:
-        return built.problem
-    edges = list(built.problem.edges)
-    for k, hide in built.hidden:
-        edge = edges[k]
-        edges[k] = Edge(edge.u, edge.v, np.maximum(edge.cost - hide, 0.0))  # inf stays inf
-    return dataclasses.replace(built.problem, edges=tuple(edges))
+        return problem
+    edges = list(problem.edges)
+    forward_only = dataclasses.replace(built.options, training=False)
+    for record in built.hidden:
+        tu, tv, which, pos = record.use
+        edge = edges[record.edge]
+        assert (edge.u, edge.v) == (built.variables.index(tu), built.variables.index(tv)), record
+        forward = None
+        if record.gathers:
+            src, dst = built.strategies[tu], built.strategies[tv]
+            forward = edge_matrix(built.infos[tu], which, src, dst, pos, forward_only, built.cache)
+        hide = unpaid(edge.cost, forward, record)
+        edges[record.edge] = Edge(edge.u, edge.v, np.maximum(edge.cost - hide, 0.0))  # inf stays inf
+    return dataclasses.replace(problem, edges=tuple(edges))
+
+
+def _without_tie_break(built: BuiltProblem) -> SearchProblem:
+    """The problem less the node costs' memory tie-break (``MEMORY_TIE_BREAK`` x the node's memory, before
+    the runtime reserve the builder adds to node 0's memory)."""
+    problem = built.problem
+    if problem.memory is None:
+        return problem
+    costs = list(problem.node_costs)
+    for i in range(len(built.variables)):
+        mem = problem.memory[i] - (built.cluster.profile.memory.runtime_reserve if i == 0 else 0.0)
+        less = np.maximum(costs[i] - MEMORY_TIE_BREAK * mem, 0.0)
+        costs[i] = np.where(np.isfinite(costs[i]), less, costs[i])
+    return dataclasses.replace(problem, node_costs=tuple(costs))
 
 
 def unsound_reason(built: BuiltProblem) -> str | None:
@@ -174,10 +198,10 @@ def rank_plan(
         else:
             candidates.append((name, read(built, hand), hand.choice))
     candidates += [(name, plan, None) for name, plan in others]
-    bound = bound_solution.lower_bound - _tie_break(lower)
+    bound = bound_solution.lower_bound
     why = unsound_reason(built)
     for name, plan, choice in candidates:  # the relation the bound rests on, checked on every plan priced
-        below = evaluate(lower, choice) - MEMORY_TIE_BREAK * memory_of(lower, choice) if choice else 0.0
+        below = evaluate(lower, choice) if choice else 0.0
         if why is None and below > _slack(plan.predicted_step_time):
             why = f"{name}: linear lower bound {below:.6g} s above its reported step"
     order = sorted(range(len(candidates)), key=lambda i: (candidates[i][1].predicted_step_time, i))
@@ -195,14 +219,6 @@ def rank_plan(
     )
     timings = {**best.timings, "rank": time.perf_counter() - start}
     return dataclasses.replace(best, solver=report, timings=timings)
-
-
-def _tie_break(problem: SearchProblem) -> float:
-    """The most the objective's memory tie-break can add to any plan (seconds)."""
-    if problem.memory is None:
-        return 0.0
-    most = [float(m[np.isfinite(m)].max(initial=0.0)) for m in problem.memory]
-    return MEMORY_TIE_BREAK * math.fsum(most)
 
 
 def _slack(x: float) -> float:

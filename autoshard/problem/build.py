@@ -62,6 +62,7 @@ from autoshard.problem.graph import NodeInfo, describe
 from autoshard.problem.pricing import pairwise_ids
 from autoshard.problem.recompute import node_memory_total, rerun_share
 from autoshard.problem.runs import collapse_runs
+from autoshard.problem.unpaid import Unpaid
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
@@ -105,10 +106,8 @@ class BuiltProblem:
     extras: MemoryExtras | None = None
     # nodes of further runs of identical blocks (problem/runs.py): node -> (run, block, position)
     runs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    # (index into problem.edges, seconds): what the critical path may hide of an edge's cost -- a repeated
-    # layer's parameter gathers beyond one copy (prefetched); the objective less these bounds the reported
-    # step from below (autoshard.planner_rerank)
-    hidden: tuple[tuple[int, np.ndarray], ...] = ()
+    # edges the reported step may not pay in full (problem/unpaid.py; autoshard.planner_rerank's bound)
+    hidden: tuple[Unpaid, ...] = ()
 
     def index(self, name: str) -> int:
         return self.variables.index(self.template[name])
@@ -229,8 +228,9 @@ def build_problem(
     weights = dict(sharing.single)
     for group in unshared:  # no layout two consumers could share: ordinary edges price them exactly
         weights.update({(group.producer, c, group.which, p): group.weight for c, p in group.entries})
-    hidden: list[tuple[int, np.ndarray]] = []
-    edges = _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache, hidden)
+    hidden: list[Unpaid] = []
+    apart = {(g.producer, c, g.which, p): len(g.entries) for g in unshared for c, p in g.entries}
+    edges = _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache, (hidden, apart))
     edges += fanout_edges(fans, index)
     names = [_display_name(infos[v]) for v in variables] + [f"fanout {f.group.producer}" for f in fans]
     labels = [tuple(str(s) for s in strategies[v]) for v in variables]
@@ -323,7 +323,7 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
     return node_costs, memory
 
 
-def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache, hidden=None) -> list[Edge]:
+def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache, bound=None) -> list[Edge]:
     edges: list[Edge] = []
     forward_only = dataclasses.replace(opts, training=False)
     for (tu, tv, which, pos), weight in weights.items():
@@ -342,9 +342,10 @@ def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache, hid
         if share:
             again = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, forward_only, cache)
             matrix = matrix + again * (weight * share)
-        if repeated_param and opts.training and opts.overlap.prefetch and hidden is not None and tu != tv:
-            again = edge_matrix(producer, which, strategies[tu], strategies[tv], pos, forward_only, cache)
-            hidden.append((len(edges), again * (weight - 1) * (1 + share)))  # prefetched beyond one copy
+        m = bound[1].get((tu, tv, which, pos), 1) if bound else 1
+        hides = repeated_param and opts.training and opts.overlap.prefetch > 0  # prefetched gathers
+        if bound is not None and tu != tv and (m > 1 or hides):
+            bound[0].append(Unpaid(len(edges), (tu, tv, which, pos), weight, share, m, hides))
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
             node_costs[index[tu]] += np.diag(matrix)
             continue
