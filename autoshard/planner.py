@@ -47,7 +47,7 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
-from autoshard.planner_rerank import rank_plan
+from autoshard.planner_rerank import rank_plan, solve_pruned
 from autoshard.planner_steps import (
     SearchMethod,
     batch_size,
@@ -234,7 +234,7 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            solution = solve(built.problem, method=search, time_limit=time_limit, ceiling=ceiling)
+            solution = solve_pruned(built, search, time_limit, ceiling)  # by the reported step
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots

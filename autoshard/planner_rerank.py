@@ -50,9 +50,9 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
 from autoshard.problem.unpaid import unpaid
-from autoshard.search import Edge, SearchProblem, Solution, evaluate, solve
+from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, evaluate, solve
 
-__all__ = ["RANK_TOLERANCE", "hand_plan_masks", "lower_bound_problem", "rank_plan"]
+__all__ = ["RANK_TOLERANCE", "hand_plan_masks", "lower_bound_problem", "rank_plan", "solve_pruned"]
 
 #: Relative slack between the bound and a step that still counts as equal: float sums in two orders (the
 #: solver's objective and the critical path).  The objective's memory tie-break (``MEMORY_TIE_BREAK``) is
@@ -94,6 +94,22 @@ def _without_tie_break(built: BuiltProblem) -> SearchProblem:
         less = np.maximum(costs[i] - MEMORY_TIE_BREAK * mem, 0.0)
         costs[i] = np.where(np.isfinite(costs[i]), less, costs[i])
     return dataclasses.replace(problem, node_costs=tuple(costs))
+
+
+def solve_pruned(built: BuiltProblem, method: Any, time_limit: float, ceiling: float) -> Solution:
+    """``solve(built.problem)`` for the mesh search, pruning by the *reported* step.
+
+    The solver prunes when its own bound under a binding budget reaches ``ceiling`` (the best step so far);
+    its objective bounds the step from below only where nothing is unpaid.  Otherwise the lower-bound
+    problem without the budget is solved first (as cheap as the solver's unbudgeted pass, and a bound on
+    every recomputation policy: recomputation only adds cost) and :class:`BoundExceeded` raised from it."""
+    if math.isfinite(ceiling) and built.hidden and built.problem.memory_limit is not None:
+        free = dataclasses.replace(lower_bound_problem(built), memory_limit=None)
+        bound = solve(free, method=method, time_limit=time_limit).lower_bound
+        if bound >= ceiling:
+            raise BoundExceeded(bound, ceiling)
+        ceiling = math.inf
+    return solve(built.problem, method=method, time_limit=time_limit, ceiling=ceiling)
 
 
 def unsound_reason(built: BuiltProblem) -> str | None:

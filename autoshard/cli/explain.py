@@ -26,9 +26,9 @@ def run(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.plan)
     found = explain(plan, rebuild(plan, args.model), args.node)
-    print("proven: " + proof_line(plan))  # the same claim as the report's
     if args.node is None:
         print(render_summary(found))
     else:
         print("\n\n".join(render(e) for e in found))
+    print("proven: " + proof_line(plan))  # the same claim as the report's
     return 0
