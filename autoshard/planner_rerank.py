@@ -18,11 +18,13 @@ Why: the solver minimises a *linear* step model (node + edge costs), the report 
 So the objective less what prefetch may hide (``BuiltProblem.hidden``: the gathers beyond one copy) is a
 lower bound on every plan's reported step.  Solving that lower-bound problem exactly (the same arrays, the
 same solver) gives ``B <= step(p)`` for every plan ``p`` of the problem.  The candidates -- the solver's
-optimum, the lower-bound problem's optimum, and the hand plans everyone compares against (pure data
-parallel, FSDP on every axis), each the best completion under the same pins -- are priced by the critical
-path and the fastest is returned.  When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower
-reported step: the plan is proven optimal *by the reported step* (``step_optimal``).  Otherwise the report
-says "optimal under the linear step model; step within X of the bound" -- never "optimal" alone.
+optimum and the lower-bound problem's optimum, then, unless one of them already reaches ``B``, the hand
+plans everyone compares against (pure data parallel, FSDP on every axis), each the best completion under
+the same pins -- are priced by the critical path and the fastest is returned.  When its step is within
+``RANK_TOLERANCE`` of ``B``, no plan has a lower reported step: the plan is proven optimal *by the reported
+step* (``step_optimal``).  Otherwise the report says "optimal under the linear step model; step within X
+of the bound" -- never "optimal" alone.  What is not enumerated (the plans between the best candidate and
+``B``) is covered by that X.
 
 Scope of the bound: the plans the problem admits (the user's pins, its recomputation policy).  It covers
 every recomputation policy only when the plan keeps every activation and the bound did not need the memory
@@ -192,11 +194,41 @@ def rank_plan(
     start = time.perf_counter()
     lower = lower_bound_problem(built)
     candidates: list[tuple[str, Plan, tuple[int, ...] | None]] = [("solver optimum", found, solution.choice)]
-    bound_solution = solution
-    if lower is not built.problem:
-        bound_solution = solve(lower, method=method, time_limit=time_limit)
-        if bound_solution.choice != solution.choice:
-            candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
+    bound_solution = solve(lower, method=method, time_limit=time_limit)
+    if bound_solution.choice != solution.choice:
+        candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
+    bound, why, scope = bound_solution.lower_bound, unsound_reason(built), _scope(built, bound_solution)
+    if why is not None or scope or min(p.predicted_step_time for _, p, _ in candidates) > _slack(bound):
+        _add_hand_plans(candidates, built, read, method, time_limit)  # not proven yet: more candidates
+    candidates += [(name, plan, None) for name, plan in others]
+    for name, plan, choice in candidates:  # the relation the bound rests on, checked on every plan priced
+        below = evaluate(lower, choice) if choice else 0.0
+        if why is None and below > _slack(plan.predicted_step_time):
+            why = f"{name}: linear lower bound {below:.6g} s above its reported step"
+    order = sorted(range(len(candidates)), key=lambda i: (candidates[i][1].predicted_step_time, i))
+    name, best, _ = candidates[order[0]]
+    proven = why is None and not scope and best.predicted_step_time <= _slack(bound)
+    ranked = tuple(f"{n}: {p.predicted_step_time:.6g} s" for n, p, _ in (candidates[i] for i in order))
+    report = dataclasses.replace(
+        found.solver,
+        step_bound=bound if why is None and math.isfinite(bound) else None,
+        step_optimal=proven,
+        chosen=name,
+        ranked=ranked,
+        bound_scope=scope if why is None else f"no bound: {why}",
+    )
+    timings = {**best.timings, "rank": time.perf_counter() - start}
+    return dataclasses.replace(best, solver=report, timings=timings)
+
+
+def _add_hand_plans(
+    candidates: list[tuple[str, Plan, tuple[int, ...] | None]],
+    built: BuiltProblem,
+    read: Callable[[BuiltProblem, Solution], Plan],
+    method: Any,
+    time_limit: float,
+) -> None:
+    """Append the hand plans of :data:`HAND_PLANS` that exist and fit (a plan already there is renamed)."""
     for name in HAND_PLANS:
         masks = hand_plan_masks(built, name)
         if masks is None:
@@ -213,28 +245,6 @@ def rank_plan(
             candidates[same[0]] = (f"{first} = {name}", plan, choice)
         else:
             candidates.append((name, read(built, hand), hand.choice))
-    candidates += [(name, plan, None) for name, plan in others]
-    bound = bound_solution.lower_bound
-    why = unsound_reason(built)
-    for name, plan, choice in candidates:  # the relation the bound rests on, checked on every plan priced
-        below = evaluate(lower, choice) if choice else 0.0
-        if why is None and below > _slack(plan.predicted_step_time):
-            why = f"{name}: linear lower bound {below:.6g} s above its reported step"
-    order = sorted(range(len(candidates)), key=lambda i: (candidates[i][1].predicted_step_time, i))
-    name, best, _ = candidates[order[0]]
-    scope = _scope(built, bound_solution)
-    proven = why is None and not scope and best.predicted_step_time <= _slack(bound)
-    ranked = tuple(f"{n}: {p.predicted_step_time:.6g} s" for n, p, _ in (candidates[i] for i in order))
-    report = dataclasses.replace(
-        found.solver,
-        step_bound=bound if why is None and math.isfinite(bound) else None,
-        step_optimal=proven,
-        chosen=name,
-        ranked=ranked,
-        bound_scope=scope if why is None else f"no bound: {why}",
-    )
-    timings = {**best.timings, "rank": time.perf_counter() - start}
-    return dataclasses.replace(best, solver=report, timings=timings)
 
 
 def _slack(x: float) -> float:
