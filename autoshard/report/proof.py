@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+from autoshard.planner_rerank import RANK_TOLERANCE
 from autoshard.plans import Plan
 from autoshard.report.labels import fmt_seconds
 
@@ -38,6 +39,12 @@ def proof_line(plan: Plan) -> str:
         return f"{head}; the reported step has no proven bound ({why}); {_picked(s.chosen, len(s.ranked))}"
     gap = max(0.0, plan.predicted_step_time / s.step_bound - 1.0) if s.step_bound > 0 else float("inf")
     scope = f" for {s.bound_scope}" if s.bound_scope else ""
+    if s.bound_scope and gap <= RANK_TOLERANCE:  # the bound is reached, but holds only inside its scope
+        return (
+            f"optimal by the reported (critical-path) step among {s.bound_scope}: none is faster than the bound "
+            f"{fmt_seconds(s.step_bound)} ({_picked(s.chosen, len(s.ranked))}); the recomputation policy was "
+            "chosen by that step too, not proven across policies"
+        )
     return (
         f"{head}; reported step within {gap:.2%} of the proven bound {fmt_seconds(s.step_bound)}{scope} "
         f"({_picked(s.chosen, len(s.ranked))})"
