@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_planner_overlap import Stack  # 8 residual MLP blocks (tests/planner)
 from torch import nn
 
 import autoshard
@@ -29,27 +30,6 @@ from autoshard.problem.costs import CostOptions
 from autoshard.report.proof import proof_line
 from autoshard.search import Edge, Solution, evaluate, solve
 from cost_models.overlap import OverlapPolicy
-
-
-class Block(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, hidden, bias=False)
-        self.fc2 = nn.Linear(hidden, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.relu(self.fc1(x)))
-
-
-class Stack(nn.Module):
-    def __init__(self, depth: int, hidden: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Block(hidden) for _ in range(depth))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def _stack(tokens: int, hidden: int) -> tuple[nn.Module, torch.Tensor]:
