@@ -195,11 +195,19 @@ def rank_plan(
     lower = lower_bound_problem(built)
     candidates: list[tuple[str, Plan, tuple[int, ...] | None]] = [("solver optimum", found, solution.choice)]
     bound_solution = solve(lower, method=method, time_limit=time_limit)
-    if bound_solution.choice != solution.choice:
-        candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
     bound, why, scope = bound_solution.lower_bound, unsound_reason(built), _scope(built, bound_solution)
-    if why is not None or scope or min(p.predicted_step_time for _, p, _ in candidates) > _slack(bound):
-        _add_hand_plans(candidates, built, read, method, time_limit)  # not proven yet: more candidates
+
+    def unproven() -> bool:  # then price more candidates
+        return (
+            why is not None
+            or bool(scope)
+            or min(p.predicted_step_time for _, p, _ in candidates) > _slack(bound)
+        )
+
+    if unproven() and bound_solution.choice != solution.choice:
+        candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
+    if unproven():
+        _add_hand_plans(candidates, built, read, method, time_limit)
     candidates += [(name, plan, None) for name, plan in others]
     for name, plan, choice in candidates:  # the relation the bound rests on, checked on every plan priced
         below = evaluate(lower, choice) if choice else 0.0
