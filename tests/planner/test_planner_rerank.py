@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,3 +147,26 @@ def test_a_plan_file_claiming_a_step_below_its_bound_is_refused(tmp_path) -> Non
     dataclasses.replace(plan, solver=lie).save(tmp_path / "lie.json")
     with pytest.raises(PlanFileError, match="step_optimal"):
         load_plan(tmp_path / "lie.json")
+
+
+def test_the_label_says_what_the_bound_covers() -> None:
+    """Reached inside a scope (one recomputation policy), short of the bound, without a bound, unranked."""
+    case = zoo.build("seed")
+    plan = autoshard.plan(case.model, autoshard.load_cluster("a100x8", mesh=(8,)), case.args)
+    step, s = plan.predicted_step_time, plan.solver
+
+    def line(**fields: Any) -> str:
+        return proof_line(dataclasses.replace(plan, solver=dataclasses.replace(s, **fields)))
+
+    scope = "plans with full recomputation of the repeated blocks"
+    assert line(step_optimal=False, bound_scope=scope).startswith(
+        f"optimal by the reported (critical-path) step among {scope}"
+    )
+    assert "within 25.00% of the proven bound" in line(step_optimal=False, step_bound=step / 1.25)
+    assert "no proven bound (why not)" in line(
+        step_optimal=False, step_bound=None, bound_scope="no bound: why not"
+    )
+    assert line(step_optimal=False, step_bound=None, ranked=()).endswith("was not ranked")
+    assert line(optimal=False, step_optimal=False, step_bound=None, ranked=(), gap=0.1).startswith(
+        "solved under"
+    )
