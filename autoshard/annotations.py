@@ -42,7 +42,7 @@ from autoshard.errors import AnnotationError, ShardingError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec, from_strategy_tuple
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.graph import NodeInfo
-from autoshard.search.problem import Edge
+from autoshard.steering import KINDS, forbid_gathers, forbidden_kinds, kind_masks, no_gather
 from autoshard.strategies import OpStrategy
 
 __all__ = [
@@ -304,52 +304,6 @@ def _no_match(ann: Annotation, infos: Mapping[str, NodeInfo], what: str) -> str:
     return f"annotation {ann.target!r} matches no {what}{hint}"
 
 
-# -- steering by kind of parallelism ---------------------------------------------------------------------------
-KINDS = ("dp", "tp", "fsdp")
-"""Kinds ``allow=`` / ``forbid=`` understand: ``dp`` (the batch split over devices), ``tp`` (an op computing
-on a sharded weight: tensor, vocabulary and expert parallelism), ``fsdp`` (a weight stored sharded and gathered
-before use: FSDP / ZeRO-3)."""
-
-
-def forbidden_kinds(allow: Sequence[str] = (), forbid: Sequence[str] = ()) -> frozenset[str]:
-    """The kinds to rule out: ``forbid``, plus every known kind not in ``allow`` when ``allow`` is given."""
-    for kind in (*allow, *forbid):
-        if kind not in KINDS:
-            raise AnnotationError(
-                f"unknown parallelism kind {kind!r} in allow/forbid; known kinds: {', '.join(KINDS)}"
-            )
-    both = set(allow) & set(forbid)
-    if both:
-        raise AnnotationError(f"{', '.join(sorted(both))} both allowed and forbidden: drop one side")
-    return frozenset(forbid) | (frozenset(KINDS) - frozenset(allow) if allow else frozenset())
-
-
-def kind_masks(
-    kinds: frozenset[str], infos: Mapping[str, NodeInfo], strategies: Mapping[str, Sequence[OpStrategy]],
-    template: Mapping[str, str],
-) -> dict[str, np.ndarray]:  # fmt: skip
-    """Node masks for ``dp`` and ``tp`` (``fsdp`` constrains edges: :func:`no_gather`)."""
-    masks: dict[str, np.ndarray] = {}
-    params = {i.name for i in infos.values() if i.kind == "parameter"}
-    for info in infos.values():
-        if template[info.name] != info.name:
-            continue
-        options = strategies[info.name]
-        if "dp" in kinds and info.kind == "user_input":
-            masks[info.name] = np.array([Shard(0) not in _placements(s.outputs[0]) for s in options])
-        elif "tp" in kinds and info.kind == "op" and params & set(info.inputs):
-            ks = [k for k, src in enumerate(info.inputs) if src in params]
-            masks[info.name] = np.array(
-                [not any(isinstance(p, Shard) for k in ks for p in _placements(s.inputs[k])) for s in options]
-            )
-    return masks
-
-
-def no_gather(param: OpStrategy, use: OpStrategy, position: int) -> bool:
-    """Whether a weight stored as ``param`` chose is used exactly as stored by the op at ``position`` (no FSDP)."""
-    return param.outputs[0] == use.inputs[position]
-
-
 def _placements(spec: ShardingSpec | None) -> tuple[Any, ...]:
     return tuple(spec.placements) if spec is not None else ()
 
@@ -379,25 +333,6 @@ def pin_problem(
     allowed = tuple(masks.get(v) for v in built.variables) + fanouts
     edges = built.problem.edges
     if "fsdp" in kinds:
-        edges = _forbid_gathers(built)
+        edges = forbid_gathers(built)
     problem = dataclasses.replace(built.problem, allowed=allowed, edges=edges)
     return dataclasses.replace(built, problem=problem)
-
-
-def _forbid_gathers(built: BuiltProblem) -> tuple[Edge, ...]:
-    """Edges from a weight to its op cost ``inf`` wherever the op would use it other than as stored."""
-    index = {name: k for k, name in enumerate(built.variables)}
-    rules: dict[tuple[int, int], list[int]] = {}
-    for use in built.edges:
-        if built.infos[use.producer].kind == "parameter":
-            u, v = index[built.template[use.producer]], index[built.template[use.consumer]]
-            rules.setdefault((u, v), []).append(use.position)
-    out = []
-    for edge in built.problem.edges:
-        positions = rules.get((edge.u, edge.v))
-        if positions:
-            src, dst = built.strategies[built.variables[edge.u]], built.strategies[built.variables[edge.v]]
-            keep = np.array([[all(no_gather(a, b, p) for p in positions) for b in dst] for a in src])
-            edge = Edge(edge.u, edge.v, np.where(keep, edge.cost, np.inf))
-        out.append(edge)
-    return tuple(out)

@@ -25,3 +25,13 @@ def test_forbid_and_allow_kinds(cli) -> None:
     assert "price of your annotations" in r.out
     r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "pp", "--no-baseline")
     assert r.code == 2 and r.err.count("\n") == 1 and "unknown parallelism kind 'pp'" in r.err
+
+
+def test_allow_tp_splits_no_activation_by_batch(cli) -> None:
+    """``--allow tp`` (dp and fsdp forbidden) on GPT-2: was "DP 8", the batch split after the embedding."""
+    r = cli(
+        "search", "--profile", "a100x8", "--model", "gpt2", "--mesh", "8", "--allow", "tp", "--no-baseline"
+    )
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0].startswith("TP 8")
+    assert "batch on axis" not in r.out and "FSDP" not in r.out and "data parallel on axis" not in r.out
