@@ -74,8 +74,16 @@ def resolve_annotations(
     block_first: int = 0,
 ) -> dict[str, np.ndarray]:
     """Masks of allowed strategies for every node an annotation pins."""
+    masks, _ = _resolve_all(annotations, infos, strategies, template, mesh_shape, block_prefix, block_first)
+    return masks
+
+
+def _resolve_all(
+    annotations, infos, strategies, template, mesh_shape, block_prefix, block_first
+) -> tuple[dict[str, np.ndarray], dict[str, Annotation]]:
+    """The masks, and the first annotation that pins each node (to name it in a conflict)."""
     if not annotations:
-        return {}
+        return {}, {}
     items = (
         [Annotation(k, v) for k, v in annotations.items()]
         if isinstance(annotations, Mapping)
@@ -92,11 +100,15 @@ def resolve_annotations(
                 first = owner[node]
                 raise AnnotationError(
                     f"annotation {ann.target!r} = {ann.choice!r} conflicts with annotation {first.target!r} = "
-                    f"{first.choice!r}: no strategy of {infos[node].fqn or infos[node].module or node} "
-                    f"({infos[node].op}) satisfies both; drop one"
+                    f"{first.choice!r}: no strategy of {_where(infos[node])} satisfies both; drop one"
                 )
             owner.setdefault(node, ann)
-    return masks
+    return masks, owner
+
+
+def _where(info: NodeInfo) -> str:
+    """``fc1.weight (parameter)``, ``fc1 (linear)``: a node as the user knows it."""
+    return f"{info.fqn or info.module or info.name} ({info.op if info.kind == 'op' else info.kind.replace('_', ' ')})"
 
 
 _TUPLE_OPS = frozenset(
@@ -318,16 +330,18 @@ def pin_problem(
     """``built`` with the annotations' masks and the forbidden kinds folded into its search problem."""
     infos, strategies, template = built.infos, built.strategies, built.template
     mesh = built.cluster.mesh_shape
-    masks = resolve_annotations(annotations, infos, strategies, template, mesh, block_prefix, block_first)
+    masks, owner = _resolve_all(annotations, infos, strategies, template, mesh, block_prefix, block_first)
     for name, mask in kind_masks(kinds, infos, strategies, template).items():
         both = mask & masks[name] if name in masks else mask
         if not both.any():
-            what = infos[name].fqn or infos[name].module or name
-            raise AnnotationError(
-                f"forbidding {', '.join(sorted(kinds))} leaves {what} ({infos[name].op}) no strategy"
-                + (" its annotation allows" if name in masks else "")
-                + ": allow that kind or drop the annotation"
-            )
+            steer = f"forbidding {', '.join(sorted(kinds))}"
+            if name in owner:
+                pin = owner[name]
+                raise AnnotationError(
+                    f"annotation {pin.target!r} = {pin.choice!r} contradicts {steer}: no strategy of "
+                    f"{_where(infos[name])} satisfies both; drop the annotation or allow that kind"
+                )
+            raise AnnotationError(f"{steer} leaves {_where(infos[name])} no strategy: allow that kind")
         masks[name] = both
     fanouts = (None,) * (built.problem.num_nodes - len(built.variables))  # fan-out, gather nodes follow
     allowed = tuple(masks.get(v) for v in built.variables) + fanouts

@@ -11,7 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoshard.cli.args import CliError, amount, annotation, first_clause, mesh, one_line, positive
+from autoshard.cli.args import (
+    CliError,
+    amount,
+    annotation,
+    first_clause,
+    mesh,
+    one_line,
+    pin_map,
+    positive,
+)
 from autoshard.errors import AutoshardError
 
 if TYPE_CHECKING:
@@ -106,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(f"building {args.model}") as progress:
         case = _model_case(args)
         captured = None if args.no_baseline and not auto else _capture(case, progress)
-        annotations = dict(args.annotate) or None
+        annotations = pin_map(args.annotate)
         staged = {"pipeline": args.pp, "microbatches": args.microbatches, "schedule": args.schedule}
         title = f"planning {case.name}"
         if auto:  # every candidate mesh plans the same capture
