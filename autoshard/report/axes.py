@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from autoshard.report.groups import PlanView
 from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_axes
 
-__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees"]
+__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note"]
 
 KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
 _FAMILY = {
@@ -118,6 +118,18 @@ def degrees(uses: list[AxisUse]) -> dict[str, int]:
         if use.kind is not None:
             out[use.kind] = out.get(use.kind, 1) * use.size
     return out
+
+
+def dp_weights_note(view: PlanView, pipeline_axis: int | None = None) -> str:
+    """What the headline adds to ``DP n`` when parameters are stored split and gathered (ZeRO-3 / FSDP) on a
+    data-parallel axis, yet too few of them for the axis to count as FSDP: ``"ZeRO-3/FSDP on 1 of 148
+    parameters"``; ``""`` when the DP axes shard no parameter."""
+    uses = [u for u in axis_uses(view, pipeline_axis) if u.kind == "dp"]
+    gathered = fsdp_axes(view)
+    names = {fqn for u in uses for fqn in gathered.get(u.axis, [])}
+    if not names:
+        return ""
+    return f"ZeRO-3/FSDP on {len(names)} of {len(view.plan.param_placements)} parameters"
 
 
 def _compute(view: PlanView, axis: int) -> tuple[str, float, bool]:
