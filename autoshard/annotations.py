@@ -148,7 +148,7 @@ def _resolve_one(
                 _no_match(
                     ann,
                     infos,
-                    "an operator (linear, matmul, embedding, convolution, grouped matmul) in module",
+                    "operator (linear, matmul, embedding, convolution, grouped matmul) in a module",
                 )
             )
         return {i.name: _tuple_mask(ann, i, strategies[i.name], mesh_shape) for i in ops}
@@ -156,11 +156,11 @@ def _resolve_one(
         return _ring_masks(ann, infos, strategies, template, mesh_shape, target)
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
-            raise AnnotationError(_no_match(ann, infos, "a module with parameters"))
+            raise AnnotationError(_no_match(ann, infos, "module with parameters"))
         pinned = {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape) for i in by_module}
         return pinned | _computation_masks(ann, by_module, infos, strategies, template, mesh_shape)
     if not by_param:
-        raise AnnotationError(_no_match(ann, infos, "a parameter, buffer or input"))
+        raise AnnotationError(_no_match(ann, infos, "parameter, buffer or input"))
     spec = _parse_spec(ann, mesh_shape)
     return {i.name: _spec_mask(ann, i, strategies[i.name], spec) for i in by_param}
 
@@ -183,7 +183,7 @@ def _ring_masks(ann, infos, strategies, template, mesh_shape, target: str) -> di
         and _matches(target, i.module)
     ]  # fmt: skip
     if not ops:
-        raise AnnotationError(_no_match(ann, infos, "a module running scaled_dot_product_attention"))
+        raise AnnotationError(_no_match(ann, infos, "module running scaled_dot_product_attention"))
     masks = {
         i.name: np.array([ring_axis_of(infos, i, s) == axis for s in strategies[i.name]], dtype=bool)
         for i in ops

@@ -188,7 +188,10 @@ def search_mesh(
         except AutoshardError as e:
             first_error = first_error or e
             seconds = time.perf_counter() - t0
-            results.append((MeshCandidate(shape, None, None, seconds, " ".join(str(e).split())[:160]), None))
+            what = " ".join(str(e).split()).partition(" Fix: ")[
+                0
+            ]  # whole (never cut mid-clause), less the fix
+            results.append((MeshCandidate(shape, None, None, seconds, what), None))
             continue
         seconds = time.perf_counter() - t0
         results.append(

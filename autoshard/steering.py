@@ -26,20 +26,29 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from autoshard.errors import AnnotationError
+from autoshard.errors import AnnotationError, InfeasibleError
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.graph import NodeInfo
 from autoshard.search.problem import Edge
 from autoshard.strategies import OpStrategy
 
-__all__ = ["KINDS", "batch_dims", "forbid_gathers", "forbidden_kinds", "kind_masks", "no_gather"]
+__all__ = [
+    "KINDS",
+    "batch_dims",
+    "budget_refusal",
+    "forbid_gathers",
+    "forbidden_kinds",
+    "kind_masks",
+    "no_gather",
+]
 
 KINDS = ("dp", "tp", "fsdp")
 """Kinds ``allow=`` / ``forbid=`` understand (module docstring)."""
@@ -177,3 +186,36 @@ def forbid_gathers(built: BuiltProblem) -> tuple[Edge, ...]:
     direct = {(e.u, e.v) for e in built.problem.edges}
     out += [Edge(u, v, np.where(keep(u, v), 0.0, np.inf)) for u, v in rules if (u, v) not in direct]
     return tuple(out)
+
+
+def budget_refusal(
+    error: InfeasibleError, kinds: frozenset[str], tried: Sequence[str], *, pinned: bool, training: bool
+) -> InfeasibleError:
+    """A memory-budget refusal whose advice leaves out what the user already did and names what they ruled
+    out: no "recompute activations" once none, selective and full were all tried (or for inference), no
+    "allow fsdp" unless fsdp was forbidden, no "relax annotations" without annotations."""
+    text = " ".join(str(error).split())
+    what, sep, fix = text.partition(" Fix: ")
+    done = [f"tried recomputation {', '.join(tried)} of every repeated block"] if training else []
+    done += [f"{', '.join(sorted(kinds))} forbidden"] if kinds else []
+    said = "".join(f"; {d}" for d in done)
+    if not sep:
+        return InfeasibleError(f"{text.rstrip('.')}{said}")
+    items = [i for i in re.split(r",? or |, ", fix.rstrip(".")) if i]
+    recomputed = not training or {"none", "selective", "full"} <= set(tried)
+    items = [
+        i
+        for i in items
+        if not (
+            ("allow fsdp" in i and "fsdp" not in kinds)
+            or ("recompute" in i and recomputed)
+            or ("annotations" in i and not pinned)
+        )
+    ]
+    items[-1:-1] = [
+        f"allow {kind}" for kind in ("fsdp", "tp") if kind in kinds and f"allow {kind}" not in items
+    ]
+    advice = (
+        items[0] if len(items) == 1 else f"{', '.join(items[:-1])}{',' * (len(items) > 2)} or {items[-1]}"
+    )
+    return InfeasibleError(f"{what.rstrip('.')}{said}. Fix: {advice}.")

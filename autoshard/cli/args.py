@@ -22,7 +22,7 @@ __all__ = [
     "positive",
 ]
 
-PATTERNS = ("column", "row", "vocab", "replicate")
+PATTERNS = ("column", "row", "vocab", "replicate", "ring")  # ring: context-parallel attention
 
 
 class CliError(AutoshardError, ValueError):

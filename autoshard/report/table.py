@@ -227,7 +227,7 @@ def _collectives(view: PlanView, width: int) -> list[str]:
         lines.append(f"  … {len(rest)} more rows: {n} collectives, {fmt_seconds(secs)}")
     if not rows:
         return ["collectives of one step", "  none: no device ever waits for another"]
-    lines.append(_totals(view.plan.collectives))
+    lines += wrap(_totals(view.plan.collectives), width, " " * 9, "  total: ")  # wrapped, never cut
     return lines
 
 
@@ -240,7 +240,7 @@ def _totals(collectives: tuple[Collective, ...]) -> str:
                 f"{phase} {len(cs)} ({fmt_bytes(sum(c.nbytes for c in cs))}, "
                 f"{fmt_seconds(sum(c.seconds for c in cs))})"
             )
-    return "  total: " + "; ".join(parts)
+    return "; ".join(parts)
 
 
 def _footer(plan: Plan, timing: str, width: int) -> list[str]:
