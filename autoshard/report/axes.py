@@ -78,6 +78,7 @@ class AxisUse:
     params_split: int  # parameters stored split on this axis
     params: int
     gathered: bool  # some parameter stored split is all-gathered before use (FSDP)
+    params_gathered: int = 0  # how many of them
 
     def __str__(self) -> str:
         head = f"axis {self.axis} ({self.size}): "
@@ -90,7 +91,8 @@ class AxisUse:
             what += ", attention too (ring)" if self.attention_by_sequence else ", attention not by sequence"
         stored = f"{self.params_split} of {self.params} parameters stored split"
         if self.gathered:
-            stored += ", gathered before use"
+            every = self.params_gathered in (0, self.params_split)
+            stored += ", gathered before use" if every else f", {self.params_gathered} gathered before use"
         return f"{head}{self.kind.upper()}: {what} ({self.share:.0%} of the weighted compute); {stored}"
 
 
@@ -107,7 +109,8 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
         kind = (
             "pp" if axis == pipeline_axis else _kind(family, ring, split, len(placements), axis in gathered)
         )
-        out.append(AxisUse(axis, size, kind, family, share, ring, split, len(placements), axis in gathered))
+        fsdp = len(gathered.get(axis, []))
+        out.append(AxisUse(axis, size, kind, family, share, ring, split, len(placements), fsdp > 0, fsdp))
     return out
 
 
