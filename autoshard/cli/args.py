@@ -78,7 +78,8 @@ def pin_map(pins: list[tuple[str, Any]]) -> dict[str, Any] | None:
         if target in out and out[target] != choice:
             raise CliError(
                 f"--annotate {target}={_text(out[target])} and --annotate {target}={_text(choice)} pin "
-                f"{target} two ways; keep one"
+                f"{target} two ways; keep one (to split a weight on two mesh axes, give its placements once, "
+                f"e.g. {target if target.endswith(('weight', 'bias')) else target + '.weight'}='(S(0), S(1))')"
             )
         out[target] = choice
     return out or None
