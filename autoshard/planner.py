@@ -135,6 +135,7 @@ def plan(
         :class:`AutoshardError`.
     """
     staged = pipeline is not None or microbatches not in (None, 1) or _has_stage_pin(annotations)
+    staged |= schedule != "auto"  # a schedule without stages is refused there (pipeline/options.py)
     if staged:
         return _plan_pipelined(
             model, cluster, example_args, example_kwargs, annotations=annotations, training=training,

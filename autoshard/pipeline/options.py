@@ -135,6 +135,11 @@ def check_request(
     else:
         raise PipelineError(f"microbatches={microbatches!r}: use 'auto' or a whole number >= 1")
     names = [s.value for s in Schedule]
+    if degree == 1 and schedule != "auto" and not cuts:
+        raise PipelineError(
+            f"schedule={schedule!r} orders pipeline stages, and the plan has none (pipeline={pipeline!r}): "
+            "pass pipeline=N or 'auto' (--pp N|auto), or leave schedule='auto'"
+        )
     if schedule == "auto":
         schedules = tuple(Schedule)
     elif schedule in names:
