@@ -5,7 +5,8 @@
   a pinned count is refused with the counts that fit, ``"auto"`` / the default is planned again with the
   most microbatches that give every replica whole samples (:func:`autoshard.pipeline.options.whole_samples`);
 - a weight tied across the first and last stage (GPT-2) is priced once per step on the pipeline axis, and
-  only when the two ends sit on different devices (not under ZB-V, which puts both on pipeline rank 0).
+  only when the two ends sit on different devices (not under ZB-V, which puts both on pipeline rank 0);
+- stages of one device each (2 devices, 2 stages) plan.
 """
 
 from __future__ import annotations
@@ -115,3 +116,11 @@ def test_tied_gpt2_plan_names_the_head_on_the_last_stage_and_prices_its_sync() -
     placement = plan.param_placements["transformer.wte.weight"]  # (R on the pipeline axis, the stage's)
     shards = 2 if placement[1].startswith("S") else 1
     assert tied[0].nbytes == 512 * 64 * 4 // shards and tied[0].seconds > 0
+
+
+def test_stages_of_one_device_plan() -> None:
+    """2 devices, 2 stages: each stage's sub-mesh is one device (pricing used to fail on its empty move graph)."""
+    case = zoo.build("gpt2-tiny", batch=4, seq=8)
+    plan = autoshard.plan(case.model, cluster_for("cpu", 2), case.args, pipeline=2)
+    assert plan.pipeline is not None and [s.ranks for s in plan.pipeline.stages] == [(0,), (1,)]
+    assert [c.kind for c in plan.collectives] == ["all_reduce"]  # only the tied weights' sum, on the pp axis
