@@ -139,7 +139,8 @@ def price_split(
     chunks = degree * virtual
     assert len(bounds) == chunks + 1 and bounds[0] == 0 and bounds[-1] == costs.layers
     parts = [
-        _chunk(costs, c, chunks, bounds[c], bounds[c + 1]) + Part(once=_tied(costs, schedule, degree, c, chunks))
+        _chunk(costs, c, chunks, bounds[c], bounds[c + 1])
+        + Part(once=_tied(costs, schedule, degree, c, chunks))
         for c in range(chunks)
     ]
     per_device = [Part() for _ in range(degree)]

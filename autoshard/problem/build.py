@@ -216,7 +216,9 @@ def build_problem(
     keeps = _keeps(infos, opts)
     # graph outputs each variable decides: itself, or a later layer's copy (a pipeline stage ending in a layer)
     outputs = Counter(template[i.name] for i in ordered if i.is_output)
-    node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache, outputs)
+    node_costs, memory = _node_arrays(
+        variables, infos, strategies, mult, keeps, cluster, opts, cache, outputs
+    )
     if memory:  # the runtime reserve (profile memory.runtime_reserve: CUDA context, NCCL, allocator) is held
         # whatever the plan: a constant on one node counts it against the budget and changes no choice
         memory[0] = memory[0] + cluster.profile.memory.runtime_reserve

@@ -79,7 +79,7 @@ class StageBuild:
     example: torch.Tensor  # the stage's input for one global microbatch
     output: torch.Tensor  # its output for that microbatch (shape and dtype of what it sends on)
     captured: Captured
-    tied: tuple[tuple[str, str], ...] = ()  # (name in this stage, the plan's name) of weights other stages copy
+    tied: tuple[tuple[str, str], ...] = ()  # (name here, the plan's name) of weights other stages also hold
 
 
 def intra_layout(plan: Plan) -> tuple[tuple[int, ...], int | None]:
@@ -265,14 +265,14 @@ def prepare_stages(
     ]
     examples = _chain(model, modules, args[0][: batch // plan.microbatches])
     placements = _first_input(plan, axis)
-    builds = []
+    copied, builds = _copied(names, modules), []
     for stage, module, example, output in zip(pipe.stages, modules, examples, examples[1:], strict=False):
         pins = _stage_annotations(module, annotations or {})
         stage_plan = _plan_stage(module, stage.index, plan, axis, cluster, example, placements, pins, names)
         captured = capture(
             module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(stage_plan.nodes)
         )
-        tied = tuple((n, names[n]) for n, _ in module.named_parameters() if names[n] in _copied(names, modules))
+        tied = tuple((n, names[n]) for n, _ in module.named_parameters() if names[n] in copied)
         builds.append(
             StageBuild(
                 stage.index, stage.modules, stage.ranks, module, stage_plan, example, output, captured, tied

@@ -54,15 +54,14 @@ def tied_groups(builds: Sequence[StageBuild], mine: Sequence[StageBuild]) -> tup
             holders.setdefault(name, []).append(b)
     found = []
     for name, stages in holders.items():
-        group, ranks = None, ()
+        group: Any = None
+        ranks: tuple[int, ...] = ()
         for j in range(len(stages[0].ranks)):  # one group per intra-stage coordinate
             column = tuple(sorted({s.ranks[j] for s in stages}))
             made = dist.new_group(list(column)) if len(column) > 1 else None  # collective: every rank
             if me in column:
                 group, ranks = made, column
-        copies = tuple(
-            (k, local) for k, b in enumerate(mine) for local, planned in b.tied if planned == name
-        )
+        copies = tuple((k, local) for k, b in enumerate(mine) for local, planned in b.tied if planned == name)
         if copies:
             found.append(TiedSync(name, copies, ranks, group))
     return tuple(found)
