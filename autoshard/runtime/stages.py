@@ -11,12 +11,12 @@ How a stage module is cut (the torchtitan way -- copy the model, drop what other
 for models whose ``forward`` does not know about stages, such as Hugging Face's):
 
 - a module other stages own is replaced by ``nn.Identity`` (an embedding then passes the incoming hidden
-  states through, a final norm or LM head hands them on unchanged); a later stage of a model whose ``forward``
-  takes ``inputs_embeds`` (Hugging Face's) gets its hidden states there instead, and its dropped embeddings
-  return zeros (GPT-2 adds a position embedding to the hidden states: the first stage added it); a layer of an
-  ``nn.ModuleList`` is
+  states through, a final norm or LM head hands them on unchanged); a layer of an ``nn.ModuleList`` is
   removed from the list, the others keep their keys, so every parameter keeps its name in the full model
   (``model.layers.2.mlp.up_proj.weight`` on stage 1) and the plan's placements apply by name;
+- a later stage of a model whose ``forward`` takes ``inputs_embeds`` (Hugging Face's) gets its hidden states
+  there instead, and its dropped embeddings return zeros (GPT-2 adds a position embedding to the hidden
+  states: the first stage added it);
 - modules that hold no parameter (rotary embeddings) stay on every stage, whichever stage names them;
 - the stage takes one tensor (token ids on the first stage, hidden states after) and returns one tensor (the
   first output: logits on the last stage of a ``*ForCausalLM``, hidden states before);
