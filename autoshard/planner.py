@@ -65,6 +65,7 @@ from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
 from autoshard.problem.mix import mix_policies
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
+from autoshard.steering import budget_refusal
 
 __all__ = ["plan"]
 
@@ -281,10 +282,8 @@ def _plan_captured(
         if pruned is not None:
             raise pruned  # every policy either does not fit or cannot beat the ceiling
         assert error is not None
-        raise InfeasibleError(
-            f"{error} (tried recomputation none, selective and full of every repeated block"
-            f"{'; fsdp is forbidden' if 'fsdp' in kinds else ''})"
-        ) from error
+        tried = [p.value for p in policies]
+        raise budget_refusal(error, kinds, tried, pinned=bool(annotations), training=training) from error
     found, free, built, read = best
     if limit != float("inf") and found.memory_per_device > limit * (1 + 1e-9):  # the budget held every term
         raise InfeasibleError(
