@@ -15,16 +15,16 @@ Why: the solver minimises a *linear* step model (node + edge costs), the report 
 * a repeated layer's parameter gathers (FSDP forward gathers and backward re-gathers) are charged on every
   copy: the critical path prefetches them and exposes at least one copy.
 
-So the objective less what prefetch may hide (``BuiltProblem.hidden``: the gathers beyond one copy) is a
-lower bound on every plan's reported step.  Solving that lower-bound problem exactly (the same arrays, the
-same solver) gives ``B <= step(p)`` for every plan ``p`` of the problem.  The candidates -- the solver's
-optimum and the lower-bound problem's optimum, then, unless one of them already reaches ``B``, the hand
-plans everyone compares against (pure data parallel, FSDP on every axis), each the best completion under
-the same pins -- are priced by the critical path and the fastest is returned.  When its step is within
-``RANK_TOLERANCE`` of ``B``, no plan has a lower reported step: the plan is proven optimal *by the reported
-step* (``step_optimal``).  Otherwise the report says "optimal under the linear step model; step within X
-of the bound" -- never "optimal" alone.  What is not enumerated (the plans between the best candidate and
-``B``) is covered by that X.
+So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`: the gathers beyond one
+copy, a move several consumers may share beyond 1/m; and the memory tie-break) is a lower bound on every
+plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same solver) gives
+``B <= step(p)`` for every plan ``p`` of the problem. The candidates -- the solver's optimum and the lower-bound
+problem's optimum, then, unless one of them already reaches ``B``, the hand plans everyone compares against
+(pure data parallel, FSDP on every axis), each the best completion under the same pins -- are priced by the
+critical path and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has
+a lower reported step: the plan is proven optimal *by the reported step* (``step_optimal``). Otherwise the
+report says "optimal under the linear step model; step within X of the bound" -- never "optimal" alone. What
+is not enumerated (the plans between the best candidate and ``B``) is covered by that X.
 
 Scope of the bound: the plans the problem admits (the user's pins, its recomputation policy).  It covers
 every recomputation policy only when the plan keeps every activation and the bound did not need the memory
@@ -51,7 +51,7 @@ from autoshard.errors import InfeasibleError
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
-from autoshard.problem.unpaid import unpaid
+from autoshard.problem.unpaid import unpaid, unpaid_edges
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, evaluate, solve
 
 __all__ = ["RANK_TOLERANCE", "hand_plan_masks", "lower_bound_problem", "rank_plan", "solve_pruned"]
@@ -64,17 +64,18 @@ RANK_TOLERANCE = 1e-9
 HAND_PLANS = ("data parallel", "fsdp")
 
 
-def lower_bound_problem(built: BuiltProblem) -> SearchProblem:
-    """The search problem whose objective bounds every plan's reported step from below (module docstring)."""
+def lower_bound_problem(built: BuiltProblem) -> SearchProblem | None:
+    """The search problem whose objective bounds every plan's reported step from below (module docstring);
+    None when the builder's edges cannot be matched to their uses (then there is no bound)."""
     problem = _without_tie_break(built)
-    if not built.hidden:
-        return problem
+    records = unpaid_edges(built)
+    if records is None:
+        return None
     edges = list(problem.edges)
     forward_only = dataclasses.replace(built.options, training=False)
-    for record in built.hidden:
+    for record in records:
         tu, tv, which, pos = record.use
         edge = edges[record.edge]
-        assert (edge.u, edge.v) == (built.variables.index(tu), built.variables.index(tv)), record
         forward = None
         if record.gathers:
             src, dst = built.strategies[tu], built.strategies[tv]
@@ -105,12 +106,13 @@ def solve_pruned(built: BuiltProblem, method: Any, time_limit: float, ceiling: f
     its objective bounds the step from below only where nothing is unpaid.  Otherwise the lower-bound
     problem without the budget is solved first (as cheap as the solver's unbudgeted pass, and a bound on
     every recomputation policy: recomputation only adds cost) and :class:`BoundExceeded` raised from it."""
-    if math.isfinite(ceiling) and built.hidden and built.problem.memory_limit is not None:
-        free = dataclasses.replace(lower_bound_problem(built), memory_limit=None)
-        bound = solve(free, method=method, time_limit=time_limit).lower_bound
-        if bound >= ceiling:
-            raise BoundExceeded(bound, ceiling)
-        ceiling = math.inf
+    if math.isfinite(ceiling) and built.problem.memory_limit is not None:
+        lower = lower_bound_problem(built)
+        if lower is not None:
+            bound = solve(dataclasses.replace(lower, memory_limit=None), method=method, time_limit=time_limit)
+            if bound.lower_bound >= ceiling:
+                raise BoundExceeded(bound.lower_bound, ceiling)
+        ceiling = math.inf  # no bound on the step: prune nothing
     return solve(built.problem, method=method, time_limit=time_limit, ceiling=ceiling)
 
 
@@ -194,8 +196,10 @@ def rank_plan(
     start = time.perf_counter()
     lower = lower_bound_problem(built)
     candidates: list[tuple[str, Plan, tuple[int, ...] | None]] = [("solver optimum", found, solution.choice)]
-    bound_solution = solve(lower, method=method, time_limit=time_limit)
-    bound, why, scope = bound_solution.lower_bound, unsound_reason(built), _scope(built, bound_solution)
+    why = "the builder's edges do not match their uses" if lower is None else unsound_reason(built)
+    lower = lower or built.problem
+    bound_solution = solve(lower, method=method, time_limit=time_limit) if why is None else solution
+    bound, scope = bound_solution.lower_bound, _scope(built, bound_solution)
 
     def unproven() -> bool:  # then price more candidates
         return (

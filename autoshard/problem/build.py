@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -62,7 +62,6 @@ from autoshard.problem.graph import NodeInfo, describe
 from autoshard.problem.pricing import pairwise_ids
 from autoshard.problem.recompute import node_memory_total, rerun_share
 from autoshard.problem.runs import collapse_runs
-from autoshard.problem.unpaid import Unpaid
 from autoshard.search import Edge, SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
@@ -106,8 +105,6 @@ class BuiltProblem:
     extras: MemoryExtras | None = None
     # nodes of further runs of identical blocks (problem/runs.py): node -> (run, block, position)
     runs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    # edges the reported step may not pay in full (problem/unpaid.py; autoshard.planner_rerank's bound)
-    hidden: tuple[Unpaid, ...] = ()
 
     def index(self, name: str) -> int:
         return self.variables.index(self.template[name])
@@ -217,7 +214,11 @@ def build_problem(
     mult.update(run_copies)
     cache = cache if cache is not None and cache.cluster == cluster else StepCache(cluster)
     keeps = _keeps(infos, opts)
-    node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
+    # graph outputs each variable decides: itself, or a later layer's copy (a pipeline stage ending in a layer)
+    outputs = Counter(template[i.name] for i in ordered if i.is_output)
+    node_costs, memory = _node_arrays(
+        variables, infos, strategies, mult, keeps, cluster, opts, cache, outputs
+    )
     if memory:  # the runtime reserve (profile memory.runtime_reserve: CUDA context, NCCL, allocator) is held
         # whatever the plan: a constant on one node counts it against the budget and changes no choice
         memory[0] = memory[0] + cluster.profile.memory.runtime_reserve
@@ -228,9 +229,7 @@ def build_problem(
     weights = dict(sharing.single)
     for group in unshared:  # no layout two consumers could share: ordinary edges price them exactly
         weights.update({(group.producer, c, group.which, p): group.weight for c, p in group.entries})
-    hidden: list[Unpaid] = []
-    apart = {(g.producer, c, g.which, p): len(g.entries) for g in unshared for c, p in g.entries}
-    edges = _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache, (hidden, apart))
+    edges = _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache)
     edges += fanout_edges(fans, index)
     names = [_display_name(infos[v]) for v in variables] + [f"fanout {f.group.producer}" for f in fans]
     labels = [tuple(str(s) for s in strategies[v]) for v in variables]
@@ -274,7 +273,6 @@ def build_problem(
         notes=tuple(notes) + extras.notes,
         extras=extras,
         runs=runs,
-        hidden=tuple(hidden),
     )
 
 
@@ -301,7 +299,7 @@ def _display_name(info: NodeInfo) -> str:
     return f"{info.name} ({info.target}{' in ' + where if where else ''})"
 
 
-def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache):
+def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache, outputs):
     node_costs: list[np.ndarray] = []
     memory: list[np.ndarray] = []
     for name in variables:
@@ -313,17 +311,20 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
             fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
             # all-to-all token dispatch inside a routed-experts node (listed as collectives in the plan)
             per_microbatch = fwd + bwd + dispatch_seconds(info, strat, cluster, inputs, opts)
+            fix = steps_time(output_fix_steps(info, strat, cache), cluster) if outputs[name] else 0.0
             if info.is_output:
-                per_microbatch += steps_time(output_fix_steps(info, strat, cache), cluster)
+                per_microbatch += fix
             extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)
             mem[k] = node_memory_total(info, strat, cluster, opts, keeps[name], mult[name])
-            cost[k] = extra * mult[name] + MEMORY_TIE_BREAK * mem[k]
+            # an output in a later layer's copy (a stage's last layer) is reduced once, not once per layer
+            late = fix * opts.microbatches * (outputs[name] - info.is_output)
+            cost[k] = extra * mult[name] + late + MEMORY_TIE_BREAK * mem[k]
         node_costs.append(cost)
         memory.append(mem)
     return node_costs, memory
 
 
-def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache, bound=None) -> list[Edge]:
+def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache) -> list[Edge]:
     edges: list[Edge] = []
     forward_only = dataclasses.replace(opts, training=False)
     for (tu, tv, which, pos), weight in weights.items():
@@ -342,10 +343,6 @@ def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache, bou
         if share:
             again = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, forward_only, cache)
             matrix = matrix + again * (weight * share)
-        m = bound[1].get((tu, tv, which, pos), 1) if bound else 1
-        hides = repeated_param and opts.training and opts.overlap.prefetch > 0  # prefetched gathers
-        if bound is not None and tu != tv and (m > 1 or hides):
-            bound[0].append(Unpaid(len(edges), (tu, tv, which, pos), weight, share, m, hides))
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
             node_costs[index[tu]] += np.diag(matrix)
             continue
