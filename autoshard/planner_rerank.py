@@ -102,18 +102,19 @@ def _without_tie_break(built: BuiltProblem) -> SearchProblem:
 def solve_pruned(built: BuiltProblem, method: Any, time_limit: float, ceiling: float) -> Solution:
     """``solve(built.problem)`` for the mesh search, pruning by the *reported* step.
 
-    The solver prunes when its own bound under a binding budget reaches ``ceiling`` (the best step so far);
-    its objective bounds the step from below only where nothing is unpaid.  Otherwise the lower-bound
-    problem without the budget is solved first (as cheap as the solver's unbudgeted pass, and a bound on
-    every recomputation policy: recomputation only adds cost) and :class:`BoundExceeded` raised from it."""
-    if math.isfinite(ceiling) and built.problem.memory_limit is not None:
+    The solver prunes (:class:`BoundExceeded`) when, under a binding budget, its unbudgeted optimum reaches
+    ``ceiling`` (the best step so far); that optimum bounds the step only where nothing is unpaid.  So a
+    prune is confirmed by the lower-bound problem without the budget (a bound on every recomputation policy:
+    recomputation only adds cost); when that bound is below the ceiling the problem is solved in full."""
+    try:
+        return solve(built.problem, method=method, time_limit=time_limit, ceiling=ceiling)
+    except BoundExceeded:
         lower = lower_bound_problem(built)
         if lower is not None:
-            bound = solve(dataclasses.replace(lower, memory_limit=None), method=method, time_limit=time_limit)
-            if bound.lower_bound >= ceiling:
-                raise BoundExceeded(bound.lower_bound, ceiling)
-        ceiling = math.inf  # no bound on the step: prune nothing
-    return solve(built.problem, method=method, time_limit=time_limit, ceiling=ceiling)
+            free = solve(dataclasses.replace(lower, memory_limit=None), method=method, time_limit=time_limit)
+            if free.lower_bound >= ceiling:
+                raise BoundExceeded(free.lower_bound, ceiling) from None
+    return solve(built.problem, method=method, time_limit=time_limit)
 
 
 def unsound_reason(built: BuiltProblem) -> str | None:
