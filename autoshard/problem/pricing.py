@@ -220,26 +220,34 @@ def _fits(layout: tuple[int, ...], shape: tuple[int, ...], mesh: tuple[int, ...]
 
 
 def _bellman_ford(graph: _Graph, mask: tuple[bool, ...], starts: list[int]) -> np.ndarray:
-    """Shortest path prices from each of ``starts`` to every layout, moves into ``P`` only on ``mask`` axes."""
+    """Shortest path prices from each of ``starts`` to every layout, moves into ``P`` only on ``mask`` axes.
+
+    Rows of the working table are layouts and columns the starts, so a relaxation gathers whole rows (moves
+    sorted by target: one ``minimum.reduceat`` per round takes the best move into each layout)."""
     allowed = np.array([True, *mask])[graph.enters_p + 1]  # enters_p == -1 -> index 0 (always allowed)
     u, v, w = graph.u[allowed], graph.v[allowed], graph.w[allowed]
     order = np.argsort(v, kind="stable")
-    u, v, w = u[order], v[order], w[order]
-    dist = np.full((len(starts), len(graph.index)), math.inf)
-    dist[np.arange(len(starts)), starts] = 0.0
+    u, v, w = u[order], v[order, None], w[order, None]
+    every_head = np.flatnonzero(np.r_[True, v[1:, 0] != v[:-1, 0]])
+    dist = np.full((len(graph.index), len(starts)), math.inf)  # (layouts, starts)
+    dist[starts, np.arange(len(starts))] = 0.0
     changed = np.zeros(len(graph.index), dtype=bool)
     changed[starts] = True
     for _ in range(len(graph.index)):
         active = changed[u]  # only moves out of a layout whose price just fell can lower anything
-        if not active.any():
+        count = np.count_nonzero(active)
+        if not count:
             break
-        au, av, aw = u[active], v[active], w[active]
-        heads = np.flatnonzero(np.r_[True, av[1:] != av[:-1]])
-        targets = av[heads]
-        relaxed = np.minimum.reduceat(dist[:, au] + aw, heads, axis=1)
-        current = dist[:, targets]
+        if count == len(u):
+            au, aw, heads, targets = u, w, every_head, v[every_head, 0]
+        else:
+            au, av, aw = u[active], v[active, 0], w[active]
+            heads = np.flatnonzero(np.r_[True, av[1:] != av[:-1]])
+            targets = av[heads]
+        relaxed = np.minimum.reduceat(dist[au] + aw, heads, axis=0)
+        current = dist[targets]
         better = relaxed < current
         changed[:] = False
-        changed[targets] = better.any(axis=0)
-        dist[:, targets] = np.where(better, relaxed, current)
-    return dist
+        changed[targets] = better.any(axis=1)
+        dist[targets] = np.minimum(relaxed, current)
+    return dist.T

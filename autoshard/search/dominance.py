@@ -39,22 +39,22 @@ import numpy as np
 
 __all__ = ["dominated_mask"]
 
-#: Entries of one ``(block, S, S_j)`` difference tensor, bounding the scratch memory (32 MB of float64).
+#: Entries of one ``(pairs, S_j)`` difference block, bounding the scratch memory (32 MB of float64).
 _BLOCK_ENTRIES = 4_000_000
 #: Columns per edge for the cheap upper bound that rules out most (s, t) pairs before the exact pass.
 _SAMPLE = 16
 
 
 def _min_row_differences(rows: np.ndarray) -> np.ndarray:
-    """``out[s, t] = min_c (F[s, c] - F[t, c])`` over the ``c`` with finite ``F[s, c]`` (``inf`` if none)."""
-    size, width = rows.shape
-    out = np.empty((size, size))
-    block = max(1, _BLOCK_ENTRIES // max(1, size * width))
-    for lo in range(0, size, block):
-        hi = min(size, lo + block)
-        with np.errstate(invalid="ignore"):  # inf - inf where both are forbidden: NaN, skipped by fmin
-            diff = rows[lo:hi, None, :] - rows[None, :, :]  # (block, S, S_j)
-        out[lo:hi] = _skip_forbidden_min(diff)
+    """``out[s, t] = min_c (F[s, c] - F[t, c])`` over the ``c`` with finite ``F[s, c]`` (``inf`` if none).
+
+    One column at a time (the rows here are a few sampled columns wide): each step is a whole ``(S, S)``
+    array operation, where a reduction over a short last axis would run element by element."""
+    size = rows.shape[0]
+    out = np.full((size, size), np.inf)
+    with np.errstate(invalid="ignore"):  # inf - inf where both are forbidden: NaN, skipped by fmin
+        for col in rows.T:
+            np.fmin(out, col[:, None] - col[None, :], out=out)
     return out
 
 
@@ -129,7 +129,7 @@ def dominated_mask(
     beats[s, t] = gain >= 0  # beats[s, t]: t can replace s; NaN (from -inf + inf) compares False, so s stays
     later = np.arange(size)[None, :] < np.arange(size)[:, None]  # later[s, t]: t has the smaller index
     wins = beats & (~beats.T | later)  # t dominates s strictly, or they tie and t comes first
-    for s_ in range(size):
+    for s_ in np.flatnonzero(wins.any(axis=1)):  # in index order; a row with no win keeps its strategy
         if (wins[s_] & keep).any():
             keep[s_] = False
     return keep
