@@ -86,6 +86,7 @@ class OpStrategy:
         return f"{ins} -> {outs}".strip()
 
 
+@functools.lru_cache(maxsize=65536)  # every strategy is labelled for the solver: each spec printed once
 def _fmt(spec: ShardingSpec | None) -> str:
     return "-" if spec is None else str(spec)
 
