@@ -81,8 +81,8 @@ class PriceTable:
     # -- the public entry --------------------------------------------------------------------------------------
     def pairwise(
         self,
-        src: list[ShardingSpec | None],
-        dst: list[ShardingSpec | None],
+        src: Sequence[ShardingSpec | None],
+        dst: Sequence[ShardingSpec | None],
         shape: tuple[int, ...],
         itemsize: int,
     ) -> np.ndarray:
