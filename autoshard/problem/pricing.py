@@ -112,7 +112,7 @@ class PriceTable:
         return self._fix_equal(table, src, dst, starts)
 
     @staticmethod
-    def _fix_equal(table: np.ndarray, src: list, dst: list, starts: list) -> np.ndarray:
+    def _fix_equal(table: np.ndarray, src: Sequence, dst: Sequence, starts: list) -> np.ndarray:
         """Equal specs that fit never move (a non-sum partial may stay as it is); None on either side is free."""
         where = {spec: j for j, spec in enumerate(dst)}
         for i, spec in enumerate(src):
