@@ -261,9 +261,12 @@ def _plan_captured(
             opts = CostOptions(training=True, recompute=policy, recompute_share=0.0, cp_layout=cp_layout)
             return build(captured, cluster, opts, annotations, limit, {}, kinds)
 
-        def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
+        def run(p: SearchProblem, method: SearchMethod = search, ceiling: float = float("inf")) -> Solution:
             return solve(
-                p, method=method, time_limit=max(1.0, min(time_limit, deadline - time.perf_counter()))
+                p,
+                method=method,
+                time_limit=max(1.0, min(time_limit, deadline - time.perf_counter())),
+                ceiling=ceiling,
             )
 
         mixed = mix_policies(uniform, zero, run, deadline)

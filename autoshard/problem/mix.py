@@ -39,7 +39,8 @@ import numpy as np
 from autoshard.errors import InfeasibleError
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import Recompute
-from autoshard.search import Edge, Solution
+from autoshard.search import BoundExceeded, Edge, Solution
+from autoshard.search.problem import memory_lower_bound
 
 __all__ = ["best_share", "mix_policies", "relaxed_problem", "share_problem"]
 
@@ -82,6 +83,26 @@ def relaxed_problem(zero: BuiltProblem, whole: BuiltProblem, a: int, b: int) -> 
     return dataclasses.replace(low, problem=problem)
 
 
+def _least_fitting(zero: BuiltProblem, whole: BuiltProblem) -> int:
+    """The least ``k >= 1`` at which every node at its least memory (and the least peak) fits the budget:
+    below it no plan fits (``memory_lower_bound`` falls with ``k``, since every strategy's memory does)."""
+    n = whole.num_blocks
+    limit = whole.problem.memory_limit
+    p0, p1 = zero.problem.memory, whole.problem.memory
+    if limit is None or p0 is None or p1 is None:
+        return 1
+    if any(bool(np.any((b > a) & np.isfinite(a))) for a, b in zip(p0, p1, strict=True)):
+        return 1  # a strategy that holds more when recomputed: the bound need not fall, no shortcut
+    lo, hi = 1, n  # hi: n itself when even k = n - 1 is over
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if memory_lower_bound(share_problem(zero, whole, middle).problem) > limit:
+            lo = middle + 1
+        else:
+            hi = middle
+    return lo
+
+
 def best_share(
     zero: BuiltProblem,
     whole: BuiltProblem,
@@ -98,7 +119,8 @@ def best_share(
     is passed only as ``"exact"`` (a Lagrangian bound before the full solve)."""
     best: tuple[int, BuiltProblem, Solution] | None = None
     bound = incumbent
-    intervals = [(1, whole.num_blocks - 1)] if whole.num_blocks > 1 else []
+    first = _least_fitting(zero, whole)
+    intervals = [(first, whole.num_blocks - 1)] if first < whole.num_blocks else []
     while intervals:
         if time.perf_counter() > deadline:  # the caller's time limit: what was found, not proven best
             if best is not None:
@@ -108,10 +130,13 @@ def best_share(
         problem = relaxed_problem(zero, whole, a, b) if a < b else share_problem(zero, whole, a)
         try:
             # the Lagrangian bound first (exact solves only): it usually shows the interval cannot win,
-            # sparing CP-SAT, which is what closes a binding budget's last gap
-            rough = solve(problem.problem, method="exact")
+            # sparing CP-SAT, which is what closes a binding budget's last gap; the ceiling stops the solve
+            # as soon as a bound reaches the best plan so far (no plan in a..b can beat it)
+            rough = solve(problem.problem, method="exact", ceiling=bound * (1 - 1e-12))
         except InfeasibleError:
             continue  # too few blocks recomputed to fit anywhere in a..b
+        except BoundExceeded:
+            continue
         if rough.lower_bound >= bound * (1 - 1e-12):
             continue
         if a < b:

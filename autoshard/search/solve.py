@@ -128,6 +128,7 @@ def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, ma
         if run.offset() + lag.cost < evaluate(run.problem, best):
             best = run.expand(lag.plan)
         bound = max(bound, lag.bound + run.offset())
+        run.prune(bound)  # the caller's ceiling (mesh search, recompute-k search): proven no better
         upper = evaluate(run.problem, best)
         if upper - bound <= 1e-9 * abs(upper):
             return run.finish_original(best, bound, True, "exact:lagrangian")
@@ -263,7 +264,8 @@ def _sweep(run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) 
     plan, value = ex.solve()
     lag = Lagrange(start, evaluate(rp, start), value, 0.0)
     lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
-    lagrangian_sweep(ex, rp, lag, lam0, deadline=run.start + 0.5 * run.time_limit, seeds=(plan,))
+    deadline = run.start + 0.5 * run.time_limit
+    lagrangian_sweep(ex, rp, lag, lam0, deadline, seeds=(plan,), ceiling=run.ceiling - run.offset())
     run.log.append(
         f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
         f"(reduced problem)"
