@@ -147,7 +147,7 @@ def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, ma
             run.log.append(f"enumerating the {plans_left} plans left")
             found = brute_force(run.current, max_assignments=_MAX_ENUMERATION).choice
             return run.finish(found, bound, True, "exact:enumeration")
-        pareto = pareto_plan(run.current, upper=upper - run.offset())
+        pareto = pareto_plan(run.current, upper=upper - run.offset(), lam=lag.lam)
         if pareto is not None:  # what fixing leaves is small: exact elimination over (memory, cost) sets
             run.log.append("exact: variable elimination over (memory, cost) Pareto sets (search/pareto.py)")
             return run.finish(pareto, bound, True, "exact:pareto")

@@ -1,6 +1,7 @@
 """The recompute-count search (problem/mix.py) is exact: on random budgeted problems (sum and peak terms,
-costs affine in the share ``k / N``) the count and objective equal brute force over every ``k``, and a
-ceiling given to the solver prunes only what cannot beat it."""
+costs affine in the share ``k / N``) the count and objective equal brute force over every ``k``, a ceiling
+given to the solver prunes only what cannot beat it, and the Pareto elimination's multiplier prune keeps
+the optimum."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from autoshard.errors import InfeasibleError
 from autoshard.problem.mix import best_count, least_fitting
 from autoshard.search import BoundExceeded, Edge, SearchProblem, brute_force, solve
-from autoshard.search.problem import memory_lower_bound
+from autoshard.search.pareto import pareto_plan
+from autoshard.search.problem import evaluate, memory_lower_bound, memory_of
 from tests.search.search_cases import close, random_problem
 
 BLOCKS = 6
@@ -114,3 +116,19 @@ def test_a_ceiling_prunes_only_what_cannot_beat_it(seed: int) -> None:
             assert want >= ceiling * (1 - 1e-9) and e.bound <= want * (1 + 1e-9)
             continue
         assert close(got.objective, want)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_pareto_prune_with_a_multiplier_keeps_the_optimum(seed: int) -> None:
+    """Any multiplier ``lam >= 0`` (the sweep's, or an arbitrary one) leaves the elimination exact."""
+    p = random_problem(seed, max_nodes=7, memory=True, inf_fraction=0.1 * (seed % 2))
+    try:
+        best = brute_force(p).objective
+    except InfeasibleError:
+        return
+    for lam in (0.0, 1e-3, 0.05, 3.0):
+        for upper in (best, best * 1.2):
+            found = pareto_plan(p, upper=upper, lam=lam)
+            assert found is not None and close(evaluate(p, found), best, rel=1e-12)
+            assert memory_of(p, found) <= p.memory_limit  # type: ignore[operator]
+        assert pareto_plan(p, upper=best * 0.9 - 1e-3, lam=lam) is None
