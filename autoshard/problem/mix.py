@@ -15,13 +15,16 @@ equals a build at that share), and each ``k`` is a plain problem for the solvers
 
 Search over ``k`` (exact): at fixed ``x`` cost grows with ``k`` and memory falls, so for an interval
 ``a..b`` the problem with ``a``'s costs and ``b``'s memory is a relaxation of every ``k`` in it.  Branch and
-bound over intervals, starting from ``1..N-1``: an interval whose relaxation's Lagrangian bound
-(:mod:`autoshard.search.budget`) reaches the best plan found (or the incumbent, the best uniform policy's)
-is dropped, one where nothing fits is dropped, the rest are halved; a single ``k`` is solved exactly.  No
-better plan is missed, and at LLaMA-3-70B size (80 blocks) a few solves replace a scan of dozens.  Past
-the caller's deadline the search stops, and the plan it found is
-not claimed optimal (``Solution.optimal`` False).  Without a binding budget recomputation never pays and
-nothing here runs.
+bound over intervals, starting from ``k0..N-1``, where ``k0`` (:func:`least_fitting`) is the least ``k``
+whose per-node memory floor fits (a bisection over cheap sums: below it nothing fits, and an interval
+reaching down there has costs too low to bound anything).  An interval whose relaxation's Lagrangian
+bound (:mod:`autoshard.search.budget`) reaches the best plan found (or the incumbent, the best uniform
+policy's) is dropped (the solver is given it as ``ceiling`` and stops at the first bound that reaches
+it), one where nothing fits is dropped, the rest are halved; a single ``k`` is solved exactly.  No better
+plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per policy, 3 s CPU for both,
+where the halving from ``1..N-1`` took 8 full solves and 16 s.  Past the caller's deadline the search
+stops, and the plan it found is not claimed optimal (``Solution.optimal`` False).  Without a binding
+budget recomputation never pays and nothing here runs.
 
 Mixing two non-trivial policies (some blocks selective, some full) is not searched: each policy is mixed
 with none.
