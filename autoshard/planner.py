@@ -260,13 +260,9 @@ def _plan_captured(
             opts = CostOptions(training=True, recompute=policy, recompute_share=0.0, cp_layout=cp_layout)
             return build(captured, cluster, opts, annotations, limit, {}, kinds)
 
-        def run(p: SearchProblem, method: SearchMethod = search, ceiling: float = float("inf")) -> Solution:
-            return solve(
-                p,
-                method=method,
-                time_limit=max(1.0, min(time_limit, deadline - time.perf_counter())),
-                ceiling=ceiling,
-            )
+        def run(p: SearchProblem, method: SearchMethod = search, ceiling: float = math.inf) -> Solution:
+            left = max(1.0, min(time_limit, deadline - time.perf_counter()))
+            return solve(p, method=method, time_limit=left, ceiling=ceiling)
 
         mixed = mix_policies(uniform, zero, run, deadline)
         timings["recompute_blocks"] = time.perf_counter() - t0
