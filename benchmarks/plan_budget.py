@@ -19,6 +19,7 @@ the way down the k intervals; the op-by-op expert alternative solved to the end)
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
 import time
@@ -29,12 +30,12 @@ from benchmarks.isolate import run_isolated
 
 __all__ = ["BEFORE", "budget_case", "run"]
 
-#: Main at 5920294, 2026-11-24 ~09:15 UTC, load 5-14 on 2 shared cores: CPU s of the process, CPU s of the
-#: recompute-count search, objective (the step the solver minimised).  Wall times were 2-5x the CPU ones.
-BEFORE: dict[str, tuple[float, float, float]] = {
-    "llama3-70b 16x8x8": (33.5, 16.9, 11.674927991050067),
-    "search llama3-8b --forbid tp": (14.6, 3.0, 1.136),
-    "search mixtral-8x7b 2x8": (79.8, 2.5, 1.3798578417407221),
+#: Main at 5920294 (before this work), measured with this script on 2026-11-24 09:50 UTC, load 9-14 on 2 shared
+#: cores: CPU s of the process, CPU s of the recompute-count search, wall s, objective.
+BEFORE: dict[str, tuple[float, float, float, float]] = {
+    "llama3-70b 16x8x8": (24.8, 8.30, 155.9, 11.674927991050067),
+    "search llama3-8b --forbid tp": (7.1, 1.34, 47.4, 1.1559165193085659),
+    "search mixtral-8x7b 2x8": (55.6, 9.12, 389.0, 1.3798578417407221),
 }
 
 CASES: dict[str, list[str] | None] = {
@@ -132,7 +133,12 @@ def _line(r: dict[str, Any]) -> str:
     )
     before = BEFORE.get(r["case"])
     if before is not None:
-        text += f"; before: {before[0]:.1f} s CPU, recompute search {before[1]:.1f} s CPU"
+        cpu, search, wall, objective = before
+        same = "same" if math.isclose(r["objective"], objective, rel_tol=1e-9) else "DIFFERENT"
+        text += (
+            f"; before: {cpu:.1f} s CPU / {wall:.0f} s wall, recompute search {search:.2f} s CPU, "
+            f"{same} objective"
+        )
     return text
 
 
