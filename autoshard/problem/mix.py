@@ -43,7 +43,7 @@ from autoshard.errors import InfeasibleError
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import Recompute
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution
-from autoshard.search.problem import memory_lower_bound
+from autoshard.search.problem import pairwise_form, peak_floor
 
 __all__ = ["best_count", "best_share", "least_fitting", "mix_policies", "relaxed_problem", "share_problem"]
 
@@ -100,10 +100,25 @@ def least_fitting(p0: SearchProblem, p1: SearchProblem, n: int) -> int:
         return 1
     if any(bool(np.any((b > a) & np.isfinite(a))) for a, b in zip(p0.memory, p1.memory, strict=True)):
         return 1  # a strategy that holds more when recomputed: the bound need not fall with k
+    # memory_lower_bound at share k, from arrays built once: which strategies are finite (the same at every
+    # share), the least peak (share-independent), and each node's memory at 0 and its change to 1
+    probe = _shared(p0, p1, 0.5)
+    finite = [np.isfinite(u) for u in pairwise_form(probe).unary]
+    floor = peak_floor(probe)
+    low = [a[f] for a, f in zip(p0.memory, finite, strict=True)]
+    step = [(b - a)[f] for a, b, f in zip(p0.memory, p1.memory, finite, strict=True)]
+
+    def need(k: int) -> float:
+        t = k / n
+        return (
+            math.fsum(float((a + t * d).min(initial=math.inf)) for a, d in zip(low, step, strict=True))
+            + floor
+        )
+
     lo, hi = 1, n
     while lo < hi:
         middle = (lo + hi) // 2
-        if memory_lower_bound(_shared(p0, p1, middle / n)) > limit:
+        if need(middle) > limit:
             lo = middle + 1
         else:
             hi = middle
