@@ -22,8 +22,9 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    405B-shaped LLaMA's pipeline stage on 8 x 16 x 8): the same Lagrangian dual with each relaxed problem
    ``cost + lambda * memory`` reduced and eliminated on its own (no budget, so it folds); proven optimal
    when the dual closes, else its best fitting plan and bound, which CP-SAT then tries to improve.
-5. ``ceiling``: once the optimum without the budget reaches it, :class:`~autoshard.search.run.BoundExceeded`
-   instead of the budgeted solve (the mesh search's pruning).
+5. ``ceiling``: once the optimum without the budget, or the Lagrangian bound under it, reaches it,
+   :class:`~autoshard.search.run.BoundExceeded` instead of the rest of the budgeted solve (the mesh search's
+   pruning, the recompute-count search's intervals).
 
 ``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and its proven gap);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
@@ -286,7 +287,8 @@ def solve(
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
     ``ceiling``: under a binding budget, raise :class:`BoundExceeded` as soon as the optimum without the
-    budget (a lower bound on the one under it) is at least this, instead of solving under the budget.
+    budget, or the Lagrangian bound (lower bounds on the one under it), is at least this, instead of
+    solving on under the budget.
 
     Raises InfeasibleError when no finite plan fits (the message names the nodes or the least memory needed)
     and AnnotationConflictError (an AnnotationError and an InfeasibleError) when annotations conflict.
