@@ -130,8 +130,8 @@ def dual_search(
     ``descend``: without a line over the budget, probe ``lam0``, ``lam0 / 4``, ... before ``lambda = 0``: the
     unbudgeted problem is the widest relaxation (memory ties keep its strategies from being dominated), and
     any minimiser over the budget at some ``lambda >= 0`` proves the budget binds (see
-    :attr:`Lagrange.binding`).  ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the probe count, not the
-    clock, ends a normal search.
+    :attr:`Lagrange.binding`).  ``deadline`` (a ``time.perf_counter`` value) only guards pathological
+    graphs: the probe count, not the clock, ends a normal search.
     """
     assert problem.memory is not None and problem.memory_limit is not None
     limit = problem.memory_limit

@@ -71,7 +71,10 @@ def solve_with_peak(
         raise _too_big(problem, floor)
     try:
         relaxed = solve(
-            dataclasses.replace(plain, memory_limit=limit - floor), ceiling=ceiling, peak=problem.peak, **kwargs
+            dataclasses.replace(plain, memory_limit=limit - floor),
+            ceiling=ceiling,
+            peak=problem.peak,
+            **kwargs,
         )
     except InfeasibleError as e:
         raise _too_big(problem, floor) from e
