@@ -188,11 +188,12 @@ def _fit_peak(
     assert plain.memory_limit is not None
     floor = peak_floor(dataclasses.replace(plain, peak=peak))
     full = dataclasses.replace(plain, peak=peak, memory_limit=plain.memory_limit + floor)
-    upper = evaluate(full, best) if memory_of(full, best) <= plain.memory_limit + floor else math.inf
-    found = None
-    for over in starts:
-        from autoshard.search.solve import solve  # the whole solver on each small neighbourhood
+    if memory_of(full, best) <= plain.memory_limit + floor:
+        return best  # it fits with its peak already: the neighbourhoods were searched without the peak
+    from autoshard.search.solve import solve  # the whole solver on each small neighbourhood
 
+    upper, found = math.inf, None
+    for over in starts:
         plan = improve(full, over, best, upper=upper, solver=solve)
         if plan is not None:
             found, upper = plan, evaluate(full, plan)
