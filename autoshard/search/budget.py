@@ -92,6 +92,7 @@ def lagrangian_sweep(
     lam0: float,
     deadline: float = math.inf,
     seeds: Sequence[tuple[int, ...]] = (),
+    ceiling: float = math.inf,
 ) -> Lagrange:
     """Maximise ``g(lambda)`` from ``lam0`` with exact solves on ``ex``, improving ``lag`` in place (and
     returning it); see :func:`dual_search`."""
@@ -100,7 +101,7 @@ def lagrangian_sweep(
     def relaxed(lam: float) -> tuple[tuple[int, ...], float] | None:
         return ex.solve([c + lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)])  # type: ignore[arg-type]
 
-    return dual_search(relaxed, problem, lag, lam0, deadline, seeds)
+    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, ceiling=ceiling)
 
 
 def dual_search(
@@ -112,6 +113,7 @@ def dual_search(
     seeds: Sequence[tuple[int, ...]] = (),
     tolerance: float = 0.0,
     descend: bool = False,
+    ceiling: float = math.inf,
 ) -> Lagrange:
     """Maximise ``g(lambda)``; ``relaxed(lam)`` returns a minimiser of ``cost + lam * memory`` and its value.
 
@@ -130,8 +132,10 @@ def dual_search(
     ``descend``: without a line over the budget, probe ``lam0``, ``lam0 / 4``, ... before ``lambda = 0``: the
     unbudgeted problem is the widest relaxation (memory ties keep its strategies from being dominated), and
     any minimiser over the budget at some ``lambda >= 0`` proves the budget binds (see
-    :attr:`Lagrange.binding`).  ``deadline`` (a ``time.perf_counter`` value) only guards pathological
-    graphs: the probe count, not the clock, ends a normal search.
+    :attr:`Lagrange.binding`).
+    ``ceiling``: stop once the bound reaches it (the caller only asks whether a plan beats it; no plan does).
+    ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the probe count, not the
+    clock, ends a normal search.
     """
     assert problem.memory is not None and problem.memory_limit is not None
     limit = problem.memory_limit
@@ -171,7 +175,11 @@ def dual_search(
         if got is not None:
             keep(lam, got[:2], got[2])
     lam = lam0
-    while lines[True] is None and lag.solves < MAX_SOLVES and time.perf_counter() < deadline:
+
+    def going() -> bool:
+        return lag.solves < MAX_SOLVES and time.perf_counter() < deadline and lag.bound < ceiling
+
+    while lines[True] is None and going():
         got = probe(lam)
         if got is None:
             break
@@ -179,7 +187,7 @@ def dual_search(
         if got[2]:
             break
         lam *= 4.0
-    while lag.solves < MAX_SOLVES and not lag.closed() and time.perf_counter() < deadline:
+    while not lag.closed() and going():
         over, under = lines[False], lines[True]
         if over is None or under is None or over[1] <= under[1]:
             break

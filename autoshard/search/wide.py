@@ -129,7 +129,7 @@ def with_budget_by_reduction(
     # 5 % of the gap left.
     dual_search(
         relaxed, rp, lag, lam0, deadline=run.start + run.time_limit, seeds=seeds, tolerance=0.05,
-        descend=True,
+        descend=True, ceiling=run.ceiling - run.offset(),
     )  # fmt: skip
     run.prune(lag.bound + run.offset())
     fits = memory_of(rp, lag.plan) <= rp.memory_limit
@@ -151,8 +151,12 @@ def with_budget_by_reduction(
     if lag.over and not lag.closed():  # the primal moved: probe on until 5 % of the gap now left
         dual_search(
             relaxed, rp, lag, lag.lam or lam0, deadline=run.start + run.time_limit, seeds=(lag.over[-1],),
-            tolerance=0.05,
+            tolerance=0.05, ceiling=run.ceiling - run.offset(),
         )  # fmt: skip
+        run.prune(lag.bound + run.offset())
+        if peak is None and lag.cost + run.offset() < evaluate(run.problem, best):
+            best = run.expand(lag.plan)  # a probe's minimiser fit and beat it (with peak terms: kept out)
+        lag.cost = evaluate(run.problem, best) - run.offset()
     bound = lag.bound + run.offset()
     run.log.append(
         f"lagrangian by reduction: {lag.solves} relaxed solves"
