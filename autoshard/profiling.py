@@ -61,12 +61,16 @@ class Measurements:
     collectives: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # kind -> (S, seconds)
     axes: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)  # per mesh axis
     capacity: int = 0
+    multiprocessors: int = 0  # CUDA: the device's SM count (0: not read)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]:
+    if device.type == "cuda":
+        return _cuda_time
+
     def median_time(fn: Callable[[], object], repeats: int) -> float:
         fn()  # warm up (kernel selection, allocation)
         times = []
@@ -81,6 +85,25 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]
         return statistics.median(times)
 
     return median_time
+
+
+def _cuda_time(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds per call of ``fn`` on the GPU: CUDA events around ``repeats`` back-to-back calls after a warm-up,
+    the median of 3 such runs.  Back to back, as eager training issues them: the host queues each launch while
+    the device runs the last, so a small kernel costs the host's issue time (the launch floor), a large one
+    its own (a host clock around each call with a synchronize would add a round trip to every one)."""
+    for _ in range(3):
+        fn()  # kernel selection, allocation, clocks up
+    runs = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / 1e3 / repeats)
+    return statistics.median(runs)
 
 
 def measure(
@@ -108,7 +131,8 @@ def measure(
     one = torch.ones(1, device=device)
     m.launch = timed(partial(one.add_, 1), max(repeats, 20))
     if cuda:
-        m.capacity = int(torch.cuda.get_device_properties(0).total_memory)
+        props = torch.cuda.get_device_properties(0)
+        m.capacity, m.multiprocessors = int(props.total_memory), int(props.multi_processor_count)
     else:
         m.capacity = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, ranks))
     if ranks > 1:
@@ -253,10 +277,16 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
     if m.dtype != "float32":
         fp32 = base.compute.peak("float32") if base is not None else best
         compute["peak_flops"]["float32"] = _q(fp32 / 1e12, "TFLOP/s", "base profile" if base else peak_source)
+    for dt, value in base.compute.peak_flops if base is not None else ():
+        if dt not in compute["peak_flops"]:  # the datasheet peaks of the dtypes not measured
+            compute["peak_flops"][dt] = _q(value / 1e12, "TFLOP/s", f"base profile {base.name}")
     bus: dict[str, Any] = {}
     latencies: list[float] = []
     for kind in KINDS:
         points = m.collectives.get(kind, [])
+        if not points and base is not None:
+            bus[kind] = _q(base.intra_node.bus_bandwidth.of(kind) / 1e9, "GB/s", _unmeasured(base, kind))
+            continue
         if not points:
             bus[kind] = _q(stream_rate / 1e9, "GB/s", f"not measured (one rank): the copy bandwidth, {how}")
             continue
@@ -267,12 +297,18 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
         )  # fmt: skip
         latencies.append(intercept / _steps(kind, m.ranks))
     step = statistics.median(latencies) if latencies else m.launch
-    return {
+    step_source = f"{how}: intercept of the alpha-beta fits / ring steps"
+    ranks = _q(m.ranks, None, f"{how}: ranks measured")
+    if not latencies and base is not None:
+        step, step_source = base.intra_node.step_latency, _unmeasured(base, "step_latency")
+        ranks = _q(base.devices_per_node, None, _unmeasured(base, "devices_per_node"))
+    _copy_unmeasured(compute, m, base)
+    doc: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "name": name,
         "description": f"{m.ranks} x {m.device}, measured by autoshard profile on {when}",
         "device": m.device,
-        "devices_per_node": _q(m.ranks, None, f"{how}: ranks measured"),
+        "devices_per_node": ranks,
         "compute": compute,
         "memory": {
             "capacity": _q(m.capacity, "B", f"{how}: device memory (CPU: physical memory / ranks)"),
@@ -283,10 +319,43 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
         },
         "intra_node": {
             "bus_bandwidth": bus,
-            "step_latency": _q(step * 1e6, "us", f"{how}: intercept of the alpha-beta fits / ring steps"),
+            "step_latency": _q(step * 1e6, "us", step_source),
         },
         "inter_node": _network(base, bus, step, how),
     }
+    if base is not None and base.memory.runtime_reserve:
+        reserve = _unmeasured(base, "memory.runtime_reserve")
+        doc["memory"]["runtime_reserve"] = _q(base.memory.runtime_reserve / 1e9, "GB", reserve)
+    return doc
+
+
+def _unmeasured(base: HardwareProfile, field: str) -> str:
+    """Source of a figure one device cannot measure (collectives need >= 2 ranks) or that is not measured."""
+    path = {
+        "step_latency": "intra_node.step_latency",
+        "devices_per_node": "devices_per_node",
+    }.get(field, field if "." in field else f"intra_node.bus_bandwidth.{field}")
+    why = "collectives need >= 2 ranks; " if path.startswith(("intra_node", "devices")) else ""
+    return f"not measured ({why}one device profiled): base profile {base.name}'s, {base.source_of(path)}"
+
+
+def _copy_unmeasured(compute: dict[str, Any], m: Measurements, base: HardwareProfile | None) -> None:
+    """Shape figures of the compute model: the SM count as read from the device, the GEMM tile and fused
+    attention efficiency from the base profile (not measured by this command)."""
+    if m.multiprocessors:
+        compute["multiprocessors"] = _q(m.multiprocessors, None, f"read from the device on {m.device}")
+    elif base is not None and base.compute.multiprocessors > 1:
+        compute["multiprocessors"] = _q(
+            base.compute.multiprocessors, None, _unmeasured(base, "compute.multiprocessors")
+        )
+    if base is None:
+        return
+    if base.compute.gemm_tile > 1:
+        compute["gemm_tile"] = _q(base.compute.gemm_tile, None, _unmeasured(base, "compute.gemm_tile"))
+    if base.compute.attention_efficiency is not None:
+        compute["attention_efficiency"] = _q(
+            base.compute.attention_efficiency, None, _unmeasured(base, "compute.attention_efficiency")
+        )
 
 
 def _network(base: HardwareProfile | None, bus: dict[str, Any], step: float, how: str) -> dict[str, Any]:

@@ -1,0 +1,337 @@
+"""Real single-GPU training steps against autoshard's prediction: step time and peak memory.
+
+    python -m benchmarks.gpu_step predict            # here, on the CPU: plan every case for one H100
+    python -m benchmarks.gpu_step measure --out DIR  # on a CUDA machine: time every case, profile one
+    python -m benchmarks.gpu_step table [--measured DIR/gpu_step_measured.json]   # join, print, write the CSV
+
+Each case is a real model built from its published config (HF GPT-2 124M, a HF LLaMA shaped as Llama-3.2-1B,
+HF BERT-base), trained on one device with AdamW, with and without full activation checkpointing (HF's
+``gradient_checkpointing_enable``: every decoder layer re-run in backward, autoshard's ``recompute="full"``).
+
+Precision, as the planner assumes it: the planner is given the model in bfloat16, so it prices bf16 compute and
+16 bytes of state per parameter (2 weights + 2 gradients + 12 fp32 master and Adam moments).  The real run is
+torch's own mixed precision: fp32 parameters under ``torch.autocast(bfloat16)`` and ``torch.optim.AdamW``
+(foreach): 4 + 4 + 8 = the same 16 bytes per parameter, bf16 matrix products.  The loss is cross-entropy on the
+fp32-upcast logits (as HF's loss does).
+
+Measured (``measure``): step = zero_grad + forward + loss + backward + optimizer step; median of ``--steps``
+steps after 3 warm-up steps, each timed with CUDA events; ``torch.cuda.max_memory_allocated`` and
+``max_memory_reserved`` over the timed steps, and the device's used memory (total - free, CUDA context and
+cuBLAS workspaces included) after them.  Each case runs in a fresh process.  ``--ops`` also records one step of
+one case under ``torch.profiler``: device time per aten op and per kernel class (GEMM, attention,
+elementwise / norm, optimizer, copy / cast), written beside the figures.
+
+Predicted (``predict``): ``autoshard.plan`` on the meta device, cluster = one H100 of ``h100x8``
+(``cluster_for("h100x8", 1)``), recompute pinned to the case's, no memory limit: ``predicted_step_time``,
+``compute_time`` and ``memory_per_device`` (the 1 GB runtime reserve included; compare it with the used
+memory).  Stored in ``benchmarks/results/gpu_step_predicted.json`` so the GPU machine needs no solver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PREDICTED = RESULTS / "gpu_step_predicted.json"
+CSV = RESULTS / "gpu_step.csv"
+GIB = 2**30
+
+__all__ = ["CASES", "Case", "build", "measure_case", "predict_case", "rows"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One training configuration: model, global batch, sequence length, activation recomputation."""
+
+    model: str
+    batch: int
+    seq: int
+    recompute: str  # "none" | "full"
+
+    @property
+    def key(self) -> str:
+        return f"{self.model} b{self.batch}x{self.seq} {self.recompute}"
+
+
+# published configs: GPT-2 small (Radford et al. 2019 / HF "gpt2"), Llama-3.2-1B (HF meta-llama/Llama-3.2-1B
+# config.json: 2048 hidden, 16 layers, 32 heads, 8 kv heads, FFN 8192, vocab 128256, tied embeddings),
+# BERT-base (Devlin et al. 2019 / HF "bert-base-uncased")
+MODELS = ("gpt2", "llama-1b", "bert-base")
+CASES: tuple[Case, ...] = (
+    Case("gpt2", 8, 1024, "none"),
+    Case("gpt2", 8, 1024, "full"),
+    Case("gpt2", 16, 1024, "none"),
+    Case("llama-1b", 4, 2048, "none"),
+    Case("llama-1b", 4, 2048, "full"),
+    Case("llama-1b", 8, 2048, "full"),
+    Case("bert-base", 32, 512, "none"),
+    Case("bert-base", 32, 512, "full"),
+)
+OPS_CASE = Case("llama-1b", 4, 2048, "none")  # the case whose step is recorded op by op
+
+
+def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[Any, Any]:
+    """The model (HF, SDPA attention, no dropout, no KV cache) and random token ids of ``(batch, seq)``."""
+    import torch
+    import transformers
+
+    common: dict[str, Any] = {"use_cache": False, "attn_implementation": "sdpa"}
+    if model == "gpt2":
+        cfg: Any = transformers.GPT2Config(
+            n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common,
+        )  # fmt: skip
+        cls: Any = transformers.GPT2LMHeadModel
+    elif model == "llama-1b":
+        cfg = transformers.LlamaConfig(
+            hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+            num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rms_norm_eps=1e-5,
+            bos_token_id=0, eos_token_id=128255, **common,
+        )  # fmt: skip
+        cls = transformers.LlamaForCausalLM
+    elif model == "bert-base":
+        cfg = transformers.BertConfig(
+            hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+            vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common,
+        )  # fmt: skip
+        cls = transformers.BertForMaskedLM
+    else:
+        raise ValueError(f"unknown model {model!r}; one of {MODELS}")
+    torch.manual_seed(0)
+    with torch.device(device):
+        net = cls(cfg).to(dtype)
+    vocab = cfg.vocab_size
+    if device == "meta":
+        ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
+    else:
+        ids = torch.randint(0, vocab, (batch, seq), device=device)
+    return net, ids
+
+
+# -- prediction (CPU) ---------------------------------------------------------------------------------------------
+def predict_case(model: str, batch: int, seq: int, recompute: str) -> dict[str, Any]:
+    """autoshard's plan of one case for one H100 (runs in a child process)."""
+    import time
+
+    import torch
+
+    import autoshard
+    from autoshard.runtime.verify import cluster_for
+
+    net, ids = build(model, batch, seq, "meta", torch.bfloat16)
+    net.train()
+    start = time.perf_counter()
+    plan = autoshard.plan(
+        net, cluster_for("h100x8", 1), (ids,), recompute=recompute,  # type: ignore[arg-type]
+        memory_limit=float("inf"),
+    )  # fmt: skip
+    return {
+        "step_ms": plan.predicted_step_time * 1e3,
+        "compute_ms": plan.compute_time * 1e3,
+        "communication_ms": plan.communication_time * 1e3,
+        "memory_gib": plan.memory_per_device / GIB,
+        "breakdown_gib": {k: v / GIB for k, v in plan.memory_breakdown.items()},
+        "recompute": plan.recompute,
+        "params": sum(p.numel() for p in net.parameters()),
+        "plan_s": time.perf_counter() - start,
+    }
+
+
+def predict() -> None:
+    from benchmarks.isolate import run_isolated
+
+    out: dict[str, Any] = {}
+    for case in CASES:
+        r = run_isolated("benchmarks.gpu_step:predict_case", asdict(case), timeout=1200)
+        out[case.key] = r
+        print(case.key, {k: r[k] for k in ("step_ms", "memory_gib", "plan_s") if k in r} or r)
+    PREDICTED.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {PREDICTED}")
+
+
+# -- measurement (CUDA) -------------------------------------------------------------------------------------------
+def measure_case(
+    model: str, batch: int, seq: int, recompute: str, steps: int, ops: str = ""
+) -> dict[str, Any]:
+    """Train one case on the GPU (child process): median step ms and peak memory; with ``ops``, a profiled
+    step's device time per aten op and per kernel class written to that path."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 work outside autocast as the profile's tf32 peak
+    net, ids = build(model, batch, seq, "cuda", torch.float32)
+    net.train()
+    if recompute == "full":
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = net(ids).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    free, total = torch.cuda.mem_get_info()
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "step_ms": statistics.median(times),
+        "step_ms_min": min(times),
+        "step_ms_max": max(times),
+        "allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+        "reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+        "used_gib": (total - free) / GIB,
+        "params": sum(p.numel() for p in net.parameters()),
+    }
+    if ops:
+        result["ops"] = _profile_ops(step, ops)
+    return result
+
+
+def _kernel_class(name: str) -> str:
+    n = name.lower()
+    if "flash" in n or "fmha" in n or "attention" in n:
+        return "attention"
+    if "gemm" in n or "xmma" in n or "cutlass" in n or "sm90" in n or "matmul" in n or "splitk" in n:
+        return "gemm"
+    if "multi_tensor" in n or "adam" in n:
+        return "optimizer"
+    if "copy" in n or "memcpy" in n or "memset" in n or "cast" in n:
+        return "copy/cast"
+    if "reduce" in n or "softmax" in n or "norm" in n or "cross_entropy" in n or "nll" in n:
+        return "reduction/norm/softmax"
+    return "elementwise/other"
+
+
+def _profile_ops(step: Any, path: str) -> dict[str, float]:
+    """One step under torch.profiler: per-kernel-class device ms (returned) and the aten table (to ``path``)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    classes: dict[str, float] = {}
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = float(getattr(e, "device_time", 0.0) or getattr(e, "cuda_time", 0.0) or 0.0)
+        classes[_kernel_class(e.name)] = classes.get(_kernel_class(e.name), 0.0) + us / 1e3
+        kernels.setdefault(e.name, []).append(us)
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=80, max_name_column_width=70)
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:60]
+    lines = [f"{sum(v) / 1e3:10.3f} ms {len(v):6d} x {_kernel_class(k):24s} {k[:150]}" for k, v in top]
+    Path(path).write_text(table + "\n\nkernels by total device time\n" + "\n".join(lines) + "\n")
+    return classes
+
+
+def measure(out: Path, steps: int, only: str | None) -> None:
+    from benchmarks.isolate import run_isolated
+
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    for case in CASES:
+        if only and only not in case.key:
+            continue
+        ops = str(out / "gpu_step_ops.txt") if case == OPS_CASE else ""
+        r = run_isolated(
+            "benchmarks.gpu_step:measure_case", {**asdict(case), "steps": steps, "ops": ops}, timeout=600
+        )
+        results[case.key] = r
+        print(case.key, json.dumps(r), flush=True)
+        (out / "gpu_step_measured.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+# -- the table ----------------------------------------------------------------------------------------------------
+def rows(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per case present in both: predicted and measured ms and GiB, and the errors (pred / meas - 1)."""
+    out = []
+    for case in CASES:
+        p, m = predicted.get(case.key, {}), measured.get(case.key, {})
+        if "step_ms" not in p or "step_ms" not in m:
+            continue
+        out.append({
+            "model": case.model, "config": f"b{case.batch}x{case.seq} bf16 AdamW recompute={case.recompute}",
+            "predicted_ms": round(p["step_ms"], 2), "measured_ms": round(m["step_ms"], 2),
+            "time_error_pct": round(100 * (p["step_ms"] / m["step_ms"] - 1), 1),
+            "predicted_gib": round(p["memory_gib"], 2), "measured_gib": round(m["used_gib"], 2),
+            "memory_error_pct": round(100 * (p["memory_gib"] / m["used_gib"] - 1), 1),
+            "measured_allocated_gib": round(m["allocated_gib"], 2),
+            "measured_reserved_gib": round(m["reserved_gib"], 2),
+        })  # fmt: skip
+    return out
+
+
+def table(measured_path: Path) -> None:
+    predicted = json.loads(PREDICTED.read_text())
+    measured = json.loads(measured_path.read_text())
+    table_rows = rows(predicted, measured)
+    if not table_rows:
+        raise SystemExit(f"no case is in both {PREDICTED} and {measured_path}")
+    with CSV.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table_rows[0]))
+        writer.writeheader()
+        writer.writerows(table_rows)
+    head = (
+        "model",
+        "config",
+        "pred ms",
+        "meas ms",
+        "err %",
+        "pred GiB",
+        "meas GiB",
+        "err %",
+        "alloc",
+        "resv",
+    )
+    print(" | ".join(head))
+    for r in table_rows:
+        print(" | ".join(str(v) for v in r.values()))
+    times = [abs(r["time_error_pct"]) for r in table_rows]
+    mems = [abs(r["memory_error_pct"]) for r in table_rows]
+    print(f"step time |error| mean {statistics.fmean(times):.1f}% max {max(times):.1f}%; "
+          f"memory |error| mean {statistics.fmean(mems):.1f}% max {max(mems):.1f}%")  # fmt: skip
+    print(f"wrote {CSV}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("predict", "measure", "table"))
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--only", default=None, help="cases whose key contains this")
+    parser.add_argument("--measured", type=Path, default=RESULTS / "gpu_step_measured.json")
+    args = parser.parse_args(argv)
+    if args.what == "predict":
+        predict()
+    elif args.what == "measure":
+        measure(args.out, args.steps, args.only)
+    else:
+        table(args.measured)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
