@@ -279,7 +279,7 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
         compute["peak_flops"]["float32"] = _q(fp32 / 1e12, "TFLOP/s", "base profile" if base else peak_source)
     for dt, value in base.compute.peak_flops if base is not None else ():
         if dt not in compute["peak_flops"]:  # the datasheet peaks of the dtypes not measured
-            compute["peak_flops"][dt] = _q(value / 1e12, "TFLOP/s", f"base profile {name_of(base)}")
+            compute["peak_flops"][dt] = _q(value / 1e12, "TFLOP/s", f"base profile {_name_of(base)}")
     bus: dict[str, Any] = {}
     latencies: list[float] = []
     for kind in KINDS:
@@ -329,7 +329,7 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
     return doc
 
 
-def name_of(base: HardwareProfile | None) -> str:
+def _name_of(base: HardwareProfile | None) -> str:
     return base.name if base is not None else "none"
 
 
