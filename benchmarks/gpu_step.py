@@ -8,18 +8,16 @@ Each case is a real model built from its published config (HF GPT-2 124M, a HF L
 HF BERT-base), trained on one device with AdamW, with and without full activation checkpointing (HF's
 ``gradient_checkpointing_enable``: every decoder layer re-run in backward, autoshard's ``recompute="full"``).
 
-Precision, as the planner assumes it: the planner is given the model in bfloat16, so it prices bf16 compute and
-16 bytes of state per parameter (2 weights + 2 gradients + 12 fp32 master and Adam moments).  The real run is
-torch's own mixed precision: fp32 parameters under ``torch.autocast(bfloat16)`` and ``torch.optim.AdamW``
-(foreach): 4 + 4 + 8 = the same 16 bytes per parameter, bf16 matrix products.  The loss is cross-entropy on the
-fp32-upcast logits (as HF's loss does).
+Precision: the planner is given the model in bfloat16, so it prices bf16 compute and 16 bytes of state per
+parameter (2 weights + 2 gradients + 12 fp32 master and Adam moments).  Two real recipes (``--recipes``, see
+:func:`_trainer`): ``bf16``, that same recipe (fused AdamW on an fp32 master copy), and ``amp``, torch's default
+(fp32 weights under autocast, foreach AdamW).  The loss is cross-entropy on the fp32-upcast logits, as HF's is.
 
 Measured (``measure``): step = zero_grad + forward + loss + backward + optimizer step; median of ``--steps``
 steps after 3 warm-up steps, each timed with CUDA events; ``torch.cuda.max_memory_allocated`` and
 ``max_memory_reserved`` over the timed steps, and the device's used memory (total - free, CUDA context and
-cuBLAS workspaces included) after them.  Each case runs in a fresh process.  ``--ops`` also records one step of
-one case under ``torch.profiler``: device time per aten op and per kernel class (GEMM, attention,
-elementwise / norm, optimizer, copy / cast), written beside the figures.
+cuBLAS workspaces included) after them.  Each case runs in a fresh process.  ``OPS_CASES`` also record one
+step under ``torch.profiler`` (bf16): device time per aten op and per kernel class, written beside the figures.
 
 Predicted (``predict``): ``autoshard.plan`` on the meta device, cluster = one H100 of ``h100x8``
 (``cluster_for("h100x8", 1)``), recompute pinned to the case's, no memory limit: ``predicted_step_time``,
@@ -74,7 +72,7 @@ CASES: tuple[Case, ...] = (
     Case("bert-base", 32, 512, "none"),
     Case("bert-base", 32, 512, "full"),
 )
-OPS_CASE = Case("llama-1b", 4, 2048, "none")  # the case whose step is recorded op by op
+OPS_CASES = (Case("llama-1b", 4, 2048, "none"), Case("gpt2", 8, 1024, "none"))  # recorded op by op
 
 
 def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[Any, Any]:
@@ -158,29 +156,71 @@ def predict() -> None:
 
 
 # -- measurement (CUDA) -------------------------------------------------------------------------------------------
+RECIPES = ("bf16", "amp")
+
+
+def _trainer(net: Any, ids: Any, recipe: str) -> Any:
+    """One training step of ``net`` under ``recipe`` (module docstring), as a closure.
+
+    ``bf16``: what the planner prices -- bf16 weights and gradients, an fp32 master copy and fp32 Adam moments
+    (torch's fused AdamW on the master copy, one optimizer per ~64M-element chunk so that the fp32 copy of the
+    gradients exists for one chunk at a time), the master copied back into the bf16 weights.
+    ``amp``: torch's default mixed precision -- fp32 weights under ``torch.autocast(bfloat16)``, default AdamW
+    (foreach): the same 16 bytes of state per parameter, but an fp32 residual stream and per-step weight casts.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    def loss_of() -> Any:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=recipe == "amp"):
+            logits = net(ids).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+
+    if recipe == "amp":
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+        def amp_step() -> None:
+            opt.zero_grad(set_to_none=True)
+            loss_of().backward()
+            opt.step()
+
+        return amp_step
+    chunks: list[list[Any]] = [[]]
+    for p in net.parameters():
+        if sum(q.numel() for q in chunks[-1]) >= 64 * 2**20:
+            chunks.append([])
+        chunks[-1].append(p)
+    masters = [[p.detach().float() for p in chunk] for chunk in chunks]
+    opts = [torch.optim.AdamW(m, lr=1e-4, fused=True) for m in masters]
+
+    def bf16_step() -> None:
+        for p in net.parameters():
+            p.grad = None
+        loss_of().backward()
+        for chunk, master, opt in zip(chunks, masters, opts, strict=True):
+            for p, m in zip(chunk, master, strict=True):
+                m.grad = None if p.grad is None else p.grad.float()
+            opt.step()
+            for p, m in zip(chunk, master, strict=True):
+                p.data.copy_(m)
+                m.grad = None
+
+    return bf16_step
+
+
 def measure_case(
-    model: str, batch: int, seq: int, recompute: str, steps: int, ops: str = ""
+    model: str, batch: int, seq: int, recompute: str, steps: int, recipe: str = "bf16", ops: str = ""
 ) -> dict[str, Any]:
     """Train one case on the GPU (child process): median step ms and peak memory; with ``ops``, a profiled
     step's device time per aten op and per kernel class written to that path."""
     import torch
-    import torch.nn.functional as F
 
     torch.backends.cuda.matmul.allow_tf32 = True  # fp32 work outside autocast as the profile's tf32 peak
-    net, ids = build(model, batch, seq, "cuda", torch.float32)
+    net, ids = build(model, batch, seq, "cuda", torch.bfloat16 if recipe == "bf16" else torch.float32)
     net.train()
     if recompute == "full":
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = net(ids).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
-        loss.backward()
-        opt.step()
-
+    step = _trainer(net, ids, recipe)
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -197,6 +237,7 @@ def measure_case(
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
+        "recipe": recipe,
         "step_ms": statistics.median(times),
         "step_ms_min": min(times),
         "step_ms_max": max(times),
@@ -210,80 +251,95 @@ def measure_case(
     return result
 
 
-def _kernel_class(name: str) -> str:
-    n = name.lower()
-    if "flash" in n or "fmha" in n or "attention" in n:
-        return "attention"
-    if "gemm" in n or "xmma" in n or "cutlass" in n or "sm90" in n or "matmul" in n or "splitk" in n:
-        return "gemm"
-    if "multi_tensor" in n or "adam" in n:
-        return "optimizer"
-    if "copy" in n or "memcpy" in n or "memset" in n or "cast" in n:
-        return "copy/cast"
-    if "reduce" in n or "softmax" in n or "norm" in n or "cross_entropy" in n or "nll" in n:
-        return "reduction/norm/softmax"
-    return "elementwise/other"
+_CLASSES = (  # (class, substrings of a kernel's name), first match wins
+    ("annotation", ("optimizer.step", "command buffer full", "profilerstep")),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),
+    ("gemm", ("nvjet", "gemm", "xmma", "cutlass")),
+    ("optimizer", ("multi_tensor_apply", "fused_adam", "adam")),
+    ("copy/cast", ("copy_kernel", "memcpy", "memset", "catarray")),
+    ("loss softmax", ("softmax",)),
+    ("reduction", ("reduce_kernel", "norm")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """The op class of a CUDA kernel, from its name (``annotation``: a profiler range, not a kernel)."""
+    low = name.lower()
+    return next((c for c, keys in _CLASSES if any(k in low for k in keys)), "elementwise")
 
 
 def _profile_ops(step: Any, path: str) -> dict[str, float]:
-    """One step under torch.profiler: per-kernel-class device ms (returned) and the aten table (to ``path``)."""
+    """One step under torch.profiler: per-kernel-class device ms (returned; ``busy`` is their sum, ``step``
+    the step's wall time) and the aten and kernel tables (written to ``path``)."""
+    import time
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         step()
         torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
     classes: dict[str, float] = {}
     kernels: dict[str, list[float]] = {}
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         us = float(e.time_range.elapsed_us())  # a device event: its kernel's duration
-        classes[_kernel_class(e.name)] = classes.get(_kernel_class(e.name), 0.0) + us / 1e3
+        classes[kernel_class(e.name)] = classes.get(kernel_class(e.name), 0.0) + us / 1e3
         kernels.setdefault(e.name, []).append(us)
+    classes.pop("annotation", None)
+    classes["busy"], classes["step"] = sum(classes.values()), wall * 1e3
     table = prof.key_averages().table(
         sort_by="self_device_time_total", row_limit=80, max_name_column_width=70
     )
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:60]
-    lines = [f"{sum(v) / 1e3:10.3f} ms {len(v):6d} x {_kernel_class(k):24s} {k[:150]}" for k, v in top]
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:80]
+    lines = [f"{sum(v) / 1e3:10.3f} ms {len(v):6d} x {kernel_class(k):14s} {k[:150]}" for k, v in top]
     Path(path).write_text(table + "\n\nkernels by total device time\n" + "\n".join(lines) + "\n")
     return classes
 
 
-def measure(out: Path, steps: int, only: str | None) -> None:
+def measure(out: Path, steps: int, only: str | None, recipes: tuple[str, ...]) -> None:
     from benchmarks.isolate import run_isolated
 
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
-    for case in CASES:
-        if only and only not in case.key:
-            continue
-        ops = str(out / "gpu_step_ops.txt") if case == OPS_CASE else ""
-        r = run_isolated(
-            "benchmarks.gpu_step:measure_case", {**asdict(case), "steps": steps, "ops": ops}, timeout=600
-        )
-        results[case.key] = r
-        print(case.key, json.dumps(r), flush=True)
-        (out / "gpu_step_measured.json").write_text(json.dumps(results, indent=1) + "\n")
+    for recipe in recipes:
+        for case in CASES:
+            if only and only not in case.key:
+                continue
+            ops = (
+                str(out / f"gpu_step_ops_{case.model}.txt") if case in OPS_CASES and recipe == "bf16" else ""
+            )
+            kwargs = {**asdict(case), "steps": steps, "recipe": recipe, "ops": ops}
+            r = run_isolated("benchmarks.gpu_step:measure_case", kwargs, timeout=600)
+            results[f"{case.key} {recipe}"] = r
+            print(case.key, recipe, json.dumps(r), flush=True)
+            (out / "gpu_step_measured.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 # -- the table ----------------------------------------------------------------------------------------------------
 def rows(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per case present in both: predicted and measured ms and GiB, and the errors (pred / meas - 1)."""
+    """One row per case and recipe present in both: predicted and measured ms and GiB, and the errors
+    (predicted / measured - 1; memory against the device's used memory, context included)."""
     out = []
-    for case in CASES:
-        p, m = predicted.get(case.key, {}), measured.get(case.key, {})
-        if "step_ms" not in p or "step_ms" not in m:
-            continue
-        out.append({
-            "model": case.model, "config": f"b{case.batch}x{case.seq} bf16 AdamW recompute={case.recompute}",
-            "predicted_ms": round(p["step_ms"], 2), "measured_ms": round(m["step_ms"], 2),
-            "time_error_pct": round(100 * (p["step_ms"] / m["step_ms"] - 1), 1),
-            "predicted_gib": round(p["memory_gib"], 2), "measured_gib": round(m["used_gib"], 2),
-            "memory_error_pct": round(100 * (p["memory_gib"] / m["used_gib"] - 1), 1),
-            "measured_allocated_gib": round(m["allocated_gib"], 2),
-            "measured_reserved_gib": round(m["reserved_gib"], 2),
-        })  # fmt: skip
+    for recipe in RECIPES:
+        for case in CASES:
+            p, m = predicted.get(case.key, {}), measured.get(f"{case.key} {recipe}", {})
+            if "step_ms" not in p or "step_ms" not in m:
+                continue
+            out.append({
+                "model": case.model, "config": f"b{case.batch}x{case.seq} recompute={case.recompute}",
+                "recipe": recipe,
+                "predicted_ms": round(p["step_ms"], 2), "measured_ms": round(m["step_ms"], 2),
+                "time_error_pct": round(100 * (p["step_ms"] / m["step_ms"] - 1), 1),
+                "predicted_gib": round(p["memory_gib"], 2), "measured_gib": round(m["used_gib"], 2),
+                "memory_error_pct": round(100 * (p["memory_gib"] / m["used_gib"] - 1), 1),
+                "measured_allocated_gib": round(m["allocated_gib"], 2),
+                "measured_reserved_gib": round(m["reserved_gib"], 2),
+            })  # fmt: skip
     return out
 
 
@@ -312,16 +368,19 @@ def table(measured_path: Path) -> None:
     print(" | ".join(head))
     for r in table_rows:
         print(" | ".join(str(v) for v in r.values()))
-    times = [abs(r["time_error_pct"]) for r in table_rows]
-    mems = [abs(r["memory_error_pct"]) for r in table_rows]
-    print(f"step time |error| mean {statistics.fmean(times):.1f}% max {max(times):.1f}%; "
-          f"memory |error| mean {statistics.fmean(mems):.1f}% max {max(mems):.1f}%")  # fmt: skip
+    for recipe in RECIPES:
+        times = [abs(r["time_error_pct"]) for r in table_rows if r["recipe"] == recipe]
+        mems = [abs(r["memory_error_pct"]) for r in table_rows if r["recipe"] == recipe]
+        if times:
+            print(f"{recipe}: step time |error| mean {statistics.fmean(times):.1f}% max {max(times):.1f}%; "
+                  f"memory |error| mean {statistics.fmean(mems):.1f}% max {max(mems):.1f}%")  # fmt: skip
     print(f"wrote {CSV}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=("predict", "measure", "table"))
+    parser.add_argument("--recipes", default="bf16", help=f"comma-separated, of {RECIPES}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", default=None, help="cases whose key contains this")
@@ -330,7 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "predict":
         predict()
     elif args.what == "measure":
-        measure(args.out, args.steps, args.only)
+        measure(args.out, args.steps, args.only, tuple(args.recipes.split(",")))
+
     else:
         table(args.measured)
 
