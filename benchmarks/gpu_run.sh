@@ -18,7 +18,7 @@ for part in $parts; do
       --base h100x8 --raw "$OUT/h100_profile_raw.json" --ranks 1 --gemm-sizes 256,512,1024,2048,3072,4096,6144,8192 \
       --repeats 20 ;;
     steps) timeout ${STEP_TIMEOUT:-330} python3 -m benchmarks.gpu_step measure --out "$OUT" --steps 10 \
-      --recipes ${RECIPES:-bf16,amp} ;;
+      --recipes ${RECIPES:-bf16,amp} ${ONLY:+--only "$ONLY"} ;;
     emitted) timeout 200 python3 -m benchmarks.gpu_emitted --out "$OUT"
       timeout 150 python3 -c "
 import json; from benchmarks.isolate import run_isolated
