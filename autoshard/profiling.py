@@ -12,7 +12,8 @@ between forked ranks):
 
 * compute: square GEMMs of each size in the profile dtype (median of ``repeats``).  ``efficiency_max`` is
   the best achieved rate over the peak (the base profile's, else the best rate itself: η = 1);
-  ``efficiency_half_time`` τ is the median excess of the products over F / (peak · η), the ramp of
+  ``efficiency_half_time`` τ is the median excess over F / (peak · η) of the products that take at least
+  twice the launch floor (faster ones are host-bound: they measure the launch floor again), the ramp of
   :mod:`cost_models.compute`; ``launch_floor`` the time of a one-element add;
 * memory: a copy of ``stream_bytes`` (read + write) over the peak bandwidth (base) or itself;
 * collectives: all_reduce, all_gather, reduce_scatter and all_to_all of every message size among ``ranks``
@@ -265,13 +266,17 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
         f"{how}: best achieved {m.dtype} GEMM rate (no base profile: efficiency_max is 1 by construction)"
     )  # fmt: skip
     eta = min(1.0, best / peak)
-    tau = statistics.median(max(0.0, t - 2.0 * n**3 / (peak * eta)) for n, t in m.gemm)
+    # products that take under twice the launch floor measure how fast the host issues them (the floor's job)
+    timed = [(n, t) for n, t in m.gemm if t >= 2 * m.launch] or m.gemm
+    tau = statistics.median(max(0.0, t - 2.0 * n**3 / (peak * eta)) for n, t in timed)
     stream_rate = m.stream[0] / m.stream[1]
     hbm = base.memory.bandwidth if base is not None else stream_rate
     compute: dict[str, Any] = {
         "peak_flops": {m.dtype: _q(peak / 1e12, "TFLOP/s", peak_source)},
         "efficiency_max": _q(round(eta, 4), None, f"{how}: best of square GEMMs {[n for n, _ in m.gemm]}"),
-        "efficiency_half_time": _q(tau * 1e6, "us", f"{how}: median excess over F / (peak x eta)"),
+        "efficiency_half_time": _q(
+            tau * 1e6, "us", f"{how}: median excess over F / (peak x eta) of {[n for n, _ in timed]}"
+        ),
         "launch_floor": _q(m.launch * 1e6, "us", f"{how}: one-element add, median"),
     }
     if m.dtype != "float32":

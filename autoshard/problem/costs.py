@@ -243,7 +243,10 @@ def _shape_factor(
         m, n = math.prod(a[:-1]), (b[-1] if len(b) >= 2 else 1)
     if m < 1 or n < 1:
         return 1.0
-    return gemm_efficiency(m, n, profile, batch, k)
+    first = (
+        inputs[0].outputs[info.input_outputs[0]] if info.input_outputs[0] < len(inputs[0].outputs) else None
+    )
+    return gemm_efficiency(m, n, profile, batch, k, first.itemsize if first is not None else 0)
 
 
 def node_memory(
