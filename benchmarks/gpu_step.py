@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_step predict            # here, on the CPU: plan every case for one H100
     python -m benchmarks.gpu_step measure --out DIR  # on a CUDA machine: time every case, profile one
-    python -m benchmarks.gpu_step table [--measured DIR/gpu_step_measured.json]   # join, print, write the CSV
+    python -m benchmarks.gpu_table                   # join, print, write results/gpu_step.csv
 
 Each case is a real model built from its published config (HF GPT-2 124M, a HF LLaMA shaped as Llama-3.2-1B,
 HF BERT-base), trained on one device with AdamW, with and without full activation checkpointing (HF's
@@ -28,7 +28,6 @@ memory).  Stored in ``benchmarks/results/gpu_step_predicted.json`` so the GPU ma
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -38,10 +37,9 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PREDICTED = RESULTS / "gpu_step_predicted.json"
-CSV = RESULTS / "gpu_step.csv"
 GIB = 2**30
 
-__all__ = ["CASES", "Case", "build", "measure_case", "predict_case", "rows"]
+__all__ = ["CASES", "Case", "build", "kernel_class", "measure_case", "predict_case"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,7 @@ CASES: tuple[Case, ...] = (
     Case("bert-base", 32, 512, "none"),
     Case("bert-base", 32, 512, "full"),
 )
+PROFILES = ("h100x8", "h100_measured")  # bundled: the DGX H100 datasheet one, and the one measured here
 OPS_CASES = (Case("llama-1b", 4, 2048, "none"), Case("gpt2", 8, 1024, "none"))  # recorded op by op
 
 
@@ -115,8 +114,8 @@ def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[An
 
 
 # -- prediction (CPU) ---------------------------------------------------------------------------------------------
-def predict_case(model: str, batch: int, seq: int, recompute: str) -> dict[str, Any]:
-    """autoshard's plan of one case for one H100 (runs in a child process)."""
+def predict_case(model: str, batch: int, seq: int, recompute: str, profile: str = "h100x8") -> dict[str, Any]:
+    """autoshard's plan of one case for one device of ``profile`` (runs in a child process)."""
     import time
 
     import torch
@@ -128,7 +127,7 @@ def predict_case(model: str, batch: int, seq: int, recompute: str) -> dict[str, 
     net.train()
     start = time.perf_counter()
     plan = autoshard.plan(
-        net, cluster_for("h100x8", 1), (ids,), recompute=recompute,  # type: ignore[arg-type]
+        net, cluster_for(profile, 1), (ids,), recompute=recompute,  # type: ignore[arg-type]
         memory_limit=float("inf"),
     )  # fmt: skip
     return {
@@ -143,14 +142,17 @@ def predict_case(model: str, batch: int, seq: int, recompute: str) -> dict[str, 
     }
 
 
-def predict() -> None:
+def predict(profiles: tuple[str, ...]) -> None:
     from benchmarks.isolate import run_isolated
 
     out: dict[str, Any] = {}
-    for case in CASES:
-        r = run_isolated("benchmarks.gpu_step:predict_case", asdict(case), timeout=1200)
-        out[case.key] = r
-        print(case.key, {k: r[k] for k in ("step_ms", "memory_gib", "plan_s") if k in r} or r)
+    for profile in profiles:
+        for case in CASES:
+            r = run_isolated(
+                "benchmarks.gpu_step:predict_case", {**asdict(case), "profile": profile}, timeout=1200
+            )
+            out.setdefault(profile, {})[case.key] = r
+            print(profile, case.key, {k: r[k] for k in ("step_ms", "memory_gib", "plan_s") if k in r} or r)
     PREDICTED.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {PREDICTED}")
 
@@ -320,79 +322,19 @@ def measure(out: Path, steps: int, only: str | None, recipes: tuple[str, ...]) -
             (out / "gpu_step_measured.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
-# -- the table ----------------------------------------------------------------------------------------------------
-def rows(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per case and recipe present in both: predicted and measured ms and GiB, and the errors
-    (predicted / measured - 1; memory against the device's used memory, context included)."""
-    out = []
-    for recipe in RECIPES:
-        for case in CASES:
-            p, m = predicted.get(case.key, {}), measured.get(f"{case.key} {recipe}", {})
-            if "step_ms" not in p or "step_ms" not in m:
-                continue
-            out.append({
-                "model": case.model, "config": f"b{case.batch}x{case.seq} recompute={case.recompute}",
-                "recipe": recipe,
-                "predicted_ms": round(p["step_ms"], 2), "measured_ms": round(m["step_ms"], 2),
-                "time_error_pct": round(100 * (p["step_ms"] / m["step_ms"] - 1), 1),
-                "predicted_gib": round(p["memory_gib"], 2), "measured_gib": round(m["used_gib"], 2),
-                "memory_error_pct": round(100 * (p["memory_gib"] / m["used_gib"] - 1), 1),
-                "measured_allocated_gib": round(m["allocated_gib"], 2),
-                "measured_reserved_gib": round(m["reserved_gib"], 2),
-            })  # fmt: skip
-    return out
-
-
-def table(measured_path: Path) -> None:
-    predicted = json.loads(PREDICTED.read_text())
-    measured = json.loads(measured_path.read_text())
-    table_rows = rows(predicted, measured)
-    if not table_rows:
-        raise SystemExit(f"no case is in both {PREDICTED} and {measured_path}")
-    with CSV.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(table_rows[0]))
-        writer.writeheader()
-        writer.writerows(table_rows)
-    head = (
-        "model",
-        "config",
-        "pred ms",
-        "meas ms",
-        "err %",
-        "pred GiB",
-        "meas GiB",
-        "err %",
-        "alloc",
-        "resv",
-    )
-    print(" | ".join(head))
-    for r in table_rows:
-        print(" | ".join(str(v) for v in r.values()))
-    for recipe in RECIPES:
-        times = [abs(r["time_error_pct"]) for r in table_rows if r["recipe"] == recipe]
-        mems = [abs(r["memory_error_pct"]) for r in table_rows if r["recipe"] == recipe]
-        if times:
-            print(f"{recipe}: step time |error| mean {statistics.fmean(times):.1f}% max {max(times):.1f}%; "
-                  f"memory |error| mean {statistics.fmean(mems):.1f}% max {max(mems):.1f}%")  # fmt: skip
-    print(f"wrote {CSV}")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("predict", "measure", "table"))
+    parser.add_argument("what", choices=("predict", "measure"))
+    parser.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated, for predict")
     parser.add_argument("--recipes", default="bf16", help=f"comma-separated, of {RECIPES}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--only", default=None, help="cases whose key contains this")
-    parser.add_argument("--measured", type=Path, default=RESULTS / "gpu_step_measured.json")
     args = parser.parse_args(argv)
     if args.what == "predict":
-        predict()
+        predict(tuple(args.profiles.split(",")))
     elif args.what == "measure":
         measure(args.out, args.steps, args.only, tuple(args.recipes.split(",")))
-
-    else:
-        table(args.measured)
 
 
 if __name__ == "__main__":
