@@ -24,7 +24,7 @@ def test_a_row_that_is_not_16_bytes_runs_at_the_measured_unaligned_rate() -> Non
         gemm_efficiency(8192, 50304, h100, k=768, itemsize=2),
         gemm_efficiency(8192, 50257, h100, k=768, itemsize=2),
     )
-    assert odd == pytest.approx(padded * h100.compute.unaligned_gemm_efficiency, rel=0.01)
+    assert odd == pytest.approx(padded * 0.164, rel=0.01)  # the measured median, h100x8.json
     # M is a count of rows: 8193 x 4096 x 4096 ran at the full rate on the H100
     assert matmul_time(8193, 4096, 4096, "bfloat16", h100) == pytest.approx(
         matmul_time(8192, 4096, 4096, "bfloat16", h100), rel=0.01
