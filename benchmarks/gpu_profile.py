@@ -77,7 +77,9 @@ def main() -> None:
     print(f"wrote {OUT}\n{'figure':28s} {'measured':>10s} {'h100x8':>10s} {'h100x8 off by':>14s}")
     for name, a, b, scale in rows:
         off = f"{100 * (b / a - 1):+.0f}%" if a and b else "-"
-        print(f"{name:28s} {(a or 0.0) * scale:10.4g} {'-' if b is None else f'{b * scale:.4g}':>10s} {off:>14s}")
+        print(
+            f"{name:28s} {(a or 0.0) * scale:10.4g} {'-' if b is None else f'{b * scale:.4g}':>10s} {off:>14s}"
+        )
 
 
 if __name__ == "__main__":
