@@ -61,12 +61,38 @@ def _emitted_on_rank(hidden: int, layers: int, batch: int, seq: int, steps: int)
 
     t_emitted, y_emitted = timed(lambda: emitted(local.cuda()))
     t_eager, y_eager = timed(lambda: eager(ids).logits)
+    kernels = {
+        "emitted": _kernels(lambda: emitted(local.cuda())),
+        "eager": _kernels(lambda: eager(ids).logits),
+    }
     return {
+        "kernels": kernels,
         "model": f"LLaMA {hidden}h x{layers} bf16, batch {batch} x {seq}, forward + backward",
         "eager_ms": t_eager, "emitted_ms": t_emitted, "ratio": t_emitted / t_eager,
         "max_abs_diff": float((y_emitted.float() - y_eager.float()).abs().max()),
         "max_abs_logit": float(y_eager.float().abs().max()), "plan": plan.summary().splitlines()[0],
     }  # fmt: skip
+
+
+def _kernels(forward: Any) -> dict[str, Any]:
+    """One forward + backward under torch.profiler: device ms per kernel class, and the ten largest kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.gpu_step import kernel_class
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        forward().float().sum().backward()
+        torch.cuda.synchronize()
+    classes: dict[str, float] = {}
+    names: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            ms = float(e.time_range.elapsed_us()) / 1e3
+            classes[kernel_class(e.name)] = classes.get(kernel_class(e.name), 0.0) + ms
+            names[e.name[:100]] = names.get(e.name[:100], 0.0) + ms
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    return {"classes": classes, "count": len(prof.events()), "top": top}
 
 
 def emitted_case(hidden: int, layers: int, batch: int, seq: int, steps: int) -> dict[str, Any]:
