@@ -171,7 +171,7 @@ class PriceTable:
             np.array(us, dtype=np.int64),
             np.array(vs, dtype=np.int64),
             np.array(ws, dtype=np.float64),
-            np.array(enters, dtype=np.int64),  # typed: a one-device mesh has no moves (empty arrays)
+            np.array(enters, dtype=np.int64),
         )
 
     def _price(self, kind: str, nbytes: int, axis: int) -> float:
