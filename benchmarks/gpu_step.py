@@ -1,7 +1,7 @@
 """Real single-GPU training steps against autoshard's prediction: step time and peak memory.
 
     python -m benchmarks.gpu_step predict            # here, on the CPU: plan every case for one H100
-    python -m benchmarks.gpu_step measure --out DIR  # on a CUDA machine: time every case, profile one
+    python -m benchmarks.gpu_step measure --out DIR  # on a CUDA machine: time every case, profile two
     python -m benchmarks.gpu_table                   # join, print, write results/gpu_step.csv
 
 Each case is a real model built from its published config (HF GPT-2 124M, a HF LLaMA shaped as Llama-3.2-1B,
@@ -19,8 +19,8 @@ steps after 3 warm-up steps, each timed with CUDA events; ``torch.cuda.max_memor
 cuBLAS workspaces included) after them.  Each case runs in a fresh process.  ``OPS_CASES`` also record one
 step under ``torch.profiler`` (bf16): device time per aten op and per kernel class, written beside the figures.
 
-Predicted (``predict``): ``autoshard.plan`` on the meta device, cluster = one H100 of ``h100x8``
-(``cluster_for("h100x8", 1)``), recompute pinned to the case's, no memory limit: ``predicted_step_time``,
+Predicted (``predict``): ``autoshard.plan`` on the meta device, cluster = one device of each of ``PROFILES``
+(``cluster_for("h100x8", 1)``, and the ``h100_measured`` profile), recompute pinned to the case's, no memory limit: ``predicted_step_time``,
 ``compute_time`` and ``memory_per_device`` (the 1 GB runtime reserve included; compare it with the used
 memory).  Stored in ``benchmarks/results/gpu_step_predicted.json`` so the GPU machine needs no solver.
 """
