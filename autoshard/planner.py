@@ -43,6 +43,7 @@ from autoshard.capture.blocks import find_repeated_blocks
 from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, PipelineError
+from autoshard.gcpause import paused_gc
 from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins, whole_samples
 from autoshard.pipeline.search import search_pipeline
@@ -70,6 +71,7 @@ from autoshard.steering import budget_refusal
 __all__ = ["plan"]
 
 
+@paused_gc  # the collector's full passes over the captured graph's heap cost ~10% of a plan
 def plan(
     model: torch.nn.Module,
     cluster: Cluster,
