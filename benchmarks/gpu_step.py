@@ -22,7 +22,8 @@ step under ``torch.profiler`` (bf16): device time per aten op and per kernel cla
 Predicted (``predict``): ``autoshard.plan`` on the meta device, cluster = one device of each of ``PROFILES``
 (``cluster_for("h100x8", 1)``, and the ``h100_measured`` profile), recompute pinned to the case's, no memory
 limit: ``predicted_step_time``, ``compute_time`` and ``memory_per_device`` (the 1 GB runtime reserve included;
-compare it with the used memory).  Stored in ``benchmarks/results/gpu_step_predicted.json`` so the GPU machine needs no solver.
+compare it with the used memory).  Stored in ``benchmarks/results/gpu_step_predicted.json``: the GPU machine
+needs no solver.
 """
 
 from __future__ import annotations
