@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -49,10 +50,12 @@ from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, sp
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.planner_steps import (
+    Pruned,
     SearchMethod,
     batch_size,
     budget_idle,
     build,
+    cheaper,
     global_shapes,
     output_order,
     reader,
@@ -131,7 +134,8 @@ def plan(
         ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
             plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
-            stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too).
+            stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too,
+            with the fused plan's step, or this if lower, as its ceiling).
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
@@ -169,14 +173,21 @@ def plan(
     result: Plan | AutoshardError = fused
     if fuses:  # fused expert MLPs: cheap EP, but no K/N split: try both
         t0 = time.perf_counter()
-        plain: Plan | AutoshardError
+        plain: Plan | AutoshardError | Pruned
         try:
             # the 2-block shortcut was checked on the fused capture: the same blocks, so skip the 3-block check
             again = capture(model, args, kwargs, blocks=blocks, check_blocks=False, fuse_experts=False)
-            plain = solve_one(again, {})
+            # the fused plan's step is a ceiling: op by op stops at a bound that cannot beat it (no budgeted
+            # solve, no recomputation search), as the mesh search prunes a mesh
+            best = fused.predicted_step_time if isinstance(fused, Plan) else math.inf
+            plain = solve_one(again, {}, ceiling=min(ceiling, best))
         except (InfeasibleError, AnnotationError) as e:
             plain = e
-        result = _cheaper(fused, plain)
+        except BoundExceeded as e:
+            if not isinstance(fused, Plan):
+                raise  # the caller's own ceiling: neither capture beats it
+            plain = Pruned(e.bound)
+        result = cheaper(fused, plain)
         timings["experts_alternative"] = time.perf_counter() - t0
     if isinstance(result, AutoshardError):
         raise result
@@ -184,18 +195,6 @@ def plan(
     timings["total"] = time.perf_counter() - start
     result = dataclasses.replace(result, timings=timings)
     return dataclasses.replace(result, replicated_ops=replicated) if replicated else result
-
-
-def _cheaper(fused: Plan | AutoshardError, plain: Plan | AutoshardError) -> Plan | AutoshardError:
-    """The plan with the lower predicted step (the fused one on a tie), noting why; an error only if both are."""
-    if isinstance(plain, AutoshardError):
-        return fused
-    if isinstance(fused, AutoshardError) or plain.predicted_step_time < fused.predicted_step_time:
-        other = "not possible" if isinstance(fused, AutoshardError) else f"{fused.predicted_step_time:.4g} s"
-        note = f"expert MLPs planned op by op (grouped matmuls): fused, {other} per step"
-        return dataclasses.replace(plain, notes=(*plain.notes, note))
-    note = f"expert MLPs planned fused (op by op: {plain.predicted_step_time:.4g} s per step)"
-    return dataclasses.replace(fused, notes=(*fused.notes, note))
 
 
 def _plan_captured(
@@ -263,10 +262,9 @@ def _plan_captured(
             opts = CostOptions(training=True, recompute=policy, recompute_share=0.0, cp_layout=cp_layout)
             return build(captured, cluster, opts, annotations, limit, {}, kinds)
 
-        def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
-            return solve(
-                p, method=method, time_limit=max(1.0, min(time_limit, deadline - time.perf_counter()))
-            )
+        def run(p: SearchProblem, method: SearchMethod = search, ceiling: float = math.inf) -> Solution:
+            left = max(1.0, min(time_limit, deadline - time.perf_counter()))
+            return solve(p, method=method, time_limit=left, ceiling=ceiling)
 
         mixed = mix_policies(uniform, zero, run, deadline)
         timings["recompute_blocks"] = time.perf_counter() - t0
