@@ -47,6 +47,7 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
+from autoshard.planner_layout import search_layout
 from autoshard.planner_steps import (
     SearchMethod,
     batch_size,
@@ -123,8 +124,8 @@ def plan(
         captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
             model twice (e.g. free and as pure data parallel) without capturing it again.
         cp_layout: the sequence layout of context parallelism's ring axis (``Plan.context_layout``):
-            ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price
-            (:mod:`autoshard.problem.context`); pipelined plans use contiguous.
+            ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price, inside the search
+            (:mod:`autoshard.planner_layout`); pipelined plans use contiguous.
         ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
             plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
@@ -234,6 +235,13 @@ def _plan_captured(
             say("solve")
             t0 = time.perf_counter()
             solution = solve(built.problem, method=search, time_limit=time_limit, ceiling=ceiling)
+            free, built, solution = search_layout(  # context parallelism's sequence layout, in the search
+                free,
+                built,
+                solution,
+                lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds),
+                lambda b: solve(b.problem, method=search, time_limit=time_limit, ceiling=ceiling),
+            )
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots
@@ -258,8 +266,9 @@ def _plan_captured(
         deadline = t0 + time_limit  # the scan's own share of the solver time limit
 
         def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
-            opts = CostOptions(training=True, recompute=policy, recompute_share=0.0, cp_layout=cp_layout)
-            return build(captured, cluster, opts, annotations, limit, {}, kinds)
+            laid = uniform[policy][1]  # the sequence layout that policy's search chose (planner_layout)
+            opts = dataclasses.replace(laid.options, recompute=policy, recompute_share=0.0)
+            return build(captured, laid.cluster, opts, annotations, limit, {}, kinds)
 
         def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
             return solve(

@@ -55,6 +55,7 @@ from autoshard.capture.blocks import (
     cut_blocks,
     find_repeated_blocks,
 )
+from autoshard.capture.causal import mark_causal_masks
 from autoshard.capture.clean import clean, remaining_higher_order_ops
 from autoshard.capture.diagnose import explain_failure, first_line
 from autoshard.capture.meta import (
@@ -227,6 +228,8 @@ def _prepare(traced: Traced, model: nn.Module, notes: list[str], fuse_experts: b
         aliases = merge_tied_parameters(traced, model)
         traced.gm = clean(traced.gm, fuse_experts=fuse_experts)
         notes.extend(traced.gm.meta.pop(BN_NOTES_KEY, []))
+        if mark_causal_masks(traced.gm):  # an HF model's explicit mask: causal for context parallelism
+            notes.append("explicit attention masks proven causal (context parallelism runs them per chunk)")
         left = remaining_higher_order_ops(traced.gm)
         if left:
             notes.append(f"control-flow ops kept as they are (cannot be inlined): {', '.join(left)}")
