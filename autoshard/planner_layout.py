@@ -26,11 +26,12 @@ import dataclasses
 from collections.abc import Callable
 
 from autoshard.cluster import Cluster
-from autoshard.errors import AutoshardError
+from autoshard.errors import AutoshardError, ShardingError
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.context import ring_axis_of_plan, zigzag_axis_of, zigzag_cluster
+from autoshard.problem.context import one_run_ops, ring_axis_of_plan, zigzag_axis_of, zigzag_cluster
 from autoshard.problem.costs import CostOptions
 from autoshard.search import BoundExceeded, Solution
+from autoshard.strategies import OpStrategy
 
 __all__ = ["search_layout"]
 
@@ -72,12 +73,9 @@ def search_layout(
         try:
             cand_free, cand = rebuild(cluster, options)
             found = run(cand)
-        except (
-            AutoshardError,
-            BoundExceeded,
-        ) as e:  # infeasible under this layout (a pin on a one-run op), or over a ceiling
-            error = e
-            prices.append(f"{label}: {type(e).__name__}")
+        except (AutoshardError, BoundExceeded) as e:
+            error = e  # infeasible under this layout (a pin on a one-run op), or over a ceiling
+            prices.append(f"{label}: {_why_not(built, solution, cluster, e)}")
             continue
         prices.append(f"{label} {found.objective:.4g} s")
         ring = _ring_axis(cand, found)
@@ -89,15 +87,36 @@ def search_layout(
             break  # nothing is below the balanced bound
     if best is None:
         assert error is not None
+        if asked == "zigzag" and axis is not None and _blockers(built, solution, axis):
+            raise ShardingError(f"cp_layout='zigzag' cannot be emitted: {_why_not(built, solution, cluster, error)}"
+                                "; use cp_layout='auto' or 'contiguous'")  # fmt: skip
         raise error
     _, _, cand_free, cand, found = best
-    note = f"context-parallel layout searched: {', '.join(prices)} (balanced bound {bound:.4g} s)"
+    note = f"context-parallel layout searched: {'; '.join(prices)} (balanced bound {bound:.4g} s)"
     return cand_free, dataclasses.replace(cand, notes=(*cand.notes, note)), found
 
 
-def _ring_axis(built: BuiltProblem, solution: Solution) -> int | None:
-    chosen = {
+def _chosen(built: BuiltProblem, solution: Solution) -> dict[str, OpStrategy]:
+    return {
         name: built.strategies[name][k]
         for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
     }
-    return ring_axis_of_plan(built.infos, chosen, tuple(built.cluster.mesh_shape))
+
+
+def _ring_axis(built: BuiltProblem, solution: Solution) -> int | None:
+    return ring_axis_of_plan(built.infos, _chosen(built, solution), tuple(built.cluster.mesh_shape))
+
+
+def _blockers(built: BuiltProblem, solution: Solution, axis: int) -> str:
+    return ", ".join(one_run_ops(built.infos, _chosen(built, solution), axis)[:3])
+
+
+def _why_not(built: BuiltProblem, bound: Solution, cluster: Cluster, error: Exception) -> str:
+    """Why a layout's problem has no plan: the bound's ops that need one run of the sequence, or the error."""
+    axis = zigzag_axis_of(cluster)
+    blockers = _blockers(built, bound, axis) if axis is not None else ""
+    if blockers:
+        return (
+            f"{blockers} split on mesh axis {axis} need one run of the sequence per device, zigzag holds two"
+        )
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

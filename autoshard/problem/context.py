@@ -62,6 +62,7 @@ __all__ = [
     "ZigzagCluster",
     "choose_layout",
     "context_degrees",
+    "one_run_ops",
     "permutation_seconds",
     "reorder_seconds",
     "ring_axis_of",
@@ -192,7 +193,7 @@ def choose_layout(
     if zigzag is not None or asked == "contiguous":
         layout: Layout = "zigzag" if zigzag == axis else "contiguous"
         return ContextChoice(axis, layout, 0.0)
-    blockers = ", ".join(_one_run_ops(built.infos, chosen, axis)[:3])
+    blockers = ", ".join(one_run_ops(built.infos, chosen, axis)[:3])
     if blockers:  # their local_args hooks read one (start, length) range per device; zigzag holds two
         why = (
             f"{blockers} split on mesh axis {axis} need one run of the sequence per device, zigzag holds two"
@@ -232,7 +233,7 @@ _ONE_RUN = ("embedding", "cross_entropy_loss", "nll_loss", "mse_loss", "l1_loss"
 losses, triangular masks, expert ranges): under zigzag a device holds two runs, which they do not take."""
 
 
-def _one_run_ops(infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy], axis: int) -> list[str]:
+def one_run_ops(infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy], axis: int) -> list[str]:
     return [infos[name].module or name for name, s in chosen.items() if _needs_one_run(infos[name], s, axis)]
 
 
