@@ -47,12 +47,13 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
-from autoshard.planner_layout import search_layout
+from autoshard.planner_layout import pipeline_layout, search_layout, with_zigzag
 from autoshard.planner_steps import (
     SearchMethod,
     batch_size,
     budget_idle,
     build,
+    cheaper_of,
     global_shapes,
     output_order,
     reader,
@@ -125,7 +126,7 @@ def plan(
             model twice (e.g. free and as pure data parallel) without capturing it again.
         cp_layout: the sequence layout of context parallelism's ring axis (``Plan.context_layout``):
             ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price, inside the search
-            (:mod:`autoshard.planner_layout`); pipelined plans use contiguous.
+            (:mod:`autoshard.planner_layout`; pipelined plans: zigzag on the stages' ring axis or contiguous).
         ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
             plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
@@ -141,7 +142,7 @@ def plan(
             model, cluster, example_args, example_kwargs, annotations=annotations, training=training,
             memory_limit=memory_limit, recompute=recompute, search=search, time_limit=time_limit,
             blocks=blocks, progress=progress, pipeline=pipeline, microbatches=microbatches,
-            schedule=schedule, kinds=forbidden_kinds(allow, forbid),
+            schedule=schedule, kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout,
         )  # fmt: skip
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -175,7 +176,7 @@ def plan(
             plain = solve_one(again, {})
         except (InfeasibleError, AnnotationError) as e:
             plain = e
-        result = _cheaper(fused, plain)
+        result = cheaper_of(fused, plain)
         timings["experts_alternative"] = time.perf_counter() - t0
     if isinstance(result, AutoshardError):
         raise result
@@ -183,18 +184,6 @@ def plan(
     timings["total"] = time.perf_counter() - start
     result = dataclasses.replace(result, timings=timings)
     return dataclasses.replace(result, replicated_ops=replicated) if replicated else result
-
-
-def _cheaper(fused: Plan | AutoshardError, plain: Plan | AutoshardError) -> Plan | AutoshardError:
-    """The plan with the lower predicted step (the fused one on a tie), noting why; an error only if both are."""
-    if isinstance(plain, AutoshardError):
-        return fused
-    if isinstance(fused, AutoshardError) or plain.predicted_step_time < fused.predicted_step_time:
-        other = "not possible" if isinstance(fused, AutoshardError) else f"{fused.predicted_step_time:.4g} s"
-        note = f"expert MLPs planned op by op (grouped matmuls): fused, {other} per step"
-        return dataclasses.replace(plain, notes=(*plain.notes, note))
-    note = f"expert MLPs planned fused (op by op: {plain.predicted_step_time:.4g} s per step)"
-    return dataclasses.replace(fused, notes=(*fused.notes, note))
 
 
 def _plan_captured(
@@ -214,7 +203,7 @@ def _plan_captured(
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
     ceiling: float = float("inf"),
 ) -> Plan:
-    """Strategies, costs, pins, the recomputation search and the solve on one capture."""
+    """Strategies, costs, pins, the recomputation search and the solve (and CP layout) on one capture."""
     start = time.perf_counter()
     policies = [Recompute(recompute)] if recompute != "auto" and training else list(Recompute)
     if not training:
@@ -234,14 +223,11 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            solution = solve(built.problem, method=search, time_limit=time_limit, ceiling=ceiling)
-            free, built, solution = search_layout(  # context parallelism's sequence layout, in the search
-                free,
-                built,
-                solution,
-                lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds),
-                lambda b: solve(b.problem, method=search, time_limit=time_limit, ceiling=ceiling),
+            solve_now = functools.partial(solve, method=search, time_limit=time_limit, ceiling=ceiling)
+            again = functools.partial(
+                build, captured, annotations=annotations, limit=limit, timings={}, kinds=kinds
             )
+            free, built, solution = search_layout(free, built, solve_now(built.problem), again, solve_now)
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots
@@ -328,6 +314,7 @@ def _plan_pipelined(
     microbatches: int | Literal["auto"] | None,
     schedule: str,
     kinds: frozenset[str] = frozenset(),
+    cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
 ) -> Plan:
     """Stages and microbatches searched jointly with the intra-op plan (:mod:`autoshard.pipeline`)."""
     timings: dict[str, float] = {}
@@ -361,15 +348,21 @@ def _plan_pipelined(
 
     caches: dict[Cluster, StepCache] = {}  # redistribution times are shared by builds on one sub-mesh
 
-    def build_stage(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
+    def build_stage(
+        captured: Captured, sub: Cluster, opts: CostOptions, budget: float, zigzag: int | None = None
+    ) -> BuiltProblem:
+        sub = with_zigzag(sub, zigzag)  # the sequence layout's price (planner_layout.pipeline_layout)
         cache = caches.setdefault(sub, StepCache(sub))
         return build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
 
-    best = search_pipeline(
-        request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, build=build_stage,
-        policies=policies, training=training, memory_limit=limit, method=search, time_limit=time_limit,
-        say=progress or (lambda stage: None),
-    )  # fmt: skip
+    def search_with(zigzag: int | None) -> Any:
+        return search_pipeline(
+            request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn,
+            build=functools.partial(build_stage, zigzag=zigzag), policies=policies, training=training,
+            memory_limit=limit, method=search, time_limit=time_limit, say=progress or (lambda stage: None),
+        )  # fmt: skip
+
+    best = pipeline_layout(search_with(None), cp_layout, search_with)
     timings["total"] = time.perf_counter() - start
     notes = list(best.captured.notes)
     if len(best.priced) > 1:

@@ -16,24 +16,29 @@ both is the best of those problems' optima.  The balanced bound is below all of 
 2. otherwise the zigzag problem on the bound's ring axis is solved first, then the contiguous one and the
    zigzag problems of the other axes, stopping as soon as one reaches the bound.
 
-A tie goes to zigzag on the plan's own ring axis (at run time it never computes more).  ``"zigzag"`` asked
-solves only the zigzag problems.  The cost: nothing without a ring, else one to ``1 + axes`` more solves.
+A tie goes to zigzag on the plan's own ring axis (at run time it never computes more), then to contiguous.
+``"zigzag"`` asked solves only the zigzag problems.  The cost: nothing without a ring, else one to ``1 + axes``
+more solves.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError, ShardingError
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.context import one_run_ops, ring_axis_of_plan, zigzag_axis_of, zigzag_cluster
 from autoshard.problem.costs import CostOptions
-from autoshard.search import BoundExceeded, Solution
+from autoshard.search import BoundExceeded, SearchProblem, Solution
 from autoshard.strategies import OpStrategy
 
-__all__ = ["search_layout"]
+if TYPE_CHECKING:
+    from autoshard.pipeline.search import Candidate
+
+__all__ = ["pipeline_layout", "search_layout", "with_zigzag"]
 
 Rebuild = Callable[[Cluster, CostOptions], tuple[BuiltProblem, BuiltProblem]]
 """(cluster, options) -> (the problem as priced, the same with the user's pins)."""
@@ -44,7 +49,7 @@ def search_layout(
     built: BuiltProblem,
     solution: Solution,
     rebuild: Rebuild,
-    run: Callable[[BuiltProblem], Solution],
+    run: Callable[[SearchProblem], Solution],
 ) -> tuple[BuiltProblem, BuiltProblem, Solution]:
     """The best (problem, solution) over the sequence layouts (module doc); the pinned problem carries a
     note with every layout's price."""
@@ -66,23 +71,22 @@ def search_layout(
     if asked == "auto":
         candidates.insert(min(1, len(candidates)), ("contiguous", built.cluster))
     bound = solution.objective
-    best: tuple[float, bool, BuiltProblem, BuiltProblem, Solution] | None = None
+    best: tuple[float, int, BuiltProblem, BuiltProblem, Solution] | None = None
     prices: list[str] = []
     error: AutoshardError | BoundExceeded | None = None
     for label, cluster in candidates:
         try:
             cand_free, cand = rebuild(cluster, options)
-            found = run(cand)
+            found = run(cand.problem)
         except (AutoshardError, BoundExceeded) as e:
             error = e  # infeasible under this layout (a pin on a one-run op), or over a ceiling
             prices.append(f"{label}: {_why_not(built, solution, cluster, e)}")
             continue
         prices.append(f"{label} {found.objective:.4g} s")
-        ring = _ring_axis(cand, found)
-        own = ring is not None and ring == zigzag_axis_of(cluster)  # the zigzag problem's plan rings there
+        rank = _tie_rank(cand, found, cluster)
         cost = found.objective
-        if best is None or cost < best[0] * (1 - 1e-12) or (cost <= best[0] * (1 + 1e-12) and own > best[1]):
-            best = (cost, own, cand_free, cand, found)
+        if best is None or cost < best[0] * (1 - 1e-12) or (cost <= best[0] * (1 + 1e-12) and rank > best[1]):
+            best = (cost, rank, cand_free, cand, found)
         if best[0] <= bound * (1 + 1e-12):
             break  # nothing is below the balanced bound
     if best is None:
@@ -94,6 +98,47 @@ def search_layout(
     _, _, cand_free, cand, found = best
     note = f"context-parallel layout searched: {'; '.join(prices)} (balanced bound {bound:.4g} s)"
     return cand_free, dataclasses.replace(cand, notes=(*cand.notes, note)), found
+
+
+def with_zigzag(sub: Cluster, axis: int | None) -> Cluster:
+    """``sub`` with the zigzag layout on ``axis`` where it has that axis of more than one device."""
+    if axis is None or axis >= len(sub.mesh_shape) or sub.mesh_shape[axis] == 1:
+        return sub
+    return zigzag_cluster(sub, axis)
+
+
+def pipeline_layout(best: Candidate, asked: str, search_zigzag: Callable[[int], Candidate]) -> Candidate:
+    """The pipeline search's best candidate under the better sequence layout.
+
+    The stage search prices every ring contiguous.  When its best plan rings on axis ``a`` of the stage
+    sub-mesh, the search runs again with every stage problem on a :class:`ZigzagCluster` for ``a``
+    (``search_zigzag(a)``; the same axis in every stage, so activations cross stage boundaries in one
+    layout) and the cheaper step wins, zigzag on a tie (``"zigzag"`` asked: zigzag).  Zigzag on another axis
+    is not tried."""
+    axis = _ring_axis(best.built, best.solution)
+    if asked == "contiguous" or axis is None:
+        return best
+    try:
+        zigzag = search_zigzag(axis)
+    except (AutoshardError, BoundExceeded) as e:
+        if asked == "zigzag":
+            raise
+        return dataclasses.replace(best, priced=(*best.priced, f"zigzag layout on stage axis {axis}: {e}"))
+    line = (
+        f"sequence layout: contiguous {best.step_seconds:.4g} s, zigzag on stage axis {axis} "
+        f"{zigzag.step_seconds:.4g} s"
+    )
+    cheaper = zigzag.step_seconds <= best.step_seconds * (1 + 1e-12)
+    won = zigzag if asked == "zigzag" or cheaper else best
+    return dataclasses.replace(won, priced=(*won.priced, line))
+
+
+def _tie_rank(built: BuiltProblem, solution: Solution, cluster: Cluster) -> int:
+    """On a tie: zigzag where the plan rings (2), then contiguous (1), then zigzag on another axis (0)."""
+    zigzag = zigzag_axis_of(cluster)
+    if zigzag is None:
+        return 1
+    return 2 if _ring_axis(built, solution) == zigzag else 0
 
 
 def _chosen(built: BuiltProblem, solution: Solution) -> dict[str, OpStrategy]:

@@ -15,7 +15,7 @@ import torch
 from autoshard.annotations import pin_problem
 from autoshard.capture import Captured
 from autoshard.cluster import Cluster
-from autoshard.errors import InfeasibleError, PipelineError
+from autoshard.errors import AutoshardError, InfeasibleError, PipelineError
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
@@ -29,6 +29,7 @@ __all__ = [
     "batch_size",
     "budget_idle",
     "build",
+    "cheaper_of",
     "global_shapes",
     "output_order",
     "reader",
@@ -160,3 +161,15 @@ def output_order(captured: Captured) -> tuple[str, ...]:
 def solve_built(built: BuiltProblem, method: SearchMethod = "auto", time_limit: float = 60.0) -> Solution:
     """Solve an already built problem (used by benchmarks that time stages separately)."""
     return solve(built.problem, method=method, time_limit=time_limit)
+
+
+def cheaper_of(fused: Plan | AutoshardError, plain: Plan | AutoshardError) -> Plan | AutoshardError:
+    """The plan with the lower predicted step (the fused one on a tie), noting why; an error only if both are."""
+    if isinstance(plain, AutoshardError):
+        return fused
+    if isinstance(fused, AutoshardError) or plain.predicted_step_time < fused.predicted_step_time:
+        other = "not possible" if isinstance(fused, AutoshardError) else f"{fused.predicted_step_time:.4g} s"
+        note = f"expert MLPs planned op by op (grouped matmuls): fused, {other} per step"
+        return dataclasses.replace(plain, notes=(*plain.notes, note))
+    note = f"expert MLPs planned fused (op by op: {plain.predicted_step_time:.4g} s per step)"
+    return dataclasses.replace(fused, notes=(*fused.notes, note))

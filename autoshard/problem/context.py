@@ -187,12 +187,13 @@ def choose_layout(
     cluster: a hand plan, a bound) gets the layout chosen here, its price added after the search."""
     cluster, asked = built.cluster, built.options.cp_layout
     axis = ring_axis_of_plan(built.infos, chosen, tuple(cluster.mesh_shape))
+    zigzag = zigzag_axis_of(cluster)
+    if zigzag is not None and axis in (None, zigzag):  # a pipeline stage without a ring keeps its neighbours'
+        return ContextChoice(zigzag, "zigzag", 0.0)
     if axis is None:
         return ContextChoice(None, "contiguous", 0.0)
-    zigzag = zigzag_axis_of(cluster)
     if zigzag is not None or asked == "contiguous":
-        layout: Layout = "zigzag" if zigzag == axis else "contiguous"
-        return ContextChoice(axis, layout, 0.0)
+        return ContextChoice(axis, "contiguous", 0.0)
     blockers = ", ".join(one_run_ops(built.infos, chosen, axis)[:3])
     if blockers:  # their local_args hooks read one (start, length) range per device; zigzag holds two
         why = (

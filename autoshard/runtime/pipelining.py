@@ -74,6 +74,7 @@ from autoshard.codegen.shard import local_piece, spec_of
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.plans import Plan
 from autoshard.redistribute import plan_redistribute
+from autoshard.runtime import stages as stage_plans
 from autoshard.runtime.grad_sync import DeferredSync, defer_gradient_sync, sync_gradients
 from autoshard.runtime.reshard import reshard_after_forward
 from autoshard.runtime.stages import PipelineRunError, StageBuild, intra_layout, prepare_stages
@@ -238,10 +239,10 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     """
     mesh_shape = tuple(run.mesh.shape[1:])
     coord = tuple(run.mesh.get_coordinate()[1:])
-    args: tuple[torch.Tensor, ...] = ()
-    if run.is_first:
-        args = (local_batch(inputs, run.input_spec, run.microbatches, mesh_shape, coord).to(run.device),)
-    local_target = local_batch(target, run.output_spec, run.microbatches, mesh_shape, coord).to(run.device)
+    zigzag = stage_plans.intra_zigzag_axis(run.plan)  # context parallelism's layout, as every stage runs it
+    cut = lambda x, spec: local_batch(x, spec, run.microbatches, mesh_shape, coord, zigzag).to(run.device)  # noqa: E731
+    args = (cut(inputs, run.input_spec),) if run.is_first else ()
+    local_target = cut(target, run.output_spec)
     losses: list[torch.Tensor] = []
     run.schedule.step(*args, target=local_target if run.is_last else None, losses=losses)
     scale = run.microbatches if getattr(run.schedule, "scale_grads", True) else 1  # as torch scaled .grad
@@ -274,10 +275,11 @@ def local_batch(
     microbatches: int,
     mesh_shape: Sequence[int],
     coord: Sequence[int],
+    zigzag_axis: int | None = None,
 ) -> torch.Tensor:
     """This rank's rows of ``batch``: microbatch ``k`` of the global batch cut under ``spec``, for every ``k``,
     concatenated (so that torch's schedule, chunking it into ``microbatches``, hands each stage its piece of
-    the same global microbatch)."""
+    the same global microbatch).  Splits on ``zigzag_axis`` keep the zigzag layout's two chunks."""
     size = int(batch.shape[0])
     if size % microbatches:
         raise PipelineRunError(
@@ -285,7 +287,7 @@ def local_batch(
             f"{microbatches} rows"
         )
     chunks = batch.tensor_split(microbatches)
-    return torch.cat([local_piece(c, spec, mesh_shape, coord) for c in chunks])
+    return torch.cat([local_piece(c, spec, mesh_shape, coord, zigzag_axis) for c in chunks])
 
 
 def _pipeline_mesh(

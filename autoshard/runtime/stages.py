@@ -49,7 +49,14 @@ from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import PipelinePlan, Plan
 
-__all__ = ["PipelineRunError", "StageBuild", "intra_layout", "prepare_stages", "split_stage"]
+__all__ = [
+    "PipelineRunError",
+    "StageBuild",
+    "intra_layout",
+    "intra_zigzag_axis",
+    "prepare_stages",
+    "split_stage",
+]
 
 STAGE_INPUT = "inputs"
 """The argument name of every stage module's ``forward`` (annotations pin it by this name)."""
@@ -92,6 +99,17 @@ def intra_layout(plan: Plan) -> tuple[tuple[int, ...], int | None]:
         f"plan mesh {plan.mesh_shape} fits neither one stage ({group} ranks) nor {pipe.degree} stages of {group} "
         f"along mesh axis {axis}: fix Plan.pipeline.mesh_axis or the stages' ranks"
     )
+
+
+def intra_zigzag_axis(plan: Plan) -> int | None:
+    """The axis of one stage's sub-mesh that lays sequences out in the zigzag layout (the plan's
+    ``zigzag_axis`` without the pipeline axis), else None.  Every stage uses it, so activations cross stage
+    boundaries in one layout; the first stage's input is cut in it (:func:`~autoshard.runtime.pipelining.step`)."""
+    zigzag = plan.zigzag_axis
+    if zigzag is None:
+        return None
+    _, axis = intra_layout(plan)
+    return zigzag - 1 if axis is not None and axis < zigzag else zigzag
 
 
 def split_stage(model: nn.Module, keep: Sequence[str], drop: Sequence[str]) -> nn.Module:
@@ -334,9 +352,16 @@ def _plan_stage(
         if fqn not in plan.param_placements:
             raise PipelineRunError(f"the plan has no placement for {fqn} (stage {index}): re-plan this model")
         pins[fqn] = _drop_axis(plan.param_placements[fqn], axis)
+    zigzag = intra_zigzag_axis(plan)  # every stage in the plan's sequence layout (planner_layout)
     stage_plan = autoshard.plan(
-        module, cluster, (example,), annotations=pins, memory_limit=float("inf"), cp_layout="contiguous"
-    )  # pipelining cuts microbatches into contiguous pieces
+        module, cluster, (example,), annotations=pins, memory_limit=float("inf"),
+        cp_layout="contiguous" if zigzag is None else "zigzag",
+    )  # fmt: skip
     moved = {k: v for k, v in pins.items() if k in params and stage_plan.param_placements.get(k) != tuple(v)}
     assert not moved, f"stage {index} plan moved pinned parameters: {moved}"
+    if stage_plan.zigzag_axis != zigzag:
+        raise PipelineRunError(
+            f"stage {index} planned the zigzag layout on axis {stage_plan.zigzag_axis}, the plan on {zigzag}: "
+            "re-plan the model with cp_layout='contiguous'"
+        )
     return stage_plan
