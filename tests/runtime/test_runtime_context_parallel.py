@@ -108,6 +108,9 @@ def test_the_planner_prices_the_zigzag_layout_balanced_and_picks_it(toy_plans) -
         "contiguous",
     )
     assert auto.predicted_step_time == pytest.approx(zigzag.predicted_step_time, rel=1e-12)
+    # the layout is searched with the plan: auto's optimum is the better of the two layouts' own optima
+    best = min(zigzag.solver.objective, contiguous.solver.objective)
+    assert auto.solver.objective == pytest.approx(best, rel=1e-12) and auto.solver.optimal
     # the contiguous layout's last rank does 7/4 of the average causal work: the step waits for it
     assert contiguous.predicted_step_time > 1.2 * auto.predicted_step_time
     (searched,) = [n for n in zigzag.notes if "layout searched" in n]
