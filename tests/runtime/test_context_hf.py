@@ -10,28 +10,16 @@ from typing import Any
 
 import pytest
 import torch
+from context_cases import count_hops
 
 import autoshard
 from autoshard import zoo
-from autoshard.codegen import context, parallel_info
+from autoshard.codegen import parallel_info
 from autoshard.codegen.shard import gather_full
 from autoshard.runtime.launch import launch
 from autoshard.runtime.pipelining import build_pipeline, step
 from autoshard.runtime.stages import prepare_stages
 from autoshard.runtime.verify import cluster_for
-
-
-def _count_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    hops = tmp_path / "hops"
-    rotate = context._rotate
-
-    def counted(tensors, nxt, prv, group):  # type: ignore[no-untyped-def]
-        with hops.open("a") as f:  # the ranks are forked: they append to one file
-            f.write("hop\n")
-        return rotate(tensors, nxt, prv, group)
-
-    monkeypatch.setattr(context, "_rotate", counted)
-    return hops
 
 
 @pytest.mark.slow
@@ -52,7 +40,7 @@ def test_hf_llama_prices_its_mask_causal_plans_zigzag_and_matches_one_device(
     assert plan.input_placements == {"input_ids": ("S(1)",)}
     assert any("explicit attention masks proven causal" in n for n in plan.notes)
     assert any("layout searched: zigzag on axis 0" in n for n in plan.notes)
-    hops = _count_hops(tmp_path, monkeypatch)
+    hops = count_hops(tmp_path, monkeypatch)
     report = autoshard.verify(model, case.args, plan=plan)
     assert report.ok, str(report)
     # the K/V ring really ran: 2 layers x 2 ranks x (1 hop forward + 2 backward)
@@ -80,7 +68,7 @@ def test_verify_of_a_pipelined_context_parallel_plan(tmp_path: Path, monkeypatch
     pins = {"model.layers.*.self_attn": "ring"}
     plan = autoshard.plan(model, cluster_for("cpu", 4), (ids,), annotations=pins, pipeline=2, microbatches=2)
     assert plan.degrees.get("pp") == 2 and plan.degrees.get("cp") == 2
-    hops = _count_hops(tmp_path, monkeypatch)
+    hops = count_hops(tmp_path, monkeypatch)
     report = autoshard.verify(model, (ids,), plan=plan)
     assert report.ok, str(report)
     # verify runs every layer as one stage on all 4 ranks (each pipeline row rings over its 2 CP ranks):
@@ -126,7 +114,7 @@ def test_a_pipeline_runs_the_zigzag_ring_in_every_stage_and_equals_one_device(
     assert any("sequence layout: contiguous" in n and "zigzag on stage axis 0" in n for n in plan.notes)
     stages = prepare_stages(model, plan, (ids,), pins)
     assert {(s.plan.context_axis, s.plan.context_layout) for s in stages} == {(0, "zigzag")}
-    hops = _count_hops(tmp_path, monkeypatch)
+    hops = count_hops(tmp_path, monkeypatch)
     ranks = launch(_pipelined_rank, 4, model, plan, stages, ids, timeout=300)
     reference = copy.deepcopy(model)
     loss = _loss(reference(ids).logits, _labels())

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from context_cases import count_hops
 from torch import nn
 
 import autoshard
 from autoshard import zoo
 from autoshard.capture import capture
-from autoshard.codegen import context
 from autoshard.errors import PlanFileError, ShardingError
 from autoshard.pipeline.summary import headline
 from autoshard.runtime.verify import cluster_for
@@ -47,24 +47,11 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
     assert (plan.context_axis, plan.context_layout) == (0, "zigzag")
     assert any("context-parallel layout searched: zigzag on axis 0" in n for n in plan.notes)
     assert "CP 4 (zigzag)" in headline(plan)
-    hops = _count_hops(tmp_path, monkeypatch)
+    hops = count_hops(tmp_path, monkeypatch)
     report = autoshard.verify(model, (x,), plan=plan)
     assert report.ok, str(report)
     # 4 ranks x (3 hops forward + 4 backward): the ring really ran
     assert hops.read_text().count("hop") == 4 * 7
-
-
-def _count_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    hops = tmp_path / "hops"
-    rotate = context._rotate
-
-    def counted(tensors, nxt, prv, group):  # type: ignore[no-untyped-def]
-        with hops.open("a") as f:  # the ranks are forked: they append to one file
-            f.write("hop\n")
-        return rotate(tensors, nxt, prv, group)
-
-    monkeypatch.setattr(context, "_rotate", counted)
-    return hops
 
 
 @pytest.mark.slow
@@ -78,7 +65,7 @@ def test_tiny_llama_with_a_pinned_zigzag_ring_matches_one_device(
     plan = autoshard.plan(model, cluster_for("cpu", ranks), case.args, annotations=pins, cp_layout="zigzag")
     assert (plan.context_axis, plan.context_layout, plan.degrees.get("cp")) == (0, "zigzag", ranks)
     assert plan.input_placements == {"input_ids": ("S(1)",)}  # the sequence is split once, at the input
-    hops = _count_hops(tmp_path, monkeypatch)
+    hops = count_hops(tmp_path, monkeypatch)
     report = autoshard.verify(model, case.args, plan=plan)
     assert report.ok, str(report)
     # 2 layers x ranks x ((n - 1) hops forward + n backward)
