@@ -9,9 +9,10 @@ zigzag layout was never chosen for these models.
 
 This pass proves causality without building the ``S × S`` mask (131072² booleans would be 16 GiB):
 
-- nodes with at most one dimension longer than 1 (position vectors) and small nodes are *evaluated*, on the
-  CPU, from their inputs: they depend on nothing but constants and shapes (a node that reads a user input,
-  a parameter or a buffer is unknown, and so is everything after it);
+- nodes no larger than a few times their longest dim (position vectors, per batch row) and small nodes are
+  *evaluated*, on the CPU, from their inputs: they depend on nothing but constants and shapes (a node that
+  reads a user input, a parameter or a buffer, or draws random numbers, is unknown, and so is everything
+  after it);
 - ``S × S`` nodes are kept *symbolic*, as a conjunction of terms ``op(q_vec[i], k_vec[j])`` (a comparison
   of a query-position vector with a key-position vector), through ``and``, ``expand``, ``unsqueeze`` and
   boolean casts;
@@ -142,6 +143,8 @@ def _form(node: fx.Node, forms: dict[fx.Node, _Form]) -> _Form:
 def _compute(node: fx.Node, forms: dict[fx.Node, _Form]) -> _Form:
     if node.op != "call_function" or node.meta.get(META_KIND) in ("parameter", "buffer", "user_input"):
         return None  # a value we cannot know when planning
+    if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        return None  # a random draw: one sample proves nothing
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None

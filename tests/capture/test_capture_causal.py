@@ -57,6 +57,8 @@ class Masked(nn.Module):
             "strict": k < q,  # the diagonal hidden: not causal
             "window": (k <= q) & (q - k < 4),  # sliding window: not causal
             "ones": (k <= q) & torch.ones((), dtype=torch.bool, device=x.device),
+            "random": (k <= q)
+            & (torch.rand(s, 1, device=x.device) >= 0),  # all true, but one draw proves nothing
         }[self.kind]
         h = self.proj(x)[:, None]  # (B, 1, S, 8)
         return torch.nn.functional.scaled_dot_product_attention(h, h, h, attn_mask=mask).squeeze(1)
@@ -64,7 +66,14 @@ class Masked(nn.Module):
 
 @pytest.mark.parametrize(
     ("kind", "causal"),
-    [("causal", True), ("flipped", True), ("ones", True), ("strict", False), ("window", False)],
+    [
+        ("causal", True),
+        ("flipped", True),
+        ("ones", True),
+        ("strict", False),
+        ("window", False),
+        ("random", False),
+    ],
 )
 @pytest.mark.parametrize("seq", [16, 256])
 def test_position_built_masks(kind: str, causal: bool, seq: int) -> None:
