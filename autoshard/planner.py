@@ -47,7 +47,7 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
-from autoshard.planner_layout import pipeline_layout, search_layout, with_zigzag
+from autoshard.planner_layout import narrowed, pipeline_layout, search_layout, with_zigzag
 from autoshard.planner_steps import (
     SearchMethod,
     batch_size,
@@ -348,21 +348,19 @@ def _plan_pipelined(
 
     caches: dict[Cluster, StepCache] = {}  # redistribution times are shared by builds on one sub-mesh
 
-    def build_stage(
-        captured: Captured, sub: Cluster, opts: CostOptions, budget: float, zigzag: int | None = None
-    ) -> BuiltProblem:
-        sub = with_zigzag(sub, zigzag)  # the sequence layout's price (planner_layout.pipeline_layout)
+    def build_stage(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
         cache = caches.setdefault(sub, StepCache(sub))
         return build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
 
-    def search_with(zigzag: int | None) -> Any:
+    def search_with(zigzag: int | None, like: Any = None) -> Any:  # like: price only that candidate's shape
+        shape, chosen = narrowed(request, policies, like)
         return search_pipeline(
-            request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn,
-            build=functools.partial(build_stage, zigzag=zigzag), policies=policies, training=training,
+            shape, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, policies=chosen,
+            build=lambda c, sub, o, b: build_stage(c, with_zigzag(sub, zigzag), o, b), training=training,
             memory_limit=limit, method=search, time_limit=time_limit, say=progress or (lambda stage: None),
         )  # fmt: skip
 
-    best = pipeline_layout(search_with(None), cp_layout, search_with)
+    best = pipeline_layout(search_with(None), cp_layout, search_with)  # CP's sequence layout (planner_layout)
     timings["total"] = time.perf_counter() - start
     notes = list(best.captured.notes)
     if len(best.priced) > 1:

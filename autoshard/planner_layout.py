@@ -36,9 +36,11 @@ from autoshard.search import BoundExceeded, SearchProblem, Solution
 from autoshard.strategies import OpStrategy
 
 if TYPE_CHECKING:
+    from autoshard.pipeline.options import PipelineRequest
     from autoshard.pipeline.search import Candidate
+    from autoshard.problem.costs import Recompute
 
-__all__ = ["pipeline_layout", "search_layout", "with_zigzag"]
+__all__ = ["narrowed", "pipeline_layout", "search_layout", "with_zigzag"]
 
 Rebuild = Callable[[Cluster, CostOptions], tuple[BuiltProblem, BuiltProblem]]
 """(cluster, options) -> (the problem as priced, the same with the user's pins)."""
@@ -107,19 +109,39 @@ def with_zigzag(sub: Cluster, axis: int | None) -> Cluster:
     return zigzag_cluster(sub, axis)
 
 
-def pipeline_layout(best: Candidate, asked: str, search_zigzag: Callable[[int], Candidate]) -> Candidate:
+def narrowed(
+    request: PipelineRequest, policies: list[Recompute], like: Candidate | None
+) -> tuple[PipelineRequest, list[Recompute]]:
+    """The pipeline request and recomputation policies pinned to ``like``'s shape (all of them without one)."""
+    if like is None:
+        return request, policies
+    schedules = (like.split.schedule,) if like.split is not None else request.schedules
+    pinned = dataclasses.replace(
+        request,
+        degree=like.layout.degree,
+        microbatches=like.microbatches,
+        by_default=False,
+        schedules=schedules,
+    )
+    return pinned, [like.recompute]
+
+
+def pipeline_layout(
+    best: Candidate, asked: str, search_zigzag: Callable[[int, Candidate], Candidate]
+) -> Candidate:
     """The pipeline search's best candidate under the better sequence layout.
 
     The stage search prices every ring contiguous.  When its best plan rings on axis ``a`` of the stage
-    sub-mesh, the search runs again with every stage problem on a :class:`ZigzagCluster` for ``a``
-    (``search_zigzag(a)``; the same axis in every stage, so activations cross stage boundaries in one
-    layout) and the cheaper step wins, zigzag on a tie (``"zigzag"`` asked: zigzag).  Zigzag on another axis
-    is not tried."""
+    sub-mesh, that candidate's shape (stages, microbatches, schedule, recomputation: :func:`narrowed`) is
+    priced again with every stage problem on a :class:`ZigzagCluster` for ``a`` (``search_zigzag(a, best)``;
+    the same axis in every stage, so activations cross stage boundaries in one layout) and the cheaper step
+    wins, zigzag on a tie (``"zigzag"`` asked: zigzag).  Other shapes and other axes are not priced under
+    zigzag: one more stage solve per distinct stage, not a second pipeline search."""
     axis = _ring_axis(best.built, best.solution)
     if asked == "contiguous" or axis is None:
         return best
     try:
-        zigzag = search_zigzag(axis)
+        zigzag = search_zigzag(axis, best)
     except (AutoshardError, BoundExceeded) as e:
         if asked == "zigzag":
             raise
