@@ -353,10 +353,10 @@ def _plan_pipelined(
         return build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
 
     def search_with(zigzag: int | None, like: Any = None) -> Any:  # like: price only that candidate's shape
-        shape, chosen = narrowed(request, policies, like)
+        shape, chosen, laid = narrowed(request, policies, like, cp_layout)  # laid: the options' cp_layout
         return search_pipeline(
             shape, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, policies=chosen,
-            build=lambda c, sub, o, b: build_stage(c, with_zigzag(sub, zigzag), o, b), training=training,
+            build=lambda c, sub, o, b: build_stage(c, with_zigzag(sub, zigzag), laid(o), b), training=training,
             memory_limit=limit, method=search, time_limit=time_limit, say=progress or (lambda stage: None),
         )  # fmt: skip
 

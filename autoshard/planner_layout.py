@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError, ShardingError
@@ -38,7 +38,7 @@ from autoshard.strategies import OpStrategy
 if TYPE_CHECKING:
     from autoshard.pipeline.options import PipelineRequest
     from autoshard.pipeline.search import Candidate
-    from autoshard.problem.costs import Recompute
+    from autoshard.problem.costs import CostOptions, Recompute
 
 __all__ = ["narrowed", "pipeline_layout", "search_layout", "with_zigzag"]
 
@@ -110,11 +110,20 @@ def with_zigzag(sub: Cluster, axis: int | None) -> Cluster:
 
 
 def narrowed(
-    request: PipelineRequest, policies: list[Recompute], like: Candidate | None
-) -> tuple[PipelineRequest, list[Recompute]]:
-    """The pipeline request and recomputation policies pinned to ``like``'s shape (all of them without one)."""
+    request: PipelineRequest, policies: list[Recompute], like: Candidate | None, asked: str
+) -> tuple[PipelineRequest, list[Recompute], Callable[[CostOptions], CostOptions]]:
+    """The pipeline request and recomputation policies pinned to ``like``'s shape (all of them without one),
+    and how its stage problems price rings: the balanced bound for the search (``asked`` ``"contiguous"``:
+    contiguous), contiguous (or zigzag on a :class:`ZigzagCluster`) for a shape priced again."""
+    layout: Literal["auto", "contiguous"] = (
+        "contiguous" if like is not None or asked == "contiguous" else "auto"
+    )
+
+    def laid(options: CostOptions) -> CostOptions:
+        return dataclasses.replace(options, cp_layout=layout)
+
     if like is None:
-        return request, policies
+        return request, policies, laid
     schedules = (like.split.schedule,) if like.split is not None else request.schedules
     pinned = dataclasses.replace(
         request,
@@ -123,35 +132,45 @@ def narrowed(
         by_default=False,
         schedules=schedules,
     )
-    return pinned, [like.recompute]
+    return pinned, [like.recompute], laid
 
 
 def pipeline_layout(
-    best: Candidate, asked: str, search_zigzag: Callable[[int, Candidate], Candidate]
+    bound: Candidate, asked: str, search: Callable[[int | None, Candidate], Candidate]
 ) -> Candidate:
-    """The pipeline search's best candidate under the better sequence layout.
+    """The pipeline search's best candidate, under the better sequence layout.
 
-    The stage search prices every ring contiguous.  When its best plan rings on axis ``a`` of the stage
+    The stage search prices rings balanced with no reordering (the bound of :func:`search_layout`; asked
+    ``"contiguous"``: contiguous, and that is all).  When its best plan rings on axis ``a`` of the stage
     sub-mesh, that candidate's shape (stages, microbatches, schedule, recomputation: :func:`narrowed`) is
-    priced again with every stage problem on a :class:`ZigzagCluster` for ``a`` (``search_zigzag(a, best)``;
-    the same axis in every stage, so activations cross stage boundaries in one layout) and the cheaper step
-    wins, zigzag on a tie (``"zigzag"`` asked: zigzag).  Other shapes and other axes are not priced under
-    zigzag: one more stage solve per distinct stage, not a second pipeline search."""
-    axis = _ring_axis(best.built, best.solution)
+    priced again contiguous (``search(None, bound)``) and with every stage problem on a :class:`ZigzagCluster`
+    for ``a`` (``search(a, bound)``; the same axis in every stage, so activations cross stage boundaries in
+    one layout), and the cheaper step wins, zigzag on a tie (asked ``"zigzag"``: zigzag).  Other shapes and
+    other axes are not priced again: two more stage solves per distinct stage, not a second pipeline search.
+    """
+    axis = _ring_axis(bound.built, bound.solution)
     if asked == "contiguous" or axis is None:
-        return best
-    try:
-        zigzag = search_zigzag(axis, best)
-    except (AutoshardError, BoundExceeded) as e:
-        if asked == "zigzag":
-            raise
-        return dataclasses.replace(best, priced=(*best.priced, f"zigzag layout on stage axis {axis}: {e}"))
-    line = (
-        f"sequence layout: contiguous {best.step_seconds:.4g} s, zigzag on stage axis {axis} "
-        f"{zigzag.step_seconds:.4g} s"
+        return bound
+    priced: list[tuple[str, Candidate]] = []
+    errors: list[str] = []
+    for label, zigzag in (("contiguous", None), (f"zigzag on stage axis {axis}", axis)):
+        if asked == "zigzag" and zigzag is None:
+            continue
+        try:
+            priced.append((label, search(zigzag, bound)))
+        except (AutoshardError, BoundExceeded) as e:
+            if asked == "zigzag" or zigzag is None:
+                raise
+            errors.append(f"{label}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    line = "sequence layout: " + "; ".join(
+        [f"{label} {c.step_seconds:.4g} s" for label, c in priced]
+        + errors
+        + [f"bound {bound.step_seconds:.4g} s"]
     )
-    cheaper = zigzag.step_seconds <= best.step_seconds * (1 + 1e-12)
-    won = zigzag if asked == "zigzag" or cheaper else best
+    won = priced[0][1]
+    for _, candidate in priced[1:]:  # zigzag comes last: it wins a tie
+        if candidate.step_seconds <= won.step_seconds * (1 + 1e-12):
+            won = candidate
     return dataclasses.replace(won, priced=(*won.priced, line))
 
 

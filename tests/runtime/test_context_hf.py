@@ -101,7 +101,7 @@ def _labels() -> torch.Tensor:
 def test_a_pipeline_runs_the_zigzag_ring_in_every_stage_and_equals_one_device(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """2 stages x CP 2 on 4 gloo ranks: the stage search priced both layouts; the sequence is cut in the zigzag
+    """2 stages x CP 2 on 4 gloo ranks, zigzag asked (priced for the winning shape); the sequence is cut in the zigzag
     layout once, at stage 0's input, every stage keeps it (activations cross stages in it) and the logits are
     gathered back to global order for the loss, so the labels are never permuted."""
     model, ids = _multi_head_llama()
@@ -111,7 +111,9 @@ def test_a_pipeline_runs_the_zigzag_ring_in_every_stage_and_equals_one_device(
         model, cluster, (ids,), annotations=pins, pipeline=2, microbatches=2, cp_layout="zigzag"
     )
     assert plan.degrees == {"pp": 2, "cp": 2} and (plan.context_axis, plan.context_layout) == (1, "zigzag")
-    assert any("sequence layout: contiguous" in n and "zigzag on stage axis 0" in n for n in plan.notes)
+    assert any(
+        "sequence layout: zigzag on stage axis 0" in n for n in plan.notes
+    )  # the winner's shape re-priced
     stages = prepare_stages(model, plan, (ids,), pins)
     assert {(s.plan.context_axis, s.plan.context_layout) for s in stages} == {(0, "zigzag")}
     hops = count_hops(tmp_path, monkeypatch)
