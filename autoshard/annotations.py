@@ -42,7 +42,7 @@ from autoshard.errors import AnnotationError, ShardingError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec, from_strategy_tuple
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.graph import NodeInfo
-from autoshard.search.problem import Edge
+from autoshard.steering import KINDS, forbid_gathers, forbidden_kinds, kind_masks, no_gather
 from autoshard.strategies import OpStrategy
 
 __all__ = [
@@ -74,8 +74,16 @@ def resolve_annotations(
     block_first: int = 0,
 ) -> dict[str, np.ndarray]:
     """Masks of allowed strategies for every node an annotation pins."""
+    masks, _ = _resolve_all(annotations, infos, strategies, template, mesh_shape, block_prefix, block_first)
+    return masks
+
+
+def _resolve_all(
+    annotations, infos, strategies, template, mesh_shape, block_prefix, block_first
+) -> tuple[dict[str, np.ndarray], dict[str, Annotation]]:
+    """The masks, and the first annotation that pins each node (to name it in a conflict)."""
     if not annotations:
-        return {}
+        return {}, {}
     items = (
         [Annotation(k, v) for k, v in annotations.items()]
         if isinstance(annotations, Mapping)
@@ -92,11 +100,15 @@ def resolve_annotations(
                 first = owner[node]
                 raise AnnotationError(
                     f"annotation {ann.target!r} = {ann.choice!r} conflicts with annotation {first.target!r} = "
-                    f"{first.choice!r}: no strategy of {infos[node].fqn or infos[node].module or node} "
-                    f"({infos[node].op}) satisfies both; drop one"
+                    f"{first.choice!r}: no strategy of {_where(infos[node])} satisfies both; drop one"
                 )
             owner.setdefault(node, ann)
-    return masks
+    return masks, owner
+
+
+def _where(info: NodeInfo) -> str:
+    """``fc1.weight (parameter)``, ``fc1 (linear)``: a node as the user knows it."""
+    return f"{info.fqn or info.module or info.name} ({info.op if info.kind == 'op' else info.kind.replace('_', ' ')})"
 
 
 _TUPLE_OPS = frozenset(
@@ -136,7 +148,7 @@ def _resolve_one(
                 _no_match(
                     ann,
                     infos,
-                    "an operator (linear, matmul, embedding, convolution, grouped matmul) in module",
+                    "operator (linear, matmul, embedding, convolution, grouped matmul) in a module",
                 )
             )
         return {i.name: _tuple_mask(ann, i, strategies[i.name], mesh_shape) for i in ops}
@@ -144,11 +156,11 @@ def _resolve_one(
         return _ring_masks(ann, infos, strategies, template, mesh_shape, target)
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
-            raise AnnotationError(_no_match(ann, infos, "a module with parameters"))
+            raise AnnotationError(_no_match(ann, infos, "module with parameters"))
         pinned = {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape) for i in by_module}
         return pinned | _computation_masks(ann, by_module, infos, strategies, template, mesh_shape)
     if not by_param:
-        raise AnnotationError(_no_match(ann, infos, "a parameter, buffer or input"))
+        raise AnnotationError(_no_match(ann, infos, "parameter, buffer or input"))
     spec = _parse_spec(ann, mesh_shape)
     return {i.name: _spec_mask(ann, i, strategies[i.name], spec) for i in by_param}
 
@@ -171,7 +183,7 @@ def _ring_masks(ann, infos, strategies, template, mesh_shape, target: str) -> di
         and _matches(target, i.module)
     ]  # fmt: skip
     if not ops:
-        raise AnnotationError(_no_match(ann, infos, "a module running scaled_dot_product_attention"))
+        raise AnnotationError(_no_match(ann, infos, "module running scaled_dot_product_attention"))
     masks = {
         i.name: np.array([ring_axis_of(infos, i, s) == axis for s in strategies[i.name]], dtype=bool)
         for i in ops
@@ -304,52 +316,6 @@ def _no_match(ann: Annotation, infos: Mapping[str, NodeInfo], what: str) -> str:
     return f"annotation {ann.target!r} matches no {what}{hint}"
 
 
-# -- steering by kind of parallelism ---------------------------------------------------------------------------
-KINDS = ("dp", "tp", "fsdp")
-"""Kinds ``allow=`` / ``forbid=`` understand: ``dp`` (the batch split over devices), ``tp`` (an op computing
-on a sharded weight: tensor, vocabulary and expert parallelism), ``fsdp`` (a weight stored sharded and gathered
-before use: FSDP / ZeRO-3)."""
-
-
-def forbidden_kinds(allow: Sequence[str] = (), forbid: Sequence[str] = ()) -> frozenset[str]:
-    """The kinds to rule out: ``forbid``, plus every known kind not in ``allow`` when ``allow`` is given."""
-    for kind in (*allow, *forbid):
-        if kind not in KINDS:
-            raise AnnotationError(
-                f"unknown parallelism kind {kind!r} in allow/forbid; known kinds: {', '.join(KINDS)}"
-            )
-    both = set(allow) & set(forbid)
-    if both:
-        raise AnnotationError(f"{', '.join(sorted(both))} both allowed and forbidden: drop one side")
-    return frozenset(forbid) | (frozenset(KINDS) - frozenset(allow) if allow else frozenset())
-
-
-def kind_masks(
-    kinds: frozenset[str], infos: Mapping[str, NodeInfo], strategies: Mapping[str, Sequence[OpStrategy]],
-    template: Mapping[str, str],
-) -> dict[str, np.ndarray]:  # fmt: skip
-    """Node masks for ``dp`` and ``tp`` (``fsdp`` constrains edges: :func:`no_gather`)."""
-    masks: dict[str, np.ndarray] = {}
-    params = {i.name for i in infos.values() if i.kind == "parameter"}
-    for info in infos.values():
-        if template[info.name] != info.name:
-            continue
-        options = strategies[info.name]
-        if "dp" in kinds and info.kind == "user_input":
-            masks[info.name] = np.array([Shard(0) not in _placements(s.outputs[0]) for s in options])
-        elif "tp" in kinds and info.kind == "op" and params & set(info.inputs):
-            ks = [k for k, src in enumerate(info.inputs) if src in params]
-            masks[info.name] = np.array(
-                [not any(isinstance(p, Shard) for k in ks for p in _placements(s.inputs[k])) for s in options]
-            )
-    return masks
-
-
-def no_gather(param: OpStrategy, use: OpStrategy, position: int) -> bool:
-    """Whether a weight stored as ``param`` chose is used exactly as stored by the op at ``position`` (no FSDP)."""
-    return param.outputs[0] == use.inputs[position]
-
-
 def _placements(spec: ShardingSpec | None) -> tuple[Any, ...]:
     return tuple(spec.placements) if spec is not None else ()
 
@@ -364,40 +330,23 @@ def pin_problem(
     """``built`` with the annotations' masks and the forbidden kinds folded into its search problem."""
     infos, strategies, template = built.infos, built.strategies, built.template
     mesh = built.cluster.mesh_shape
-    masks = resolve_annotations(annotations, infos, strategies, template, mesh, block_prefix, block_first)
+    masks, owner = _resolve_all(annotations, infos, strategies, template, mesh, block_prefix, block_first)
     for name, mask in kind_masks(kinds, infos, strategies, template).items():
         both = mask & masks[name] if name in masks else mask
         if not both.any():
-            what = infos[name].fqn or infos[name].module or name
-            raise AnnotationError(
-                f"forbidding {', '.join(sorted(kinds))} leaves {what} ({infos[name].op}) no strategy"
-                + (" its annotation allows" if name in masks else "")
-                + ": allow that kind or drop the annotation"
-            )
+            steer = f"forbidding {', '.join(sorted(kinds))}"
+            if name in owner:
+                pin = owner[name]
+                raise AnnotationError(
+                    f"annotation {pin.target!r} = {pin.choice!r} contradicts {steer}: no strategy of "
+                    f"{_where(infos[name])} satisfies both; drop the annotation or allow that kind"
+                )
+            raise AnnotationError(f"{steer} leaves {_where(infos[name])} no strategy: allow that kind")
         masks[name] = both
     fanouts = (None,) * (built.problem.num_nodes - len(built.variables))  # fan-out, gather nodes follow
     allowed = tuple(masks.get(v) for v in built.variables) + fanouts
     edges = built.problem.edges
     if "fsdp" in kinds:
-        edges = _forbid_gathers(built)
+        edges = forbid_gathers(built)
     problem = dataclasses.replace(built.problem, allowed=allowed, edges=edges)
     return dataclasses.replace(built, problem=problem)
-
-
-def _forbid_gathers(built: BuiltProblem) -> tuple[Edge, ...]:
-    """Edges from a weight to its op cost ``inf`` wherever the op would use it other than as stored."""
-    index = {name: k for k, name in enumerate(built.variables)}
-    rules: dict[tuple[int, int], list[int]] = {}
-    for use in built.edges:
-        if built.infos[use.producer].kind == "parameter":
-            u, v = index[built.template[use.producer]], index[built.template[use.consumer]]
-            rules.setdefault((u, v), []).append(use.position)
-    out = []
-    for edge in built.problem.edges:
-        positions = rules.get((edge.u, edge.v))
-        if positions:
-            src, dst = built.strategies[built.variables[edge.u]], built.strategies[built.variables[edge.v]]
-            keep = np.array([[all(no_gather(a, b, p) for p in positions) for b in dst] for a in src])
-            edge = Edge(edge.u, edge.v, np.where(keep, edge.cost, np.inf))
-        out.append(edge)
-    return tuple(out)

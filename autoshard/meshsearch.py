@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,6 +57,7 @@ class MeshCandidate:
     error: str | None = None
     bound: float | None = None  # pruned: a proven lower bound on its step time, at least ``best``
     best: float | None = None  # pruned: the best step time when it was pruned
+    timings: Mapping[str, float] = field(default_factory=dict)  # planned: its Plan.timings (stages)
 
     @property
     def pruned(self) -> bool:
@@ -187,11 +188,19 @@ def search_mesh(
         except AutoshardError as e:
             first_error = first_error or e
             seconds = time.perf_counter() - t0
-            results.append((MeshCandidate(shape, None, None, seconds, " ".join(str(e).split())[:160]), None))
+            what = " ".join(str(e).split()).partition(" Fix: ")[
+                0
+            ]  # whole (never cut mid-clause), less the fix
+            results.append((MeshCandidate(shape, None, None, seconds, what), None))
             continue
         seconds = time.perf_counter() - t0
         results.append(
-            (MeshCandidate(shape, plan.predicted_step_time, plan.memory_per_device, seconds), plan)
+            (
+                MeshCandidate(
+                    shape, plan.predicted_step_time, plan.memory_per_device, seconds, timings=plan.timings
+                ),
+                plan,
+            )
         )
         best = min(best, plan.predicted_step_time)
     planned = sorted((r for r in results if r[1] is not None), key=lambda r: r[0].step_seconds or 0.0)

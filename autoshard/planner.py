@@ -44,7 +44,7 @@ from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, PipelineError
 from autoshard.pipeline.assemble import assemble
-from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins
+from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins, whole_samples
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.planner_layout import narrowed, pipeline_layout, search_layout, with_zigzag
@@ -67,6 +67,7 @@ from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
 from autoshard.problem.mix import mix_policies
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
+from autoshard.steering import budget_refusal
 
 __all__ = ["plan"]
 
@@ -137,13 +138,12 @@ def plan(
         :class:`AutoshardError`.
     """
     staged = pipeline is not None or microbatches not in (None, 1) or _has_stage_pin(annotations)
-    if staged:
-        return _plan_pipelined(
-            model, cluster, example_args, example_kwargs, annotations=annotations, training=training,
-            memory_limit=memory_limit, recompute=recompute, search=search, time_limit=time_limit,
-            blocks=blocks, progress=progress, pipeline=pipeline, microbatches=microbatches,
-            schedule=schedule, kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout,
-        )  # fmt: skip
+    if staged or schedule != "auto":  # a schedule without stages is refused there (pipeline/options.py)
+        return whole_samples(functools.partial(
+            _plan_pipelined, model, cluster, example_args, example_kwargs, annotations=annotations,
+            training=training, memory_limit=memory_limit, recompute=recompute, search=search,
+            time_limit=time_limit, blocks=blocks, progress=progress, pipeline=pipeline, schedule=schedule,
+            kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout), microbatches)  # fmt: skip
     timings: dict[str, float] = {}
     start = time.perf_counter()
     say = progress or (lambda stage: None)
@@ -277,10 +277,8 @@ def _plan_captured(
         if pruned is not None:
             raise pruned  # every policy either does not fit or cannot beat the ceiling
         assert error is not None
-        raise InfeasibleError(
-            f"{error} (tried recomputation none, selective and full of every repeated block"
-            f"{'; fsdp is forbidden' if 'fsdp' in kinds else ''})"
-        ) from error
+        tried = [p.value for p in policies]
+        raise budget_refusal(error, kinds, tried, pinned=bool(annotations), training=training) from error
     found, free, built, read = best
     if limit != float("inf") and found.memory_per_device > limit * (1 + 1e-9):  # the budget held every term
         raise InfeasibleError(

@@ -57,6 +57,7 @@ __all__ = [
     "Lead",
     "PlanCost",
     "WhatIfError",
+    "check_same_model",
     "check_varies",
     "crossovers",
     "lead",
@@ -233,6 +234,33 @@ def lead(base: PlanCost, other: PlanCost, variable: str, lo: float, hi: float) -
     return Lead(
         variable, lo, hi, faster, slower, max(0.0, min(margins, default=0.0)), max(margins, default=0.0)
     )
+
+
+def check_same_model(plans: Sequence[Plan], names: Sequence[str]) -> None:
+    """Plans of different models (or of training against inference) have no crossover worth printing: their
+    step times differ by the model, not by the plan.  Refuse, naming both.  The model is its class, its
+    parameter names and, when both plans record it (``Plan.source``, saved by the CLI), its spec."""
+    for plan, name in zip(plans[1:], names[1:], strict=True):
+        specs = {_spec(plans[0]), _spec(plan)} - {None}
+        if _identity(plan) != _identity(plans[0]) or len(specs) > 1:
+            raise WhatIfError(
+                f"{names[0]} plans {_describe(plans[0])} but {name} plans {_describe(plan)}: what-if compares "
+                "plans of one model (and one mode); save both with autoshard search --out from the same --model"
+            )
+
+
+def _spec(plan: Plan) -> str | None:
+    spec = plan.source.get("spec") if plan.source else None
+    return str(spec) if spec is not None else None
+
+
+def _identity(plan: Plan) -> tuple[object, ...]:
+    return plan.model, plan.training, frozenset(plan.param_placements)
+
+
+def _describe(plan: Plan) -> str:
+    spec, mode = _spec(plan), "training" if plan.training else "inference"
+    return f"{plan.model}{f' ({spec})' if spec else ''}, {len(plan.param_placements)} parameters, {mode}"
 
 
 def check_varies(cost: PlanCost, variable: str) -> None:

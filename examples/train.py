@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -156,10 +157,42 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
+    check_run(args)
     _train(args)
     gc.collect()  # reference cycles (fx modules) that still hold a group
     dist.destroy_process_group()
     gc.collect()
+
+
+def check_run(args: argparse.Namespace) -> None:
+    """Refuse, in one line on rank 0 and exit code 2, what ``run`` cannot do as asked, before any process
+    group: a plan for another number of ranks than torchrun started, and ``--zero 3`` (free gathered weights,
+    ZeRO-3 / FSDP) with a plan that stores no weight split and gathered (a TP x DP plan: ZeRO-1/2 apply)."""
+    import os
+
+    import autoshard
+    from autoshard.report.groups import PlanView
+    from autoshard.report.roles import fsdp_axes
+
+    plan = autoshard.load_plan(args.plan)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    mesh = "x".join(map(str, plan.mesh_shape))
+    problem = ""
+    if plan.num_devices != world:
+        problem = (
+            f"the plan {args.plan} needs {plan.num_devices} ranks (mesh {mesh}), torchrun started {world}: use "
+            f"--nproc_per_node {plan.num_devices}, or re-plan with `train.py plan --nproc {world}`"
+        )
+    elif args.zero == 3 and not fsdp_axes(PlanView.of(plan)):
+        problem = (
+            f"--zero 3 frees weights gathered before use (FSDP), but the plan {args.plan} (mesh {mesh}) stores "
+            "no weight split and gathered: use --zero 1 or 2 (optimizer state, and gradients, sharded over the "
+            "data axes), or plan with --layout fsdp"
+        )
+    if problem:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"train.py run: error: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 def _train(args: argparse.Namespace) -> None:

@@ -37,7 +37,8 @@ _LIBRARY_DIRS = (
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (at most 300 characters), or its type name."""
     text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
+    line = text.splitlines()[0] if text else type(e).__name__
+    return line if len(line) <= 300 else line[:299] + "…"  # marked as cut, not a clause left open
 
 
 def _user_frame(e: BaseException) -> tuple[str, types.FrameType] | None:

@@ -29,7 +29,7 @@ import io
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NoReturn, TextIO
 
@@ -65,6 +65,20 @@ class _Parser(argparse.ArgumentParser):
 
 def _warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
     return f"autoshard: warning: {one_line(Exception(message))}\n"  # no file and line of autoshard's own code
+
+
+def _once(show: Callable[..., None]) -> Callable[..., None]:
+    """Each distinct warning once per command: every mesh candidate and the baseline plan the same capture,
+    and torch's own ``catch_warnings`` blocks reset the ``"once"`` filter's memory."""
+    seen: set[tuple[type[Warning], str]] = set()
+
+    def show_once(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        key = (category, str(message))
+        if key not in seen:
+            seen.add(key)
+            show(message, category, *args, **kwargs)
+
+    return show_once
 
 
 class _ReaderMayLeave(io.TextIOBase):
@@ -128,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings(), contextlib.redirect_stdout(out):
             if not debug:
                 warnings.formatwarning = _warning
+            warnings.showwarning = _once(warnings.showwarning)
             code = int(COMMANDS[args.command].run(args))
             out.flush()
             return code

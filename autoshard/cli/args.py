@@ -18,10 +18,11 @@ __all__ = [
     "mesh",
     "one_line",
     "parse_choice",
+    "pin_map",
     "positive",
 ]
 
-PATTERNS = ("column", "row", "vocab", "replicate")
+PATTERNS = ("column", "row", "vocab", "replicate", "ring")  # ring: context-parallel attention
 
 
 class CliError(AutoshardError, ValueError):
@@ -67,6 +68,27 @@ def annotation(text: str) -> tuple[str, Any]:
     if not sep or not target or not choice:
         raise argparse.ArgumentTypeError(f"annotation {text!r}: write TARGET=CHOICE, e.g. fc1=column")
     return target, parse_choice(choice)
+
+
+def pin_map(pins: list[tuple[str, Any]]) -> dict[str, Any] | None:
+    """The ``--annotate`` pins as ``autoshard.plan(annotations=...)`` takes them; one target pinned two ways
+    is a contradiction (a dict would keep the last silently)."""
+    out: dict[str, Any] = {}
+    for target, choice in pins:
+        if target in out and out[target] != choice:
+            raise CliError(
+                f"--annotate {target}={_text(out[target])} and --annotate {target}={_text(choice)} pin "
+                f"{target} two ways; keep one (to split a weight on two mesh axes, give its placements once, "
+                f"e.g. {target if target.endswith(('weight', 'bias')) else target + '.weight'}='(S(0), S(1))')"
+            )
+        out[target] = choice
+    return out or None
+
+
+def _text(choice: Any) -> str:
+    if isinstance(choice, tuple) and all(isinstance(p, str) for p in choice):
+        return f"({', '.join(choice)})" if len(choice) > 1 else choice[0]
+    return str(choice)
 
 
 def parse_choice(choice: str) -> Any:

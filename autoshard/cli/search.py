@@ -7,11 +7,18 @@ import dataclasses
 import inspect
 import json
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoshard.cli.args import CliError, amount, annotation, first_clause, mesh, one_line, positive
+from autoshard.cli.args import (
+    CliError,
+    amount,
+    annotation,
+    first_clause,
+    mesh,
+    one_line,
+    pin_map,
+    positive,
+)
 from autoshard.errors import AutoshardError
 
 if TYPE_CHECKING:
@@ -20,6 +27,7 @@ if TYPE_CHECKING:
     from autoshard.plans import Plan
     from autoshard.report.progress import Progress
     from autoshard.report.table import Baseline
+    from autoshard.report.timing import Phase
     from autoshard.zoo import ModelCase
 
 __all__ = ["HELP", "add_arguments", "run"]
@@ -58,8 +66,12 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         metavar="TARGET=CHOICE",
         help="pin a module or tensor: fc1=column, fc2=row@0, lm_head.weight='(R, S(0))', x=S(0)",
     )
+    kinds = (
+        "dp: the batch split, on any tensor; tp: weights used split; fsdp: weights stored split and gathered "
+        "before use; sequence splits are no kind"
+    )
     s.add_argument(
-        "--allow", action="append", default=[], metavar="KIND", help="use only these kinds: dp, tp, fsdp"
+        "--allow", action="append", default=[], metavar="KIND", help=f"use only these kinds ({kinds})"
     )
     s.add_argument("--forbid", action="append", default=[], metavar="KIND", help="never use a kind, e.g. tp")
     s.add_argument(
@@ -92,29 +104,50 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import autoshard
+    from autoshard.cli.files import check_outputs, write_outputs
     from autoshard.report.progress import Progress
+    from autoshard.report.timing import Phase, timed, with_parts
 
-    _check_outputs(args)
+    check_outputs(args)
     start = time.perf_counter()
     auto = args.mesh == "auto"
     cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=None if auto else args.mesh)
     _check_memory_limit(args.memory_limit, cluster)
+    phases: list[Phase] = []
     with Progress(f"building {args.model}") as progress:
-        case = _model_case(args)
+        case = timed(phases, "model", lambda: _model_case(args))
         captured = None if args.no_baseline and not auto else _capture(case, progress)
-        annotations = dict(args.annotate) or None
+        if captured is not None:
+            phases.append(Phase("capture", captured.seconds))
+        annotations = pin_map(args.annotate)
         staged = {"pipeline": args.pp, "microbatches": args.microbatches, "schedule": args.schedule}
         title = f"planning {case.name}"
         if auto:  # every candidate mesh plans the same capture
-            plan, cluster = _plan_auto(case, args, annotations, progress, title, captured, staged)
+            plan, cluster, tried = _plan_auto(case, args, annotations, progress, title, captured, staged)
+            phases += tried
         else:
-            plan = _plan(case, cluster, args, annotations, progress, title, captured=captured, staged=staged)
+            plan = timed(
+                phases,
+                f"plan on {'x'.join(map(str, cluster.mesh_shape))}",
+                lambda: _plan(
+                    case, cluster, args, annotations, progress, title, captured=captured, staged=staged
+                ),
+            )
+            phases[-1] = with_parts(phases[-1], plan.timings, captured is None)
         timings = plan.timings | ({"capture": captured.seconds} if captured is not None else {})
         plan = dataclasses.replace(plan, source=_source(args), timings=timings)
-        baseline = None if args.no_baseline else _baseline(case, cluster, plan, args, progress, captured)
-    elapsed = time.perf_counter() - start
-    _write_outputs(plan, args)
-    _print_result(plan, baseline, args, elapsed)
+        baseline = (
+            None
+            if args.no_baseline
+            else timed(
+                phases,
+                "data-parallel baseline",
+                lambda: _baseline(case, cluster, plan, args, progress, captured),
+            )
+        )
+    if args.out or args.dot or args.svg:
+        timed(phases, "writing files", lambda: write_outputs(plan, args))
+    _print_result(plan, baseline, args, time.perf_counter() - start, phases)
     return 0
 
 
@@ -159,24 +192,6 @@ def _check_memory_limit(gib: float | None, cluster: Cluster) -> None:
         raise CliError(f"--memory-limit {gib:g} GiB is below 1 MiB: the limit is per device, in GiB, e.g. 40")
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Fail before planning, not after: output directories exist, graphviz is there for --svg."""
-    for option in ("out", "dot", "svg"):
-        path = getattr(args, option)
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise CliError(
-                f"--{option} {path}: directory {Path(path).parent} does not exist; create it first"
-            )
-    if args.svg is not None:
-        from autoshard.report.dot import graphviz_binary
-
-        if graphviz_binary() is None:
-            raise CliError(
-                f"--svg {args.svg}: graphviz's `dot` is not installed (apt install graphviz / brew install "
-                "graphviz); use --dot plan.dot to write the graph as DOT instead"
-            )
-
-
 def _model_case(args: argparse.Namespace) -> ModelCase:
     from autoshard import zoo
 
@@ -201,10 +216,12 @@ def _plan_auto(
     title: str,
     captured: Captured | None,
     staged: dict[str, Any],
-) -> tuple[Plan, Cluster]:
-    """--mesh auto: every candidate mesh planned from one capture; the best plan and its cluster."""
+) -> tuple[Plan, Cluster, list[Phase]]:
+    """--mesh auto: every candidate mesh planned from one capture; the best plan, its cluster, and each
+    candidate's planning time (best first)."""
     import autoshard
     from autoshard.meshsearch import search_mesh
+    from autoshard.report.timing import Phase, with_parts
 
     options: dict[str, Any] = {
         "annotations": annotations,
@@ -227,7 +244,15 @@ def _plan_auto(
         captured=captured,
         **options,
     )
-    return found.plan, autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=found.mesh_shape)
+    tried = [
+        with_parts(Phase(f"mesh {'x'.join(map(str, c.mesh_shape))}", c.seconds), c.timings, False)
+        for c in found.candidates
+    ]
+    return (
+        found.plan,
+        autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=found.mesh_shape),
+        tried,
+    )
 
 
 def _plan(
@@ -308,37 +333,21 @@ def _batch_size(case: ModelCase) -> int | None:
     return int(shape[0]) if shape is not None and len(shape) > 0 else None
 
 
-def _write_outputs(plan: Plan, args: argparse.Namespace) -> None:
-    """--out (the plan's JSON), --dot (DOT text, whatever the suffix) and --svg (rendered by graphviz)."""
-    from autoshard.report import dot
-
-    if args.out:
-        _write_text(args.out, plan.save)
-    if args.dot or args.svg:
-        text = dot.to_dot(plan)
-        if args.dot:
-            _write_text(args.dot, lambda path: Path(path).write_text(text))
-        if args.svg:
-            dot.render_dot(text, Path(args.svg), "svg")
-
-
-def _write_text(path: str, write: Callable[[str], object]) -> None:
-    try:
-        write(path)
-    except OSError as e:
-        raise CliError(f"cannot write {path}: {e.strerror}; check the path and its permissions") from e
-
-
-def _print_result(plan: Plan, baseline: Baseline | None, args: argparse.Namespace, elapsed: float) -> None:
+def _print_result(
+    plan: Plan, baseline: Baseline | None, args: argparse.Namespace, elapsed: float, phases: list[Phase]
+) -> None:
     from autoshard.report.table import render, report_data
 
     if args.json:
         data = plan.to_json()
-        data["report"] = report_data(plan, baseline) | {"planned_seconds": elapsed}
+        data["report"] = report_data(plan, baseline) | {
+            "planned_seconds": elapsed,
+            "phases": [{"name": p.name, "seconds": p.seconds, "parts": dict(p.parts)} for p in phases],
+        }
         print(json.dumps(data, indent=1, sort_keys=True))
         return
     budget = args.memory_limit * 2**30 if args.memory_limit is not None else None
-    print(render(plan, baseline=baseline, planned_seconds=elapsed, memory_budget=budget))
+    print(render(plan, baseline=baseline, planned_seconds=elapsed, memory_budget=budget, phases=phases))
     written = [p for p in (args.out, args.dot, args.svg) if p]
     if written:
         print(f"wrote {', '.join(written)}")

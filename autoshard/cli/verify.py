@@ -13,7 +13,7 @@ import argparse
 import importlib
 import importlib.util
 
-from autoshard.cli.args import CliError, annotation, mesh, positive
+from autoshard.cli.args import CliError, annotation, mesh, pin_map, positive
 
 __all__ = ["HELP", "VERIFY_MODULE", "add_arguments", "run"]
 
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.nodes is not None and args.nproc is not None:
         raise CliError("--nodes and --nproc both size the cluster: give one")
-    options = {"annotations": dict(args.annotate) or None, "float64": args.float64}
+    options = {"annotations": pin_map(args.annotate), "float64": args.float64}
     if args.plan is not None:
         options["plan"] = args.plan
     if args.allow_replicated:

@@ -55,11 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autoshard.plans import load_plan
-    from autoshard.whatif import check_varies, crossovers, lead, plan_cost
+    from autoshard.whatif import check_same_model, check_varies, crossovers, lead, plan_cost
 
     paths = [args.plan, *args.against]
     names = _names(paths)
-    costs = [plan_cost(load_plan(p), n) for p, n in zip(paths, names, strict=True)]
+    plans = [load_plan(p) for p in paths]
+    check_same_model(plans, names)
+    costs = [plan_cost(plan, n) for plan, n in zip(plans, names, strict=True)]
     base, others = costs[0], costs[1:]
     for cost in costs:  # refuse before printing anything
         for name, _, _ in args.vary:

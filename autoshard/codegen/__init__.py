@@ -10,7 +10,9 @@ The tour, one step per module:
 - :mod:`~autoshard.codegen.collectives` -- the steps run with ``torch.distributed`` on each mesh axis's group,
   inside one ``autograd.Function`` per edge; optional log of every collective to compare ranks.
 - :mod:`~autoshard.codegen.shard` -- a tensor's piece for a coordinate, and the whole from every rank's piece.
-- :mod:`~autoshard.codegen.parallelize` -- :func:`parallelize` and its helpers (inputs, outputs, checkpoints).
+- :mod:`~autoshard.codegen.parallelize` -- :func:`parallelize`: capture, assign, lower, cut the weights.
+- :mod:`~autoshard.codegen.emitted` -- what an emitted module knows (``ParallelInfo``) and its inputs, outputs,
+  whole weights and gradients (checkpoints).
 
 Example (on every rank of a 4-rank process group)::
 

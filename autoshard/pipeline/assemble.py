@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from autoshard.pipeline.layers import boundary_bytes
-from autoshard.pipeline.schedules import device_of_chunk, in_flight, p2p_time
+from autoshard.pipeline.layers import boundary_bytes, tied_weights
+from autoshard.pipeline.schedules import device_of_chunk, in_flight, p2p_time, tied_sync_time
 from autoshard.pipeline.search import Candidate
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan
@@ -37,7 +37,8 @@ def widen_label(label: str) -> str:
 
 def _modules(candidate: Candidate) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Modules owning parameters or buffers read before the repeated layers, and after them, in graph order
-    (a tied weight, or a buffer read on both sides, is in both)."""
+    (a buffer read on both sides is in both).  A weight read on both sides is tied (GPT-2's embedding and
+    head): after the layers it is the module reading it (``lm_head``), which holds a copy there."""
     infos = candidate.built.infos
     order = list(infos)
     first = next(
@@ -46,14 +47,22 @@ def _modules(candidate: Candidate) -> tuple[tuple[str, ...], tuple[str, ...]]:
     position = {name: i for i, name in enumerate(order)}
     pre: dict[str, None] = {}
     post: dict[str, None] = {}
-    for consumer in infos.values():
-        if consumer.block is not None:
-            continue
-        for src in consumer.inputs:
-            info = infos[src]
-            if info.kind not in ("parameter", "buffer") or not info.fqn or info.block is not None:
-                continue
-            (pre if position[consumer.name] < first else post)[info.fqn.rpartition(".")[0]] = None
+    reads = [
+        (consumer, infos[src])
+        for consumer in infos.values()
+        if consumer.block is None
+        for src in consumer.inputs
+        if infos[src].kind in ("parameter", "buffer") and infos[src].fqn and infos[src].block is None
+    ]
+    early = {info.name for consumer, info in reads if position[consumer.name] < first}
+    for consumer, info in reads:
+        owner = info.fqn.rpartition(".")[0]
+        if position[consumer.name] < first:
+            pre[owner] = None
+        elif info.kind == "parameter" and info.name in early and consumer.module:
+            post[consumer.module] = None  # a tied weight's copy, in the module reading it
+        else:
+            post[owner] = None
     return tuple(k for k in pre if k), tuple(k for k in post if k)
 
 
@@ -100,12 +109,13 @@ def assemble(
     def widen(p: tuple[str, ...]) -> tuple[str, ...]:
         return ("R", *p) if p else p
 
-    collectives = tuple(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in intra.collectives)
+    tied = _tied_collectives(candidate)
+    collectives = (*(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in intra.collectives), *tied)
     worst = max(range(split.degree), key=lambda d: split.forward[d] + split.backward[d])
     share = split.forward[worst] + split.backward[worst]
     total = sum(split.forward) + sum(split.backward)
     comm = _communication(intra.collectives, share / total if total > 0 else 1.0)
-    p2p = m * 2 * _p2p_seconds(candidate)
+    p2p = m * 2 * _p2p_seconds(candidate) + sum(c.seconds for c in tied)
     bubble = 1.0 - m * share / split.pipeline_seconds if split.pipeline_seconds > 0 else 0.0
     note = (
         f"{split.degree} pipeline stages on mesh axis 0 ('pp'); each stage runs the plan on its "
@@ -137,6 +147,32 @@ def assemble(
         context_axis=None if intra.context_axis is None else intra.context_axis + 1,  # behind the 'pp' axis
     )
     return dataclasses.replace(plan, degrees=degrees_of(plan, pipeline_axis=0))
+
+
+def _tied_collectives(candidate: Candidate) -> tuple[Collective, ...]:
+    """The all-reduce of each weight tied between the first and the last stage (Megatron-LM's embedding
+    group, :mod:`autoshard.runtime.tied`), on the pipeline axis, once per step; none when one device holds
+    both (ZB-V)."""
+    split, where = candidate.split, candidate.layout
+    assert split is not None
+    chunks = len(split.bounds) - 1
+    ends = {device_of_chunk(split.schedule, c, split.degree) for c in (0, chunks - 1)}
+    if len(ends) == 1:
+        return ()
+    infos = candidate.built.infos
+    return tuple(
+        Collective(
+            kind="all_reduce",
+            nbytes=nbytes,
+            phase="backward",
+            mesh_axis=0,
+            node=infos[name].fqn,
+            tensor=name,
+            module=infos[name].fqn.rpartition(".")[0],
+            seconds=tied_sync_time(nbytes, where.p2p_bandwidth, where.p2p_latency),
+        )
+        for name, nbytes in tied_weights(candidate.built, candidate.solution)
+    )
 
 
 def _communication(collectives: tuple[Collective, ...], share: float) -> float:

@@ -19,7 +19,8 @@ so a stage of ``k`` layers is priced as the intra-op planner prices a plan of th
   layers after them in the last microbatch (:attr:`StageCosts.sync_exposed`, by layer count, from
   :func:`cost_models.overlap.exposed_gradient_sync`); syncs outside the layers exposed in full;
 * memory: a tied parameter (GPT-2's embedding and head) counts in every part that reads it, as each stage
-  holding a reader keeps a copy.
+  holding a reader keeps a copy; the bytes of its local gradient, which the copies sum every step when the
+  first and last stage differ (:attr:`StageCosts.tied_bytes`, :func:`tied_weights`).
 
 Also here: :func:`stage_memory_problem`, the search problem's memory re-weighted for one stage, so that the
 intra-op search on the sub-mesh fits the stage that holds ``L / p`` layers (the largest share any stage can
@@ -41,7 +42,7 @@ from autoshard.problem.extract import plan_collectives
 from autoshard.search import SearchProblem, Solution
 from cost_models.overlap import exposed_gradient_sync
 
-__all__ = ["boundary_bytes", "part_costs", "runtime_reserve", "stage_memory_problem"]
+__all__ = ["boundary_bytes", "part_costs", "runtime_reserve", "stage_memory_problem", "tied_weights"]
 
 _PRE, _LAYER, _POST = 0, 1, 2
 
@@ -126,6 +127,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         for k in range(n + 1)
     )
     pre, layer, post = (Part(**dict(s)) for s in sums)
+    tied = sum(nbytes for _, nbytes in tied_weights(built, solution))
     return StageCosts(
         layer,
         pre,
@@ -136,7 +138,35 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         # a chunk's first gather has no previous layer, its last re-gather no next one: exposed whole
         gather_head=gather - per_layer + regather - per_layer_back,
         sync_exposed=exposed_sync,
+        tied_bytes=float(tied),
     )
+
+
+def tied_weights(built: BuiltProblem, solution: Solution) -> list[tuple[str, int]]:
+    """(parameter node, local gradient bytes) of every trained weight read both before and after the layers
+    (a tied embedding and head): with stages, the first and the last stage each hold a copy."""
+    where = _where(built)
+    sides: dict[str, set[int]] = defaultdict(set)
+    for use in built.edges:
+        if built.infos[use.producer].kind == "parameter" and where[use.consumer] != _LAYER:
+            sides[built.template[use.producer]].add(where[use.consumer])
+    chosen = dict(zip(built.variables, solution.choice[: len(built.variables)], strict=True))
+    found = []
+    for name, seen in sides.items():
+        info = built.infos[name]
+        meta = info.outputs[0] if info.outputs else None
+        if seen != {_PRE, _POST} or not info.requires_grad or meta is None:
+            continue
+        spec = built.strategies[name][chosen[name]].outputs[0]
+        found.append((name, int(meta.nbytes // _shards(spec, built.cluster.mesh_shape))))
+    return found
+
+
+def _shards(spec: object, mesh: tuple[int, ...]) -> int:
+    shards = 1
+    for placement, size in zip(getattr(spec, "placements", ()) or (), mesh, strict=False):
+        shards *= size if isinstance(placement, Shard) else 1
+    return shards
 
 
 def boundary_bytes(built: BuiltProblem, solution: Solution) -> float:
@@ -157,10 +187,7 @@ def boundary_bytes(built: BuiltProblem, solution: Solution) -> float:
         spec = chosen[built.template[u.name]].outputs[use.which]
         if meta is None:
             continue
-        shards = 1
-        for placement, size in zip(spec.placements if spec else (), mesh, strict=False):
-            shards *= size if isinstance(placement, Shard) else 1
-        total += meta.nbytes / shards
+        total += meta.nbytes / _shards(spec, mesh)
     return total
 
 

@@ -12,7 +12,12 @@
   ``"auto"`` tries the whole batch
   (``1``) and one microbatch size for every degree that leaves at least as many microbatches as stages
   (:func:`~autoshard.pipeline.search.microbatch_sizes`: each size costs a capture and a build per degree).
-- ``schedule``: a :class:`~autoshard.pipeline.schedules.Schedule` value or ``"auto"`` (all of them).
+- ``schedule``: a :class:`~autoshard.pipeline.schedules.Schedule` value or ``"auto"`` (all of them); a
+  schedule without stages is refused.
+- microbatches and data parallelism (:func:`whole_samples`): every data-parallel replica gets whole samples
+  of every microbatch (Megatron-LM's global batch = micro-batch x data-parallel size x microbatches), so the
+  count must divide ``batch / replicas``; a pinned count that does not is refused, a searched or default one
+  is re-planned with the most microbatches that fit.
 - stage cuts: an annotation whose value is ``"stage"`` on a repeated layer (``{"model.layers.24": "stage"}``)
   starts a stage (a model chunk) at that layer; the pins fix every cut, so give ``S·v − 1`` of them.
 
@@ -21,13 +26,15 @@ Every bad value raises :class:`~autoshard.errors.PipelineError` naming the value
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from autoshard.errors import PipelineError
 from autoshard.pipeline.schedules import Schedule
+from autoshard.plans import Plan
 
 __all__ = [
     "MICROBATCHES_PER_STAGE",
@@ -37,6 +44,7 @@ __all__ = [
     "default_microbatches",
     "divisors",
     "split_cut_pins",
+    "whole_samples",
 ]
 
 STAGE_PIN = "stage"
@@ -141,6 +149,11 @@ def check_request(
         schedules = (Schedule(schedule),)
     else:
         raise PipelineError(f"schedule={schedule!r} is unknown; use 'auto' or one of {', '.join(names)}")
+    if degree == 1 and schedule != "auto" and not cuts:
+        raise PipelineError(
+            f"schedule={schedule!r} orders pipeline stages, and the plan has none (pipeline={pipeline!r}): "
+            "pass pipeline=N or 'auto' (--pp N|auto), or leave schedule='auto'"
+        )
     return PipelineRequest(degree, count, schedules, tuple(sorted(set(cuts))), by_default)
 
 
@@ -183,3 +196,41 @@ def _cut_of(name: str, prefix: str | None, layers: int) -> int:
             f"annotation {name!r}: layer {index} cannot start a stage; use {prefix}.1 .. {prefix}.{layers - 1}"
         )
     return index
+
+
+def whole_samples(planned: Callable[..., Plan], microbatches: int | str | None) -> Plan:
+    """``planned(microbatches=...)``, with whole samples for every data-parallel replica (module doc).
+
+    A pinned count that leaves a replica a fraction of a sample raises :class:`PipelineError`; ``"auto"`` or
+    the default is planned again once with the largest count that fits, and the notes say so."""
+    plan = planned(microbatches=microbatches)
+    gap = _replica_gap(plan)
+    if gap is None:
+        return plan
+    batch, replicas, fits = gap
+    if _whole(microbatches):
+        raise PipelineError(
+            f"microbatches={microbatches}: the plan splits the batch of {batch} over {replicas} data-parallel "
+            f"replicas, {batch // replicas} samples each, which {microbatches} microbatches do not divide; use one "
+            f"of {fits}"
+        )
+    again = planned(microbatches=fits[-1])
+    if _replica_gap(again) is not None:
+        raise PipelineError(
+            f"microbatches={microbatches!r}: neither {plan.microbatches} nor {fits[-1]} microbatches give each "
+            f"data-parallel replica whole samples of the batch of {batch}; pin microbatches= (one of {fits})"
+        )
+    note = (
+        f"microbatches: {fits[-1]}, the most that give each of the {replicas} data-parallel replicas whole "
+        f"samples of the batch of {batch} ({plan.microbatches} would not); pin microbatches= to choose"
+    )
+    return dataclasses.replace(again, notes=(*again.notes, note))
+
+
+def _replica_gap(plan: Plan) -> tuple[int, int, list[int]] | None:
+    """(batch, replicas, counts that fit) when ``plan.microbatches`` leaves a replica a fraction of a sample."""
+    batch = max((shape[0][0] for shape in plan.input_shapes.values() if shape and shape[0]), default=0)
+    replicas = plan.degrees.get("dp", 1) * plan.degrees.get("fsdp", 1)
+    if plan.microbatches <= 1 or not batch or batch % (plan.microbatches * replicas) == 0:
+        return None
+    return batch, replicas, [d for d in divisors(batch) if d == 1 or batch % (d * replicas) == 0]

@@ -173,6 +173,15 @@ def bubble_fraction(
     return 0.0 if total <= 0 else max(0.0, 1.0 - busy / total)
 
 
+def tied_sync_time(nbytes: float, bandwidth: float, latency: float) -> float:
+    """Seconds of the all-reduce summing a tied weight's gradient over its two stages' ranks (Megatron-LM's
+    embedding group), on the inter-stage link: a ring all-reduce of ``n = 2`` ranks, ``2(n-1)/n · B/bw +
+    2(n-1) · latency`` (the ring model of Thakur, Rabenseifner & Gropp 2005, as nccl-tests' bus bandwidth)."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / bandwidth + 2 * latency
+
+
 def p2p_time(nbytes: float, bandwidth: float, latency: float) -> float:
     """Seconds to send ``nbytes`` to the next stage: one message, latency + size / bandwidth."""
     if nbytes <= 0:

@@ -51,6 +51,7 @@ from autoshard.pipeline.schedules import (
     Schedule,
     in_flight,
     p2p_time,
+    tied_sync_time,
     torch_refuses,
     virtual_stage_options,
 )
@@ -258,7 +259,8 @@ def _price(
     solution = solve(problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
     costs = part_costs(built, solution)
     hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
-    costs = dataclasses.replace(costs, p2p_seconds=hop)
+    tied = tied_sync_time(costs.tied_bytes, where.p2p_bandwidth, where.p2p_latency)  # embedding group
+    costs = dataclasses.replace(costs, p2p_seconds=hop, tied_sync=tied)
     best: StageSplit | None = None
     refused: list[str] = []
     for schedule in request.schedules:

@@ -12,7 +12,8 @@ A model of ``L`` identical layers is cut into ``C = p·v`` chunks; chunk ``c`` h
 per-microbatch time is its parts' forward + backward plus one p2p send per neighbour (activations to the
 next chunk, gradients to the previous) plus, when it holds a layer, the first FSDP gather no compute hides;
 its once-per-step time is its parts' optimizer and exposed gradient synchronisation (the layers' share from
-:attr:`StageCosts.sync_exposed` by the layers its device holds, as :mod:`cost_models.overlap` hides it), and
+:attr:`StageCosts.sync_exposed` by the layers its device holds, as :mod:`cost_models.overlap` hides it; the
+first and last chunk also the all-reduce of a weight tied between them, :attr:`StageCosts.tied_sync`), and
 its static memory its parts' sums (plus the runtime reserve once per device); its activation memory is its
 parts' per-microbatch activations times the microbatches its device holds in flight
 (:func:`~autoshard.pipeline.schedules.in_flight`).
@@ -82,6 +83,8 @@ class StageCosts:
     reserve: float = 0.0  # bytes every device holds before the model (CUDA context, NCCL, allocator)
     gather_head: float = 0.0  # per microbatch: a chunk's first FSDP gather, which no layer's compute hides
     sync_exposed: tuple[float, ...] = ()  # [k]: exposed gradient sync of k layers on one device, per step
+    tied_bytes: float = 0.0  # local gradient bytes of weights read before and after the layers (tied)
+    tied_sync: float = 0.0  # per step: their all-reduce between the first and last chunk's devices
 
     def exposed_sync(self, layers: int) -> float:
         """Seconds of the gradient sync of ``layers`` layers that their backward does not hide."""
@@ -117,6 +120,13 @@ def _chunk(costs: StageCosts, c: int, chunks: int, start: int, end: int) -> Part
     return part + Part(forward=costs.p2p_seconds * sends[0] + head, backward=costs.p2p_seconds * sends[1])
 
 
+def _tied(costs: StageCosts, schedule: Schedule, degree: int, c: int, chunks: int) -> float:
+    """The tied weights' gradient all-reduce, once per step on the first and the last chunk's devices when
+    they differ (Megatron-LM's embedding group; one device holding both sums its copies locally)."""
+    ends = (device_of_chunk(schedule, 0, degree), device_of_chunk(schedule, chunks - 1, degree))
+    return costs.tied_sync if c in (0, chunks - 1) and ends[0] != ends[1] else 0.0
+
+
 def price_split(
     costs: StageCosts,
     bounds: Sequence[int],
@@ -128,7 +138,11 @@ def price_split(
     """The step time and per-device memory of one cut (the objective the DP minimises)."""
     chunks = degree * virtual
     assert len(bounds) == chunks + 1 and bounds[0] == 0 and bounds[-1] == costs.layers
-    parts = [_chunk(costs, c, chunks, bounds[c], bounds[c + 1]) for c in range(chunks)]
+    parts = [
+        _chunk(costs, c, chunks, bounds[c], bounds[c + 1])
+        + Part(once=_tied(costs, schedule, degree, c, chunks))
+        for c in range(chunks)
+    ]
     per_device = [Part() for _ in range(degree)]
     for c, part in enumerate(parts):
         d = device_of_chunk(schedule, c, degree)
@@ -179,7 +193,8 @@ def _tables(
         memory = extra.static + k * lay.static + flight * (extra.activation + k * lay.activation)
         ok = valid & (memory <= (limit - costs.reserve) / virtual)
         t[c] = np.where(valid, time, np.inf)
-        o[c] = np.where(valid, extra.once + k * lay.once + synced[np.clip(k, 0, n)], np.inf)
+        tied = _tied(costs, schedule, degree, c, chunks)
+        o[c] = np.where(valid, extra.once + tied + k * lay.once + synced[np.clip(k, 0, n)], np.inf)
         fits[c] = ok
     return t, o, fits
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -214,7 +214,11 @@ def build_problem(
     mult.update(run_copies)
     cache = cache if cache is not None and cache.cluster == cluster else StepCache(cluster)
     keeps = _keeps(infos, opts)
-    node_costs, memory = _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache)
+    # graph outputs each variable decides: itself, or a later layer's copy (a pipeline stage ending in a layer)
+    outputs = Counter(template[i.name] for i in ordered if i.is_output)
+    node_costs, memory = _node_arrays(
+        variables, infos, strategies, mult, keeps, cluster, opts, cache, outputs
+    )
     if memory:  # the runtime reserve (profile memory.runtime_reserve: CUDA context, NCCL, allocator) is held
         # whatever the plan: a constant on one node counts it against the budget and changes no choice
         memory[0] = memory[0] + cluster.profile.memory.runtime_reserve
@@ -295,7 +299,7 @@ def _display_name(info: NodeInfo) -> str:
     return f"{info.name} ({info.target}{' in ' + where if where else ''})"
 
 
-def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache):
+def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache, outputs):
     node_costs: list[np.ndarray] = []
     memory: list[np.ndarray] = []
     for name in variables:
@@ -307,11 +311,14 @@ def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache
             fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
             # all-to-all token dispatch inside a routed-experts node (listed as collectives in the plan)
             per_microbatch = fwd + bwd + dispatch_seconds(info, strat, cluster, inputs, opts)
+            fix = steps_time(output_fix_steps(info, strat, cache), cluster) if outputs[name] else 0.0
             if info.is_output:
-                per_microbatch += steps_time(output_fix_steps(info, strat, cache), cluster)
+                per_microbatch += fix
             extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)
             mem[k] = node_memory_total(info, strat, cluster, opts, keeps[name], mult[name])
-            cost[k] = extra * mult[name] + MEMORY_TIE_BREAK * mem[k]
+            # an output in a later layer's copy (a stage's last layer) is reduced once, not once per layer
+            late = fix * opts.microbatches * (outputs[name] - info.is_output)
+            cost[k] = extra * mult[name] + late + MEMORY_TIE_BREAK * mem[k]
         node_costs.append(cost)
         memory.append(mem)
     return node_costs, memory

@@ -317,12 +317,13 @@ def _output_collectives(
     built: BuiltProblem, chosen: dict[str, OpStrategy], namer: LayerNamer
 ) -> list[Collective]:
     out: list[Collective] = []
-    for name in decision_nodes(built):
-        info = built.infos[name]
+    decided = set(decision_nodes(built))
+    for name, info in built.infos.items():  # a later layer's copy too: a pipeline stage ending in a layer
         if not info.is_output:
             continue
         steps = output_fix_steps(info, chosen[built.template[name]], built.cache)
-        layers = [(layer, namer.module(info.module, layer)) for layer in namer.layers_of_node(name)]
+        where = namer.layers_of_node(name) if name in decided or info.block is None else [info.block[0]]
+        layers = [(layer, namer.module(info.module, layer)) for layer in where]
         out += _records(steps, "forward", "output", name, layers, built, built.options.microbatches)
     return out
 

@@ -167,7 +167,11 @@ class PriceTable:
                 ws.append(self._price(move[0], move[3], axis))
                 enters.append(axis if nxt[axis] == _P else -1)
         return _Graph(
-            index, np.array(us, dtype=np.int64), np.array(vs, dtype=np.int64), np.array(ws), np.array(enters)
+            index,
+            np.array(us, dtype=np.int64),
+            np.array(vs, dtype=np.int64),
+            np.array(ws, dtype=np.float64),
+            np.array(enters, dtype=np.int64),
         )
 
     def _price(self, kind: str, nbytes: int, axis: int) -> float:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from autoshard.report.groups import PlanView
 from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_axes
 
-__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees"]
+__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note"]
 
 KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
 _FAMILY = {
@@ -78,6 +78,7 @@ class AxisUse:
     params_split: int  # parameters stored split on this axis
     params: int
     gathered: bool  # some parameter stored split is all-gathered before use (FSDP)
+    params_gathered: int = 0  # how many of them
 
     def __str__(self) -> str:
         head = f"axis {self.axis} ({self.size}): "
@@ -90,7 +91,8 @@ class AxisUse:
             what += ", attention too (ring)" if self.attention_by_sequence else ", attention not by sequence"
         stored = f"{self.params_split} of {self.params} parameters stored split"
         if self.gathered:
-            stored += ", gathered before use"
+            every = self.params_gathered in (0, self.params_split)
+            stored += ", gathered before use" if every else f", {self.params_gathered} gathered before use"
         return f"{head}{self.kind.upper()}: {what} ({self.share:.0%} of the weighted compute); {stored}"
 
 
@@ -107,7 +109,8 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
         kind = (
             "pp" if axis == pipeline_axis else _kind(family, ring, split, len(placements), axis in gathered)
         )
-        out.append(AxisUse(axis, size, kind, family, share, ring, split, len(placements), axis in gathered))
+        fsdp = len(gathered.get(axis, []))
+        out.append(AxisUse(axis, size, kind, family, share, ring, split, len(placements), fsdp > 0, fsdp))
     return out
 
 
@@ -118,6 +121,18 @@ def degrees(uses: list[AxisUse]) -> dict[str, int]:
         if use.kind is not None:
             out[use.kind] = out.get(use.kind, 1) * use.size
     return out
+
+
+def dp_weights_note(view: PlanView, pipeline_axis: int | None = None) -> str:
+    """What the headline adds to ``DP n`` when parameters are stored split and gathered (ZeRO-3 / FSDP) on a
+    data-parallel axis, yet too few of them for the axis to count as FSDP: ``"ZeRO-3/FSDP on 1 of 148
+    parameters"``; ``""`` when the DP axes shard no parameter."""
+    uses = [u for u in axis_uses(view, pipeline_axis) if u.kind == "dp"]
+    gathered = fsdp_axes(view)
+    names = {fqn for u in uses for fqn in gathered.get(u.axis, [])}
+    if not names:
+        return ""
+    return f"ZeRO-3/FSDP on {len(names)} of {len(view.plan.param_placements)} parameters"
 
 
 def _compute(view: PlanView, axis: int) -> tuple[str, float, bool]:

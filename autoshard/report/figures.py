@@ -33,6 +33,8 @@ class Baseline:
     param_memory: float = 0.0
     device_memory: float = 0.0
     reason: str = ""
+    # memory no node owns (runtime reserve, gathered weights, largest temporary): not activations
+    unowned: float = 0.0
 
     @classmethod
     def of(cls, plan: Plan, name: str = "data parallel") -> Baseline:
@@ -44,6 +46,7 @@ class Baseline:
             plan.memory_per_device,
             param_memory(plan),
             plan.device_memory,
+            unowned=sum(plan.memory_breakdown.values()),
         )
 
     @classmethod
@@ -69,7 +72,8 @@ class Baseline:
 def figure_lines(plan: Plan, baseline: Baseline | None, width: int, budget: float | None) -> list[str]:
     dp = baseline if baseline is not None and baseline.step_time is not None else None
     mine_params = param_memory(plan)
-    names = ("step time", "  compute", "  communication", "memory per device", "  weights, grads, optimizer")
+    state = "  weights, grads, optimizer" if plan.training else "  weights only"
+    names = ("step time", "  compute", "  communication", "memory per device", state)
     mine: tuple[float, ...] = (plan.predicted_step_time, plan.compute_time, plan.communication_time)
     unowned = sum(
         plan.memory_breakdown.values()
@@ -78,7 +82,7 @@ def figure_lines(plan: Plan, baseline: Baseline | None, width: int, budget: floa
     theirs: tuple[float, ...] = ()
     if dp is not None and dp.step_time is not None:
         theirs = (dp.step_time, dp.compute, dp.communication, dp.memory, dp.param_memory)
-        theirs += (dp.memory - dp.param_memory,)
+        theirs += (dp.memory - dp.param_memory - dp.unowned,)
     lines = [f"{'predicted step time, memory':<30}{'this plan':>12}" + (f"{dp.name:>16}" if dp else "")]
     for i, name in enumerate((*names, "  activations")):
         fmt = fmt_seconds if i < 3 else fmt_bytes
@@ -107,15 +111,17 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     recompute = plan.recompute  # Plan.recompute, on the first recompute_blocks blocks when set
     if plan.recompute_blocks is not None and plan.recompute != "none":
         recompute += f" on {plan.recompute_blocks} blocks, none on the rest"
+    batches = f"{plan.microbatches} micro-batch{'es' * (plan.microbatches > 1)}"
     first = (
-        f"assumes: captured dtypes, Adam (fp32 master + moments) sharded, "
-        f"{plan.microbatches} micro-batch{'es' * (plan.microbatches > 1)}, recompute {recompute}"
+        f"assumes: captured dtypes, Adam (fp32 master + moments) sharded, {batches}, recompute {recompute}"
     )
+    overlap = plan.overlap.describe()
+    if not plan.training:  # a forward pass: nothing to sync, no optimizer, no activations kept for backward
+        first = f"assumes: inference: no gradients, no optimizer state; captured dtypes, {batches}"
+        overlap = overlap.split(", ", 1)[1]  # the gradient sync policy does not apply
     exposed = plan.predicted_step_time - plan.compute_time
     memory = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in plan.memory_breakdown.items() if v > 0)
-    second = f"overlap: {plan.overlap.describe()}; {fmt_seconds(exposed)} comm exposed" + (
-        f"; + {memory}" if memory else ""
-    )
+    second = f"overlap: {overlap}; {fmt_seconds(exposed)} comm exposed" + (f"; + {memory}" if memory else "")
     return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ")
 
 

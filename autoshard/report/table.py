@@ -11,7 +11,8 @@ Output: lines of at most ``width`` columns (default 100):
 4. the collectives of one step, grouped by phase, kind, axis and purpose, with bytes and time;
 5. step time with its compute / communication split and memory per device against capacity, beside the
    data-parallel baseline;
-6. the solver's certificate, stage timings and the plan's notes.
+6. the solver's certificate, where the planning time went (:mod:`autoshard.report.timing`) and the
+   plan's notes.
 
 :func:`report_data` returns the same content as plain JSON-able data for ``autoshard search --json``.
 
@@ -23,7 +24,9 @@ Example::
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +37,13 @@ from autoshard.report.figures import Baseline, figure_lines
 from autoshard.report.groups import Group, PlanView
 from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text, wrap
 from autoshard.report.patterns import describe_group, recognise
+from autoshard.report.timing import Phase, timing_text
 
 __all__ = ["Baseline", "collective_rows", "render", "report_data"]
 
 MINOR_SHARE = 0.005  # groups below this share of compute, without parameters, are listed by name only
 MAX_COLLECTIVE_ROWS = 12
 MAX_PARAMETER_ROWS = 24
-_STAGE_NAMES = {"strategies_and_costs": "strategies"}
 _PHASE = {"forward": "fwd", "backward": "bwd", "regather": "bwd"}
 
 
@@ -65,11 +68,15 @@ def render(
     width: int = 100,
     planned_seconds: float | None = None,
     memory_budget: float | None = None,
+    phases: Sequence[Phase] | None = None,
 ) -> str:
     """The whole report as one string; every line fits ``width`` columns.
 
     ``memory_budget``: the per-device limit the plan was made under (bytes), when not the device's memory.
+    ``phases``: what the planning command measured (:mod:`autoshard.report.timing`); writing this report is
+    measured here and added to them, ``planned_seconds`` is the wall time before it.
     """
+    start = time.perf_counter()
     view = PlanView.of(plan)
     sections = [
         [headline(plan)] if _parallel(view) or plan.pipeline is not None or plan.microbatches > 1 else [],
@@ -80,8 +87,12 @@ def render(
         _patterns(view, width),
         _collectives(view, width),
         figure_lines(plan, baseline, width, memory_budget),
-        _footer(plan, planned_seconds, width, baseline is not None and baseline.step_time is not None),
     ]
+    if phases is not None:
+        report = time.perf_counter() - start
+        phases = [*phases, Phase("report", report)]
+        planned_seconds = None if planned_seconds is None else planned_seconds + report
+    sections.append(_footer(plan, timing_text(plan, phases, planned_seconds), width))
     text = "\n\n".join("\n".join(lines) for lines in sections if lines)
     return "\n".join(_fit(line, width) for line in text.splitlines())
 
@@ -216,7 +227,7 @@ def _collectives(view: PlanView, width: int) -> list[str]:
         lines.append(f"  … {len(rest)} more rows: {n} collectives, {fmt_seconds(secs)}")
     if not rows:
         return ["collectives of one step", "  none: no device ever waits for another"]
-    lines.append(_totals(view.plan.collectives))
+    lines += wrap(_totals(view.plan.collectives), width, " " * 9, "  total: ")  # wrapped, never cut
     return lines
 
 
@@ -229,24 +240,13 @@ def _totals(collectives: tuple[Collective, ...]) -> str:
                 f"{phase} {len(cs)} ({fmt_bytes(sum(c.nbytes for c in cs))}, "
                 f"{fmt_seconds(sum(c.seconds for c in cs))})"
             )
-    return "  total: " + "; ".join(parts)
+    return "; ".join(parts)
 
 
-def _footer(plan: Plan, planned_seconds: float | None, width: int, with_baseline: bool = False) -> list[str]:
+def _footer(plan: Plan, timing: str, width: int) -> list[str]:
     s = plan.solver
     proof = "optimal" if s.optimal else f"not proven optimal (gap {s.gap:.2%})"
-    line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}"
-    stages = ", ".join(
-        f"{_STAGE_NAMES.get(k, k)} {fmt_seconds(v)}" for k, v in plan.timings.items() if k != "total"
-    )
-    if planned_seconds is not None:
-        line += f"; planned in {planned_seconds:.1f} s"
-        rest = planned_seconds - sum(v for k, v in plan.timings.items() if k != "total")
-        if stages:  # the stages are the plan's own; say what the rest of the wall time went to
-            what = "building the model and planning the baseline" if with_baseline else "building the model"
-            stages += f", other {fmt_seconds(max(rest, 0.0))}: {what}"
-    if stages:
-        line += f" ({stages})"
+    line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}" + (f"; {timing}" if timing else "")
     lines = wrap(line, width, "  ", "")
     for note in plan.notes:
         lines += wrap(note, width, "      ", "note: ")

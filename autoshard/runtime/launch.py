@@ -135,7 +135,7 @@ def _rank_main(
         value = fn(*args)
         torch.save({"ok": True, "value": value}, out)
     except BaseException:
-        torch.save({"ok": False, "error": traceback.format_exc()}, out)
+        torch.save({"ok": False, "error": traceback.format_exc(), "at": time.time()}, out)
         raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
@@ -165,9 +165,13 @@ def _results(tmp: Path, nproc: int) -> list[Any]:
         path = tmp / f"rank{rank}.pt"
         if path.exists():
             records[rank] = torch.load(path, weights_only=False)
-    for rank, record in records.items():
-        if not record["ok"]:
-            raise LaunchError(f"rank {rank} of {nproc} failed:\n{record['error']}")
+    failures = sorted((record["at"], rank) for rank, record in records.items() if not record["ok"])
+    if failures:
+        # The first rank to fail is the cause: a peer that dies can make the others fail later (gloo's
+        # "connection closed by peer" inside init_process_group), and those are consequences, not the story.
+        rank = failures[0][1]
+        others = f" (then ranks {[r for _, r in failures[1:]]})" if len(failures) > 1 else ""
+        raise LaunchError(f"rank {rank} of {nproc} failed first{others}:\n{records[rank]['error']}")
     missing = [rank for rank in range(nproc) if rank not in records]
     if missing:
         raise LaunchError(f"ranks {missing} left no result (killed, or crashed before Python could report)")

@@ -1,7 +1,10 @@
 """Gradient sync overlapped with backward, as ``Plan.overlap`` prices it: data parallel's all-reduces
 (:class:`GradSyncOverlap`, what DDP runs) and ZeRO-2's reduce-scatters (:class:`GradBuckets`) bucketed and
 issued asynchronously; :func:`apply_overlap` applies the plan's whole policy to an emitted module (with the
-FSDP all-gather prefetch of :mod:`autoshard.runtime.prefetch`).
+FSDP all-gather prefetch of :mod:`autoshard.runtime.prefetch`).  Both run one bucketing mechanism
+(``_Buckets``), parameterised by the collective: an ``all_reduce`` bucket is one row of whole gradients, a
+``reduce_scatter`` bucket one row per rank; only when gradients are packed (at arrival for ZeRO-2, at issue
+for data parallel, which reads the accumulated ``.grad``) and how sums are handed back differ.
 
 **Data parallel** (:class:`GradSyncOverlap`): the one gradient-sync pass
 (:func:`autoshard.runtime.grad_sync.defer_gradient_sync`) takes the parameters' all-reduces out of the
@@ -51,98 +54,115 @@ BUCKET_BYTES = 25 * 2**20
 """Default bucket size: torch DDP's default ``bucket_cap_mb`` (25 MB)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Bucket:
+    """Gradients of one mesh axis in one buffer laid out rank-major: row ``r`` holds every member's chunk
+    ``r`` (one row, the whole gradient, for an all-reduce)."""
+
     axis: int
-    members: list[tuple[Any, Any]]  # (FlatShard, master chunk parameter)
-    offsets: list[int]
-    width: int  # sum of the members' chunk lengths
-    buffer: torch.Tensor | None = None
+    ways: int  # rows: the ranks a reduce-scatter splits over, 1 for an all-reduce
+    members: list[torch.Tensor] = field(default_factory=list)  # ZeRO master chunks, or DP parameters
+    index: dict[int, int] = field(default_factory=dict)  # id(member) -> its position
+    spans: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, chunk, numel) per member
+    width: int = 0  # sum of the members' chunks
+    nbytes: int = 0  # the buffer's bytes
     arrived: int = 0
-    work: Any = None
+    buffer: torch.Tensor | None = None
     out: torch.Tensor | None = None
-    index: dict[int, int] = field(default_factory=dict)  # id(master) -> member position
+    work: Any = None
 
 
-class GradBuckets:
+class _Buckets:
+    """The one bucketing mechanism, parameterised by the collective: members grouped in order into buckets
+    of about ``bucket_bytes`` per mesh axis, each bucket's ``all_reduce`` (``ways`` 1: every rank keeps the
+    sum) or ``reduce_scatter`` (``ways`` rows: rank ``r`` keeps row ``r``) issued with ``async_op=True``."""
+
+    def __init__(self, kind: str, comm: MeshComm, bucket_bytes: int) -> None:
+        self.kind, self.comm, self.bucket_bytes = kind, comm, bucket_bytes
+        self.buckets: list[_Bucket] = []
+        self.where: dict[int, _Bucket] = {}
+
+    def append(self, member: torch.Tensor, axis: int, numel: int, ways: int, chunk: int) -> None:
+        nbytes = chunk * ways * member.element_size()
+        last = self.buckets[-1] if self.buckets else None
+        fits = last is not None and (last.axis, last.ways) == (axis, ways)
+        if last is None or not fits or (last.members and last.nbytes + nbytes > self.bucket_bytes):
+            last = _Bucket(axis, ways)
+            self.buckets.append(last)
+        last.index[id(member)] = len(last.members)
+        last.members.append(member)
+        last.spans.append((last.width, chunk, numel))
+        last.width += chunk
+        last.nbytes += nbytes
+        self.where[id(member)] = last
+
+    def put(self, member: torch.Tensor, grad: torch.Tensor) -> _Bucket:
+        """Add one member's whole local gradient into its bucket's rows."""
+        bucket = self.where[id(member)]
+        offset, chunk, numel = bucket.spans[bucket.index[id(member)]]
+        ways = bucket.ways
+        if bucket.buffer is None:
+            bucket.buffer = grad.new_zeros(ways, bucket.width)
+        padded = grad.new_zeros(ways * chunk)
+        padded[:numel] = grad.reshape(-1)
+        bucket.buffer[:, offset : offset + chunk].add_(padded.view(ways, chunk))
+        return bucket
+
+    def issue(self, bucket: _Bucket) -> None:
+        assert bucket.buffer is not None
+        group, flat = self.comm.group(bucket.axis), bucket.buffer.view(-1)
+        if self.kind == "all_reduce":
+            bucket.out, bucket.work = flat, dist.all_reduce(flat, group=group, async_op=True)
+        else:
+            bucket.out = flat.new_empty(bucket.width)
+            bucket.work = dist.reduce_scatter_tensor(bucket.out, flat, group=group, async_op=True)
+        if self.comm.log is not None:
+            nbytes = flat.numel() * flat.element_size()
+            self.comm.log.append(CollectiveRecord("backward", self.kind, bucket.axis, nbytes))
+
+    def wait(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Wait for every issued bucket: (member, its reduced piece) for each member; the buckets reset."""
+        done = []
+        for bucket in self.buckets:
+            if bucket.work is None:
+                continue
+            bucket.work.wait()
+            assert bucket.out is not None
+            done += [
+                (m, bucket.out[o : o + c]) for m, (o, c, _) in zip(bucket.members, bucket.spans, strict=True)
+            ]
+            bucket.buffer, bucket.out, bucket.work, bucket.arrived = None, None, None, 0
+        return done
+
+
+class GradBuckets(_Buckets):
     """Bucketed asynchronous reduce-scatters of ZeRO-2 gradient chunks (module doc)."""
 
     def __init__(
         self, entries: list[tuple[Any, Any]], comm: MeshComm, bucket_bytes: int = BUCKET_BYTES
     ) -> None:
-        self.comm = comm
-        self.buckets: list[_Bucket] = []
-        self.where: dict[int, _Bucket] = {}
+        super().__init__("reduce_scatter", comm, bucket_bytes)
         for flat, master in reversed(entries):
-            if len(flat.axes) != 1 or flat.partial != flat.axes:
-                continue
-            axis, size = flat.axes[0], flat.chunk * flat.ways * master.element_size()
-            last = self.buckets[-1] if self.buckets else None
-            if (
-                last is None
-                or last.axis != axis
-                or last.width * flat.ways * master.element_size() + size > bucket_bytes
-            ):
-                last = _Bucket(axis, [], [], 0)
-                self.buckets.append(last)
-            last.index[id(master)] = len(last.members)
-            last.members.append((flat, master))
-            last.offsets.append(last.width)
-            last.width += flat.chunk
-            self.where[id(master)] = last
+            if len(flat.axes) == 1 and flat.partial == flat.axes:
+                self.append(master, flat.axes[0], flat.numel, flat.ways, flat.chunk)
 
     def handles(self, master: torch.Tensor) -> bool:
         return id(master) in self.where
 
     def add(self, master: torch.Tensor, grad: torch.Tensor) -> None:
         """Copy one parameter's whole local gradient into its bucket; issue the bucket when it is full."""
-        bucket = self.where[id(master)]
-        k = bucket.index[id(master)]
-        flat, _ = bucket.members[k]
-        if bucket.buffer is None:
-            bucket.buffer = grad.new_zeros(flat.ways, bucket.width)
-        rows = bucket.buffer[:, bucket.offsets[k] : bucket.offsets[k] + flat.chunk]
-        padded = grad.new_zeros(flat.ways * flat.chunk)
-        padded[: flat.numel] = grad.reshape(-1)
-        rows.add_(padded.view(flat.ways, flat.chunk))
+        bucket = self.put(master, grad)
         bucket.arrived += 1
         if bucket.arrived == len(bucket.members):
-            self._issue(bucket)
-
-    def _issue(self, bucket: _Bucket) -> None:
-        assert bucket.buffer is not None
-        bucket.out = bucket.buffer.new_empty(bucket.width)
-        group = self.comm.group(bucket.axis)
-        bucket.work = dist.reduce_scatter_tensor(
-            bucket.out, bucket.buffer.view(-1), group=group, async_op=True
-        )
-        if self.comm.log is not None:
-            nbytes = bucket.buffer.numel() * bucket.buffer.element_size()
-            self.comm.log.append(CollectiveRecord("backward", "reduce_scatter", bucket.axis, nbytes))
+            self.issue(bucket)
 
     def finish(self) -> None:
         """Issue any bucket a missing gradient left open (zeros), wait for all, give each chunk its gradient."""
         for bucket in self.buckets:
             if bucket.work is None and bucket.arrived:
-                self._issue(bucket)
-        for bucket in self.buckets:
-            if bucket.work is None:
-                continue
-            bucket.work.wait()
-            assert bucket.out is not None
-            for (flat, master), offset in zip(bucket.members, bucket.offsets, strict=True):
-                part = bucket.out[offset : offset + flat.chunk]
-                master.grad = part.clone() if master.grad is None else master.grad.add_(part)
-            bucket.buffer, bucket.out, bucket.work, bucket.arrived = None, None, None, 0
-
-
-@dataclass(eq=False)
-class _SumBucket:
-    axis: int
-    params: list[torch.Tensor]
-    arrived: int = 0
-    flat: torch.Tensor | None = None
-    work: Any = None
+                self.issue(bucket)
+        for master, part in self.wait():
+            master.grad = part.clone() if master.grad is None else master.grad.add_(part)
 
 
 class GradSyncOverlap:
@@ -160,25 +180,17 @@ class GradSyncOverlap:
         mine = unclaimed(module, defer_gradient_sync(module))
         claim(module, {d.param for d in mine})
         self.others = []  # syncs of several steps: run whole in finish()
-        self.buckets: list[_SumBucket] = []
-        self.where: dict[int, _SumBucket] = {}
-        held = 0
+        self._sums = _Buckets("all_reduce", info.comm, size)
+        self.buckets = self._sums.buckets
         for item in reversed(mine):  # roughly the order backward produces the gradients
             steps = parse_steps(item.steps)
             param = module.get_parameter(item.param)
             if len(steps) != 1 or steps[0].kind != "all_reduce":
                 self.others.append(item)
                 continue
-            last = self.buckets[-1] if self.buckets else None
-            nbytes = param.numel() * param.element_size()
-            if last is None or last.axis != steps[0].mesh_axis or (held + nbytes > size and last.params):
-                last, held = _SumBucket(steps[0].mesh_axis, []), 0
-                self.buckets.append(last)
-            last.params.append(param)
-            held += nbytes
-            self.where[id(param)] = last
+            self._sums.append(param, steps[0].mesh_axis, param.numel(), 1, param.numel())
         self.events: list[tuple[int, int]] = []  # (bucket, gradients of the step still to come) at issue
-        self._waiting = len(self.where)
+        self._waiting = len(self._sums.where)
         arrived = weakref.WeakMethod(self._arrived)  # a hook on a parameter must not keep the groups alive
 
         def hook(param: torch.Tensor) -> None:
@@ -186,23 +198,20 @@ class GradSyncOverlap:
             if method is not None:
                 method(param)
 
-        self._hooks = [p.register_post_accumulate_grad_hook(hook) for b in self.buckets for p in b.params]
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for b in self.buckets for p in b.members]
 
     def _arrived(self, param: torch.Tensor) -> None:
-        bucket = self.where[id(param)]
+        bucket = self._sums.where[id(param)]
         bucket.arrived += 1
         self._waiting -= 1
-        if self.overlap and bucket.arrived == len(bucket.params):
+        if self.overlap and bucket.arrived == len(bucket.members):
             self._issue(bucket)
 
-    def _issue(self, bucket: _SumBucket) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
-        bucket.flat = torch.cat([g.reshape(-1) for g in grads])
-        bucket.work = dist.all_reduce(bucket.flat, group=self.comm.group(bucket.axis), async_op=True)
+    def _issue(self, bucket: _Bucket) -> None:
+        for p in bucket.members:  # the gradients as backward left them (accumulated), zeros where none
+            self._sums.put(p, p.grad if p.grad is not None else torch.zeros_like(p))
+        self._sums.issue(bucket)
         self.events.append((self.buckets.index(bucket), self._waiting))
-        if self.comm.log is not None:
-            nbytes = bucket.flat.numel() * bucket.flat.element_size()
-            self.comm.log.append(CollectiveRecord("backward", "all_reduce", bucket.axis, nbytes))
 
     @torch.no_grad()
     def finish(self, *_: Any) -> None:
@@ -212,18 +221,9 @@ class GradSyncOverlap:
         for bucket in self.buckets:
             if bucket.work is None and (bucket.arrived or not self.overlap):
                 self._issue(bucket)
-        for bucket in self.buckets:
-            if bucket.work is None:
-                continue
-            bucket.work.wait()
-            assert bucket.flat is not None
-            offset = 0
-            for p in bucket.params:
-                part = bucket.flat[offset : offset + p.numel()].view_as(p)
-                p.grad = part.clone()
-                offset += p.numel()
-            bucket.flat, bucket.work, bucket.arrived = None, None, 0
-        self._waiting = len(self.where)
+        for p, part in self._sums.wait():
+            p.grad = part.view_as(p).clone()
+        self._waiting = len(self._sums.where)
         sync_gradients(self.module, tuple(self.others), claimed=True)
 
     def remove_hooks(self) -> None:

@@ -35,7 +35,8 @@ synchronise their gradients once per step, after the last microbatch (:mod:`auto
 takes their all-reduces out of the stage graph's backward; ``sync_once=False`` keeps one per microbatch);
 gathered (FSDP) parameters accumulate their whole gradient over the microbatches and reduce-scatter it once
 per step, as priced.  A :class:`~autoshard.runtime.zero.ZeroOptimizer` over a stage module reduce-scatters
-the deferred sums itself (ZeRO-1 combines with pipelining: the same pass, one record).
+the deferred sums itself (ZeRO-1 combines with pipelining: the same pass, one record).  Weights tied across
+stages (GPT-2's embedding and head) then sum their copies' gradients (:mod:`autoshard.runtime.tied`).
 
 Example (on every rank, e.g. under ``torchrun``)::
 
@@ -53,7 +54,7 @@ an :func:`autoshard.parallelize` module, gathered over its own ranks, then merge
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -74,10 +75,10 @@ from autoshard.codegen.shard import local_piece, spec_of
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.plans import Plan
 from autoshard.redistribute import plan_redistribute
-from autoshard.runtime import stages as stage_plans
 from autoshard.runtime.grad_sync import DeferredSync, defer_gradient_sync, sync_gradients
 from autoshard.runtime.reshard import reshard_after_forward
 from autoshard.runtime.stages import PipelineRunError, StageBuild, intra_layout, prepare_stages
+from autoshard.runtime.tied import TiedSync, sum_tied, tied_groups
 
 __all__ = [
     "SCHEDULES",
@@ -118,6 +119,8 @@ class PipelineRun:
     device: torch.device  # where this rank computes (inputs and targets go there)
     deferred: tuple[tuple[DeferredSync, ...], ...] = ()  # per module: gradient syncs run once per step
     loss_steps: str = ""  # what the last stage runs on its output for the loss (e.g. an all-gather of logits)
+    tied: tuple[TiedSync, ...] = ()  # weights tied across stages: their copies' gradients summed every step
+    tied_log: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)  # (weight, bytes, ranks)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """This rank's parameters (every stage it holds), for a ``torch.optim`` optimizer."""
@@ -227,6 +230,7 @@ def build_pipeline(
         where,
         tuple(deferred),
         loss_steps,
+        tied_groups(builds, mine),
     )
 
 
@@ -237,10 +241,9 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     Returns the loss of the whole batch (mean of the microbatches' losses) on the last stage's ranks, ``None``
     on the others.  Every rank passes the same global ``inputs`` and ``target``.
     """
-    mesh_shape = tuple(run.mesh.shape[1:])
-    coord = tuple(run.mesh.get_coordinate()[1:])
-    zigzag = stage_plans.intra_zigzag_axis(run.plan)  # context parallelism's layout, as every stage runs it
-    cut = lambda x, spec: local_batch(x, spec, run.microbatches, mesh_shape, coord, zigzag).to(run.device)  # noqa: E731
+    # this rank's place in a stage's sub-mesh, and context parallelism's layout there (every stage keeps it)
+    where = (tuple(run.mesh.shape[1:]), tuple(run.mesh.get_coordinate()[1:]), run.plan.stage_zigzag_axis)
+    cut = lambda x, spec: local_batch(x, spec, run.microbatches, *where).to(run.device)  # noqa: E731
     args = (cut(inputs, run.input_spec),) if run.is_first else ()
     local_target = cut(target, run.output_spec)
     losses: list[torch.Tensor] = []
@@ -248,6 +251,7 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     scale = run.microbatches if getattr(run.schedule, "scale_grads", True) else 1  # as torch scaled .grad
     for module, deferred in zip(run.modules, run.deferred, strict=True):
         sync_gradients(module, deferred, scale=scale)
+    sum_tied(run.modules, run.tied, run.tied_log)  # after the stages' own sync, as Megatron-LM does
     if not run.is_last:
         return None
     loss = torch.stack([t.detach() for t in losses]).mean()

@@ -14,9 +14,16 @@ for models whose ``forward`` does not know about stages, such as Hugging Face's)
   states through, a final norm or LM head hands them on unchanged); a layer of an ``nn.ModuleList`` is
   removed from the list, the others keep their keys, so every parameter keeps its name in the full model
   (``model.layers.2.mlp.up_proj.weight`` on stage 1) and the plan's placements apply by name;
+- a later stage of a model whose ``forward`` takes ``inputs_embeds`` (Hugging Face's) gets its hidden states
+  there instead, and its dropped embeddings return zeros (GPT-2 adds a position embedding to the hidden
+  states: the first stage added it);
 - modules that hold no parameter (rotary embeddings) stay on every stage, whichever stage names them;
 - the stage takes one tensor (token ids on the first stage, hidden states after) and returns one tensor (the
-  first output: logits on the last stage of a ``*ForCausalLM``, hidden states before).
+  first output: logits on the last stage of a ``*ForCausalLM``, hidden states before);
+- a tied weight read on two stages (GPT-2's embedding on the first, its LM head on the last) is held by both,
+  as Megatron-LM does: each stage's copy under its own name (``lm_head.weight``) with the placement of the
+  plan's one (``transformer.wte.weight``), listed in :attr:`StageBuild.tied`; the pipeline sums their
+  gradients every step (:mod:`autoshard.runtime.pipelining`), so the copies stay equal.
 
 Each stage's intra-op plan is searched again on the stage's sub-mesh with every parameter placement pinned to
 the full plan's and the stage input pinned to the previous stage's output placements (the first stage's to
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,14 +57,7 @@ from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import PipelinePlan, Plan
 
-__all__ = [
-    "PipelineRunError",
-    "StageBuild",
-    "intra_layout",
-    "intra_zigzag_axis",
-    "prepare_stages",
-    "split_stage",
-]
+__all__ = ["PipelineRunError", "StageBuild", "intra_layout", "prepare_stages", "split_stage"]
 
 STAGE_INPUT = "inputs"
 """The argument name of every stage module's ``forward`` (annotations pin it by this name)."""
@@ -78,6 +79,7 @@ class StageBuild:
     example: torch.Tensor  # the stage's input for one global microbatch
     output: torch.Tensor  # its output for that microbatch (shape and dtype of what it sends on)
     captured: Captured
+    tied: tuple[tuple[str, str], ...] = ()  # (name here, the plan's name) of weights other stages also hold
 
 
 def intra_layout(plan: Plan) -> tuple[tuple[int, ...], int | None]:
@@ -101,19 +103,11 @@ def intra_layout(plan: Plan) -> tuple[tuple[int, ...], int | None]:
     )
 
 
-def intra_zigzag_axis(plan: Plan) -> int | None:
-    """The axis of one stage's sub-mesh that lays sequences out in the zigzag layout (the plan's
-    ``zigzag_axis`` without the pipeline axis), else None.  Every stage uses it, so activations cross stage
-    boundaries in one layout; the first stage's input is cut in it (:func:`~autoshard.runtime.pipelining.step`)."""
-    zigzag = plan.zigzag_axis
-    if zigzag is None:
-        return None
-    _, axis = intra_layout(plan)
-    return zigzag - 1 if axis is not None and axis < zigzag else zigzag
-
-
-def split_stage(model: nn.Module, keep: Sequence[str], drop: Sequence[str]) -> nn.Module:
-    """A copy of ``model`` without the modules in ``drop`` (module doc); weights of ``drop`` are not copied."""
+def split_stage(
+    model: nn.Module, keep: Sequence[str], drop: Sequence[str], embeds: bool = False
+) -> nn.Module:
+    """A copy of ``model`` without the modules in ``drop`` (module doc); weights of ``drop`` are not copied.
+    ``embeds``: the stage takes hidden states as ``inputs_embeds`` and its dropped embeddings return zeros."""
     placeholder = nn.Identity()
     drop = [n for n in drop if not any(n.startswith(f"{outer}.") for outer in drop)]  # a whole layer suffices
     memo: dict[int, Any] = {id(model.get_submodule(name)): placeholder for name in drop}
@@ -121,11 +115,14 @@ def split_stage(model: nn.Module, keep: Sequence[str], drop: Sequence[str]) -> n
     for name in sorted(drop, key=lambda n: n.count("."), reverse=True):
         parent_name, _, child = name.rpartition(".")
         parent = stage.get_submodule(parent_name)
+        original = model.get_submodule(name)
         if isinstance(parent, nn.ModuleList):
             del parent._modules[child]
+        elif embeds and isinstance(original, nn.Embedding):
+            setattr(parent, child, _NoEmbedding(original.embedding_dim, original.weight.dtype))
         else:
             setattr(parent, child, nn.Identity())
-    stage.__class__ = _stage_class(type(model))
+    stage.__class__ = _stage_class(type(model), embeds)
     for name in keep:
         stage.get_submodule(name)  # still there (not under a dropped module)
     return stage
@@ -136,6 +133,29 @@ class _StageForward(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return _first_tensor(super().forward(inputs), type(self).__name__)
+
+
+class _EmbedsStageForward(nn.Module):
+    """Mixed into a later stage's class: hidden states in as ``inputs_embeds``, one tensor out."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return _first_tensor(super().forward(inputs_embeds=inputs), type(self).__name__)
+
+
+class _NoEmbedding(nn.Module):
+    """A dropped embedding on a later stage: zeros (what the first stage added is in the hidden states)."""
+
+    def __init__(self, dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dim, self.dtype = dim, dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*ids.shape, self.dim, dtype=self.dtype, device=ids.device)
+
+
+def takes_embeds(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``inputs_embeds`` (later stages then pass hidden states there)."""
+    return "inputs_embeds" in inspect.signature(type(model).forward).parameters
 
 
 def _first_tensor(out: Any, what: str) -> torch.Tensor:
@@ -198,14 +218,15 @@ def _check_same(model: nn.Module, whole: torch.Tensor, piped: torch.Tensor) -> N
         )
 
 
-_STAGE_CLASSES: dict[type, type] = {}
+_STAGE_CLASSES: dict[tuple[type, bool], type] = {}
 
 
-def _stage_class(cls: type[nn.Module]) -> type[nn.Module]:
+def _stage_class(cls: type[nn.Module], embeds: bool) -> type[nn.Module]:
     # A subclass per model class, as FSDP2's fully_shard does: names, hooks and the model's forward are kept.
-    if cls not in _STAGE_CLASSES:
-        _STAGE_CLASSES[cls] = type(f"{cls.__name__}Stage", (_StageForward, cls), {})
-    return _STAGE_CLASSES[cls]
+    if (cls, embeds) not in _STAGE_CLASSES:
+        mixin = _EmbedsStageForward if embeds else _StageForward
+        _STAGE_CLASSES[cls, embeds] = type(f"{cls.__name__}Stage", (mixin, cls), {})
+    return _STAGE_CLASSES[cls, embeds]
 
 
 def prepare_stages(
@@ -232,23 +253,30 @@ def prepare_stages(
             f"{plan.microbatches} microbatches do not divide the batch of {batch}: use a divisor of {batch} "
             f"({', '.join(str(d) for d in range(1, batch + 1) if batch % d == 0)})"
         )
-    _check_cover(model, pipe)
+    names = _check_cover(model, pipe)
     intra, axis = intra_layout(plan)
     cluster = _stage_cluster(plan, intra, axis)
     # modules without parameters (rotary embeddings) run on every stage, whichever stage names them
     owned = [m for stage in pipe.stages for m in stage.modules if _holds_parameters(model, m)]
-    modules = [split_stage(model, s.modules, [m for m in owned if m not in s.modules]) for s in pipe.stages]
+    embeds = takes_embeds(model)
+    modules = [
+        split_stage(model, s.modules, [m for m in owned if m not in s.modules], embeds and s.index > 0)
+        for s in pipe.stages
+    ]
     examples = _chain(model, modules, args[0][: batch // plan.microbatches])
     placements = _first_input(plan, axis)
-    builds = []
+    copied, builds = _copied(names, modules), []
     for stage, module, example, output in zip(pipe.stages, modules, examples, examples[1:], strict=False):
         pins = _stage_annotations(module, annotations or {})
-        stage_plan = _plan_stage(module, stage.index, plan, axis, cluster, example, placements, pins)
+        stage_plan = _plan_stage(module, stage.index, plan, axis, cluster, example, placements, pins, names)
         captured = capture(
             module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(stage_plan.nodes)
         )
+        tied = tuple((n, names[n]) for n, _ in module.named_parameters() if names[n] in copied)
         builds.append(
-            StageBuild(stage.index, stage.modules, stage.ranks, module, stage_plan, example, output, captured)
+            StageBuild(
+                stage.index, stage.modules, stage.ranks, module, stage_plan, example, output, captured, tied
+            )
         )
         placements = stage_plan.output_placements[0]
     return tuple(builds)
@@ -270,8 +298,18 @@ def _pipeline(plan: Plan) -> PipelinePlan:
     return plan.pipeline
 
 
-def _check_cover(model: nn.Module, pipe: PipelinePlan) -> None:
-    """Every stage module exists; every parameter belongs to exactly one stage (tied weights included)."""
+def _copied(names: Mapping[str, str], modules: Sequence[nn.Module]) -> set[str]:
+    """The plan's names of the weights more than one stage holds (a tied embedding and head)."""
+    holders: dict[str, int] = {}
+    for module in modules:
+        for plan_name in {names[n] for n, _ in module.named_parameters()}:
+            holders[plan_name] = holders.get(plan_name, 0) + 1
+    return {n for n, count in holders.items() if count > 1}
+
+
+def _check_cover(model: nn.Module, pipe: PipelinePlan) -> dict[str, str]:
+    """Every stage module exists; every parameter belongs to exactly one stage, a tied weight's every name to
+    the stage reading it there.  Returns every parameter name -> the plan's name (its first one)."""
     names = dict(model.named_modules())
     owner: dict[str, int] = {}
     for stage in pipe.stages:
@@ -287,7 +325,7 @@ def _check_cover(model: nn.Module, pipe: PipelinePlan) -> None:
                     f"module {name!r} is in stages {owner[name]} and {stage.index}: keep it in one"
                 )
             owner[name] = stage.index
-    seen: dict[int, tuple[str, int]] = {}
+    first: dict[int, str] = {}
     for fqn, param in model.named_parameters(remove_duplicate=False):
         holder = next((owner[m] for m in _prefixes(fqn) if m in owner), None)
         if holder is None:
@@ -295,12 +333,8 @@ def _check_cover(model: nn.Module, pipe: PipelinePlan) -> None:
                 f"parameter {fqn} belongs to no pipeline stage: add its module to a stage (stages own "
                 f"{sorted(owner)[:6]} ...)"
             )
-        first = seen.setdefault(id(param), (fqn, holder))
-        if first[1] != holder:
-            raise PipelineRunError(
-                f"{fqn} is tied to {first[0]} but they sit on stages {holder} and {first[1]}: untie the weights "
-                "(e.g. tie_word_embeddings=False) or put both modules on one stage"
-            )
+        first.setdefault(id(param), fqn)
+    return {fqn: first[id(p)] for fqn, p in model.named_parameters(remove_duplicate=False)}
 
 
 def _holds_parameters(model: nn.Module, name: str) -> bool:
@@ -343,25 +377,23 @@ def _plan_stage(
     example: torch.Tensor,
     input_placements: tuple[str, ...],
     annotations: Mapping[str, Any],
+    names: Mapping[str, str],
 ) -> Plan:
     import autoshard
 
     pins: dict[str, Any] = {**annotations, STAGE_INPUT: input_placements}
     params = dict(module.named_parameters())
     for fqn in params:
-        if fqn not in plan.param_placements:
+        planned = names.get(fqn, fqn)  # a tied weight's copy is placed as the plan's one
+        if planned not in plan.param_placements:
             raise PipelineRunError(f"the plan has no placement for {fqn} (stage {index}): re-plan this model")
-        pins[fqn] = _drop_axis(plan.param_placements[fqn], axis)
-    zigzag = intra_zigzag_axis(plan)  # every stage in the plan's sequence layout (planner_layout)
-    stage_plan = autoshard.plan(
+        pins[fqn] = _drop_axis(plan.param_placements[planned], axis)
+    stage_plan = autoshard.plan(  # every stage in the plan's sequence layout
         module, cluster, (example,), annotations=pins, memory_limit=float("inf"),
-        cp_layout="contiguous" if zigzag is None else "zigzag",
+        cp_layout="contiguous" if plan.stage_zigzag_axis is None else "zigzag",
     )  # fmt: skip
     moved = {k: v for k, v in pins.items() if k in params and stage_plan.param_placements.get(k) != tuple(v)}
     assert not moved, f"stage {index} plan moved pinned parameters: {moved}"
-    if stage_plan.zigzag_axis != zigzag:
-        raise PipelineRunError(
-            f"stage {index} planned the zigzag layout on axis {stage_plan.zigzag_axis}, the plan on {zigzag}: "
-            "re-plan the model with cp_layout='contiguous'"
-        )
+    if stage_plan.zigzag_axis != plan.stage_zigzag_axis:
+        raise PipelineRunError(f"stage {index} cannot keep the zigzag layout: use cp_layout='contiguous'")
     return stage_plan

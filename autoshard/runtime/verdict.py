@@ -107,13 +107,12 @@ class VerifyReport:
         if not self.ranks_agree:
             lines.append("FAIL ranks issued different collective sequences (see module.autoshard.comm.log)")
         if not self.distributed:
+            advice = "; verify a plan that shards (--plan) or pass --allow-replicated"
+            if self.source:  # --plan was given: it is that plan that splits nothing here
+                advice = "; this plan splits nothing here: verify one that shards, or pass --allow-replicated"
             lines.append(
                 "no collective ran and nothing was split: this checks nothing distributed"
-                + (
-                    ""
-                    if self.allow_replicated
-                    else "; verify a plan that shards (--plan) or pass --allow-replicated"
-                )
+                + ("" if self.allow_replicated else advice)
             )
         if self.source:
             lines.append(f"strategies exercised that split or reduce ({len(self.exercised)}):")

@@ -51,3 +51,20 @@ def small_mlp() -> tuple[nn.Module, torch.Tensor]:
     from autoshard.zoo import MLP
 
     return MLP(64, 256), torch.zeros(512, 64)
+
+
+class Unruled(nn.Module):
+    """A linear, then an op autoshard has no sharding rule for (QR): it runs replicated, with a warning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.qr(self.fc(x))[0].sum()
+
+
+def unruled() -> tuple[nn.Module, torch.Tensor]:
+    with torch.device("meta"):
+        model = Unruled()
+    return model, torch.zeros(64, 64, device="meta")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import subprocess
 import sys
 import warnings
@@ -153,10 +154,36 @@ def test_a_real_closed_pipe_exits_0_silently(mlp_files: dict[str, Path]) -> None
     assert (proc.returncode, err) == (0, "")
 
 
+def _footer(report: str) -> str:
+    footer = report[report.index("\nsolver ") + 1 :]
+    return " ".join(footer.split("\nnote:")[0].split())
+
+
 def test_timing_line_says_what_the_rest_was(mlp_files: dict[str, Path]) -> None:
-    report = mlp_files["report"].read_text()
-    footer = report[report.index("solver ") :]
-    assert "other " in footer and ": building the model" in footer
+    footer = _footer(mlp_files["report"].read_text())
+    assert re.search(
+        r"planned in [\d.]+ s: model [\d.]+ [mu]?s, plan on 8 [\d.]+ [mu]?s \(capture [\d.]+ [mu]?s, strategies",
+        footer,
+    ), footer
+    assert "solve " in footer and "report " in footer and "building the model" not in footer
+
+
+def test_timing_line_splits_every_mesh_candidate_and_the_baseline(cli) -> None:
+    """Was: "other 10.375 s: building the model and planning the baseline" with mesh search inside it."""
+    r = cli("search", "--profile", "a100x8", "--model", "mlp")
+    assert r.code == 0, r.err
+    footer = _footer(r.out)
+    timing = footer.split("; ", 1)[1].split(": ", 1)[1]  # after "planned in 3.2 s: "
+    phases = [p.rsplit(" ", 2) for p in re.sub(r" \([^)]*\)", "", timing).split(", ")]
+    names = [name for name, _, _ in phases]
+    assert names[:2] == ["model", "capture"] and names[-1] in ("report", "other"), footer
+    assert {"mesh 8", "mesh 4x2", "mesh 2x2x2", "data-parallel baseline", "report"} <= set(names), footer
+    for mesh in ("8", "4x2", "2x2x2"):
+        assert re.search(rf"mesh {mesh} [\d.]+ [mu]?s \(strategies [\d.]+ [mu]?s, solve", footer), footer
+    total = float(re.search(r"planned in ([\d.]+) s", footer).group(1))
+    scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+    listed = sum(float(v) * scale[unit] for name, v, unit in phases)
+    assert listed == pytest.approx(total, abs=0.06)  # the phases add up to the wall time (rounded to 0.1 s)
 
 
 def test_readme_says_svg_needs_graphviz() -> None:

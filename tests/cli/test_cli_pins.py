@@ -25,3 +25,27 @@ def test_forbid_and_allow_kinds(cli) -> None:
     assert "price of your annotations" in r.out
     r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "pp", "--no-baseline")
     assert r.code == 2 and r.err.count("\n") == 1 and "unknown parallelism kind 'pp'" in r.err
+
+
+def test_allow_tp_splits_no_activation_by_batch(cli) -> None:
+    """``--allow tp`` (dp and fsdp forbidden) on GPT-2: was "DP 8", the batch split after the embedding."""
+    r = cli(
+        "search", "--profile", "a100x8", "--model", "gpt2", "--mesh", "8", "--allow", "tp", "--no-baseline"
+    )
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0].startswith("TP 8")
+    assert "batch on axis" not in r.out and "FSDP" not in r.out and "data parallel on axis" not in r.out
+
+
+def test_one_target_pinned_two_ways_is_refused(cli) -> None:
+    """``--annotate fc1=column --annotate fc1=replicate`` kept the last pin silently."""
+    base = ("search", "--profile", "a100x8", "--model", "mlp", "--mesh", "8", "--no-baseline")
+    r = cli(*base, "--annotate", "fc1=column", "--annotate", "fc1=replicate")
+    assert r.code == 2 and r.err.count("\n") == 1 and "Traceback" not in r.err
+    assert "--annotate fc1=column and --annotate fc1=replicate pin fc1 two ways" in r.err
+    r = cli(*base, "--annotate", "fc1=row", "--annotate", "fc1.weight=R")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "'fc1.weight' = ('R',) conflicts with annotation 'fc1' = 'row'" in r.err
+    r = cli(*base, "--annotate", "fc1=column", "--forbid", "tp")
+    assert r.code == 2 and "annotation 'fc1' = 'column' contradicts forbidding tp" in r.err
+    assert cli(*base, "--annotate", "fc1=column", "--annotate", "fc1=column").code == 0  # the same pin twice

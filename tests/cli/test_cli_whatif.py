@@ -134,3 +134,32 @@ def test_devices_is_refused_for_a_plan_on_several_mesh_axes() -> None:
     )
     assert "take the same time" in str(lead(cube, cube, "seq", 1, 64))
     assert crossovers(line, [line], "devices", 2, 64) == []
+
+
+def test_plans_of_different_models_are_refused(tmp_path) -> None:
+    """Comparing two models' plans printed a crossover that says nothing about the plans (new-user trial)."""
+    import dataclasses
+
+    dp, _ = seed_plans()
+    dp.save(tmp_path / "dp.json")
+    case = zoo.build("mlp")
+    other = autoshard.plan(case.model, autoshard.load_cluster("a100x8"), case.args)
+    other.save(tmp_path / "mlp.json")
+    result = run_main(
+        "whatif", str(tmp_path / "dp.json"), "--against", str(tmp_path / "mlp.json"), "--vary", "batch=1..64"
+    )
+    assert result.code == 2 and result.err.count("\n") == 1 and result.out == ""
+    assert (
+        "dp plans SeedTextModel" in result.err and "but mlp plans MLP, 4 parameters, training" in result.err
+    )
+    dataclasses.replace(dp, source={"spec": "seed"}).save(tmp_path / "a.json")
+    dataclasses.replace(dp, source={"spec": "seed-wide"}).save(tmp_path / "b.json")
+    result = run_main(
+        "whatif", str(tmp_path / "a.json"), "--against", str(tmp_path / "b.json"), "--vary", "batch=1..64"
+    )
+    assert result.code == 2 and "(seed)" in result.err and "(seed-wide)" in result.err
+    dataclasses.replace(dp, training=False).save(tmp_path / "c.json")
+    result = run_main(
+        "whatif", str(tmp_path / "dp.json"), "--against", str(tmp_path / "c.json"), "--vary", "batch=1..64"
+    )
+    assert result.code == 2 and "training but c plans" in result.err and "inference" in result.err

@@ -118,3 +118,21 @@ def test_train_example_tp_dp_layout_is_headed_tp_by_dp() -> None:
     # row-split the MLP and gathered 10 weights on axis 1 instead; with the re-gather those gathers cost twice
     # and the plain column->row pairs win (14.5 ms of exposed communication against 16.4 ms)
     assert "Megatron column→row on axis 1" in report and "FSDP" not in report
+
+
+def test_dp_headline_says_when_some_weights_are_fsdp_sharded() -> None:
+    """GPT-2 on 8: the batch split, 146 of 148 weights replicated, the tied embedding table stored split and
+    all-gathered.  The headline read ``DP 8`` above a body listing FSDP / ZeRO-3 on axis 0."""
+    ops = [
+        ("embedding", "wte", EMBEDDING, "R, S(0) -> S(0)"),
+        ("linear", "fc", LINEAR, "S(0), R -> S(0)"),
+        ("linear_1", "lm_head", LINEAR, "S(0), R -> S(0)"),
+    ]
+    params = {"wte.weight": ("S(1)",), "fc.weight": ("R",), "fc.bias": ("R",)}
+    w = cases.param_node("wte.weight")
+    comms = [cases.collective("all_gather", "forward", w, "linear_1", "lm_head")]
+    plan = cases.make_plan((8,), params, ops, comms, inputs={"ids": ("S(0)",)})
+    assert headline(plan) == "DP 8 (ZeRO-3/FSDP on 1 of 3 parameters), 1 microbatch"
+    assert _headline_kinds(headline(plan)) == ["DP"]  # the axis is still data parallel: most weights whole
+    plain = cases.make_plan((8,), params | {"wte.weight": ("R",)}, ops, [], inputs={"ids": ("S(0)",)})
+    assert headline(plain) == "DP 8, 1 microbatch"

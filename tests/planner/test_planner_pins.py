@@ -60,6 +60,12 @@ def test_pinned_plan_keeps_its_price_through_json(small_mlp, cluster, tmp_path) 
 def test_conflicting_pins_name_both_sides(small_mlp, cluster) -> None:
     with pytest.raises(AnnotationError, match=r"'fc1\.weight'.*conflicts with annotation 'fc1' = 'column'"):
         _plan(small_mlp, cluster, annotations={"fc1": "column", "fc1.weight": ("S(1)",)})
+    with pytest.raises(
+        AnnotationError, match=r"'fc1' = 'row' conflicts with annotation 'fc\*' = 'column'.*both"
+    ):
+        _plan(small_mlp, cluster, annotations={"fc*": "column", "fc1": "row"})
+    with pytest.raises(AnnotationError, match=r"fc1\.weight \(parameter\) satisfies both"):
+        _plan(small_mlp, cluster, annotations={"fc1": "row", "fc1.weight": ("R",)})
 
 
 def test_forbid_tp_and_allow_only_dp(small_mlp, cluster) -> None:
@@ -70,7 +76,9 @@ def test_forbid_tp_and_allow_only_dp(small_mlp, cluster) -> None:
     assert all(p == ("R",) for p in only_dp.param_placements.values())
     with pytest.raises(AnnotationError, match="unknown parallelism kind 'pp'"):
         _plan(small_mlp, cluster, forbid=["pp"])
-    with pytest.raises(AnnotationError, match="leaves fc1"):
+    with pytest.raises(
+        AnnotationError, match=r"annotation 'fc1' = 'column' contradicts forbidding tp.*fc1 \(linear\)"
+    ):
         _plan(small_mlp, cluster, forbid=["tp"], annotations={"fc1": "column"})
 
 

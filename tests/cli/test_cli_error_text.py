@@ -1,0 +1,42 @@
+"""Error and warning text as a new user reads it: each warning once, no "matches no a module", a table total
+wrapped rather than cut mid-parenthesis, and advice that leaves out what the user already did."""
+
+from __future__ import annotations
+
+from cli_support import HERE
+
+MLP8 = ("search", "--profile", "a100x8", "--model", "mlp", "--mesh", "8", "--no-baseline")
+
+
+def test_each_warning_once_across_mesh_candidates_and_the_baseline(cli, recwarn) -> None:
+    """Three mesh candidates and the baseline each planned the same capture: each warning printed 2-4 times
+    (under pytest the warnings are recorded, not printed: the same path, one call of showwarning each)."""
+    r = cli("search", "--profile", "a100x8", "--model", f"{HERE / 'cli_models.py'}:unruled")
+    assert r.code == 0, r.err
+    texts = [str(w.message) for w in recwarn]
+    assert len(texts) == len(set(texts)) >= 2 and all("linalg_qr" in t for t in texts), texts
+
+
+def test_no_match_reads_as_english(cli) -> None:
+    for choice, what in (("column", "module with parameters"), ("S(0)", "parameter, buffer or input")):
+        r = cli(*MLP8, "--annotate", f"fcx={choice}")
+        assert r.code == 2 and f"'fcx' matches no {what}; did you mean" in r.err, r.err
+        assert "no a " not in r.err
+    r = cli(*MLP8, "--annotate", "fc1=ring")  # ring is a choice the command line accepts (README)
+    assert r.code == 2 and "matches no module running scaled_dot_product_attention" in r.err, r.err
+
+
+def test_budget_advice_leaves_out_what_was_done(cli) -> None:
+    r = cli(*MLP8, "--memory-limit", "0.01")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    what, fix = r.err.split(" Fix: ")
+    assert "tried recomputation none, selective, full" in what  # said before the advice, not after it
+    assert "recompute" not in fix and "allow fsdp" not in fix and "raise the memory limit" in fix
+    r = cli(*MLP8, "--memory-limit", "0.01", "--forbid", "fsdp")
+    assert "; fsdp forbidden. Fix: " in r.err and "allow fsdp" in r.err.split(" Fix: ")[1]
+
+
+def test_collective_total_is_wrapped_not_cut(mlp_files) -> None:
+    report = mlp_files["report"].read_text()
+    total = report[report.index("  total: ") :].split("\n\n")[0]
+    assert "…" not in total and total.count("(") == total.count(")")
