@@ -47,7 +47,7 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins, whole_samples
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
-from autoshard.planner_layout import narrowed, pipeline_layout, search_layout, with_zigzag
+from autoshard.planner_layout import search_layout
 from autoshard.planner_steps import (
     SearchMethod,
     batch_size,
@@ -127,7 +127,7 @@ def plan(
             model twice (e.g. free and as pure data parallel) without capturing it again.
         cp_layout: the sequence layout of context parallelism's ring axis (``Plan.context_layout``):
             ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price, inside the search
-            (:mod:`autoshard.planner_layout`; pipelined plans: zigzag on the stages' ring axis or contiguous).
+            (:mod:`autoshard.planner_layout`; pipelined plans: chosen on the stage search's plan).
         ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
             plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
@@ -350,15 +350,13 @@ def _plan_pipelined(
         cache = caches.setdefault(sub, StepCache(sub))
         return build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
 
-    def search_with(zigzag: int | None, like: Any = None) -> Any:  # like: price only that candidate's shape
-        shape, chosen, laid = narrowed(request, policies, like, cp_layout)  # laid: the options' cp_layout
-        return search_pipeline(
-            shape, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, policies=chosen,
-            build=lambda c, sub, o, b: build_stage(c, with_zigzag(sub, zigzag), laid(o), b), training=training,
-            memory_limit=limit, method=search, time_limit=time_limit, say=progress or (lambda stage: None),
-        )  # fmt: skip
-
-    best = pipeline_layout(search_with(None), cp_layout, search_with)  # CP's sequence layout (planner_layout)
+    # rings priced as asked: "auto" balanced, the layout then chosen on the winner (problem/context.choose_layout)
+    laid = functools.partial(dataclasses.replace, cp_layout=cp_layout)
+    best = search_pipeline(
+        request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, policies=policies,
+        build=lambda c, sub, o, b: build_stage(c, sub, laid(o), b), training=training, memory_limit=limit,
+        method=search, time_limit=time_limit, say=progress or (lambda stage: None),
+    )  # fmt: skip
     timings["total"] = time.perf_counter() - start
     notes = list(best.captured.notes)
     if len(best.priced) > 1:

@@ -18,14 +18,15 @@ both is the best of those problems' optima.  The balanced bound is below all of 
 
 A tie goes to zigzag on the plan's own ring axis (at run time it never computes more), then to contiguous.
 ``"zigzag"`` asked solves only the zigzag problems.  The cost: nothing without a ring, else one to ``1 + axes``
-more solves.
+more solves.  Pipelined plans are not searched so: the stage search prices rings balanced and
+:func:`~autoshard.problem.context.choose_layout` picks the layout on its plan (imbalance against reordering),
+because re-pricing a 405B stage under each layout cost minutes; every stage then runs that layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
 
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError, ShardingError
@@ -35,12 +36,7 @@ from autoshard.problem.costs import CostOptions
 from autoshard.search import BoundExceeded, SearchProblem, Solution
 from autoshard.strategies import OpStrategy
 
-if TYPE_CHECKING:
-    from autoshard.pipeline.options import PipelineRequest
-    from autoshard.pipeline.search import Candidate
-    from autoshard.problem.costs import CostOptions, Recompute
-
-__all__ = ["narrowed", "pipeline_layout", "search_layout", "with_zigzag"]
+__all__ = ["search_layout"]
 
 Rebuild = Callable[[Cluster, CostOptions], tuple[BuiltProblem, BuiltProblem]]
 """(cluster, options) -> (the problem as priced, the same with the user's pins)."""
@@ -100,78 +96,6 @@ def search_layout(
     _, _, cand_free, cand, found = best
     note = f"context-parallel layout searched: {'; '.join(prices)} (balanced bound {bound:.4g} s)"
     return cand_free, dataclasses.replace(cand, notes=(*cand.notes, note)), found
-
-
-def with_zigzag(sub: Cluster, axis: int | None) -> Cluster:
-    """``sub`` with the zigzag layout on ``axis`` where it has that axis of more than one device."""
-    if axis is None or axis >= len(sub.mesh_shape) or sub.mesh_shape[axis] == 1:
-        return sub
-    return zigzag_cluster(sub, axis)
-
-
-def narrowed(
-    request: PipelineRequest, policies: list[Recompute], like: Candidate | None, asked: str
-) -> tuple[PipelineRequest, list[Recompute], Callable[[CostOptions], CostOptions]]:
-    """The pipeline request and recomputation policies pinned to ``like``'s shape (all of them without one),
-    and how its stage problems price rings: the balanced bound for the search (``asked`` ``"contiguous"``:
-    contiguous), contiguous (or zigzag on a :class:`ZigzagCluster`) for a shape priced again."""
-    layout: Literal["auto", "contiguous"] = (
-        "contiguous" if like is not None or asked == "contiguous" else "auto"
-    )
-
-    def laid(options: CostOptions) -> CostOptions:
-        return dataclasses.replace(options, cp_layout=layout)
-
-    if like is None:
-        return request, policies, laid
-    schedules = (like.split.schedule,) if like.split is not None else request.schedules
-    pinned = dataclasses.replace(
-        request,
-        degree=like.layout.degree,
-        microbatches=like.microbatches,
-        by_default=False,
-        schedules=schedules,
-    )
-    return pinned, [like.recompute], laid
-
-
-def pipeline_layout(
-    bound: Candidate, asked: str, search: Callable[[int | None, Candidate], Candidate]
-) -> Candidate:
-    """The pipeline search's best candidate, under the better sequence layout.
-
-    The stage search prices rings balanced with no reordering (the bound of :func:`search_layout`; asked
-    ``"contiguous"``: contiguous, and that is all).  When its best plan rings on axis ``a`` of the stage
-    sub-mesh, that candidate's shape (stages, microbatches, schedule, recomputation: :func:`narrowed`) is
-    priced again contiguous (``search(None, bound)``) and with every stage problem on a :class:`ZigzagCluster`
-    for ``a`` (``search(a, bound)``; the same axis in every stage, so activations cross stage boundaries in
-    one layout), and the cheaper step wins, zigzag on a tie (asked ``"zigzag"``: zigzag).  Other shapes and
-    other axes are not priced again: two more stage solves per distinct stage, not a second pipeline search.
-    """
-    axis = _ring_axis(bound.built, bound.solution)
-    if asked == "contiguous" or axis is None:
-        return bound
-    priced: list[tuple[str, Candidate]] = []
-    errors: list[str] = []
-    for label, zigzag in (("contiguous", None), (f"zigzag on stage axis {axis}", axis)):
-        if asked == "zigzag" and zigzag is None:
-            continue
-        try:
-            priced.append((label, search(zigzag, bound)))
-        except (AutoshardError, BoundExceeded) as e:
-            if asked == "zigzag" or zigzag is None:
-                raise
-            errors.append(f"{label}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    line = "sequence layout: " + "; ".join(
-        [f"{label} {c.step_seconds:.4g} s" for label, c in priced]
-        + errors
-        + [f"bound {bound.step_seconds:.4g} s"]
-    )
-    won = priced[0][1]
-    for _, candidate in priced[1:]:  # zigzag comes last: it wins a tie
-        if candidate.step_seconds <= won.step_seconds * (1 + 1e-12):
-            won = candidate
-    return dataclasses.replace(won, priced=(*won.priced, line))
 
 
 def _tie_rank(built: BuiltProblem, solution: Solution, cluster: Cluster) -> int:

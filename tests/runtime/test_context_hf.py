@@ -101,7 +101,7 @@ def _labels() -> torch.Tensor:
 def test_a_pipeline_runs_the_zigzag_ring_in_every_stage_and_equals_one_device(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """2 stages x CP 2 on 4 gloo ranks, zigzag asked (priced for the winning shape); the sequence is cut in the zigzag
+    """2 stages x CP 2 on 4 gloo ranks, zigzag asked; the sequence is cut in the zigzag
     layout once, at stage 0's input, every stage keeps it (activations cross stages in it) and the logits are
     gathered back to global order for the loss, so the labels are never permuted."""
     model, ids = _multi_head_llama()
