@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -43,17 +44,19 @@ from autoshard.capture.blocks import find_repeated_blocks
 from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, PipelineError
+from autoshard.gcpause import paused_gc
 from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins, whole_samples
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.planner_layout import search_layout
 from autoshard.planner_steps import (
+    Pruned,
     SearchMethod,
     batch_size,
     budget_idle,
     build,
-    cheaper_of,
+    cheaper,
     global_shapes,
     output_order,
     reader,
@@ -72,6 +75,7 @@ from autoshard.steering import budget_refusal
 __all__ = ["plan"]
 
 
+@paused_gc  # the collector's full passes over the captured graph's heap cost ~10% of a plan
 def plan(
     model: torch.nn.Module,
     cluster: Cluster,
@@ -131,7 +135,8 @@ def plan(
         ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
             plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
-            stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too).
+            stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too,
+            with the fused plan's step, or this if lower, as its ceiling).
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
@@ -169,14 +174,21 @@ def plan(
     result: Plan | AutoshardError = fused
     if fuses:  # fused expert MLPs: cheap EP, but no K/N split: try both
         t0 = time.perf_counter()
-        plain: Plan | AutoshardError
+        plain: Plan | AutoshardError | Pruned
         try:
             # the 2-block shortcut was checked on the fused capture: the same blocks, so skip the 3-block check
             again = capture(model, args, kwargs, blocks=blocks, check_blocks=False, fuse_experts=False)
-            plain = solve_one(again, {})
+            # the fused plan's step is a ceiling: op by op stops at a bound that cannot beat it (no budgeted
+            # solve, no recomputation search), as the mesh search prunes a mesh
+            best = fused.predicted_step_time if isinstance(fused, Plan) else math.inf
+            plain = solve_one(again, {}, ceiling=min(ceiling, best))
         except (InfeasibleError, AnnotationError) as e:
             plain = e
-        result = cheaper_of(fused, plain)
+        except BoundExceeded as e:
+            if not isinstance(fused, Plan):
+                raise  # the caller's own ceiling: neither capture beats it
+            plain = Pruned(e.bound)
+        result = cheaper(fused, plain)
         timings["experts_alternative"] = time.perf_counter() - t0
     if isinstance(result, AutoshardError):
         raise result
@@ -223,11 +235,8 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            solve_now = functools.partial(solve, method=search, time_limit=time_limit, ceiling=ceiling)
-            again = functools.partial(
-                build, captured, annotations=annotations, limit=limit, timings={}, kinds=kinds
-            )
-            free, built, solution = search_layout(free, built, solve_now(built.problem), again, solve_now)
+            again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
+            free, built, solution = search_layout(free, built, again, search, time_limit, ceiling)
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots
@@ -252,14 +261,12 @@ def _plan_captured(
         deadline = t0 + time_limit  # the scan's own share of the solver time limit
 
         def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
-            laid = uniform[policy][1]  # the sequence layout that policy's search chose (planner_layout)
-            opts = dataclasses.replace(laid.options, recompute=policy, recompute_share=0.0)
-            return build(captured, laid.cluster, opts, annotations, limit, {}, kinds)
+            opts = dataclasses.replace(uniform[policy][1].options, recompute=policy, recompute_share=0.0)
+            return build(captured, uniform[policy][1].cluster, opts, annotations, limit, {}, kinds)
 
-        def run(p: SearchProblem, method: SearchMethod = search) -> Solution:
-            return solve(
-                p, method=method, time_limit=max(1.0, min(time_limit, deadline - time.perf_counter()))
-            )
+        def run(p: SearchProblem, method: SearchMethod = search, ceiling: float = math.inf) -> Solution:
+            left = max(1.0, min(time_limit, deadline - time.perf_counter()))
+            return solve(p, method=method, time_limit=left, ceiling=ceiling)
 
         mixed = mix_policies(uniform, zero, run, deadline)
         timings["recompute_blocks"] = time.perf_counter() - t0
@@ -347,15 +354,14 @@ def _plan_pipelined(
     caches: dict[Cluster, StepCache] = {}  # redistribution times are shared by builds on one sub-mesh
 
     def build_stage(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
+        opts = dataclasses.replace(opts, cp_layout=cp_layout)  # CP layout: picked on the winner
         cache = caches.setdefault(sub, StepCache(sub))
         return build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
 
-    # rings priced as asked: "auto" balanced, the layout then chosen on the winner (problem/context.choose_layout)
-    laid = functools.partial(dataclasses.replace, cp_layout=cp_layout)
     best = search_pipeline(
-        request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, policies=policies,
-        build=lambda c, sub, o, b: build_stage(c, sub, laid(o), b), training=training, memory_limit=limit,
-        method=search, time_limit=time_limit, say=progress or (lambda stage: None),
+        request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, build=build_stage,
+        policies=policies, training=training, memory_limit=limit, method=search, time_limit=time_limit,
+        say=progress or (lambda stage: None),
     )  # fmt: skip
     timings["total"] = time.perf_counter() - start
     notes = list(best.captured.notes)

@@ -26,14 +26,16 @@ because re-pricing a 405B stage under each layout cost minutes; every stage then
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError, ShardingError
+from autoshard.planner_steps import SearchMethod
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.context import one_run_ops, ring_axis_of_plan, zigzag_axis_of, zigzag_cluster
 from autoshard.problem.costs import CostOptions
-from autoshard.search import BoundExceeded, SearchProblem, Solution
+from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
 from autoshard.strategies import OpStrategy
 
 __all__ = ["search_layout"]
@@ -45,12 +47,19 @@ Rebuild = Callable[[Cluster, CostOptions], tuple[BuiltProblem, BuiltProblem]]
 def search_layout(
     free: BuiltProblem,
     built: BuiltProblem,
-    solution: Solution,
     rebuild: Rebuild,
-    run: Callable[[SearchProblem], Solution],
+    method: SearchMethod,
+    time_limit: float,
+    ceiling: float = math.inf,
 ) -> tuple[BuiltProblem, BuiltProblem, Solution]:
-    """The best (problem, solution) over the sequence layouts (module doc); the pinned problem carries a
-    note with every layout's price."""
+    """The best (problem, solution) over the sequence layouts (module doc), each solved by
+    :func:`~autoshard.search.solve` with ``method``, ``time_limit`` and ``ceiling``; the pinned problem
+    carries a note with every layout's price."""
+
+    def run(problem: SearchProblem) -> Solution:
+        return solve(problem, method=method, time_limit=time_limit, ceiling=ceiling)
+
+    solution = run(built.problem)
     asked = built.options.cp_layout
     mesh = tuple(built.cluster.mesh_shape)
     axis = _ring_axis(built, solution)

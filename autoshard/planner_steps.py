@@ -25,11 +25,12 @@ from autoshard.strategies import UnsupportedOpWarning
 from autoshard.strategies.coverage import replicated_shares
 
 __all__ = [
+    "Pruned",
     "SearchMethod",
     "batch_size",
     "budget_idle",
     "build",
-    "cheaper_of",
+    "cheaper",
     "global_shapes",
     "output_order",
     "reader",
@@ -163,10 +164,23 @@ def solve_built(built: BuiltProblem, method: SearchMethod = "auto", time_limit: 
     return solve(built.problem, method=method, time_limit=time_limit)
 
 
-def cheaper_of(fused: Plan | AutoshardError, plain: Plan | AutoshardError) -> Plan | AutoshardError:
+@dataclasses.dataclass(frozen=True)
+class Pruned:
+    """The op-by-op alternative stopped at a lower bound on its step that the fused plan beats."""
+
+    bound: float
+
+
+def cheaper(fused: Plan | AutoshardError, plain: Plan | AutoshardError | Pruned) -> Plan | AutoshardError:
     """The plan with the lower predicted step (the fused one on a tie), noting why; an error only if both are."""
     if isinstance(plain, AutoshardError):
         return fused
+    if isinstance(plain, Pruned):
+        assert isinstance(fused, Plan)
+        note = (
+            f"expert MLPs planned fused (op by op: at least {plain.bound:.4g} s per step, not solved further)"
+        )
+        return dataclasses.replace(fused, notes=(*fused.notes, note))
     if isinstance(fused, AutoshardError) or plain.predicted_step_time < fused.predicted_step_time:
         other = "not possible" if isinstance(fused, AutoshardError) else f"{fused.predicted_step_time:.4g} s"
         note = f"expert MLPs planned op by op (grouped matmuls): fused, {other} per step"

@@ -15,13 +15,16 @@ equals a build at that share), and each ``k`` is a plain problem for the solvers
 
 Search over ``k`` (exact): at fixed ``x`` cost grows with ``k`` and memory falls, so for an interval
 ``a..b`` the problem with ``a``'s costs and ``b``'s memory is a relaxation of every ``k`` in it.  Branch and
-bound over intervals, starting from ``1..N-1``: an interval whose relaxation's Lagrangian bound
-(:mod:`autoshard.search.budget`) reaches the best plan found (or the incumbent, the best uniform policy's)
-is dropped, one where nothing fits is dropped, the rest are halved; a single ``k`` is solved exactly.  No
-better plan is missed, and at LLaMA-3-70B size (80 blocks) a few solves replace a scan of dozens.  Past
-the caller's deadline the search stops, and the plan it found is
-not claimed optimal (``Solution.optimal`` False).  Without a binding budget recomputation never pays and
-nothing here runs.
+bound over intervals, starting from ``k0..N-1``, where ``k0`` (:func:`least_fitting`) is the least ``k``
+whose per-node memory floor fits (a bisection over cheap sums: below it nothing fits, and an interval
+reaching down there has costs too low to bound anything).  An interval whose relaxation's Lagrangian
+bound (:mod:`autoshard.search.budget`) reaches the best plan found (or the incumbent, the best uniform
+policy's) is dropped (the solver is given it as ``ceiling`` and stops at the first bound that reaches
+it), one where nothing fits is dropped, the rest are halved; a single ``k`` is solved exactly.  No better
+plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per policy, 3 s CPU for both,
+where the halving from ``1..N-1`` took 8 full solves and 16 s.  Past the caller's deadline the search
+stops, and the plan it found is not claimed optimal (``Solution.optimal`` False).  Without a binding
+budget recomputation never pays and nothing here runs.
 
 Mixing two non-trivial policies (some blocks selective, some full) is not searched: each policy is mixed
 with none.
@@ -39,9 +42,10 @@ import numpy as np
 from autoshard.errors import InfeasibleError
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import Recompute
-from autoshard.search import Edge, Solution
+from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution
+from autoshard.search.problem import pairwise_form, peak_floor
 
-__all__ = ["best_share", "mix_policies", "relaxed_problem", "share_problem"]
+__all__ = ["best_count", "best_share", "least_fitting", "mix_policies", "relaxed_problem", "share_problem"]
 
 
 def _between(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
@@ -55,21 +59,26 @@ def share_problem(zero: BuiltProblem, whole: BuiltProblem, k: int) -> BuiltProbl
     n = whole.num_blocks
     if not 0 <= k <= n or zero.num_blocks != n:
         raise ValueError(f"k = {k} must lie in 0..{n} and both problems must have {n} blocks")
-    p0, p1 = zero.problem, whole.problem
+    t = k / n
+    problem = _shared(zero.problem, whole.problem, t)
+    options = dataclasses.replace(whole.options, recompute_share=t)
+    return dataclasses.replace(whole, problem=problem, options=options)
+
+
+def _shared(p0: SearchProblem, p1: SearchProblem, t: float, memory_at: float | None = None) -> SearchProblem:
+    """Costs at share ``t``, memory at ``memory_at`` (default ``t``), of the pair of builds at 0 and 1."""
     same = p0.sizes == p1.sizes and [(e.u, e.v) for e in p0.edges] == [(e.u, e.v) for e in p1.edges]
     if not same or p0.memory is None or p1.memory is None:
         raise ValueError("share_problem needs two builds of one capture with one policy (share 0 and 1)")
-    t = k / n
-    problem = dataclasses.replace(
+    m = t if memory_at is None else memory_at
+    return dataclasses.replace(
         p1,
         node_costs=tuple(_between(a, b, t) for a, b in zip(p0.node_costs, p1.node_costs, strict=True)),
         edges=tuple(
             Edge(a.u, a.v, _between(a.cost, b.cost, t)) for a, b in zip(p0.edges, p1.edges, strict=True)
         ),
-        memory=tuple(a + t * (b - a) for a, b in zip(p0.memory, p1.memory, strict=True)),
+        memory=tuple(a + m * (b - a) for a, b in zip(p0.memory, p1.memory, strict=True)),
     )
-    options = dataclasses.replace(whole.options, recompute_share=t)
-    return dataclasses.replace(whole, problem=problem, options=options)
 
 
 def relaxed_problem(zero: BuiltProblem, whole: BuiltProblem, a: int, b: int) -> BuiltProblem:
@@ -77,9 +86,94 @@ def relaxed_problem(zero: BuiltProblem, whole: BuiltProblem, a: int, b: int) -> 
 
     At fixed strategies cost grows and memory falls with ``k``, so this problem's optimum bounds from below
     the optimum at every such ``k``, and when no plan fits it, none fits at any such ``k``."""
-    low, high = share_problem(zero, whole, a), share_problem(zero, whole, b)
-    problem = dataclasses.replace(low.problem, memory=high.problem.memory)
-    return dataclasses.replace(low, problem=problem)
+    low = share_problem(zero, whole, a)
+    n = whole.num_blocks
+    return dataclasses.replace(low, problem=_shared(zero.problem, whole.problem, a / n, b / n))
+
+
+def least_fitting(p0: SearchProblem, p1: SearchProblem, n: int) -> int:
+    """The least ``k >= 1`` at which every node at its least memory (and the least peak) fits the budget;
+    ``n`` when none below ``n`` does.  Below it no plan fits: ``memory_lower_bound`` falls with ``k`` when
+    every strategy's memory does (checked; else 1, no shortcut), so a bisection finds it."""
+    limit = p1.memory_limit
+    if limit is None or p0.memory is None or p1.memory is None:
+        return 1
+    if any(bool(np.any((b > a) & np.isfinite(a))) for a, b in zip(p0.memory, p1.memory, strict=True)):
+        return 1  # a strategy that holds more when recomputed: the bound need not fall with k
+    # memory_lower_bound at share k, from arrays built once: which strategies are finite (the same at every
+    # share), the least peak (share-independent), and each node's memory at 0 and its change to 1
+    probe = _shared(p0, p1, 0.5)
+    finite = [np.isfinite(u) for u in pairwise_form(probe).unary]
+    floor = peak_floor(probe)
+    low = [a[f] for a, f in zip(p0.memory, finite, strict=True)]
+    step = [(b - a)[f] for a, b, f in zip(p0.memory, p1.memory, finite, strict=True)]
+
+    def need(k: int) -> float:
+        t = k / n
+        return (
+            math.fsum(float((a + t * d).min(initial=math.inf)) for a, d in zip(low, step, strict=True))
+            + floor
+        )
+
+    lo, hi = 1, n
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if need(middle) > limit:
+            lo = middle + 1
+        else:
+            hi = middle
+    return lo
+
+
+def best_count(
+    p0: SearchProblem,
+    p1: SearchProblem,
+    n: int,
+    solve: Callable[..., Solution],
+    incumbent: float,
+    deadline: float = math.inf,
+) -> tuple[int, Solution] | None:
+    """The cheapest ``(k, solution)`` with ``0 < k < n`` whose objective beats ``incumbent``, on the search
+    problems at share 0 and 1 (:func:`best_share` on builds).
+
+    Branch and bound over intervals of ``k`` (exact), from :func:`least_fitting` (below it nothing fits):
+    an interval is dropped when nothing fits its relaxation (costs at its low end, memory at its high end)
+    or when a lower bound of it reaches the best objective so far (``ceiling``: the solve stops at the
+    first Lagrangian bound that does); otherwise it is halved, lower ``k`` first (less recomputation is
+    cheaper).  A single ``k`` is solved exactly.  ``solve(problem, method=..., ceiling=...)`` is
+    :func:`autoshard.search.solve` with the caller's settings; ``method`` is passed only as ``"exact"``
+    (a Lagrangian bound before the full solve)."""
+    best: tuple[int, Solution] | None = None
+    bound = incumbent
+    first = least_fitting(p0, p1, n)
+    intervals = [(first, n - 1)] if first < n else []
+    while intervals:
+        if time.perf_counter() > deadline:  # the caller's time limit: what was found, not proven best
+            if best is not None:
+                best = (best[0], dataclasses.replace(best[1], optimal=False))
+            break
+        a, b = intervals.pop()
+        problem = _shared(p0, p1, a / n, b / n)
+        ceiling = bound * (1 - 1e-12)
+        try:
+            # exact solves only: the Lagrangian bound usually shows the interval cannot win (the ceiling
+            # stops there), sparing CP-SAT, which is what closes a binding budget's last gap
+            rough = solve(problem, method="exact", ceiling=ceiling)
+        except (InfeasibleError, BoundExceeded):
+            continue  # too few blocks recomputed to fit anywhere in a..b, or none of a..b beats the best
+        if rough.lower_bound >= ceiling:
+            continue
+        if a < b:
+            middle = (a + b) // 2
+            intervals += [(middle + 1, b), (a, middle)]  # a..middle is popped first
+            continue
+        try:
+            found = rough if rough.optimal else solve(problem, ceiling=ceiling)
+        except (InfeasibleError, BoundExceeded):
+            continue
+        if found.objective < bound:
+            best, bound = (a, found), found.objective
+    return best
 
 
 def best_share(
@@ -89,42 +183,15 @@ def best_share(
     incumbent: float,
     deadline: float = math.inf,
 ) -> tuple[int, BuiltProblem, Solution] | None:
-    """The cheapest ``(k, problem, solution)`` with ``0 < k < N`` whose objective beats ``incumbent``.
-
-    Branch and bound over intervals of ``k`` (exact): an interval is dropped when the Lagrangian bound of its
-    relaxation (:func:`relaxed_problem`) reaches the best objective so far, or when nothing fits it; otherwise
-    it is halved, lower ``k`` first (less recomputation is cheaper).  A single ``k`` is solved exactly.
-    ``solve(problem, method=...)`` is :func:`autoshard.search.solve` with the caller's settings; ``method``
-    is passed only as ``"exact"`` (a Lagrangian bound before the full solve)."""
-    best: tuple[int, BuiltProblem, Solution] | None = None
-    bound = incumbent
-    intervals = [(1, whole.num_blocks - 1)] if whole.num_blocks > 1 else []
-    while intervals:
-        if time.perf_counter() > deadline:  # the caller's time limit: what was found, not proven best
-            if best is not None:
-                best = (best[0], best[1], dataclasses.replace(best[2], optimal=False))
-            break
-        a, b = intervals.pop()
-        problem = relaxed_problem(zero, whole, a, b) if a < b else share_problem(zero, whole, a)
-        try:
-            # the Lagrangian bound first (exact solves only): it usually shows the interval cannot win,
-            # sparing CP-SAT, which is what closes a binding budget's last gap
-            rough = solve(problem.problem, method="exact")
-        except InfeasibleError:
-            continue  # too few blocks recomputed to fit anywhere in a..b
-        if rough.lower_bound >= bound * (1 - 1e-12):
-            continue
-        if a < b:
-            middle = (a + b) // 2
-            intervals += [(middle + 1, b), (a, middle)]  # a..middle is popped first
-            continue
-        try:
-            found = rough if rough.optimal else solve(problem.problem)
-        except InfeasibleError:
-            continue
-        if found.objective < bound:
-            best, bound = (a, problem, found), found.objective
-    return best
+    """The cheapest ``(k, problem, solution)`` with ``0 < k < N`` whose objective beats ``incumbent``
+    (:func:`best_count` on the two builds' problems)."""
+    if zero.num_blocks != whole.num_blocks:
+        raise ValueError(f"both problems must have {whole.num_blocks} blocks")
+    found = best_count(zero.problem, whole.problem, whole.num_blocks, solve, incumbent, deadline)
+    if found is None:
+        return None
+    k, solution = found
+    return k, share_problem(zero, whole, k), solution
 
 
 def mix_policies(

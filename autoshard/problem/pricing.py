@@ -81,8 +81,8 @@ class PriceTable:
     # -- the public entry --------------------------------------------------------------------------------------
     def pairwise(
         self,
-        src: list[ShardingSpec | None],
-        dst: list[ShardingSpec | None],
+        src: Sequence[ShardingSpec | None],
+        dst: Sequence[ShardingSpec | None],
         shape: tuple[int, ...],
         itemsize: int,
     ) -> np.ndarray:
@@ -112,7 +112,7 @@ class PriceTable:
         return self._fix_equal(table, src, dst, starts)
 
     @staticmethod
-    def _fix_equal(table: np.ndarray, src: list, dst: list, starts: list) -> np.ndarray:
+    def _fix_equal(table: np.ndarray, src: Sequence, dst: Sequence, starts: list) -> np.ndarray:
         """Equal specs that fit never move (a non-sum partial may stay as it is); None on either side is free."""
         where = {spec: j for j, spec in enumerate(dst)}
         for i, spec in enumerate(src):
@@ -195,7 +195,13 @@ class PriceTable:
         rows, dist = self._rows.get(key, ({}, np.zeros((0, len(graph.index)))))
         missing = sorted({s for s in starts if s not in rows})
         if missing:
-            more = _bellman_ford(graph, mask, missing)
+            warm = None
+            if any(mask):  # every path with one P axis fewer is a path here too: start from those prices
+                last = max(a for a, m in enumerate(mask) if m)
+                fewer = tuple(m and a != last for a, m in enumerate(mask))
+                sub_rows, sub_dist = self._distances(shape, itemsize, fewer, graph, missing)
+                warm = (fewer, sub_dist[[sub_rows[s] for s in missing]])
+            more = _bellman_ford(graph, mask, missing, warm)
             rows = {**rows, **{s: len(rows) + k for k, s in enumerate(missing)}}
             dist = np.vstack([dist, more])
             self._rows[key] = (rows, dist)
@@ -223,27 +229,56 @@ def _fits(layout: tuple[int, ...], shape: tuple[int, ...], mesh: tuple[int, ...]
     return all(size % c == 0 for size, c in zip(shape, counts, strict=True))
 
 
-def _bellman_ford(graph: _Graph, mask: tuple[bool, ...], starts: list[int]) -> np.ndarray:
-    """Shortest path prices from each of ``starts`` to every layout, moves into ``P`` only on ``mask`` axes."""
-    allowed = np.array([True, *mask])[graph.enters_p + 1]  # enters_p == -1 -> index 0 (always allowed)
+def _allowed(graph: _Graph, mask: tuple[bool, ...]) -> np.ndarray:
+    """Per move, whether it may be taken when only the ``mask`` axes may be entered as ``P``."""
+    return np.array([True, *mask])[graph.enters_p + 1]  # enters_p == -1 -> index 0 (always allowed)
+
+
+def _bellman_ford(
+    graph: _Graph,
+    mask: tuple[bool, ...],
+    starts: list[int],
+    warm: tuple[tuple[bool, ...], np.ndarray] | None = None,
+) -> np.ndarray:
+    """Shortest path prices from each of ``starts`` to every layout, moves into ``P`` only on ``mask`` axes.
+
+    Rows of the working table are layouts and columns the starts, so a relaxation gathers whole rows (moves
+    sorted by target: one ``minimum.reduceat`` per round takes the best move into each layout).
+
+    ``warm``: a smaller mask and its converged prices from the same starts.  Those are prices of paths that
+    exist here too, and they already satisfy every move of the smaller graph, so only the moves added since
+    can lower them at first.  The result is the same bit for bit: once no move lowers anything, each entry
+    is the least left-to-right float sum over all paths, whatever upper bounds the search started from
+    (rounding is monotone: ``a <= b`` gives ``a + w <= b + w``)."""
+    allowed = _allowed(graph, mask)
     u, v, w = graph.u[allowed], graph.v[allowed], graph.w[allowed]
     order = np.argsort(v, kind="stable")
-    u, v, w = u[order], v[order], w[order]
-    dist = np.full((len(starts), len(graph.index)), math.inf)
-    dist[np.arange(len(starts)), starts] = 0.0
+    u, v, w = u[order], v[order, None], w[order, None]
+    every_head = np.flatnonzero(np.r_[True, v[1:, 0] != v[:-1, 0]])
     changed = np.zeros(len(graph.index), dtype=bool)
-    changed[starts] = True
-    for _ in range(len(graph.index)):
+    if warm is None:
+        dist = np.full((len(graph.index), len(starts)), math.inf)  # (layouts, starts)
+        dist[starts, np.arange(len(starts))] = 0.0
+        changed[starts] = True
         active = changed[u]  # only moves out of a layout whose price just fell can lower anything
-        if not active.any():
+    else:
+        dist = np.array(warm[1].T)
+        active = ~_allowed(graph, warm[0])[allowed][order]  # the moves the smaller mask did not allow
+    for _ in range(len(graph.index)):
+        count = np.count_nonzero(active)
+        if not count:
             break
-        au, av, aw = u[active], v[active], w[active]
-        heads = np.flatnonzero(np.r_[True, av[1:] != av[:-1]])
-        targets = av[heads]
-        relaxed = np.minimum.reduceat(dist[:, au] + aw, heads, axis=1)
-        current = dist[:, targets]
+        if count == len(u):
+            au, aw, heads, targets = u, w, every_head, v[every_head, 0]
+        else:
+            au, av, aw = u[active], v[active, 0], w[active]
+            heads = np.flatnonzero(np.r_[True, av[1:] != av[:-1]])
+            targets = av[heads]
+        relaxed = np.minimum.reduceat(dist[au] + aw, heads, axis=0)
+        current = dist[targets]
         better = relaxed < current
         changed[:] = False
-        changed[targets] = better.any(axis=0)
-        dist[:, targets] = np.where(better, relaxed, current)
-    return dist
+        changed[targets] = better.any(axis=1)
+        dist[targets] = np.minimum(relaxed, current)
+        active = changed[u]
+    return dist.T

@@ -79,6 +79,7 @@ def lagrangian_sweep(
     lam0: float,
     deadline: float = math.inf,
     seeds: Sequence[tuple[int, ...]] = (),
+    ceiling: float = math.inf,
 ) -> Lagrange:
     """Maximise ``g(lambda)`` from ``lam0`` with exact solves on ``ex``, improving ``lag`` in place (and
     returning it); see :func:`dual_search`."""
@@ -87,7 +88,7 @@ def lagrangian_sweep(
     def relaxed(lam: float) -> tuple[tuple[int, ...], float]:
         return ex.solve([c + lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)])  # type: ignore[arg-type]
 
-    return dual_search(relaxed, problem, lag, lam0, deadline, seeds)
+    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, ceiling=ceiling)
 
 
 def dual_search(
@@ -98,6 +99,7 @@ def dual_search(
     deadline: float = math.inf,
     seeds: Sequence[tuple[int, ...]] = (),
     tolerance: float = 0.0,
+    ceiling: float = math.inf,
 ) -> Lagrange:
     """Maximise ``g(lambda)``; ``relaxed(lam)`` returns a minimiser of ``cost + lam * memory`` and its value.
 
@@ -113,6 +115,7 @@ def dual_search(
     the minimiser fits.  ``tolerance > 0`` stops early once the crossing, the most any multiplier can still
     prove, is within ``tolerance`` x the remaining gap of the bound reached (the bound stays a true one; the
     caller that states the gap rather than fixing strategies by it saves the last, confirming probes).
+    ``ceiling``: stop once the bound reaches it (the caller only asks whether a plan beats it; no plan does).
     ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the probe count, not the
     clock, ends a normal search.
     """
@@ -146,13 +149,17 @@ def dual_search(
         cost, mem, fits = probe(0.0)
         keep(0.0, (cost, mem), fits)
     lam = lam0
-    while lines[True] is None and lag.solves < MAX_SOLVES and time.perf_counter() < deadline:
+
+    def going() -> bool:
+        return lag.solves < MAX_SOLVES and time.perf_counter() < deadline and lag.bound < ceiling
+
+    while lines[True] is None and going():
         cost, mem, fits = probe(lam)
         keep(lam, (cost, mem), fits)
         if fits:
             break
         lam *= 4.0
-    while lag.solves < MAX_SOLVES and not lag.closed() and time.perf_counter() < deadline:
+    while not lag.closed() and going():
         over, under = lines[False], lines[True]
         if over is None or under is None or over[1] <= under[1]:
             break

@@ -280,9 +280,13 @@ class ExactSolver:
     def _gather(self, scope: tuple[int, ...], parts: list[tuple[tuple[int, ...], np.ndarray]]) -> np.ndarray:
         """Sum factors over ``scope``; each factor's sorted scope is a subsequence, so a reshape aligns it."""
         table: np.ndarray | None = None
+        owned = False  # a sum made here, which later factors may be added into in place
         for fscope, arr in parts:
             aligned = arr.reshape([self.sizes[w] if w in fscope else 1 for w in scope])
-            table = aligned if table is None else table + aligned
+            if table is not None and owned and all(map(int.__ge__, table.shape, aligned.shape)):
+                np.add(table, aligned, out=table)
+            else:
+                table, owned = (aligned, False) if table is None else (table + aligned, True)
         assert table is not None
         return table
 

@@ -93,14 +93,15 @@ class EliminationPlan:
     heuristic: str
 
 
-_Key = Callable[[int, list[int], list[tuple[int, int]], float], tuple[float, ...]]
+_Key = Callable[[int, int, int, float], tuple[float, ...]]
 
 
-def _keys(sizes: Sequence[int]) -> dict[str, _Key]:
+def _keys() -> dict[str, _Key]:
+    """Per heuristic, the heap key from (node, fill edges, their ``sum S_a * S_b``, log of the new table)."""
     return {
-        "min-fill": lambda v, nb, fill, logw: (len(fill), logw, v),
-        "weighted-min-fill": lambda v, nb, fill, logw: (sum(sizes[a] * sizes[b] for a, b in fill), logw, v),
-        "min-weight": lambda v, nb, fill, logw: (logw, len(fill), v),
+        "min-fill": lambda v, fill, weight, logw: (fill, logw, v),
+        "weighted-min-fill": lambda v, fill, weight, logw: (weight, logw, v),
+        "min-weight": lambda v, fill, weight, logw: (logw, fill, v),
     }
 
 
@@ -114,17 +115,26 @@ def greedy_order(
 
     ``adj`` may name nodes outside ``nodes``: those edges are ignored (the nodes are conditioned on).
     """
-    key_of = _keys(sizes)[heuristic]
+    key_of = _keys()[heuristic]
+    weighted = heuristic == "weighted-min-fill"
     members = set(nodes)
     graph = {v: {w for w in adj[v] if w in members} for v in members}
     logsize = {v: math.log(sizes[v]) for v in members}
     stamp = dict.fromkeys(members, 0)
 
     def key(v: int) -> tuple[tuple[float, ...], int, int]:
-        nb = sorted(graph[v])
-        fill = [(a, b) for k, a in enumerate(nb) for b in nb[k + 1 :] if b not in graph[a]]
+        around = graph[v]
+        nb = sorted(around)
+        # each missing pair among the neighbours is met twice, once from each end (integers: exact halves)
+        fill = weight = 0
+        for a in nb:
+            missing = around - graph[a]
+            missing.discard(a)
+            fill += len(missing)
+            if weighted:
+                weight += sizes[a] * sum(sizes[b] for b in missing)
         logw = logsize[v] + sum(logsize[w] for w in nb)
-        return (key_of(v, nb, fill, logw), v, stamp[v])
+        return (key_of(v, fill // 2, weight // 2, logw), v, stamp[v])
 
     heap = [key(v) for v in sorted(members)]
     heapq.heapify(heap)

@@ -22,8 +22,9 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    405B-shaped LLaMA's pipeline stage on 8 x 16 x 8): the same Lagrangian dual with each relaxed problem
    ``cost + lambda * memory`` reduced and eliminated on its own (no budget, so it folds); proven optimal
    when the dual closes, else its best fitting plan and bound, which CP-SAT then tries to improve.
-5. ``ceiling``: once the optimum without the budget reaches it, :class:`~autoshard.search.run.BoundExceeded`
-   instead of the budgeted solve (the mesh search's pruning).
+5. ``ceiling``: once the optimum without the budget, or the Lagrangian bound under it, reaches it,
+   :class:`~autoshard.search.run.BoundExceeded` instead of the rest of the budgeted solve (the mesh search's
+   pruning, the recompute-count search's intervals).
 
 ``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and its proven gap);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
@@ -128,6 +129,7 @@ def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, ma
         if run.offset() + lag.cost < evaluate(run.problem, best):
             best = run.expand(lag.plan)
         bound = max(bound, lag.bound + run.offset())
+        run.prune(bound)  # the caller's ceiling (mesh search, recompute-k search): proven no better
         upper = evaluate(run.problem, best)
         if upper - bound <= 1e-9 * abs(upper):
             return run.finish_original(best, bound, True, "exact:lagrangian")
@@ -146,7 +148,7 @@ def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, ma
             run.log.append(f"enumerating the {plans_left} plans left")
             found = brute_force(run.current, max_assignments=_MAX_ENUMERATION).choice
             return run.finish(found, bound, True, "exact:enumeration")
-        pareto = pareto_plan(run.current, upper=upper - run.offset())
+        pareto = pareto_plan(run.current, upper=upper - run.offset(), lam=lag.lam)
         if pareto is not None:  # what fixing leaves is small: exact elimination over (memory, cost) sets
             run.log.append("exact: variable elimination over (memory, cost) Pareto sets (search/pareto.py)")
             return run.finish(pareto, bound, True, "exact:pareto")
@@ -263,7 +265,8 @@ def _sweep(run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) 
     plan, value = ex.solve()
     lag = Lagrange(start, evaluate(rp, start), value, 0.0)
     lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
-    lagrangian_sweep(ex, rp, lag, lam0, deadline=run.start + 0.5 * run.time_limit, seeds=(plan,))
+    deadline = run.start + 0.5 * run.time_limit
+    lagrangian_sweep(ex, rp, lag, lam0, deadline, seeds=(plan,), ceiling=run.ceiling - run.offset())
     run.log.append(
         f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
         f"(reduced problem)"
@@ -284,7 +287,8 @@ def solve(
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
     ``ceiling``: under a binding budget, raise :class:`BoundExceeded` as soon as the optimum without the
-    budget (a lower bound on the one under it) is at least this, instead of solving under the budget.
+    budget, or the Lagrangian bound (lower bounds on the one under it), is at least this, instead of
+    solving on under the budget.
 
     Raises InfeasibleError when no finite plan fits (the message names the nodes or the least memory needed)
     and AnnotationConflictError (an AnnotationError and an InfeasibleError) when annotations conflict.

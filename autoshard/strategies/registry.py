@@ -163,7 +163,7 @@ def strategies_for(
         return [replicate_strategy(node, mesh)]
     result = entry.rule(node, mesh)
     if drop_dominated:
-        result = [s for s in result if not _partial_from_leaf(node, s)]
+        result = _drop_partial_from_leaf(node, result)
     if not result:  # a rule whose every strategy needs sizes that do not divide
         return [replicate_strategy(node, mesh)]
     return result
@@ -186,13 +186,22 @@ def _scalar_strategy(node: fx.Node) -> OpStrategy:
     return OpStrategy((None,) * n_in, (None,) * len(output_vals(node)), (None,) * n_in, 1)
 
 
-def _partial_from_leaf(node: fx.Node, strategy: OpStrategy) -> bool:
-    return any(
-        spec is not None
-        and inp.op in ("placeholder", "get_attr")
-        and any(isinstance(p, Partial) for p in spec.placements)
-        for inp, spec in zip(node.all_input_nodes, strategy.inputs, strict=True)
-    )
+def _drop_partial_from_leaf(node: fx.Node, strategies: list[OpStrategy]) -> list[OpStrategy]:
+    """The strategies that need no ``Partial`` input from a placeholder or ``get_attr`` node."""
+    leaves = [k for k, inp in enumerate(node.all_input_nodes) if inp.op in ("placeholder", "get_attr")]
+    if not leaves:
+        return strategies
+    partial: dict[ShardingSpec, bool] = {}  # isinstance on torch placements is slow: once per spec
+
+    def has_partial(spec: ShardingSpec | None) -> bool:
+        if spec is None:
+            return False
+        found = partial.get(spec)
+        if found is None:
+            found = partial[spec] = any(isinstance(p, Partial) for p in spec.placements)
+        return found
+
+    return [s for s in strategies if not any(has_partial(s.inputs[k]) for k in leaves)]
 
 
 def module_path(node: fx.Node) -> str:

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 import torch
 from torch import fx
@@ -85,6 +86,7 @@ class OpStrategy:
         return f"{ins} -> {outs}".strip()
 
 
+@functools.lru_cache(maxsize=65536)  # every strategy is labelled for the solver: each spec printed once
 def _fmt(spec: ShardingSpec | None) -> str:
     return "-" if spec is None else str(spec)
 
@@ -177,74 +179,115 @@ def expand(
     if not any(_is_float(o) for o in outs):  # integer/bool results carry no gradient back
         nondiff_nodes = set(inputs)
     no_grad = [inp in nondiff_nodes or not _is_float(tensor_meta(inp)) for inp in inputs]
-    seen: set[tuple[tuple[ShardingSpec | None, ...], tuple[ShardingSpec | None, ...]]] = set()
+    table = _Interned(mesh_shape)
+    role_cols = [
+        (i, table.column([c.inputs[r] for c in choices], shape, fl)) for r, i, shape, fl in role_facts
+    ]
+    out_cols = [
+        None if f is None else table.column([c.outputs[o] for c in choices], *f)
+        for o, f in enumerate(out_facts)
+    ]
+    # per choice: whether some output is split or partial on the axis taking it (the backward claim's input)
+    splits = [any(col is not None and not col.replicate[k] for col in out_cols) for k in range(len(choices))]
+    seen: set[tuple[int, ...]] = set()
+    grads_of: dict[tuple[int, tuple[bool, ...]], ShardingSpec | None] = {}
     result: list[OpStrategy] = []
-    for combo in itertools.product(choices, repeat=len(mesh_shape)):
-        in_specs = _input_specs(combo, role_facts, len(inputs), mesh_shape)
-        if in_specs is None:
-            continue
-        out_specs = _output_specs(combo, out_facts, mesh_shape)
-        if out_specs is None:
-            continue
-        key = (in_specs, out_specs)
-        if key in seen:
-            continue
-        seen.add(key)
-        work = 1
-        for choice, n in zip(combo, mesh_shape, strict=True):
-            if choice.splits_work:
-                work *= n
-        splitting = _splitting(out_specs, len(mesh_shape))
-        grads = tuple(
-            None if skip else _grad(spec, splitting) for spec, skip in zip(in_specs, no_grad, strict=True)
-        )
-        result.append(OpStrategy(in_specs, out_specs, grads, work))
+    for combo in itertools.product(range(len(choices)), repeat=len(mesh_shape)):
+        layout = itemgetter(*combo) if len(combo) > 1 else (lambda ids, k=combo[0]: (ids[k],))
+        in_specs: list[ShardingSpec | None] = [None] * len(inputs)
+        for i, col in role_cols:
+            spec = col.spec(layout(col.ids))
+            if spec is None or (in_specs[i] is not None and in_specs[i] is not spec):
+                break  # a shard that does not divide, or the same node would need two different layouts
+            in_specs[i] = spec
+        else:
+            out_specs = _combo_outputs(layout, out_cols)
+            if out_specs is None:
+                continue
+            key = tuple(map(id, (*in_specs, *out_specs)))  # specs are canonical within this call
+            if key in seen:
+                continue
+            seen.add(key)
+            work = 1
+            for k, n in zip(combo, mesh_shape, strict=True):
+                if choices[k].splits_work:
+                    work *= n
+            splitting = tuple(splits[k] for k in combo)
+            grads: list[ShardingSpec | None] = []
+            for spec, skip in zip(in_specs, no_grad, strict=True):
+                if skip or spec is None:
+                    grads.append(None)
+                    continue
+                gkey = (id(spec), splitting)
+                if gkey not in grads_of:
+                    grads_of[gkey] = _grad(spec, splitting)
+                grads.append(grads_of[gkey])
+            result.append(OpStrategy(tuple(in_specs), out_specs, tuple(grads), work))
     return result
 
 
-def _input_specs(
-    combo: Sequence[AxisChoice],
-    role_facts: Sequence[tuple[int, int, tuple[int, ...], bool]],
-    n_inputs: int,
-    mesh_shape: tuple[int, ...],
-) -> tuple[ShardingSpec | None, ...] | None:
-    specs: list[ShardingSpec | None] = [None] * n_inputs
-    for r, i, shape, is_float in role_facts:
-        placements = tuple(_or_r(c.inputs[r]) for c in combo)
-        if not _valid(placements, shape, is_float, mesh_shape):
-            return None
-        spec = _spec(placements)
-        if specs[i] is not None and specs[i] != spec:
-            return None  # the same node would need two different layouts
-        specs[i] = spec
-    return tuple(specs)
-
-
-def _output_specs(
-    combo: Sequence[AxisChoice],
-    out_facts: Sequence[tuple[tuple[int, ...], bool] | None],
-    mesh_shape: tuple[int, ...],
+def _combo_outputs(
+    layout: Callable[[list[int]], tuple[int, ...]], out_cols: list[_Column | None]
 ) -> tuple[ShardingSpec | None, ...] | None:
     specs: list[ShardingSpec | None] = []
-    for o, facts in enumerate(out_facts):
-        if facts is None:
-            specs.append(None)
-            continue
-        placements = tuple(_or_r(c.outputs[o]) for c in combo)
-        if not _valid(placements, facts[0], facts[1], mesh_shape):
+    for col in out_cols:
+        spec = None if col is None else col.spec(layout(col.ids))
+        if spec is None and col is not None:
             return None
-        specs.append(_spec(placements))
+        specs.append(spec)
     return tuple(specs)
 
 
-@functools.lru_cache(maxsize=65536)
-def _splitting(out_specs: tuple[ShardingSpec | None, ...], ndim: int) -> tuple[bool, ...]:
-    """Per mesh axis, whether some output is split or partial there (isinstance on torch placements is slow:
-    computed once per distinct output layout)."""
-    return tuple(
-        any(o is not None and not isinstance(o.placements[a], Replicate) for o in out_specs)
-        for a in range(ndim)
-    )
+class _Interned:
+    """The placements of one :func:`expand` call as small integers, and one spec object per layout.
+
+    torch's placements hash and compare in Python; a combination is looked up by a tuple of ints instead,
+    and one layout always yields the same :class:`ShardingSpec` object (so ``is`` compares specs)."""
+
+    def __init__(self, mesh_shape: tuple[int, ...]) -> None:
+        self.mesh_shape = mesh_shape
+        self.ids: dict[Placement, int] = {}
+        self.placements: list[Placement] = []
+        self.canonical: dict[tuple[int, ...], ShardingSpec] = {}
+
+    def column(self, placements: list[Placement | None], shape: tuple[int, ...], is_float: bool) -> _Column:
+        """One role or output: per choice, the id of its placement (``None`` is ``Replicate()``)."""
+        ids = []
+        for p in placements:
+            p = _or_r(p)
+            k = self.ids.get(p)
+            if k is None:
+                k = self.ids[p] = len(self.placements)
+                self.placements.append(p)
+            ids.append(k)
+        return _Column(self, ids, [isinstance(self.placements[k], Replicate) for k in ids], shape, is_float)
+
+
+class _Column:
+    """One tensor of the op (a constraining role or an output): its placement per choice, and its specs."""
+
+    def __init__(
+        self, table: _Interned, ids: list[int], replicate: list[bool], shape: tuple[int, ...], is_float: bool
+    ) -> None:
+        self.table, self.ids, self.replicate = table, ids, replicate
+        self.shape, self.is_float = shape, is_float
+        self._specs: dict[tuple[int, ...], ShardingSpec | None] = {}
+
+    def spec(self, layout: tuple[int, ...]) -> ShardingSpec | None:
+        """The spec of ``layout`` (placement ids per axis), or None where it does not fit this tensor."""
+        try:
+            return self._specs[layout]
+        except KeyError:
+            pass
+        t = self.table
+        placements = tuple(t.placements[k] for k in layout)
+        found = None
+        if _valid(placements, self.shape, self.is_float, t.mesh_shape):
+            found = t.canonical.get(layout)
+            if found is None:
+                found = t.canonical[layout] = _spec(placements)
+        self._specs[layout] = found
+        return found
 
 
 def _or_r(p: Placement | None) -> Placement:
