@@ -30,9 +30,7 @@ def test_hf_llama_prices_its_mask_causal_plans_zigzag_and_matches_one_device(
         "llama-tiny", batch=1, seq=1024
     )  # 2 layers, GQA 4/2 heads, transformers' own causal mask
     model = case.model.double()
-    # unpinned, the solver's objective picks this ring too, but the critical path prices that plan above the
-    # plan without CP (30.7 against 26.1 ms, the issue-13 disagreement): pinned, so that a re-ranking by the
-    # critical path cannot drop the ring this test is about; the layout is still chosen by price
+    # the ring is pinned (at this size head and batch splits are cheaper); the layout is chosen by price
     pins = {"model.layers.*.self_attn": "ring"}
     plan = autoshard.plan(model, cluster_for("cpu", 2), case.args, annotations=pins)
     # the mask is proven causal: contiguous pieces leave rank 1 3/2 of the average work, zigzag balances it
