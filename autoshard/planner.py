@@ -49,7 +49,8 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins, whole_samples
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
-from autoshard.planner_rerank import rank_plan, solve_pruned
+from autoshard.planner_layout import search_layout
+from autoshard.planner_rerank import step_pruned
 from autoshard.planner_steps import (
     Pruned,
     SearchMethod,
@@ -59,9 +60,9 @@ from autoshard.planner_steps import (
     cheaper,
     global_shapes,
     output_order,
+    ranked,
     reader,
     recompute_note,
-    unpinned,
     warn_replicated,
 )
 from autoshard.plans import Plan
@@ -130,8 +131,8 @@ def plan(
         captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
             model twice (e.g. free and as pure data parallel) without capturing it again.
         cp_layout: the sequence layout of context parallelism's ring axis (``Plan.context_layout``):
-            ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price
-            (:mod:`autoshard.problem.context`); pipelined plans use contiguous.
+            ``"auto"`` picks zigzag (load-balanced causal work) or contiguous by price, inside the search
+            (:mod:`autoshard.planner_layout`; pipelined plans: chosen on the stage search's plan).
         ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
             plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
@@ -148,7 +149,7 @@ def plan(
             _plan_pipelined, model, cluster, example_args, example_kwargs, annotations=annotations,
             training=training, memory_limit=memory_limit, recompute=recompute, search=search,
             time_limit=time_limit, blocks=blocks, progress=progress, pipeline=pipeline, schedule=schedule,
-            kinds=forbidden_kinds(allow, forbid)), microbatches)  # fmt: skip
+            kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout), microbatches)  # fmt: skip
     timings: dict[str, float] = {}
     start = time.perf_counter()
     say = progress or (lambda stage: None)
@@ -215,7 +216,7 @@ def _plan_captured(
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
     ceiling: float = float("inf"),
 ) -> Plan:
-    """Strategies, costs, pins, the recomputation search and the solve on one capture."""
+    """Strategies, costs, pins, the recomputation search and the solve (and CP layout) on one capture."""
     start = time.perf_counter()
     policies = [Recompute(recompute)] if recompute != "auto" and training else list(Recompute)
     if not training:
@@ -235,7 +236,10 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            solution = solve_pruned(built, search, time_limit, ceiling)  # by the reported step
+            again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
+            free, built, solution = step_pruned(
+                search_layout, free, built, again, search, time_limit, ceiling
+            )
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots
@@ -260,8 +264,8 @@ def _plan_captured(
         deadline = t0 + time_limit  # the scan's own share of the solver time limit
 
         def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
-            opts = CostOptions(training=True, recompute=policy, recompute_share=0.0, cp_layout=cp_layout)
-            return build(captured, cluster, opts, annotations, limit, {}, kinds)
+            opts = dataclasses.replace(uniform[policy][1].options, recompute=policy, recompute_share=0.0)
+            return build(captured, uniform[policy][1].cluster, opts, annotations, limit, {}, kinds)
 
         def run(p: SearchProblem, method: SearchMethod = search, ceiling: float = math.inf) -> Solution:
             left = max(1.0, min(time_limit, deadline - time.perf_counter()))
@@ -291,9 +295,7 @@ def _plan_captured(
             f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
-    found = rank_plan(found, built, solution, read, method=search, time_limit=time_limit)  # by the step
-    price = unpinned(free, search, time_limit, read, found) if built is not free else None
-    flat = dataclasses.replace(found, unpinned_step_time=price)
+    flat = ranked(found, free, built, solution, read, search, time_limit)  # by the reported step
     return dataclasses.replace(flat, degrees=degrees_of(flat))
 
 
@@ -319,6 +321,7 @@ def _plan_pipelined(
     microbatches: int | Literal["auto"] | None,
     schedule: str,
     kinds: frozenset[str] = frozenset(),
+    cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
 ) -> Plan:
     """Stages and microbatches searched jointly with the intra-op plan (:mod:`autoshard.pipeline`)."""
     timings: dict[str, float] = {}
@@ -353,6 +356,7 @@ def _plan_pipelined(
     caches: dict[Cluster, StepCache] = {}  # redistribution times are shared by builds on one sub-mesh
 
     def build_stage(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
+        opts = dataclasses.replace(opts, cp_layout=cp_layout)  # CP layout: picked on the winner
         cache = caches.setdefault(sub, StepCache(sub))
         return build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
 

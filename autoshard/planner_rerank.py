@@ -43,7 +43,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -54,7 +54,7 @@ from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
 from autoshard.problem.unpaid import unpaid, unpaid_edges
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, evaluate, solve
 
-__all__ = ["RANK_TOLERANCE", "hand_plan_masks", "lower_bound_problem", "rank_plan", "solve_pruned"]
+__all__ = ["RANK_TOLERANCE", "hand_plan_masks", "lower_bound_problem", "step_pruned", "rank_plan"]
 
 #: Relative slack between the bound and a step that still counts as equal: float sums in two orders (the
 #: solver's objective and the critical path).  The objective's memory tie-break (``MEMORY_TIE_BREAK``) is
@@ -62,6 +62,8 @@ __all__ = ["RANK_TOLERANCE", "hand_plan_masks", "lower_bound_problem", "rank_pla
 RANK_TOLERANCE = 1e-9
 
 HAND_PLANS = ("data parallel", "fsdp")
+
+_T = TypeVar("_T")
 
 
 def lower_bound_problem(built: BuiltProblem) -> SearchProblem | None:
@@ -99,22 +101,31 @@ def _without_tie_break(built: BuiltProblem) -> SearchProblem:
     return dataclasses.replace(problem, node_costs=tuple(costs))
 
 
-def solve_pruned(built: BuiltProblem, method: Any, time_limit: float, ceiling: float) -> Solution:
-    """``solve(built.problem)`` for the mesh search, pruning by the *reported* step.
+def step_pruned(
+    layout: Callable[..., _T],
+    free: BuiltProblem,
+    built: BuiltProblem,
+    rebuild: Any,
+    method: Any,
+    time_limit: float,
+    ceiling: float,
+) -> _T:
+    """``layout(free, built, rebuild, method, time_limit, ceiling)`` (the planner's solve over sequence
+    layouts) for the mesh search, pruning by the *reported* step.
 
     The solver prunes (:class:`BoundExceeded`) when, under a binding budget, its unbudgeted optimum reaches
     ``ceiling`` (the best step so far); that optimum bounds the step only where nothing is unpaid.  So a
     prune is confirmed by the lower-bound problem without the budget (a bound on every recomputation policy:
-    recomputation only adds cost); when that bound is below the ceiling the problem is solved in full."""
+    recomputation only adds cost); when that bound is below the ceiling, the problem is solved in full."""
     try:
-        return solve(built.problem, method=method, time_limit=time_limit, ceiling=ceiling)
+        return layout(free, built, rebuild, method, time_limit, ceiling)
     except BoundExceeded:
         lower = lower_bound_problem(built)
         if lower is not None:
-            free = solve(dataclasses.replace(lower, memory_limit=None), method=method, time_limit=time_limit)
-            if free.lower_bound >= ceiling:
-                raise BoundExceeded(free.lower_bound, ceiling) from None
-    return solve(built.problem, method=method, time_limit=time_limit)
+            bound = solve(dataclasses.replace(lower, memory_limit=None), method=method, time_limit=time_limit)
+            if bound.lower_bound >= ceiling:
+                raise BoundExceeded(bound.lower_bound, ceiling) from None
+    return layout(free, built, rebuild, method, time_limit, math.inf)
 
 
 def unsound_reason(built: BuiltProblem) -> str | None:

@@ -34,6 +34,7 @@ __all__ = [
     "cheaper",
     "global_shapes",
     "output_order",
+    "ranked",
     "reader",
     "recompute_note",
     "solve_built",
@@ -144,6 +145,22 @@ def unpinned(
         read(built, solution), built, solution, read, method=search, time_limit=time_limit, others=others
     )
     return free.predicted_step_time
+
+
+def ranked(
+    found: Plan,
+    free: BuiltProblem,
+    built: BuiltProblem,
+    solution: Solution,
+    read: Callable[[BuiltProblem, Solution], Plan],
+    search: SearchMethod,
+    time_limit: float,
+) -> Plan:
+    """The plan ranked by its reported step (:mod:`autoshard.planner_rerank`), with the unpinned price when
+    ``built`` carries pins (``free`` is the same problem without them)."""
+    plan = rank_plan(found, built, solution, read, method=search, time_limit=time_limit)
+    price = unpinned(free, search, time_limit, read, plan) if built is not free else None
+    return dataclasses.replace(plan, unpinned_step_time=price)
 
 
 def warn_replicated(captured: Captured) -> dict[str, float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,6 +194,15 @@ class Plan:
     def zigzag_axis(self) -> int | None:
         """The mesh axis whose splits use the zigzag layout, or None."""
         return self.context_axis if self.context_layout == "zigzag" else None
+
+    @property
+    def stage_zigzag_axis(self) -> int | None:
+        """:attr:`zigzag_axis` on one pipeline stage's sub-mesh (the pipeline axis, when the mesh has it,
+        dropped): every stage keeps that layout, so activations cross stages in it."""
+        zigzag, pipe = self.zigzag_axis, self.pipeline
+        if zigzag is None or pipe is None or math.prod(self.mesh_shape) == len(pipe.stages[0].ranks):
+            return zigzag  # no pipeline axis in the mesh: it is one stage's
+        return zigzag - 1 if pipe.mesh_axis < zigzag else zigzag
 
     @property
     def num_devices(self) -> int:

@@ -12,7 +12,8 @@ between forked ranks):
 
 * compute: square GEMMs of each size in the profile dtype (median of ``repeats``).  ``efficiency_max`` is
   the best achieved rate over the peak (the base profile's, else the best rate itself: η = 1);
-  ``efficiency_half_time`` τ is the median excess of the products over F / (peak · η), the ramp of
+  ``efficiency_half_time`` τ is the median excess over F / (peak · η) of the products that take at least
+  twice the launch floor (faster ones are host-bound: they measure the launch floor again), the ramp of
   :mod:`cost_models.compute`; ``launch_floor`` the time of a one-element add;
 * memory: a copy of ``stream_bytes`` (read + write) over the peak bandwidth (base) or itself;
 * collectives: all_reduce, all_gather, reduce_scatter and all_to_all of every message size among ``ranks``
@@ -61,12 +62,16 @@ class Measurements:
     collectives: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # kind -> (S, seconds)
     axes: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)  # per mesh axis
     capacity: int = 0
+    multiprocessors: int = 0  # CUDA: the device's SM count (0: not read)
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]:
+    if device.type == "cuda":
+        return _cuda_time
+
     def median_time(fn: Callable[[], object], repeats: int) -> float:
         fn()  # warm up (kernel selection, allocation)
         times = []
@@ -81,6 +86,25 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]
         return statistics.median(times)
 
     return median_time
+
+
+def _cuda_time(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds per call of ``fn`` on the GPU: CUDA events around ``repeats`` back-to-back calls after a warm-up,
+    the median of 3 such runs.  Back to back, as eager training issues them: the host queues each launch while
+    the device runs the last, so a small kernel costs the host's issue time (the launch floor), a large one
+    its own (a host clock around each call with a synchronize would add a round trip to every one)."""
+    for _ in range(3):
+        fn()  # kernel selection, allocation, clocks up
+    runs = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / 1e3 / repeats)
+    return statistics.median(runs)
 
 
 def measure(
@@ -108,7 +132,8 @@ def measure(
     one = torch.ones(1, device=device)
     m.launch = timed(partial(one.add_, 1), max(repeats, 20))
     if cuda:
-        m.capacity = int(torch.cuda.get_device_properties(0).total_memory)
+        props = torch.cuda.get_device_properties(0)
+        m.capacity, m.multiprocessors = int(props.total_memory), int(props.multi_processor_count)
     else:
         m.capacity = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, ranks))
     if ranks > 1:
@@ -241,22 +266,32 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
         f"{how}: best achieved {m.dtype} GEMM rate (no base profile: efficiency_max is 1 by construction)"
     )  # fmt: skip
     eta = min(1.0, best / peak)
-    tau = statistics.median(max(0.0, t - 2.0 * n**3 / (peak * eta)) for n, t in m.gemm)
+    # products that take under twice the launch floor measure how fast the host issues them (the floor's job)
+    timed = [(n, t) for n, t in m.gemm if t >= 2 * m.launch] or m.gemm
+    tau = statistics.median(max(0.0, t - 2.0 * n**3 / (peak * eta)) for n, t in timed)
     stream_rate = m.stream[0] / m.stream[1]
     hbm = base.memory.bandwidth if base is not None else stream_rate
     compute: dict[str, Any] = {
         "peak_flops": {m.dtype: _q(peak / 1e12, "TFLOP/s", peak_source)},
         "efficiency_max": _q(round(eta, 4), None, f"{how}: best of square GEMMs {[n for n, _ in m.gemm]}"),
-        "efficiency_half_time": _q(tau * 1e6, "us", f"{how}: median excess over F / (peak x eta)"),
+        "efficiency_half_time": _q(
+            tau * 1e6, "us", f"{how}: median excess over F / (peak x eta) of {[n for n, _ in timed]}"
+        ),
         "launch_floor": _q(m.launch * 1e6, "us", f"{how}: one-element add, median"),
     }
     if m.dtype != "float32":
         fp32 = base.compute.peak("float32") if base is not None else best
         compute["peak_flops"]["float32"] = _q(fp32 / 1e12, "TFLOP/s", "base profile" if base else peak_source)
+    for dt, value in base.compute.peak_flops if base is not None else ():
+        if dt not in compute["peak_flops"]:  # the datasheet peaks of the dtypes not measured
+            compute["peak_flops"][dt] = _q(value / 1e12, "TFLOP/s", f"base profile {_name_of(base)}")
     bus: dict[str, Any] = {}
     latencies: list[float] = []
     for kind in KINDS:
         points = m.collectives.get(kind, [])
+        if not points and base is not None:
+            bus[kind] = _q(base.intra_node.bus_bandwidth.of(kind) / 1e9, "GB/s", _unmeasured(base, kind))
+            continue
         if not points:
             bus[kind] = _q(stream_rate / 1e9, "GB/s", f"not measured (one rank): the copy bandwidth, {how}")
             continue
@@ -267,12 +302,18 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
         )  # fmt: skip
         latencies.append(intercept / _steps(kind, m.ranks))
     step = statistics.median(latencies) if latencies else m.launch
-    return {
+    step_source = f"{how}: intercept of the alpha-beta fits / ring steps"
+    ranks = _q(m.ranks, None, f"{how}: ranks measured")
+    if not latencies and base is not None:
+        step, step_source = base.intra_node.step_latency, _unmeasured(base, "step_latency")
+        ranks = _q(base.devices_per_node, None, _unmeasured(base, "devices_per_node"))
+    _copy_unmeasured(compute, m, base)
+    doc: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "name": name,
         "description": f"{m.ranks} x {m.device}, measured by autoshard profile on {when}",
         "device": m.device,
-        "devices_per_node": _q(m.ranks, None, f"{how}: ranks measured"),
+        "devices_per_node": ranks,
         "compute": compute,
         "memory": {
             "capacity": _q(m.capacity, "B", f"{how}: device memory (CPU: physical memory / ranks)"),
@@ -283,10 +324,47 @@ def profile_document(m: Measurements, name: str, base: HardwareProfile | None) -
         },
         "intra_node": {
             "bus_bandwidth": bus,
-            "step_latency": _q(step * 1e6, "us", f"{how}: intercept of the alpha-beta fits / ring steps"),
+            "step_latency": _q(step * 1e6, "us", step_source),
         },
         "inter_node": _network(base, bus, step, how),
     }
+    if base is not None and base.memory.runtime_reserve:
+        reserve = _unmeasured(base, "memory.runtime_reserve")
+        doc["memory"]["runtime_reserve"] = _q(base.memory.runtime_reserve / 1e9, "GB", reserve)
+    return doc
+
+
+def _name_of(base: HardwareProfile | None) -> str:
+    return base.name if base is not None else "none"
+
+
+def _unmeasured(base: HardwareProfile, field: str) -> str:
+    """Source of a figure one device cannot measure (collectives need >= 2 ranks) or that is not measured."""
+    path = {
+        "step_latency": "intra_node.step_latency",
+        "devices_per_node": "devices_per_node",
+    }.get(field, field if "." in field else f"intra_node.bus_bandwidth.{field}")
+    why = "collectives need >= 2 ranks; " if path.startswith(("intra_node", "devices")) else ""
+    return f"not measured ({why}one device profiled): base profile {base.name}'s, {base.source_of(path)}"
+
+
+def _copy_unmeasured(compute: dict[str, Any], m: Measurements, base: HardwareProfile | None) -> None:
+    """Shape figures of the compute model: the SM count as read from the device, the GEMM tile and fused
+    attention efficiency from the base profile (not measured by this command)."""
+    if m.multiprocessors:
+        compute["multiprocessors"] = _q(m.multiprocessors, None, f"read from the device on {m.device}")
+    elif base is not None and base.compute.multiprocessors > 1:
+        compute["multiprocessors"] = _q(
+            base.compute.multiprocessors, None, _unmeasured(base, "compute.multiprocessors")
+        )
+    if base is None:
+        return
+    if base.compute.gemm_tile > 1:
+        compute["gemm_tile"] = _q(base.compute.gemm_tile, None, _unmeasured(base, "compute.gemm_tile"))
+    if base.compute.attention_efficiency is not None:
+        compute["attention_efficiency"] = _q(
+            base.compute.attention_efficiency, None, _unmeasured(base, "compute.attention_efficiency")
+        )
 
 
 def _network(base: HardwareProfile | None, bus: dict[str, Any], step: float, how: str) -> dict[str, Any]:

@@ -55,6 +55,23 @@ for m, k, nn in ((8192, 4096, 14336), (4096, 4096, 4096), (8192, 8192, 28672 // 
             "tflops": 2 * m * k * nn / t / 1e12,
         }
     )
+# A linear layer's three products (y = x W^T, dx = dy W, dW = dy^T x) with a row not a multiple of 16 bytes
+# (GPT-2's vocabulary 50257, BERT's 30522) against the padded size: cuBLAS's alignment fallback
+res["linear_fwd_bwd"] = []
+for m, k, nn in ((8192, 768, 50257), (8192, 768, 50304), (16384, 768, 30522), (16384, 768, 30528),
+                 (8192, 4096, 4097), (8192, 4096, 4096), (8192, 4097, 4096), (8193, 4096, 4096)):  # fmt: skip
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(nn, k, device=dev, dtype=torch.bfloat16)
+    dy = torch.randn(m, nn, device=dev, dtype=torch.bfloat16)
+    times = [
+        bench(lambda x=x, w=w: torch.nn.functional.linear(x, w), 20),
+        bench(lambda dy=dy, w=w: dy @ w, 20),
+        bench(lambda dy=dy, x=x: dy.t() @ x, 20),
+    ]
+    res["linear_fwd_bwd"].append({
+        "m": m, "k": k, "n": nn, "flops_each": 2 * m * k * nn, "seconds": times,
+        "tflops": [2 * m * k * nn / t / 1e12 for t in times],
+    })  # fmt: skip
 for mb in (1, 16, 256, 2048):
     x = torch.empty(mb * 2**20 // 4, device=dev)
     y = torch.empty_like(x)

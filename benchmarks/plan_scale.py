@@ -11,8 +11,8 @@ Cases:
 - a 405B-shaped LLaMA (126 layers, hidden 16384, FFN 53248, 128 heads, 8 KV heads) at sequence 131,072,
   batch 128, on 2,048 nodes of 8 H100:
 
-  - without stages on a (128, 16, 8) mesh: no plan fits any more since the memory model counts every term
-    (the case reports the least memory a plan needs);
+  - without stages on a (128, 16, 8) mesh: planned by the Lagrangian path for wide budgeted problems
+    (:mod:`autoshard.search.wide`; minutes of CP-SAT before, which then wrongly reported that nothing fits);
   - Llama 3's published layout pinned: ``pipeline=16`` over the outer axis of a (16, 8, 16, 8) mesh (PP 16 ×
     the 8 × 16 × 8 sub-mesh on which the search chooses TP / CP / DP), 16 microbatches, every schedule;
   - ``pipeline="auto"`` is not a case: only degrees dividing both the 2,048 nodes and the 126 layers are

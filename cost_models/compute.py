@@ -56,6 +56,7 @@ from cost_models.profile import HardwareProfile
 
 __all__ = [
     "Bound",
+    "aligned",
     "attention_time",
     "bound",
     "compute_time",
@@ -115,8 +116,12 @@ def _terms(flops: float, bytes_moved: float, dtype: object, profile: HardwarePro
     return t_flops, bytes_moved / (profile.memory.bandwidth * profile.memory.efficiency)
 
 
-def gemm_efficiency(m: float, n: float, profile: HardwareProfile, batch: int = 1, k: float = 0) -> float:
-    """Useful fraction of the multiprocessors' tile slots for an M × N output (``batch`` of them): (0, 1].
+def gemm_efficiency(
+    m: float, n: float, profile: HardwareProfile, batch: int = 1, k: float = 0, itemsize: int = 0
+) -> float:
+    """Useful fraction of the multiprocessors' tile slots for an M × N output (``batch`` of them): (0, 1],
+    times ``compute.unaligned_gemm_efficiency`` when a row of K or N elements of ``itemsize`` bytes is not a
+    multiple of 16 bytes (:func:`aligned`; an ``itemsize`` of 0 skips the check).
 
     Each output dim d is cut into tiles of edge ``T = compute.gemm_tile`` or T/2 (the library holds kernels of
     several tile shapes; the best of the four is taken), or, when d is shorter, of the power of two
@@ -135,7 +140,18 @@ def gemm_efficiency(m: float, n: float, profile: HardwareProfile, batch: int = 1
     for tm in (tile, tile // 2 or 1):  # the library holds kernels of several tile shapes and picks the best
         for tn in (tile, tile // 2 or 1):
             best = max(best, _tiled(m, n, k, batch, tm, tn, sms))
+    if c.unaligned_gemm_efficiency is not None and itemsize and not aligned(n, k, itemsize):
+        return best * c.unaligned_gemm_efficiency
     return best
+
+
+def aligned(n: float, k: float, itemsize: int) -> bool:
+    """Whether the rows a product reads and writes (K and N elements of ``itemsize`` bytes: the operands' and
+    output's leading dimensions; M is only a count of rows) are whole multiples of 16 bytes, the vector width
+    cuBLAS's fast kernels load (NVIDIA, *Matrix Multiplication Background*: dimensions that are multiples of 8
+    for 16-bit data).  Measured on an H100 (benchmarks/gpu_probe.py, 2026-11-24): N = 50257 or 4097, K = 4097
+    ran 0.15-0.17 × the padded product's rate (fallback ``align1`` kernels); M = 8193 ran at full rate."""
+    return (n * itemsize) % 16 == 0 and (k * itemsize) % 16 == 0
 
 
 def _tiled(m: float, n: float, k: float, batch: int, tile_m: int, tile_n: int, sms: int) -> float:
@@ -164,7 +180,8 @@ def matmul_time(m: int, n: int, k: int, dtype: object, profile: HardwareProfile,
         return profile.compute.launch_floor
     flops = 2.0 * batch * m * n * k
     moved = float(itemsize(dtype)) * batch * (m * k + k * n + m * n)
-    return _shaped_time(flops, moved, dtype, profile, gemm_efficiency(m, n, profile, batch, k))
+    factor = gemm_efficiency(m, n, profile, batch, k, itemsize(dtype))
+    return _shaped_time(flops, moved, dtype, profile, factor)
 
 
 def attention_time(

@@ -80,6 +80,9 @@ class ComputeSpec:
         gemm_tile: edge, in elements, of the output tile one multiprocessor computes (1: no quantisation).
         attention_efficiency: fraction of peak a fused attention kernel (FlashAttention) reaches on large
             problems; ``None`` means the profile gives none and ``efficiency_max`` is used.
+        unaligned_gemm_efficiency: the rate of a matrix product whose K or N row is not a multiple of 16 bytes
+            (GPT-2's 50257-word vocabulary in bf16), as a fraction of the aligned rate: the library falls back
+            to kernels without vector loads; ``None``: no penalty.
     """
 
     peak_flops: tuple[tuple[str, float], ...]
@@ -89,6 +92,7 @@ class ComputeSpec:
     multiprocessors: int = 1
     gemm_tile: int = 1
     attention_efficiency: float | None = None
+    unaligned_gemm_efficiency: float | None = None
 
     def peak(self, dtype: object, profile_name: str = "this profile") -> float:
         """Dense peak FLOP/s for ``dtype``; integer and bool dtypes use the float32 peak (ALU-class work)."""
@@ -232,6 +236,7 @@ def _build(v: Validator, origin: str) -> HardwareProfile:
             multiprocessors=x.get("compute.multiprocessors", 1),
             gemm_tile=x.get("compute.gemm_tile", 1),
             attention_efficiency=x.get("compute.attention_efficiency"),
+            unaligned_gemm_efficiency=x.get("compute.unaligned_gemm_efficiency"),
         ),
         memory=MemorySpec(
             round(x["memory.capacity"]),

@@ -105,6 +105,7 @@ SPEC: _Spec = {
         "multiprocessors": _Optional(_Quantity("count")),  # default 1
         "gemm_tile": _Optional(_Quantity("count")),  # default 1: no tile quantisation
         "attention_efficiency": _Optional(_Quantity("fraction")),  # default: efficiency_max
+        "unaligned_gemm_efficiency": _Optional(_Quantity("fraction")),  # default: no alignment penalty
     },
     "memory": {
         "capacity": _Quantity("bytes"),

@@ -4,6 +4,8 @@ A tour of the stage, one module per step:
 
 - :mod:`~autoshard.capture.export` — :func:`capture`: ``torch.export`` (non-strict, works on the meta
   device), ``symbolic_trace`` fallback, error diagnosis, the 2-block shortcut for deep models.
+- :mod:`~autoshard.capture.record` — the traced graph (after cleaning and annotation) as the
+  :class:`Captured` record; tied parameters merged into one placeholder.
 - :mod:`~autoshard.capture.diagnose` — the :class:`~autoshard.errors.CaptureError` message when both
   tracers fail: the construct, the user's line and module, the fix.
 - :mod:`~autoshard.capture.clean` — passes that inline higher-order ops and drop asserts, identities and

@@ -37,9 +37,8 @@ import contextlib
 import inspect
 import logging
 import time
-import types
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -56,7 +55,8 @@ from autoshard.capture.blocks import (
     cut_blocks,
     find_repeated_blocks,
 )
-from autoshard.capture.clean import clean, merge_placeholders, remaining_higher_order_ops
+from autoshard.capture.causal import mark_causal_masks
+from autoshard.capture.clean import clean, remaining_higher_order_ops
 from autoshard.capture.diagnose import explain_failure, first_line
 from autoshard.capture.meta import (
     META_ALIASES,
@@ -64,14 +64,11 @@ from autoshard.capture.meta import (
     META_KIND,
     META_TENSOR,
     UNKNOWN_DIM,
-    BlockInfo,
     Captured,
-    Method,
-    OutputInfo,
     PlaceholderKind,
-    TensorMeta,
     tensor_meta_of,
 )
+from autoshard.capture.record import Traced, has_unknown_dim, merge_tied_parameters, record
 from autoshard.capture.runs import annotate_runs, cut_runs, find_runs, nodes_under
 from autoshard.errors import CaptureError
 
@@ -91,17 +88,6 @@ _INPUT_KINDS: dict[str, PlaceholderKind] = {
     "TOKEN": "constant",
     "USER_INPUT": "user_input",
 }
-
-
-@dataclass
-class _Traced:
-    """A traced graph before annotation, with what the tracer told us about its placeholders and outputs."""
-
-    gm: fx.GraphModule
-    method: Method
-    placeholders: dict[str, PlaceholderInfo]
-    output_kinds: list[tuple[str, str | None]]
-    constants: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def capture(
@@ -141,7 +127,7 @@ def capture(
             candidate = None
     # further runs (encoder and decoder towers, attribute-held blocks) only where the search collapses
     runs = annotate_runs(traced.gm, find_runs(model, candidate), notes) if blocks == "auto" else ()
-    return replace(_record(traced, model, info, time.perf_counter() - start, notes), runs=runs)
+    return replace(record(traced, model, info, time.perf_counter() - start, notes), runs=runs)
 
 
 def _capture_cut(
@@ -187,10 +173,10 @@ def _capture_cut(
             else "the 3-block check was done at other input shapes"
         )
     )
-    return replace(_record(small, model, info_small, 0.0, notes), runs=found)
+    return replace(record(small, model, info_small, 0.0, notes), runs=found)
 
 
-def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], notes: list[str]) -> _Traced:
+def _trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], notes: list[str]) -> Traced:
     """torch.export, else symbolic_trace, else a CaptureError that says what failed and how to fix it."""
     try:
         return _export(model, args, kwargs)
@@ -220,7 +206,7 @@ def _quiet_torch() -> Iterator[None]:
         logger.disabled = before
 
 
-def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Traced:
+def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     with _quiet_torch():
         ep = torch.export.export(model, args, kwargs, strict=False)
     sig = ep.graph_signature
@@ -232,16 +218,18 @@ def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     kinds = {"USER_OUTPUT": "user_output", "BUFFER_MUTATION": "buffer_mutation"}
     output_kinds = [(kinds.get(spec.kind.name, "other"), spec.target) for spec in sig.output_specs]
     constants = {k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}
-    return _Traced(ep.graph_module, "export", placeholders, output_kinds, constants)
+    return Traced(ep.graph_module, "export", placeholders, output_kinds, constants)
 
 
-def _prepare(traced: _Traced, model: nn.Module, notes: list[str], fuse_experts: bool = True) -> None:
+def _prepare(traced: Traced, model: nn.Module, notes: list[str], fuse_experts: bool = True) -> None:
     """Clean (export graphs) and annotate ``traced.gm`` in place."""
     aliases: dict[str, list[str]] = {}
     if traced.method == "export":
-        aliases = _merge_tied_parameters(traced, model)
+        aliases = merge_tied_parameters(traced, model)
         traced.gm = clean(traced.gm, fuse_experts=fuse_experts)
         notes.extend(traced.gm.meta.pop(BN_NOTES_KEY, []))
+        if mark_causal_masks(traced.gm):  # an HF model's explicit mask: causal for context parallelism
+            notes.append("explicit attention masks proven causal (context parallelism runs them per chunk)")
         left = remaining_higher_order_ops(traced.gm)
         if left:
             notes.append(f"control-flow ops kept as they are (cannot be inlined): {', '.join(left)}")
@@ -252,88 +240,9 @@ def _prepare(traced: _Traced, model: nn.Module, notes: list[str], fuse_experts: 
         if node.name in aliases:
             node.meta[META_ALIASES] = tuple(aliases[node.name])
             notes.append(f"tied parameters: {', '.join(aliases[node.name])} is {node.meta[META_FQN]}")
-    unknown = [n.name for n in traced.gm.graph.nodes if _has_unknown_dim(n.meta.get(META_TENSOR))]
+    unknown = [n.name for n in traced.gm.graph.nodes if has_unknown_dim(n.meta.get(META_TENSOR))]
     if unknown:
         notes.append(f"data-dependent sizes (recorded as {UNKNOWN_DIM}) in {unknown[:5]}")
-
-
-def _merge_tied_parameters(traced: _Traced, model: nn.Module) -> dict[str, list[str]]:
-    """Merge the placeholders of tied parameters into the one named as ``model.named_parameters()`` names it.
-
-    Returns kept placeholder name -> the other FQNs of its tensor.
-    """
-    canonical: dict[int, str] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        canonical.setdefault(id(param), name)
-    kept: dict[str, str] = {}  # canonical FQN -> placeholder name
-    same_as: dict[str, str] = {}
-    aliases: dict[str, list[str]] = {}
-    for name, info in traced.placeholders.items():
-        if info.kind != "parameter" or info.fqn is None:
-            continue
-        fqn = canonical.get(id(model.get_parameter(info.fqn)), info.fqn)
-        if fqn in kept:
-            same_as[name] = kept[fqn]
-            aliases.setdefault(kept[fqn], []).append(info.fqn)
-        else:
-            kept[fqn] = name
-            if fqn != info.fqn:
-                aliases.setdefault(name, []).append(info.fqn)
-            traced.placeholders[name] = PlaceholderInfo("parameter", fqn)
-    if same_as:
-        merge_placeholders(traced.gm, same_as, recompile=False)
-    return aliases
-
-
-def _has_unknown_dim(meta: Any) -> bool:
-    metas = meta if isinstance(meta, tuple) else (meta,)
-    return any(isinstance(m, TensorMeta) and UNKNOWN_DIM in m.shape for m in metas)
-
-
-def _record(
-    traced: _Traced, model: nn.Module, info: BlockInfo | None, seconds: float, notes: list[str]
-) -> Captured:
-    gm = traced.gm
-    by_kind: dict[str, dict[str, TensorMeta]] = {"parameter": {}, "buffer": {}}
-    for node in gm.graph.nodes:
-        kind, fqn = node.meta.get(META_KIND), node.meta.get(META_FQN)
-        if kind in by_kind and fqn is not None and isinstance(node.meta[META_TENSOR], TensorMeta):
-            by_kind[kind][fqn] = node.meta[META_TENSOR]
-    if traced.method == "symbolic_trace":  # leaf modules hide their parameters: list the model's own
-        by_kind["parameter"] = {n: _meta(p) for n, p in model.named_parameters()}
-        by_kind["buffer"] = {n: _meta(b) for n, b in model.named_buffers()}
-    user_inputs = tuple(n.name for n in gm.graph.nodes if n.meta.get(META_KIND) == "user_input")
-    return Captured(
-        graph_module=gm,
-        params=types.MappingProxyType(by_kind["parameter"]),
-        buffers=types.MappingProxyType(by_kind["buffer"]),
-        user_inputs=user_inputs,
-        outputs=_outputs(gm, traced.output_kinds),
-        blocks=info,
-        method=traced.method,
-        seconds=seconds,
-        notes=tuple(notes),
-        constants=types.MappingProxyType(traced.constants),
-    )
-
-
-def _meta(t: torch.Tensor) -> TensorMeta:
-    meta = tensor_meta_of(t)
-    assert isinstance(meta, TensorMeta)
-    return meta
-
-
-def _outputs(gm: fx.GraphModule, kinds: list[tuple[str, str | None]]) -> tuple[OutputInfo, ...]:
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    values = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
-    result = []
-    for i, value in enumerate(values):
-        kind, target = kinds[i] if i < len(kinds) else ("user_output", None)
-        name = value.name if isinstance(value, fx.Node) else ""
-        meta = value.meta.get(META_TENSOR) if isinstance(value, fx.Node) else None
-        tensor = meta if isinstance(meta, TensorMeta) else None
-        result.append(OutputInfo(name, kind, tensor, target))  # type: ignore[arg-type]
-    return tuple(result)
 
 
 # --- the symbolic_trace fallback -------------------------------------------------------------------------
@@ -349,13 +258,13 @@ class _MetaRecorder(fx.Interpreter):
         return value
 
 
-def _symbolic_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Traced:
+def _symbolic_trace(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
     gm = torch.fx.symbolic_trace(model)
     values = _bind_placeholders(gm, model, args, kwargs)
     with torch.no_grad():
         _MetaRecorder(gm).run(*values)
     placeholders = {n.name: PlaceholderInfo("user_input") for n in gm.graph.nodes if n.op == "placeholder"}
-    return _Traced(gm, "symbolic_trace", placeholders, [])
+    return Traced(gm, "symbolic_trace", placeholders, [])
 
 
 def _bind_placeholders(

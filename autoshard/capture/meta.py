@@ -34,6 +34,8 @@ Meta keys (``node.meta[KEY]``), all written by :mod:`autoshard.capture.annotate`
                           Written by :mod:`autoshard.capture.runs`.
 ``META_NO_GRAD``          ``True`` on nodes inlined from a ``set_grad_enabled(False)`` region
                           (written by :mod:`autoshard.capture.clean`); they never carry gradients.
+``META_CAUSAL_MASK``      ``True`` on a ``scaled_dot_product_attention`` whose explicit boolean mask is
+                          proven to be the causal mask (written by :mod:`autoshard.capture.causal`).
 ========================  ==========================================================================
 
 Example::
@@ -56,6 +58,7 @@ from torch import fx
 __all__ = [
     "META_ALIASES",
     "META_BLOCK",
+    "META_CAUSAL_MASK",
     "META_FLOPS",
     "META_FQN",
     "META_KIND",
@@ -90,6 +93,7 @@ META_BLOCK = "autoshard_block"
 META_ALIASES = "autoshard_aliases"
 META_NO_GRAD = "autoshard_no_grad"
 META_RUN = "autoshard_run"
+META_CAUSAL_MASK = "autoshard_causal_mask"
 
 PlaceholderKind = Literal["parameter", "buffer", "constant", "user_input"]
 Method = Literal["export", "symbolic_trace"]

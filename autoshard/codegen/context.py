@@ -75,7 +75,7 @@ def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 def _fold_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """Sum the gradient of an expanded K/V over each group of query heads."""
     b, h, length, e = grad.shape
-    return grad if h == kv_heads else grad.view(b, kv_heads, h // kv_heads, length, e).sum(2)
+    return grad if h == kv_heads else grad.reshape(b, kv_heads, h // kv_heads, length, e).sum(2)
 
 
 def _positions(ids: tuple[int, ...], chunk: int, device: torch.device) -> torch.Tensor:
@@ -142,8 +142,10 @@ def _peers(group: Any) -> tuple[int, int, int, int]:
 
 
 def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list[torch.Tensor]:
-    """Send each tensor to the next rank, receive the previous rank's (one ring hop)."""
-    received = [torch.empty_like(t) for t in tensors]
+    """Send each tensor to the next rank, receive the previous rank's (one ring hop).  Both buffers are
+    contiguous whatever the strides of ``tensors`` (a transposed K, or ``zeros_like`` of one): gloo sends and
+    receives only dense buffers, and ``empty_like`` would copy the strides."""
+    received = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
     ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, group) for t in tensors]
     ops += [dist.P2POp(dist.irecv, r, prv, group) for r in received]
     for work in dist.batch_isend_irecv(ops):

@@ -258,7 +258,7 @@ class _Lowering:
         if getattr(call.target, "takes_comm", False):  # talks to other ranks itself (ring attention, experts)
             call = dataclasses.replace(call, kwargs={**call.kwargs, "comm": self.comm})
         new = self.graph.create_node(
-            "call_function", call.target, tuple(call.args), self._on_device(dict(call.kwargs)), name=node.name
+            "call_function", call.target, *self._on_device(call.args, dict(call.kwargs)), name=node.name
         )
         new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack")})
         new.meta[META_BLOCK] = _block(info)
@@ -356,11 +356,11 @@ class _Lowering:
     def _clone(self, value: fx.Node) -> fx.Node:
         return self.graph.call_function(aten.clone.default, (value,))
 
-    def _on_device(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Tensors created in the graph (``arange``, ``zeros``) go to this rank's device, not the capture's."""
-        if self.device is not None and isinstance(kwargs.get("device"), torch.device):
-            kwargs["device"] = self.device
-        return kwargs
+    def _on_device(self, args: Sequence[Any], kw: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Made or moved tensors (``arange``; ``aten.to.device(x, cpu)``, HF's rotary) go to this rank's device."""
+        if self.device is not None and isinstance(kw.get("device"), torch.device):
+            kw["device"] = self.device
+        return tuple((self.device or a) if isinstance(a, torch.device) else a for a in args), kw
 
     def _set_local_shape(self, new: fx.Node, node: fx.Node) -> None:
         meta = self.infos[node.name].outputs

@@ -144,6 +144,7 @@ def assemble(
         microbatches=m,
         pipeline=pipeline,
         notes=(*intra.notes, note),
+        context_axis=None if intra.context_axis is None else intra.context_axis + 1,  # behind the 'pp' axis
     )
     return dataclasses.replace(plan, degrees=degrees_of(plan, pipeline_axis=0))
 

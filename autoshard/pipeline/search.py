@@ -207,12 +207,13 @@ def search_pipeline(
             say("capture")
             captures[size] = capture_fn(*_microbatch_args(args, kwargs, batch, size))
         fitted = False
+        hint: tuple[int, ...] | None = None  # the last policy's plan warm-starts the next (same graph)
         for policy in policies:
             say("strategies" if policy is policies[0] else "recompute")
             opts = CostOptions(training=training, recompute=policy, microbatches=count)
             try:
                 found = _price(
-                    request, where, count, captures[size], opts, build, memory_limit, method, time_limit
+                    request, where, count, captures[size], opts, build, memory_limit, method, time_limit, hint
                 )
             except InfeasibleError as e:
                 errors.append(f"pp {degree} x {count} microbatches ({policy.value}): {e}")
@@ -220,6 +221,7 @@ def search_pipeline(
             if found is not None and (best is None or found.step_seconds < best.step_seconds * (1 - 1e-12)):
                 best = found
             if found is not None:
+                hint = found.solution.choice
                 fitted = True
                 priced.append(found.describe())
                 if found.solution.budget_binding is False:
@@ -242,6 +244,7 @@ def _price(
     limit: float,
     method: str,
     time_limit: float,
+    hint: tuple[int, ...] | None = None,
 ) -> Candidate | None:
     search_method = "exact" if method == "auto" else method
     degree = where.degree
@@ -256,7 +259,11 @@ def _price(
     problem = stage_memory_problem(built, degree, flight)
     if math.isfinite(budget):
         problem = dataclasses.replace(problem, memory_limit=budget)
-    solution = solve(problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
+    if hint is not None and (
+        len(hint) != problem.num_nodes or any(s >= n for s, n in zip(hint, problem.sizes, strict=True))
+    ):
+        hint = None  # another graph: no warm start
+    solution = solve(problem, method=search_method, time_limit=time_limit, hint=hint)  # type: ignore[arg-type]
     costs = part_costs(built, solution)
     hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
     tied = tied_sync_time(costs.tied_bytes, where.p2p_bandwidth, where.p2p_latency)  # embedding group

@@ -11,20 +11,31 @@ step of the ring each device attends its queries to the K/V block it holds while
   the all-gather of ``2 · n · b``;
 - overlap: each hop overlaps the block computed meanwhile, so only communication beyond the node's own
   compute shows: ``max(0, comm − compute)`` per pass;
-- balance, by sequence layout (``Plan.context_layout``, :mod:`autoshard.codegen.context`): with the
-  *contiguous* layout under an implicit causal mask (FLOPs counted for the triangle) the last device does
-  ``(2n − 1)/n`` times the average work, and the step waits for it.  The *zigzag* layout (device ``k`` holds
-  chunks ``k`` and ``2n − 1 − k`` of ``2n``) gives every device the same causal work: no imbalance term.  With
-  an explicit mask the FLOPs already count the full square (the mask's contents are unknown when planning),
-  which is what the contiguous layout's last device computes under a causal mask; both layouts are priced so.
-- permutation (zigzag only, :func:`permutation_seconds`): a split on the ring axis is a copy either way, but a
-  gather, reduce-scatter or all-to-all on that axis reorders the chunks: one more copy of the buffer through
-  HBM (read and write), priced after the search from the plan's collectives on that axis.
+- causal work: under ``is_causal`` the FLOPs count the causal triangle.  An explicit mask proven causal at
+  capture (``NodeInfo.causal_mask``, :mod:`autoshard.capture.causal`: Hugging Face models) keeps FLOPs for
+  the full square: head and batch splits run the mask as given and compute it.  A ring over it skips the
+  chunk pairs the mask hides but is priced for the square too, since pricing only the ring's triangle
+  would prefer the ring for a saving those splits would also get from ``is_causal`` (codegen emitting that
+  for them is the next step).  The proof decides the layout: they differ by the triangle's imbalance below;
+- balance, by sequence layout (``Plan.context_layout``, :mod:`autoshard.codegen.context`): under a causal
+  mask the *contiguous* layout's last device does ``(2n − 1)/n`` times the average work (the triangle's),
+  and the step waits for it.  The *zigzag* layout (device ``k`` holds chunks ``k`` and ``2n − 1 − k`` of
+  ``2n``) gives every device the same causal work: no imbalance term;
+- permutation (zigzag only): a split on the ring axis is a copy either way, but a gather, reduce-scatter or
+  all-to-all on that axis reorders the chunks: one more copy of the buffer through HBM (read and write),
+  :func:`reorder_seconds`, part of that collective's price on a :class:`ZigzagCluster`;
+- ops that read one ``(start, length)`` run of a split dim (``_ONE_RUN``: vocab-parallel lookups, sharded
+  losses, triangular masks) cannot take the two runs a zigzag device holds: infinite on the zigzag axis.
 
-Choosing (:func:`choose_layout`): the search prices rings balanced (``CostOptions.cp_layout`` ``"auto"`` or
-``"zigzag"``); then the zigzag price is the plan's plus its permutation copies, the contiguous price the plan's
-plus each ring's imbalance; the cheaper wins (zigzag on a tie: at run time it never computes more, and under a
-causal mask the model builds itself it computes half as much on the busiest device).
+Which layout, in the search.  The layout is a plan option, priced inside the solve: a problem built on a
+:class:`ZigzagCluster` for axis ``a`` prices the zigzag layout on ``a`` (rings on ``a`` balanced, every
+collective on ``a`` with its reordering copy, one-run ops split on ``a`` refused) and contiguous elsewhere;
+``CostOptions.cp_layout="contiguous"`` on a plain cluster prices every ring contiguous.  Every (plan,
+layout) pair is priced exactly by one of these problems, so the best of their optima is the optimum over
+both (:mod:`autoshard.planner_layout` solves them).  ``cp_layout="auto"`` on a plain cluster prices every
+ring balanced with no reordering: a lower bound on all of them, solved first; when its optimum rings on no
+axis it is the optimum, layout contiguous, and nothing more is solved.  :func:`choose_layout` reads the
+layout back from the problem a plan was solved on.
 
 Pure: functions of the node record, the strategy and the cluster.
 """
@@ -32,6 +43,8 @@ Pure: functions of the node record, the strategy and the cluster.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -48,16 +61,60 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ContextChoice",
+    "ZigzagCluster",
     "choose_layout",
     "context_degrees",
+    "one_run_ops",
     "permutation_seconds",
+    "reorder_seconds",
     "ring_axis_of",
+    "ring_axis_of_plan",
     "ring_seconds",
+    "zigzag_axis_of",
+    "zigzag_cluster",
 ]
 
 Layout = Literal["contiguous", "zigzag"]
 
 _SDPA = "scaled_dot_product_attention"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class ZigzagCluster(Cluster):
+    """``Cluster`` whose mesh axis ``zigzag_axis`` lays the sequence out in the zigzag layout: every gather,
+    reduce-scatter and all-to-all on it pays its reordering copy (:func:`reorder_seconds`)."""
+
+    zigzag_axis: int = 0
+
+    def collective_time(self, kind: str, nbytes: float, axis: int | str = 0) -> float:
+        seconds = Cluster.collective_time(self, kind, nbytes, axis)
+        if self.axis_index(axis) != self.zigzag_axis:
+            return seconds
+        return seconds + reorder_seconds(kind, nbytes, self.mesh_shape[self.zigzag_axis], self)
+
+    def __repr__(self) -> str:
+        return f"{Cluster.__repr__(self)[:-1]}, zigzag_axis={self.zigzag_axis})"
+
+
+def zigzag_cluster(cluster: Cluster, axis: int) -> ZigzagCluster:
+    """``cluster`` with the zigzag layout on mesh axis ``axis``."""
+    return ZigzagCluster(cluster.profile, cluster.nodes, cluster.mesh_shape, cluster.axis_names, axis)
+
+
+def zigzag_axis_of(cluster: Cluster) -> int | None:
+    """The mesh axis a cluster prices in the zigzag layout, else None."""
+    return cluster.zigzag_axis if isinstance(cluster, ZigzagCluster) else None
+
+
+def reorder_seconds(kind: str, nbytes: float, n: int, cluster: Cluster) -> float:
+    """One copy (read + write through HBM) of the buffer a collective of ``kind`` on a zigzag axis of ``n``
+    devices reorders: the whole gathered / reduce-scattered buffer, or an all-to-all's local buffer before
+    sending and after receiving."""
+    if kind in ("all_gather", "reduce_scatter"):
+        return cluster.compute_time(0.0, 2 * nbytes, "bfloat16")
+    if kind == "all_to_all":
+        return cluster.compute_time(0.0, 4 * nbytes / n, "bfloat16")
+    return 0.0
 
 
 def ring_seconds(
@@ -69,8 +126,13 @@ def ring_seconds(
     bwd: float,
     layout: str = "zigzag",
 ) -> tuple[float, float]:
-    """(forward, backward) seconds a ring strategy adds on top of the node's balanced compute, for the
-    sequence ``layout`` (``"contiguous"``; ``"zigzag"`` or ``"auto"``: balanced)."""
+    """(forward, backward) seconds context parallelism adds to a node's priced compute (module doc): a ring
+    strategy's hops, causal work and imbalance; infinity for a one-run op split on a zigzag axis.
+    ``layout``: ``"contiguous"`` prices rings off the cluster's zigzag axis contiguous, ``"zigzag"`` or
+    ``"auto"`` balanced."""
+    zigzag = zigzag_axis_of(cluster)
+    if zigzag is not None and _needs_one_run(info, strategy, zigzag):
+        return math.inf, math.inf
     if _SDPA not in info.target or len(inputs) < 3:
         return 0.0, 0.0
     k, v = (_meta(inputs[i], info.input_outputs[i]) for i in (1, 2))
@@ -83,11 +145,18 @@ def ring_seconds(
         return 0.0, 0.0
     n = cluster.mesh_shape[axis]
     local = _local_bytes(k.nbytes, spec, cluster) + _local_bytes(v.nbytes, strategy.inputs[2], cluster)
-    comm_fwd = cluster.collective_time("all_gather", n * local, axis=axis)
-    comm_bwd = n / (n - 1) * cluster.collective_time("all_gather", 2 * n * local, axis=axis)
-    causal_triangle = len(inputs) < 4  # no explicit mask: FLOPs counted for the causal triangle
-    skew = (n - 1) / n if causal_triangle and layout == "contiguous" else 0.0
-    return skew * fwd + max(0.0, comm_fwd - fwd), skew * bwd + max(0.0, comm_bwd - bwd)
+    hops = functools.partial(Cluster.collective_time, cluster, axis=axis)  # the hops reorder nothing
+    comm_fwd = hops("all_gather", n * local)
+    comm_bwd = n / (n - 1) * hops("all_gather", 2 * n * local)
+    causal = len(inputs) < 4 or info.causal_mask  # is_causal (FLOPs: the triangle) or a proven causal mask
+    balanced = axis == zigzag or (zigzag is None and layout != "contiguous")
+    skew = (n - 1) / n if causal and not balanced else 0.0
+    triangle = (
+        0.5 if info.causal_mask else 1.0
+    )  # a proven mask's FLOPs count the square: its triangle is half
+    extra_fwd = skew * triangle * fwd + max(0.0, comm_fwd - fwd)
+    extra_bwd = skew * triangle * bwd + max(0.0, comm_bwd - bwd)
+    return extra_fwd, extra_bwd
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,40 +165,39 @@ class ContextChoice:
 
     axis: int | None  # the ring axis (None: no ring)
     layout: Layout
-    extra_seconds: float  # added to the step: zigzag's permutation copies, or contiguous's imbalance
+    extra_seconds: float  # added to the step after the search (a plan solved with balanced rings only)
     note: str = ""
 
 
 def permutation_seconds(collectives: Iterable[object], axis: int, cluster: Cluster) -> float:
-    """Seconds of zigzag's chunk reordering: one copy (read + write through HBM) of each gathered,
-    reduce-scattered or all-to-all buffer on the ring axis (``Collective`` records: kind, nbytes, mesh_axis)."""
+    """Seconds of zigzag's chunk reordering over a plan's ``Collective`` records (kind, nbytes, mesh_axis)
+    on the ring axis."""
     n = cluster.mesh_shape[axis]
-    total = 0.0
-    for c in collectives:
-        if getattr(c, "mesh_axis", None) != axis:
-            continue
-        kind, nbytes = getattr(c, "kind", ""), float(getattr(c, "nbytes", 0))
-        if kind in ("all_gather", "reduce_scatter"):
-            total += cluster.compute_time(0.0, 2 * nbytes, "bfloat16")
-        elif kind == "all_to_all":  # the local buffer, reordered before sending and after receiving
-            total += cluster.compute_time(0.0, 4 * nbytes / n, "bfloat16")
-    return total
+    return sum(
+        reorder_seconds(str(getattr(c, "kind", "")), float(getattr(c, "nbytes", 0)), n, cluster)
+        for c in collectives
+        if getattr(c, "mesh_axis", None) == axis
+    )
 
 
 def choose_layout(
     built: BuiltProblem, chosen: Mapping[str, OpStrategy], collectives: Iterable[object]
 ) -> ContextChoice:
-    """The layout of the plan's ring axis (module doc), given the search's problem and choice; the layout
-    asked for is ``built.options.cp_layout``."""
-    from autoshard.problem.costs import node_compute, repeats
+    """The layout of the plan's ring axis, given the problem it was solved on and its choice (module doc).
 
+    On a :class:`ZigzagCluster` or with ``cp_layout="contiguous"`` the search priced the layout: nothing is
+    added.  A problem priced with balanced rings (``cp_layout`` ``"auto"`` or ``"zigzag"`` on a plain
+    cluster: a hand plan, a bound) gets the layout chosen here, its price added after the search."""
     cluster, asked = built.cluster, built.options.cp_layout
-    axis = _ring_axis_of_plan(built.infos, chosen, tuple(cluster.mesh_shape))
+    axis = ring_axis_of_plan(built.infos, chosen, tuple(cluster.mesh_shape))
+    zigzag = zigzag_axis_of(cluster)
+    if zigzag is not None and axis in (None, zigzag):  # a pipeline stage without a ring keeps its neighbours'
+        return ContextChoice(zigzag, "zigzag", 0.0)
     if axis is None:
         return ContextChoice(None, "contiguous", 0.0)
-    if asked == "contiguous":
+    if zigzag is not None or asked == "contiguous":
         return ContextChoice(axis, "contiguous", 0.0)
-    blockers = ", ".join(_one_run_ops(built.infos, chosen, axis)[:3])
+    blockers = ", ".join(one_run_ops(built.infos, chosen, axis)[:3])
     if blockers:  # their local_args hooks read one (start, length) range per device; zigzag holds two
         why = (
             f"{blockers} split on mesh axis {axis} need one run of the sequence per device, zigzag holds two"
@@ -144,6 +212,8 @@ def choose_layout(
     perm = permutation_seconds(list(collectives), axis, cluster)
     if asked == "zigzag":
         return ContextChoice(axis, "zigzag", perm, f"zigzag layout pinned: {perm:.3g} s of reordering")
+    from autoshard.problem.costs import node_compute, repeats
+
     imbalance = 0.0
     by_layout = {lay: dataclasses.replace(built.options, cp_layout=lay) for lay in ("contiguous", "zigzag")}
     for name, strategy in chosen.items():
@@ -167,20 +237,18 @@ _ONE_RUN = ("embedding", "cross_entropy_loss", "nll_loss", "mse_loss", "l1_loss"
 losses, triangular masks, expert ranges): under zigzag a device holds two runs, which they do not take."""
 
 
-def _one_run_ops(infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy], axis: int) -> list[str]:
-    out = []
-    for name, strategy in chosen.items():
-        info = infos[name]
-        if "embedding" in info.target:  # a lookup reads only its table's vocab offset (ids may split freely)
-            table = strategy.inputs[0]
-            blocked = table is not None and table.placements[axis] == Shard(0)
-        else:
-            blocked = any(op in info.target for op in _ONE_RUN) and any(
-                spec is not None and isinstance(spec.placements[axis], Shard) for spec in strategy.inputs
-            )
-        if blocked:
-            out.append(info.module or name)
-    return out
+def one_run_ops(infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy], axis: int) -> list[str]:
+    return [infos[name].module or name for name, s in chosen.items() if _needs_one_run(infos[name], s, axis)]
+
+
+def _needs_one_run(info: NodeInfo, strategy: OpStrategy, axis: int) -> bool:
+    """Whether the op reads one run of a dim its strategy splits on ``axis`` (``_ONE_RUN``)."""
+    if not any(op in info.target for op in _ONE_RUN):
+        return False
+    if "embedding" in info.target:  # a lookup reads only its table's vocab offset (ids may split freely)
+        table = strategy.inputs[0] if strategy.inputs else None
+        return table is not None and table.placements[axis] == Shard(0)
+    return any(spec is not None and isinstance(spec.placements[axis], Shard) for spec in strategy.inputs)
 
 
 def ring_axis_of(infos: Mapping[str, NodeInfo], info: NodeInfo, strategy: OpStrategy) -> int | None:
@@ -194,7 +262,7 @@ def ring_axis_of(infos: Mapping[str, NodeInfo], info: NodeInfo, strategy: OpStra
     return next((a for a, p in enumerate(strategy.inputs[1].placements) if p == Shard(seq)), None)
 
 
-def _ring_axis_of_plan(
+def ring_axis_of_plan(
     infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy], mesh_shape: tuple[int, ...]
 ) -> int | None:
     axes = (ring_axis_of(infos, infos[name], s) for name, s in chosen.items())

@@ -47,6 +47,7 @@ from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.context import ring_seconds
 from autoshard.problem.graph import NodeInfo
+from autoshard.problem.hidden_ops import hidden_seconds
 
 # the edge half of the cost model (split along the node / edge seam); re-exported for existing importers
 from autoshard.problem.moves import (
@@ -178,19 +179,32 @@ def node_compute(
         if meta is not None:
             moved += _local_bytes(meta.nbytes, spec, mesh)
     dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
-    if info.is_view:
-        return 0.0, 0.0
+    local = _local_bytes(info.outputs[0].nbytes, strategy.outputs[0], mesh) if info.outputs[0] else 0.0
+    hidden = hidden_seconds(info, inputs, moved, local, cluster, opts.training)  # casts, the loss
+    if info.is_view:  # a cast re-runs with its recomputed block
+        return hidden[0], hidden[1] + (
+            hidden[0] * opts.recompute_share if recomputed(info, opts.recompute) else 0
+        )
     # shape-aware rate (cost_models.compute): tile/wave quantisation of the local GEMM, fused attention's own
     # efficiency; priced by scaling the FLOPs the roofline sees
     factor = _shape_factor(info, strategy, inputs, cluster)
     fwd = cluster.compute_time(info.flops / strategy.work_divisor / factor, moved, dtype)
     if not (opts.training and info.requires_grad):
-        return fwd + ring_seconds(info, strategy, cluster, inputs, fwd, 0.0, opts.cp_layout)[0], 0.0
-    bwd = fwd * (2.0 if info.is_matmul_like else 1.0)
+        ring = ring_seconds(info, strategy, cluster, inputs, fwd, 0.0, opts.cp_layout)[0]
+        return fwd + ring + hidden[0], 0.0
+    bwd = fwd * (2.0 if info.is_matmul_like else _grad_operands(info, inputs))
     if recomputed(info, opts.recompute):
         bwd += fwd * opts.recompute_share  # only the recomputed blocks re-run it
     ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd, opts.cp_layout)  # CP only
-    return fwd + ring_fwd, bwd + ring_bwd
+    return fwd + ring_fwd + hidden[0], bwd + ring_bwd + hidden[1]
+
+
+def _grad_operands(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> float:
+    """Kernels a product's or quotient's backward runs, each about its forward: one per tensor operand that
+    needs a gradient (torch's derivatives.yaml: d(a·b) = b·da + a·db); 1 for every other elementwise op."""
+    if info.op not in ("mul", "div"):
+        return 1.0
+    return float(max(1, sum(1 for src in inputs if src.requires_grad)))
 
 
 def recomputed(info: NodeInfo, policy: Recompute) -> bool:
@@ -243,7 +257,10 @@ def _shape_factor(
         m, n = math.prod(a[:-1]), (b[-1] if len(b) >= 2 else 1)
     if m < 1 or n < 1:
         return 1.0
-    return gemm_efficiency(m, n, profile, batch, k)
+    first = (
+        inputs[0].outputs[info.input_outputs[0]] if info.input_outputs[0] < len(inputs[0].outputs) else None
+    )
+    return gemm_efficiency(m, n, profile, batch, k, first.itemsize if first is not None else 0)
 
 
 def node_memory(

@@ -55,6 +55,7 @@ class NodeInfo:
     requires_grad: bool
     block: tuple[int, int] | None  # (block index, position in block) for repeated-layer nodes
     is_output: bool  # returned by the graph
+    causal_mask: bool = False  # attention whose explicit mask is proven causal (capture/causal.py)
 
     @property
     def is_view(self) -> bool:
@@ -123,6 +124,7 @@ def describe(gm: fx.GraphModule) -> tuple[NodeInfo, ...]:
                 requires_grad=bool(node.meta.get(cmeta.META_REQUIRES_GRAD, False)),
                 block=node.meta.get(cmeta.META_BLOCK),
                 is_output=node.name in returned,
+                causal_mask=bool(node.meta.get(cmeta.META_CAUSAL_MASK, False)),
             )
         )
     return tuple(infos)

@@ -241,12 +241,11 @@ def step(run: PipelineRun, inputs: torch.Tensor, target: torch.Tensor) -> torch.
     Returns the loss of the whole batch (mean of the microbatches' losses) on the last stage's ranks, ``None``
     on the others.  Every rank passes the same global ``inputs`` and ``target``.
     """
-    mesh_shape = tuple(run.mesh.shape[1:])
-    coord = tuple(run.mesh.get_coordinate()[1:])
-    args: tuple[torch.Tensor, ...] = ()
-    if run.is_first:
-        args = (local_batch(inputs, run.input_spec, run.microbatches, mesh_shape, coord).to(run.device),)
-    local_target = local_batch(target, run.output_spec, run.microbatches, mesh_shape, coord).to(run.device)
+    # this rank's place in a stage's sub-mesh, and context parallelism's layout there (every stage keeps it)
+    where = (tuple(run.mesh.shape[1:]), tuple(run.mesh.get_coordinate()[1:]), run.plan.stage_zigzag_axis)
+    cut = lambda x, spec: local_batch(x, spec, run.microbatches, *where).to(run.device)  # noqa: E731
+    args = (cut(inputs, run.input_spec),) if run.is_first else ()
+    local_target = cut(target, run.output_spec)
     losses: list[torch.Tensor] = []
     run.schedule.step(*args, target=local_target if run.is_last else None, losses=losses)
     scale = run.microbatches if getattr(run.schedule, "scale_grads", True) else 1  # as torch scaled .grad
@@ -280,10 +279,11 @@ def local_batch(
     microbatches: int,
     mesh_shape: Sequence[int],
     coord: Sequence[int],
+    zigzag_axis: int | None = None,
 ) -> torch.Tensor:
     """This rank's rows of ``batch``: microbatch ``k`` of the global batch cut under ``spec``, for every ``k``,
     concatenated (so that torch's schedule, chunking it into ``microbatches``, hands each stage its piece of
-    the same global microbatch)."""
+    the same global microbatch).  Splits on ``zigzag_axis`` keep the zigzag layout's two chunks."""
     size = int(batch.shape[0])
     if size % microbatches:
         raise PipelineRunError(
@@ -291,7 +291,7 @@ def local_batch(
             f"{microbatches} rows"
         )
     chunks = batch.tensor_split(microbatches)
-    return torch.cat([local_piece(c, spec, mesh_shape, coord) for c in chunks])
+    return torch.cat([local_piece(c, spec, mesh_shape, coord, zigzag_axis) for c in chunks])
 
 
 def _pipeline_mesh(

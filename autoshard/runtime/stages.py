@@ -388,9 +388,12 @@ def _plan_stage(
         if planned not in plan.param_placements:
             raise PipelineRunError(f"the plan has no placement for {fqn} (stage {index}): re-plan this model")
         pins[fqn] = _drop_axis(plan.param_placements[planned], axis)
-    stage_plan = autoshard.plan(
-        module, cluster, (example,), annotations=pins, memory_limit=float("inf"), cp_layout="contiguous"
-    )  # pipelining cuts microbatches into contiguous pieces
+    stage_plan = autoshard.plan(  # every stage in the plan's sequence layout
+        module, cluster, (example,), annotations=pins, memory_limit=float("inf"),
+        cp_layout="contiguous" if plan.stage_zigzag_axis is None else "zigzag",
+    )  # fmt: skip
     moved = {k: v for k, v in pins.items() if k in params and stage_plan.param_placements.get(k) != tuple(v)}
     assert not moved, f"stage {index} plan moved pinned parameters: {moved}"
+    if stage_plan.zigzag_axis != plan.stage_zigzag_axis:
+        raise PipelineRunError(f"stage {index} cannot keep the zigzag layout: use cp_layout='contiguous'")
     return stage_plan

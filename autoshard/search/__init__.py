@@ -13,6 +13,8 @@ Modules, in the order :func:`solve` uses them:
   provably optimal path.
 * ``budget``    -- a binding memory budget: Lagrangian bound and plan, Lagrangian fixing of strategies.
 * ``peak``      -- a max term in the budget (``SearchProblem.peak``: the largest temporary), by thresholds.
+* ``wide``      -- a budget on a problem too wide to eliminate with its memory terms: the dual with each
+  relaxed problem reduced on its own; ``neighbourhood`` turns its minimisers into fitting plans.
 * ``ilp``       -- CP-SAT for what fixing leaves under a budget, or treewidth beyond conditioning
   (formulation in its docstring).
 * ``solve``     -- dispatch, time limit, lower bound and gap.

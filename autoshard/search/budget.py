@@ -53,8 +53,13 @@ MAX_SOLVES = 30
 #: Relative tolerance that keeps float rounding from fixing away a strategy of an equally good plan.
 _SLACK = 1e-9
 
-#: A minimiser of ``cost + lambda * memory`` and that value, for one ``lambda``.
-Relaxed = Callable[[float], tuple[tuple[int, ...], float]]
+#: A minimiser of ``cost + lambda * memory`` and that value, for one ``lambda``; None when that relaxed
+#: problem could not be solved exactly (too wide at this multiplier): the search then stops where it is.
+Relaxed = Callable[[float], tuple[tuple[int, ...], float] | None]
+
+#: Multipliers tried below ``lam0``, each a quarter of the last, before ``lambda = 0`` when ``descend`` asks
+#: for a minimiser over the budget (the rising line) without solving the unbudgeted problem first.
+_DESCENT = 4
 
 
 @dataclass(slots=True)
@@ -67,6 +72,14 @@ class Lagrange:
     lam: float
     solves: int = 0
     over: list[tuple[int, ...]] = field(default_factory=list)  # probed minimisers over the budget
+    failed: int = 0  # probes whose relaxed problem could not be solved
+
+    @property
+    def binding(self) -> bool:
+        """Whether the budget provably binds: a minimiser of ``cost + lambda * memory`` (``lambda >= 0``) over
+        the budget means no optimum without the budget fits it (were ``x0`` one, the minimiser ``y`` would
+        have ``cost(y) >= cost(x0)``, hence ``mem(y) <= mem(x0) <= L``)."""
+        return bool(self.over)
 
     def closed(self) -> bool:
         return self.cost - self.bound <= _SLACK * max(abs(self.cost), 1e-300)
@@ -85,7 +98,7 @@ def lagrangian_sweep(
     returning it); see :func:`dual_search`."""
     assert problem.memory is not None
 
-    def relaxed(lam: float) -> tuple[tuple[int, ...], float]:
+    def relaxed(lam: float) -> tuple[tuple[int, ...], float] | None:
         return ex.solve([c + lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)])  # type: ignore[arg-type]
 
     return dual_search(relaxed, problem, lag, lam0, deadline, seeds, ceiling=ceiling)
@@ -99,6 +112,7 @@ def dual_search(
     deadline: float = math.inf,
     seeds: Sequence[tuple[int, ...]] = (),
     tolerance: float = 0.0,
+    descend: bool = False,
     ceiling: float = math.inf,
 ) -> Lagrange:
     """Maximise ``g(lambda)``; ``relaxed(lam)`` returns a minimiser of ``cost + lam * memory`` and its value.
@@ -115,6 +129,10 @@ def dual_search(
     the minimiser fits.  ``tolerance > 0`` stops early once the crossing, the most any multiplier can still
     prove, is within ``tolerance`` x the remaining gap of the bound reached (the bound stays a true one; the
     caller that states the gap rather than fixing strategies by it saves the last, confirming probes).
+    ``descend``: without a line over the budget, probe ``lam0``, ``lam0 / 4``, ... before ``lambda = 0``: the
+    unbudgeted problem is the widest relaxation (memory ties keep its strategies from being dominated), and
+    any minimiser over the budget at some ``lambda >= 0`` proves the budget binds (see
+    :attr:`Lagrange.binding`).
     ``ceiling``: stop once the bound reaches it (the caller only asks whether a plan beats it; no plan does).
     ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the probe count, not the
     clock, ends a normal search.
@@ -123,8 +141,12 @@ def dual_search(
     limit = problem.memory_limit
     lines: dict[bool, tuple[float, float] | None] = {True: None, False: None}  # fits -> (cost, mem)
 
-    def probe(lam: float) -> tuple[float, float, bool]:
-        plan, value = relaxed(lam)
+    def probe(lam: float) -> tuple[float, float, bool] | None:
+        found = relaxed(lam)
+        if found is None:
+            lag.failed += 1
+            return None
+        plan, value = found
         lag.solves += 1
         if value - lam * limit > lag.bound:
             lag.bound, lag.lam = value - lam * limit, lam
@@ -145,18 +167,24 @@ def dual_search(
         mem, cost = memory_of(problem, plan), evaluate(problem, plan)
         if math.isfinite(cost):
             keep(lam0, (cost, mem), mem <= limit)
-    if lines[False] is None:  # the minimiser without the budget (lambda = 0) breaks it: a rising line
-        cost, mem, fits = probe(0.0)
-        keep(0.0, (cost, mem), fits)
+    down = [lam0 / 4.0**k for k in range(_DESCENT)] if descend else []
+    for lam in [*down, 0.0]:  # a minimiser over the budget: a rising line
+        if lines[False] is not None or time.perf_counter() >= deadline:
+            break
+        got = probe(lam)
+        if got is not None:
+            keep(lam, got[:2], got[2])
     lam = lam0
 
     def going() -> bool:
         return lag.solves < MAX_SOLVES and time.perf_counter() < deadline and lag.bound < ceiling
 
     while lines[True] is None and going():
-        cost, mem, fits = probe(lam)
-        keep(lam, (cost, mem), fits)
-        if fits:
+        got = probe(lam)
+        if got is None:
+            break
+        keep(lam, got[:2], got[2])
+        if got[2]:
             break
         lam *= 4.0
     while not lag.closed() and going():
@@ -169,7 +197,10 @@ def dual_search(
         peak = _at(over, lam, limit)
         if peak - lag.bound <= tolerance * (lag.cost - lag.bound):
             break
-        cost, mem, fits = probe(lam)
+        got = probe(lam)
+        if got is None:
+            break
+        cost, mem, fits = got
         if cost + lam * (mem - limit) >= peak - _SLACK * max(abs(peak), 1e-300):
             break  # g reaches the crossing: no lambda bounds higher
         keep(lam, (cost, mem), fits)

@@ -70,7 +70,12 @@ def solve_with_peak(
     if memory_lower_bound(problem) > limit:
         raise _too_big(problem, floor)
     try:
-        relaxed = solve(dataclasses.replace(plain, memory_limit=limit - floor), ceiling=ceiling, **kwargs)
+        relaxed = solve(
+            dataclasses.replace(plain, memory_limit=limit - floor),
+            ceiling=ceiling,
+            peak=problem.peak,
+            **kwargs,
+        )
     except InfeasibleError as e:
         raise _too_big(problem, floor) from e
     if memory_of(problem, relaxed.choice) <= limit:
@@ -83,6 +88,7 @@ def solve_with_peak(
     bounds: list[float] = []
     optimal = True
     least = memory_lower_bound(plain)
+    stopped = False
     for t in _thresholds(problem, floor):
         if limit - t < least:
             break  # higher thresholds leave less budget still
@@ -97,9 +103,16 @@ def solve_with_peak(
         optimal = optimal and found.optimal
         if best is None or found.objective < best.objective:
             best = found
+        if not relaxed.optimal:
+            # The relaxation's bound is all the thresholds could prove here short of closing its gap; each
+            # further threshold is another Lagrangian solve (the 405B stage: ~5 relaxed solves) looking for a
+            # cheaper plan only, so the first plan that fits with its peak is kept, with that bound.
+            stopped = True
+            break
     if best is None:
         raise _too_big(problem, floor)
-    bound = max(relaxed.lower_bound, min(bounds))
+    bound = relaxed.lower_bound if stopped else max(relaxed.lower_bound, min(bounds))
+    optimal = optimal and not stopped
     log.append(f"peak: {len(bounds)} thresholds solved; best {best.objective:.6g} s")
     return dataclasses.replace(
         best,

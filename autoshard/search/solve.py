@@ -51,8 +51,8 @@ import numpy as np
 
 from autoshard.errors import AutoshardError
 from autoshard.search.brute import brute_force
-from autoshard.search.budget import Lagrange, Relaxed, dual_search, fixing_masks, lagrangian_sweep
-from autoshard.search.exact import MAX_FACTOR_SIZE, ExactSolver, FactorCapExceeded, min_memory_plan
+from autoshard.search.budget import Lagrange, fixing_masks, lagrangian_sweep
+from autoshard.search.exact import MAX_FACTOR_SIZE, ExactSolver, min_memory_plan
 from autoshard.search.pareto import pareto_plan
 from autoshard.search.problem import (
     SearchProblem,
@@ -62,13 +62,12 @@ from autoshard.search.problem import (
     memory_infeasible_error,
     memory_lower_bound,
     memory_of,
-    pairwise_form,
     relative_gap,
 )
 from autoshard.search.propagate import propagate
 from autoshard.search.reduce import reduce_problem
-from autoshard.search.repair import repair
 from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, run_ilp
+from autoshard.search.wide import trivial_lower_bound, with_budget_by_reduction
 
 __all__ = ["BoundExceeded", "Method", "solve", "trivial_lower_bound"]
 
@@ -82,14 +81,6 @@ _FIXING_ROUNDS = 2
 
 #: Plans the budgeted path enumerates outright once Lagrangian fixing has shrunk the problem (~0.1 s).
 _MAX_ENUMERATION = 200_000
-
-
-def trivial_lower_bound(problem: SearchProblem) -> float:
-    """Every node and every edge at its own cheapest allowed entry: a valid bound, usually loose."""
-    form = pairwise_form(problem)
-    return math.fsum(float(u.min()) for u in form.unary) + math.fsum(
-        float(f.min()) for f in form.pairs.values()
-    )
 
 
 def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
@@ -166,94 +157,6 @@ def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, ma
     return run_ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
 
 
-def _relaxed_by_reduction(problem: SearchProblem, max_factor: float) -> Relaxed:
-    """``lambda`` -> the exact minimiser of ``cost + lambda * memory`` on ``problem`` (no budget), found by
-    reducing that unbudgeted problem (every node folds or is dominated as without a budget) and eliminating
-    what is left; raises FactorCapExceeded when even that is too wide."""
-    memory = problem.memory
-    assert memory is not None
-
-    def relaxed(lam: float) -> tuple[tuple[int, ...], float]:
-        costs = tuple(c + lam * m for c, m in zip(problem.node_costs, memory, strict=True))
-        free = dataclasses.replace(problem, node_costs=costs, memory=None, memory_limit=None)
-        red = reduce_problem(free)
-        plan, value = ExactSolver(pairwise_form(red.problem), max_factor).solve()
-        return red.expand(plan), value + red.cost_offset
-
-    return relaxed
-
-
-def _with_budget_by_reduction(run: Run, method: Method, num_workers: int, max_factor: float) -> Solution:
-    """A binding budget on a problem too wide to eliminate with its memory terms: the Lagrangian dual, each
-    relaxed problem reduced on its own (:func:`_relaxed_by_reduction`).  Proven optimal when the dual
-    closes the gap; otherwise the best fitting plan with the dual's bound, which CP-SAT (``"auto"``) then
-    tries to improve in the time left."""
-    rp = run.current
-    assert rp.memory_limit is not None
-    relaxed = _relaxed_by_reduction(rp, max_factor)
-    try:
-        plan, value = relaxed(0.0)
-    except FactorCapExceeded as e:
-        run.log.append(f"lagrangian by reduction: {e}")
-        if method == "exact":
-            raise AutoshardError(
-                "method='exact' cannot solve this graph: " + run.log[-1] + ". Use method='auto' or 'ilp'."
-            ) from None
-        return run_ilp(run, None, num_workers)
-    run.prune(value + run.offset())
-    if memory_of(rp, plan) <= rp.memory_limit:
-        run.log.append("exact (reduced without the budget): the optimum without the budget fits")
-        return dataclasses.replace(
-            run.finish(plan, value + run.offset(), True, "exact:reduce"), budget_binding=False
-        )
-    least, least_mem = _least_memory(rp, max_factor)
-    if not least_mem <= rp.memory_limit:
-        off = math.fsum(r.memory_offset for r in run.stages)
-        raise memory_infeasible_error(run.problem, memory_lower_bound(run.problem), least_mem + off)
-    lag = Lagrange(least, evaluate(rp, least), value, 0.0)
-    lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
-    # The probe count ends the search (the crossing is reached in a few); the whole time limit only guards
-    # against a pathological graph, so that a loaded machine does not change the result.
-    # each relaxed solve is a reduction and an elimination (~2 s on the 405B stage): stop once no multiplier
-    # can prove more than 5 % of the gap left
-    dual_search(relaxed, rp, lag, lam0, deadline=run.start + run.time_limit, seeds=(plan,), tolerance=0.05)
-    for over in lag.over[-2:]:  # the cheapest plans over the budget, moved until they fit
-        fixed = repair(rp, over)
-        if fixed is not None and evaluate(rp, fixed) < lag.cost:
-            lag.plan, lag.cost = fixed, evaluate(rp, fixed)
-    bound = lag.bound + run.offset()
-    run.log.append(
-        f"lagrangian by reduction: {lag.solves} relaxed solves, best fitting plan {lag.cost + run.offset():.6g} s, "
-        f"bound {bound:.6g} s (gap {relative_gap(lag.cost + run.offset(), bound):.3%})"
-    )
-    best = run.expand(lag.plan)
-    if lag.closed():
-        return run.finish_original(best, bound, True, "exact:lagrangian")
-    if method == "exact":
-        return run.finish_original(best, bound, False, "exact:lagrangian")
-    return run_ilp(run, lag.plan, num_workers, floor=lag.bound, fallback=best)
-
-
-def _least_memory(problem: SearchProblem, max_factor: float) -> tuple[tuple[int, ...], float]:
-    """The least-memory finite plan; by reduction (memory as the only cost) when the graph is too wide."""
-    try:
-        return min_memory_plan(problem, max_factor_size=max_factor)
-    except FactorCapExceeded:
-        pass
-    assert problem.memory is not None
-    costs = tuple(
-        np.where(np.isfinite(c), m, np.inf) for c, m in zip(problem.node_costs, problem.memory, strict=True)
-    )
-    edges = tuple(
-        dataclasses.replace(e, cost=np.where(np.isfinite(e.cost), 0.0, np.inf)) for e in problem.edges
-    )
-    free = dataclasses.replace(problem, node_costs=costs, edges=edges, memory=None, memory_limit=None)
-    red = reduce_problem(free)
-    plan, _ = ExactSolver(pairwise_form(red.problem), max_factor).solve()
-    full = red.expand(plan)
-    return full, memory_of(problem, full)
-
-
 def _sweep(run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) -> Lagrange:
     """Lagrangian sweep on the current problem, starting from ``best`` (original nodes) where that plan
     survived the reductions, else from the current least-memory plan."""
@@ -283,12 +186,17 @@ def solve(
     hint: Sequence[int] | None = None,
     max_factor_size: float = MAX_FACTOR_SIZE,
     ceiling: float = math.inf,
+    peak: tuple[np.ndarray, ...] | None = None,
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
     ``ceiling``: under a binding budget, raise :class:`BoundExceeded` as soon as the optimum without the
     budget, or the Lagrangian bound (lower bounds on the one under it), is at least this, instead of
     solving on under the budget.
+
+    ``peak``: the peak terms of the problem this one relaxes (:mod:`~autoshard.search.peak` lowered the
+    budget by their floor and dropped them); the neighbourhood search then looks for plans that fit with
+    their own peak, which the relaxation's answer must do to be the answer.
 
     Raises InfeasibleError when no finite plan fits (the message names the nodes or the least memory needed)
     and AnnotationConflictError (an AnnotationError and an InfeasibleError) when annotations conflict.
@@ -322,7 +230,7 @@ def solve(
     if ex is None and red.problem.memory_limit is not None:
         # Memory terms keep nodes from folding, so the budgeted problem's treewidth is high; each relaxed
         # problem (cost + lambda * memory, no budget) still reduces and solves exactly.
-        return _with_budget_by_reduction(run, method, num_workers, max_factor_size)
+        return with_budget_by_reduction(run, method, num_workers, max_factor_size, hint, peak)
     if ex is None:
         if method == "exact":
             raise AutoshardError(

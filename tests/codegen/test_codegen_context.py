@@ -113,3 +113,29 @@ def test_zigzag_gives_every_rank_the_same_causal_work(size: int) -> None:
     assert sum(zigzag) == sum(contiguous)  # the same causal triangle in total
     # contiguous: the last rank does (2n - 1) / n times the average, the imbalance problem/context.py prices
     assert max(contiguous) / (sum(contiguous) / size) == pytest.approx((2 * size - 1) / size)
+
+
+def _strided_rank() -> dict[str, torch.Tensor]:
+    """Ring attention on transposed (non-contiguous) q, k, v, as a model without repeat_kv hands them over."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    q, k, v, grad = (shard_sequence(t, 2, rank, size, "zigzag") for t in _inputs())
+    k, v = (t.repeat_interleave(H // HKV, dim=1) for t in (k, v))  # multi-head: no expand, no reshape copy
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(True) for t in (q, k, v))
+    assert not k.is_contiguous()
+    out = ring_attention(q, k, v, None, "zigzag")
+    out.backward(grad)
+    return {"out": out.detach(), "dk": k.grad}
+
+
+@pytest.mark.slow
+def test_ring_attention_takes_strided_inputs() -> None:
+    """Regression: gloo refused the ring's receive buffers (``empty_like`` copied a transposed K's strides)."""
+    q, k, v, grad = _inputs()
+    k, v = (t.repeat_interleave(H // HKV, dim=1).requires_grad_(True) for t in (k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.backward(grad)
+    ranks = launch(_strided_rank, 2)
+    torch.testing.assert_close(
+        unshard_sequence([r["out"] for r in ranks], 2), out.detach(), rtol=1e-12, atol=1e-12
+    )
+    torch.testing.assert_close(unshard_sequence([r["dk"] for r in ranks], 2), k.grad, rtol=1e-12, atol=1e-12)

@@ -122,3 +122,24 @@ def test_parallelize_without_a_process_group_says_how_to_start_one() -> None:
     plan = autoshard.plan(model, cluster_for("cpu", 2), (x,), annotations=MEGATRON_MLP)
     with pytest.raises(autoshard.MeshError, match="init_process_group"):
         autoshard.parallelize(model, plan, (x,))
+
+
+def test_every_device_in_the_graph_is_the_ranks() -> None:
+    """A capture on the CPU lowered for another device keeps no CPU device: not in ``arange(device=...)`` and not
+    in HF's rotary ``aten.to.device(x, cpu)`` (positional; emitted on a GPU it was a cross-device matmul)."""
+    case, cap = _llama(2)
+    captured = [
+        a
+        for n in cap.graph_module.graph.nodes
+        for a in (*n.args, *n.kwargs.values())
+        if isinstance(a, torch.device)
+    ]
+    assert torch.device("cpu") in captured  # the capture does pin the CPU, positionally too
+    plan = autoshard.plan(case.model, cluster_for("cpu", 2), case.args, annotations=MEGATRON_LLAMA)
+    lowered = lower_graph(
+        cap, assign_strategies(cap, plan), plan_cluster(plan), (0,), device=torch.device("meta")
+    )
+    devices = {
+        a for n in lowered.graph.nodes for a in (*n.args, *n.kwargs.values()) if isinstance(a, torch.device)
+    }
+    assert devices == {torch.device("meta")}

@@ -5,16 +5,17 @@ with the ring and the zigzag layout pinned."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from context_cases import count_hops
 from torch import nn
 
 import autoshard
 from autoshard import zoo
 from autoshard.capture import capture
-from autoshard.codegen import context
 from autoshard.errors import PlanFileError, ShardingError
 from autoshard.pipeline.summary import headline
 from autoshard.runtime.verify import cluster_for
@@ -44,26 +45,13 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
     assert plan.degrees == {"cp": 4}
     # an implicit causal mask: contiguous chunks would leave the last rank 7/4 of the average work
     assert (plan.context_axis, plan.context_layout) == (0, "zigzag")
-    assert any("zigzag layout (contiguous would add" in n for n in plan.notes)
+    assert any("context-parallel layout searched: zigzag on axis 0" in n for n in plan.notes)
     assert "CP 4 (zigzag)" in headline(plan)
-    hops = _count_hops(tmp_path, monkeypatch)
+    hops = count_hops(tmp_path, monkeypatch)
     report = autoshard.verify(model, (x,), plan=plan)
     assert report.ok, str(report)
     # 4 ranks x (3 hops forward + 4 backward): the ring really ran
     assert hops.read_text().count("hop") == 4 * 7
-
-
-def _count_hops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    hops = tmp_path / "hops"
-    rotate = context._rotate
-
-    def counted(tensors, nxt, prv, group):  # type: ignore[no-untyped-def]
-        with hops.open("a") as f:  # the ranks are forked: they append to one file
-            f.write("hop\n")
-        return rotate(tensors, nxt, prv, group)
-
-    monkeypatch.setattr(context, "_rotate", counted)
-    return hops
 
 
 @pytest.mark.slow
@@ -77,7 +65,7 @@ def test_tiny_llama_with_a_pinned_zigzag_ring_matches_one_device(
     plan = autoshard.plan(model, cluster_for("cpu", ranks), case.args, annotations=pins, cp_layout="zigzag")
     assert (plan.context_axis, plan.context_layout, plan.degrees.get("cp")) == (0, "zigzag", ranks)
     assert plan.input_placements == {"input_ids": ("S(1)",)}  # the sequence is split once, at the input
-    hops = _count_hops(tmp_path, monkeypatch)
+    hops = count_hops(tmp_path, monkeypatch)
     report = autoshard.verify(model, case.args, plan=plan)
     assert report.ok, str(report)
     # 2 layers x ranks x ((n - 1) hops forward + n backward)
@@ -107,9 +95,13 @@ def test_the_planner_prices_the_zigzag_layout_balanced_and_picks_it(toy_plans) -
         "contiguous",
     )
     assert auto.predicted_step_time == pytest.approx(zigzag.predicted_step_time, rel=1e-12)
+    # the layout is searched with the plan: auto's optimum is the better of the two layouts' own optima
+    best = min(zigzag.solver.objective, contiguous.solver.objective)
+    assert auto.solver.objective == pytest.approx(best, rel=1e-12) and auto.solver.optimal
     # the contiguous layout's last rank does 7/4 of the average causal work: the step waits for it
     assert contiguous.predicted_step_time > 1.2 * auto.predicted_step_time
-    assert any("zigzag layout pinned" in n for n in zigzag.notes)
+    (searched,) = [n for n in zigzag.notes if "layout searched" in n]
+    assert "zigzag on axis 0" in searched and "contiguous" not in searched  # pinned: only zigzag solved
 
 
 def test_the_context_layout_is_saved_and_checked(toy_plans, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -127,14 +119,18 @@ def test_the_context_layout_is_saved_and_checked(toy_plans, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_an_explicit_mask_gains_nothing_from_zigzag_so_auto_keeps_contiguous() -> None:
+def test_an_hf_mask_proven_causal_prices_both_layouts_and_keeps_the_cheaper() -> None:
     case = zoo.build("llama-tiny", batch=1, seq=32)
     pins = {"model.layers.*.self_attn": "ring", "input_ids": ("S(1)",)}
     plan = autoshard.plan(case.model, cluster_for("cpu", 4), case.args, annotations=pins)
-    # the mask's contents are unknown when planning: the full square is priced either way, and zigzag would
-    # only add the reordering of the gathers on the ring axis
-    assert plan.context_layout == "contiguous"
-    assert any("contiguous layout (contiguous would add 0 s of causal imbalance" in n for n in plan.notes)
+    # the mask is proven causal (capture/causal.py), so both layouts are priced in the search; at 32 tokens the
+    # imbalance is smaller than zigzag's reordering of the gathers on the ring axis: contiguous is cheaper
+    (searched,) = [n for n in plan.notes if "layout searched" in n]
+    prices = dict(re.findall(r"(zigzag on axis 0|contiguous) ([0-9.e-]+) s", searched))
+    assert set(prices) == {"zigzag on axis 0", "contiguous"}
+    assert plan.context_layout == "contiguous" and float(prices["contiguous"]) < float(
+        prices["zigzag on axis 0"]
+    )
 
 
 class EmbedAttention(nn.Module):
@@ -153,6 +149,6 @@ def test_zigzag_is_refused_where_an_op_needs_one_run_of_the_sequence() -> None:
     captured = capture(model, (ids,))
     plan = autoshard.plan(model, cluster, (ids,), annotations=pins, captured=captured)
     assert (plan.context_axis, plan.context_layout) == (0, "contiguous")
-    assert any("emb split on mesh axis 0 need one run" in n for n in plan.notes)
+    assert any("zigzag on axis 0: emb split on mesh axis 0 need one run" in n for n in plan.notes)
     with pytest.raises(ShardingError, match="cp_layout='zigzag' cannot be emitted: emb split"):
         autoshard.plan(model, cluster, (ids,), annotations=pins, captured=captured, cp_layout="zigzag")

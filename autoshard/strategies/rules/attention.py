@@ -13,7 +13,9 @@ the query length ``l``; k, v and the mask share the key length ``s``.
 - **context parallel (ring)**: q, k, v, the output (and the mask's query rows) all split along the sequence
   on one mesh axis; K/V blocks travel around that axis's ring (:func:`autoshard.codegen.context.context_sdpa`,
   priced by :mod:`autoshard.problem.context`).  At most one axis rings, and then the queries split along
-  the sequence on no other axis.  Offered without dropout and with no mask or a boolean one.
+  the sequence on no other axis.  Offered without dropout and with no mask or a boolean one.  A mask
+  proven causal at capture (``META_CAUSAL_MASK``, Hugging Face models) runs as ``is_causal``: each chunk
+  pair's visibility comes from global positions, the mask's rows are not read.
 - otherwise the **key length** ``s`` and head dims ``E``/``Ev`` never split: softmax needs every key; splitting
   ``Ev`` is valid but never better than a head split, so omitted.
 - Partial passes through ``v`` (the output is linear in it) when there is no dropout.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from autoshard.capture.meta import META_CAUSAL_MASK
 from autoshard.placement import Replicate, Shard
 from autoshard.strategies.dimmap import DimMap, Letters, fresh_letters, strategies_from_map
 from autoshard.strategies.local import LocalCall, LocalContext, bind, default_call
@@ -73,9 +76,10 @@ def _local(ctx: LocalContext) -> LocalCall:
 
     b = bind(ctx.target, ctx.args, ctx.kwargs)
     q, k, v, mask = b["query"], b["key"], b["value"], b["attn_mask"]
-    return LocalCall(
-        context_sdpa, (q, k, v, mask), {"axis": axis, "scale": b["scale"], "is_causal": bool(b["is_causal"])}
-    )
+    causal = bool(b["is_causal"])
+    if ctx.node.meta.get(META_CAUSAL_MASK):  # proven causal at capture: each chunk pair's mask from positions
+        mask, causal = None, True
+    return LocalCall(context_sdpa, (q, k, v, mask), {"axis": axis, "scale": b["scale"], "is_causal": causal})
 
 
 def _ring_choice(letters: tuple[Letters | None, ...], out_l: Letters) -> AxisChoice:

@@ -1,0 +1,141 @@
+"""The sequence layout of context parallelism, searched with the plan instead of chosen after it.
+
+Input: a problem built with ``CostOptions.cp_layout`` ``"auto"`` (rings priced balanced, no reordering: a lower
+bound on every layout, :mod:`autoshard.problem.context`) or ``"zigzag"``, its solution, and a way to rebuild
+and solve the same problem on another cluster and options.  Output: the problem, the solution and a note for
+the best (plan, layout) pair.
+
+Why it is exact.  Every plan with a given layout is priced exactly by one problem: ``cp_layout="contiguous"``
+(every ring contiguous, with its causal imbalance) or the problem on a
+:class:`~autoshard.problem.context.ZigzagCluster` for axis ``a`` (zigzag on ``a``: balanced rings, every
+collective on ``a`` with its reordering copy, one-run ops refused there; contiguous elsewhere).  The optimum over
+both is the best of those problems' optima.  The balanced bound is below all of them, so:
+
+1. when its optimum rings on no axis, it is priced the same by the contiguous problem and is the optimum
+   (layout contiguous): nothing more is solved (the common case: most plans have no ring);
+2. otherwise the zigzag problem on the bound's ring axis is solved first, then the contiguous one and the
+   zigzag problems of the other axes, stopping as soon as one reaches the bound.
+
+A tie goes to zigzag on the plan's own ring axis (at run time it never computes more), then to contiguous.
+``"zigzag"`` asked solves only the zigzag problems.  The cost: nothing without a ring, else one to ``1 + axes``
+more solves.  Pipelined plans are not searched so: the stage search prices rings balanced and
+:func:`~autoshard.problem.context.choose_layout` picks the layout on its plan (imbalance against reordering),
+because re-pricing a 405B stage under each layout cost minutes; every stage then runs that layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+from autoshard.cluster import Cluster
+from autoshard.errors import AutoshardError, ShardingError
+from autoshard.planner_steps import SearchMethod
+from autoshard.problem.build import BuiltProblem
+from autoshard.problem.context import one_run_ops, ring_axis_of_plan, zigzag_axis_of, zigzag_cluster
+from autoshard.problem.costs import CostOptions
+from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
+from autoshard.strategies import OpStrategy
+
+__all__ = ["search_layout"]
+
+Rebuild = Callable[[Cluster, CostOptions], tuple[BuiltProblem, BuiltProblem]]
+"""(cluster, options) -> (the problem as priced, the same with the user's pins)."""
+
+
+def search_layout(
+    free: BuiltProblem,
+    built: BuiltProblem,
+    rebuild: Rebuild,
+    method: SearchMethod,
+    time_limit: float,
+    ceiling: float = math.inf,
+) -> tuple[BuiltProblem, BuiltProblem, Solution]:
+    """The best (problem, solution) over the sequence layouts (module doc), each solved by
+    :func:`~autoshard.search.solve` with ``method``, ``time_limit`` and ``ceiling``; the pinned problem
+    carries a note with every layout's price."""
+
+    def run(problem: SearchProblem) -> Solution:
+        return solve(problem, method=method, time_limit=time_limit, ceiling=ceiling)
+
+    solution = run(built.problem)
+    asked = built.options.cp_layout
+    mesh = tuple(built.cluster.mesh_shape)
+    axis = _ring_axis(built, solution)
+    if (
+        asked == "contiguous"
+        or zigzag_axis_of(built.cluster) is not None
+        or (asked == "auto" and axis is None)
+    ):
+        return free, built, solution  # the layout was priced already, or the bound is attained without a ring
+    options = dataclasses.replace(built.options, cp_layout="contiguous")
+    order = [axis] if axis is not None else []
+    order += [a for a in range(len(mesh)) if mesh[a] > 1 and a != axis]
+    candidates: list[tuple[str, Cluster]] = [
+        (f"zigzag on axis {a}", zigzag_cluster(built.cluster, a)) for a in order
+    ]
+    if asked == "auto":
+        candidates.insert(min(1, len(candidates)), ("contiguous", built.cluster))
+    bound = solution.objective
+    best: tuple[float, int, BuiltProblem, BuiltProblem, Solution] | None = None
+    prices: list[str] = []
+    error: AutoshardError | BoundExceeded | None = None
+    for label, cluster in candidates:
+        try:
+            cand_free, cand = rebuild(cluster, options)
+            found = run(cand.problem)
+        except (AutoshardError, BoundExceeded) as e:
+            error = e  # infeasible under this layout (a pin on a one-run op), or over a ceiling
+            prices.append(f"{label}: {_why_not(built, solution, cluster, e)}")
+            continue
+        prices.append(f"{label} {found.objective:.4g} s")
+        rank = _tie_rank(cand, found, cluster)
+        cost = found.objective
+        if best is None or cost < best[0] * (1 - 1e-12) or (cost <= best[0] * (1 + 1e-12) and rank > best[1]):
+            best = (cost, rank, cand_free, cand, found)
+        if best[0] <= bound * (1 + 1e-12):
+            break  # nothing is below the balanced bound
+    if best is None:
+        assert error is not None
+        if asked == "zigzag" and axis is not None and _blockers(built, solution, axis):
+            raise ShardingError(f"cp_layout='zigzag' cannot be emitted: {_why_not(built, solution, cluster, error)}"
+                                "; use cp_layout='auto' or 'contiguous'")  # fmt: skip
+        raise error
+    _, _, cand_free, cand, found = best
+    note = f"context-parallel layout searched: {'; '.join(prices)} (balanced bound {bound:.4g} s)"
+    return cand_free, dataclasses.replace(cand, notes=(*cand.notes, note)), found
+
+
+def _tie_rank(built: BuiltProblem, solution: Solution, cluster: Cluster) -> int:
+    """On a tie: zigzag where the plan rings (2), then contiguous (1), then zigzag on another axis (0)."""
+    zigzag = zigzag_axis_of(cluster)
+    if zigzag is None:
+        return 1
+    return 2 if _ring_axis(built, solution) == zigzag else 0
+
+
+def _chosen(built: BuiltProblem, solution: Solution) -> dict[str, OpStrategy]:
+    return {
+        name: built.strategies[name][k]
+        for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
+    }
+
+
+def _ring_axis(built: BuiltProblem, solution: Solution) -> int | None:
+    return ring_axis_of_plan(built.infos, _chosen(built, solution), tuple(built.cluster.mesh_shape))
+
+
+def _blockers(built: BuiltProblem, solution: Solution, axis: int) -> str:
+    return ", ".join(one_run_ops(built.infos, _chosen(built, solution), axis)[:3])
+
+
+def _why_not(built: BuiltProblem, bound: Solution, cluster: Cluster, error: Exception) -> str:
+    """Why a layout's problem has no plan: the bound's ops that need one run of the sequence, or the error."""
+    axis = zigzag_axis_of(cluster)
+    blockers = _blockers(built, bound, axis) if axis is not None else ""
+    if blockers:
+        return (
+            f"{blockers} split on mesh axis {axis} need one run of the sequence per device, zigzag holds two"
+        )
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"

@@ -1,0 +1,77 @@
+"""The zigzag layout's price: a cluster with a zigzag axis adds one reordering copy to every gather,
+reduce-scatter and all-to-all on that axis, nothing elsewhere; a ring over a mask proven causal pays the
+contiguous layout's imbalance of its causal triangle."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import autoshard
+from autoshard.cluster import Cluster
+from autoshard.problem.context import ZigzagCluster, reorder_seconds, zigzag_axis_of, zigzag_cluster
+
+
+@pytest.fixture
+def mesh() -> Cluster:
+    return autoshard.load_cluster("h100x8", nodes=2, mesh=(2, 8))
+
+
+def test_a_zigzag_axis_prices_its_reordering_copies(mesh: Cluster) -> None:
+    zigzag = zigzag_cluster(mesh, 1)
+    assert isinstance(zigzag, ZigzagCluster) and zigzag_axis_of(zigzag) == 1 and zigzag_axis_of(mesh) is None
+    assert zigzag != mesh and hash(zigzag) != hash(mesh)  # price tables are cached per cluster
+    size = 64 * 2**20
+    for kind, copies in (
+        ("all_gather", 2 * size),
+        ("reduce_scatter", 2 * size),
+        ("all_to_all", 4 * size / 8),
+    ):
+        copy = mesh.compute_time(0.0, copies, "bfloat16")
+        assert copy > 0 and copy == reorder_seconds(kind, size, 8, mesh)
+        assert zigzag.collective_time(kind, size, axis=1) == pytest.approx(
+            mesh.collective_time(kind, size, 1) + copy
+        )
+        assert zigzag.collective_time(kind, size, axis=0) == mesh.collective_time(kind, size, axis=0)
+    assert zigzag.collective_time("all_reduce", size, axis=1) == mesh.collective_time(
+        "all_reduce", size, axis=1
+    )
+    assert "zigzag_axis=1" in repr(zigzag)
+
+
+def test_a_proven_causal_mask_prices_the_contiguous_imbalance_of_its_triangle() -> None:
+    from autoshard import zoo
+    from autoshard.capture import capture
+    from autoshard.problem.build import build_problem
+    from autoshard.problem.context import ring_seconds
+    from autoshard.problem.costs import CostOptions
+
+    case = zoo.build("llama-tiny", batch=1, seq=64)
+    cluster = autoshard.load_cluster("cpu", mesh=(4,))
+    built = build_problem(capture(case.model, case.args), cluster, CostOptions(cp_layout="zigzag"))
+    (name,) = [n for n, i in built.infos.items() if "scaled_dot" in i.target and i.block == (0, i.block[1])]
+    info = built.infos[name]
+    ring = next(s for s in built.strategies[name] if ring_axis(built, name, s) == 0)
+    inputs = tuple(built.infos[i] for i in info.inputs)
+    fwd, bwd = 1.0, 2.0  # seconds of the node's full-square FLOPs on this strategy
+    proven = ring_seconds(info, ring, cluster, inputs, fwd, bwd, "zigzag")
+    unproven = ring_seconds(
+        dataclasses.replace(info, causal_mask=False), ring, cluster, inputs, fwd, bwd, "zigzag"
+    )
+    # the hops (microseconds here) hide under either; balanced, a proven mask is priced as its FLOPs say (the
+    # square, as every other strategy runs it), so a ring is chosen no more often than before the proof
+    assert info.causal_mask and unproven == (0.0, 0.0) and proven == (0.0, 0.0)
+    contiguous = ring_seconds(info, ring, cluster, inputs, fwd, bwd, "contiguous")
+    # the last of 4 contiguous devices does 7/4 of the average triangle, which is half the square priced
+    assert contiguous == pytest.approx((0.75 * 0.5 * fwd, 0.75 * 0.5 * bwd))
+    no_proof = ring_seconds(
+        dataclasses.replace(info, causal_mask=False), ring, cluster, inputs, fwd, bwd, "contiguous"
+    )
+    assert no_proof == (0.0, 0.0)  # an unknown mask: no imbalance is known
+
+
+def ring_axis(built, name, strategy):  # type: ignore[no-untyped-def]
+    from autoshard.problem.context import ring_axis_of
+
+    return ring_axis_of(built.infos, built.infos[name], strategy)
