@@ -50,7 +50,7 @@ from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, sp
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.planner_layout import search_layout
-from autoshard.planner_rerank import step_pruned
+from autoshard.planner_rerank import by_step
 from autoshard.planner_steps import (
     Pruned,
     SearchMethod,
@@ -237,9 +237,7 @@ def _plan_captured(
             say("solve")
             t0 = time.perf_counter()
             again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
-            free, built, solution = step_pruned(
-                search_layout, free, built, again, search, time_limit, ceiling
-            )
+            free, built, solution = by_step(search_layout, free, built, again, search, time_limit, ceiling)
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots

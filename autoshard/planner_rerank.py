@@ -54,7 +54,7 @@ from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
 from autoshard.problem.unpaid import unpaid, unpaid_edges
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, evaluate, solve
 
-__all__ = ["RANK_TOLERANCE", "hand_plan_masks", "lower_bound_problem", "step_pruned", "rank_plan"]
+__all__ = ["RANK_TOLERANCE", "by_step", "hand_plan_masks", "lower_bound_problem", "rank_plan"]
 
 #: Relative slack between the bound and a step that still counts as equal: float sums in two orders (the
 #: solver's objective and the critical path).  The objective's memory tie-break (``MEMORY_TIE_BREAK``) is
@@ -101,7 +101,7 @@ def _without_tie_break(built: BuiltProblem) -> SearchProblem:
     return dataclasses.replace(problem, node_costs=tuple(costs))
 
 
-def step_pruned(
+def by_step(
     layout: Callable[..., _T],
     free: BuiltProblem,
     built: BuiltProblem,
