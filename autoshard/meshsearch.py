@@ -20,7 +20,8 @@ Pruning (``prune=True``, the default).  Candidates are planned fewest axes first
 best predicted step time so far as a ceiling (:func:`autoshard.plan`'s ``ceiling``).  Where the memory
 budget binds, the candidate's optimum without the budget is a proven lower bound on its optimum under it,
 and recomputation only adds time, so that bound holds for every recomputation policy; a plan's predicted
-step time is at least its solver objective (:mod:`autoshard.problem.step`).  When the bound reaches the
+step time is at least the objective of its lower-bound problem (:mod:`autoshard.planner_rerank`, which
+prunes by that bound).  When the bound reaches the
 ceiling the candidate cannot beat the best, and its budgeted solve and recomputation retries are skipped; it
 is listed as ``pruned: bound X s >= best Y s``.  Ties keep the earlier mesh either way, so pruning never
 changes the plan returned (``tests/test_meshsearch_prune.py`` compares it with the unpruned search).  Where

@@ -16,7 +16,8 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 - degrees: known kinds, each at least 1 and dividing the device count; microbatches at least 1; pipeline
   stage ranks on the mesh; recompute a known policy and ``recompute_blocks`` null or a count >= 1;
 - context parallelism: ``context_layout`` is contiguous or zigzag, ``context_axis`` an axis of more than one
-  device (required by zigzag).
+  device (required by zigzag);
+- ranking: a step claimed optimal (``solver.step_optimal``) has a ``step_bound`` it does not exceed.
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
 :func:`~autoshard.codegen.assign.assign_strategies` and verify's mapping (which lists what does not map).
@@ -83,6 +84,17 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
     _shapes(data, mesh, source)
     _degrees(data, math.prod(mesh), source)
     _context(data, mesh, source)
+    _ranking(data, source)
+
+
+def _ranking(data: Mapping[str, Any], source: str) -> None:
+    """A step claimed optimal has a bound, and is not above it (autoshard.planner_rerank)."""
+    solver = data.get("solver")
+    if not isinstance(solver, Mapping) or not solver.get("step_optimal"):
+        return
+    bound, step = solver.get("step_bound"), data.get("predicted_step_time")
+    if not isinstance(bound, (int, float)) or not isinstance(step, (int, float)) or step > bound * (1 + 1e-6):
+        raise _fail(source, "solver.step_optimal", f"claims step {step!r} optimal against bound {bound!r}")
 
 
 def _context(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> None:

@@ -50,6 +50,7 @@ from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, sp
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.planner_layout import search_layout
+from autoshard.planner_rerank import by_step
 from autoshard.planner_steps import (
     Pruned,
     SearchMethod,
@@ -59,9 +60,9 @@ from autoshard.planner_steps import (
     cheaper,
     global_shapes,
     output_order,
+    ranked,
     reader,
     recompute_note,
-    unpinned,
     warn_replicated,
 )
 from autoshard.plans import Plan
@@ -221,7 +222,7 @@ def _plan_captured(
     if not training:
         policies = [Recompute.NONE]
     notes: list[str] = list(getattr(captured, "notes", ()) or ())
-    best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan]] | None = None
+    best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan], Solution] | None = None
     error: InfeasibleError | None = None
     pruned: BoundExceeded | None = None
     uniform: dict[
@@ -236,7 +237,7 @@ def _plan_captured(
             say("solve")
             t0 = time.perf_counter()
             again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
-            free, built, solution = search_layout(free, built, again, search, time_limit, ceiling)
+            free, built, solution = by_step(search_layout, free, built, again, search, time_limit, ceiling)
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots
@@ -252,7 +253,7 @@ def _plan_captured(
         read = reader(model, captured, timings, notes, limit, recompute_note(policy, recompute))
         found = read(built, solution)
         if best is None or found.predicted_step_time < best[0].predicted_step_time:
-            best = (found, free, built, read)
+            best = (found, free, built, read, solution)
         if policy is Recompute.NONE and budget_idle(built, solution, search, time_limit):
             idle = True
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
@@ -279,21 +280,20 @@ def _plan_captured(
             read = reader(model, captured, timings, notes, limit, note)
             plan_k = read(built, solution_k)
             if best is None or plan_k.predicted_step_time < best[0].predicted_step_time:
-                best = (plan_k, free, built, read)
+                best = (plan_k, free, built, read, solution_k)
     if best is None:
         if pruned is not None:
             raise pruned  # every policy either does not fit or cannot beat the ceiling
         assert error is not None
         tried = [p.value for p in policies]
         raise budget_refusal(error, kinds, tried, pinned=bool(annotations), training=training) from error
-    found, free, built, read = best
+    found, free, built, read, solution = best
     if limit != float("inf") and found.memory_per_device > limit * (1 + 1e-9):  # the budget held every term
         raise InfeasibleError(
             f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
-    price = unpinned(free, search, time_limit, read) if built is not free else None
-    flat = dataclasses.replace(found, unpinned_step_time=price)
+    flat = ranked(found, free, built, solution, read, search, time_limit)  # by the reported step
     return dataclasses.replace(flat, degrees=degrees_of(flat))
 
 

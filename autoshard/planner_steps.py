@@ -16,6 +16,7 @@ from autoshard.annotations import pin_problem
 from autoshard.capture import Captured
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError, InfeasibleError, PipelineError
+from autoshard.planner_rerank import rank_plan
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
@@ -33,6 +34,7 @@ __all__ = [
     "cheaper",
     "global_shapes",
     "output_order",
+    "ranked",
     "reader",
     "recompute_note",
     "solve_built",
@@ -130,12 +132,35 @@ def unpinned(
     search: SearchMethod,
     time_limit: float,
     read: Callable[[BuiltProblem, Solution], Plan],
+    pinned: Plan | None = None,
 ) -> float | None:
-    """The predicted step time of the best plan without the user's pins (``None`` when none fits)."""
+    """The predicted step time of the best plan without the user's pins (``None`` when none fits), ranked by
+    that step (:mod:`autoshard.planner_rerank`); the ``pinned`` plan is one of the unpinned plans too."""
     try:
-        return read(built, solve(built.problem, method=search, time_limit=time_limit)).predicted_step_time
+        solution = solve(built.problem, method=search, time_limit=time_limit)
     except InfeasibleError:
         return None
+    others = (("pinned plan", pinned),) if pinned is not None else ()
+    free = rank_plan(
+        read(built, solution), built, solution, read, method=search, time_limit=time_limit, others=others
+    )
+    return free.predicted_step_time
+
+
+def ranked(
+    found: Plan,
+    free: BuiltProblem,
+    built: BuiltProblem,
+    solution: Solution,
+    read: Callable[[BuiltProblem, Solution], Plan],
+    search: SearchMethod,
+    time_limit: float,
+) -> Plan:
+    """The plan ranked by its reported step (:mod:`autoshard.planner_rerank`), with the unpinned price when
+    ``built`` carries pins (``free`` is the same problem without them)."""
+    plan = rank_plan(found, built, solution, read, method=search, time_limit=time_limit)
+    price = unpinned(free, search, time_limit, read, plan) if built is not free else None
+    return dataclasses.replace(plan, unpinned_step_time=price)
 
 
 def warn_replicated(captured: Captured) -> dict[str, float]:

@@ -71,6 +71,14 @@ class NodePlan:
 
 @dataclass(frozen=True, slots=True)
 class SolverReport:
+    """What was proven.  ``objective`` .. ``optimal``: the solver's *linear* step model (its optimum, bound
+    and gap).  The step the plan reports is the critical path (:mod:`autoshard.problem.step`); the ranking
+    step (:mod:`autoshard.planner_rerank`) fills the rest: ``step_bound`` a proven lower bound on the
+    reported step of every plan in ``bound_scope`` ('' = every plan; else the restriction, or why there is
+    no bound), ``step_optimal`` whether the plan's reported step is proven optimal, ``chosen`` which
+    candidate was returned and ``ranked`` every candidate priced, fastest first ("name: seconds").
+    Defaults (no ranking ran, e.g. pipelines): only the linear model's certificate holds."""
+
     method: str
     objective: float
     lower_bound: float
@@ -78,6 +86,11 @@ class SolverReport:
     optimal: bool
     seconds: float
     log: tuple[str, ...] = ()
+    step_bound: float | None = None
+    step_optimal: bool = False
+    chosen: str = ""
+    ranked: tuple[str, ...] = ()
+    bound_scope: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +258,7 @@ class Plan:
                 communication_time=float(data["communication_time"]),
                 memory_per_device=float(data["memory_per_device"]),
                 device_memory=float(data["device_memory"]),
-                solver=SolverReport(**{**data["solver"], "log": tuple(data["solver"].get("log", ()))}),
+                solver=_solver_from_json(data["solver"]),
                 timings=dict(data.get("timings", {})),
                 notes=tuple(data.get("notes", ())),
                 memory_limit=data.get("memory_limit"),
@@ -291,6 +304,11 @@ def _pipeline_from_json(data: dict[str, Any] | None) -> PipelinePlan | None:
         bubble_fraction=float(data.get("bubble_fraction", 0.0)),
         mesh_axis=int(data.get("mesh_axis", 0)),
     )
+
+
+def _solver_from_json(data: dict[str, Any]) -> SolverReport:
+    ranked = tuple(str(r) for r in data.get("ranked", ()))
+    return SolverReport(**{**data, "log": tuple(data.get("log", ())), "ranked": ranked})
 
 
 def _optional_float(value: Any) -> float | None:

@@ -22,6 +22,7 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoshard.plans import load_plan
     from autoshard.report.explain import explain, rebuild, render, render_summary
+    from autoshard.report.proof import proof_line
 
     plan = load_plan(args.plan)
     found = explain(plan, rebuild(plan, args.model), args.node)
@@ -29,4 +30,5 @@ def run(args: argparse.Namespace) -> int:
         print(render_summary(found))
     else:
         print("\n\n".join(render(e) for e in found))
+    print("proven: " + proof_line(plan))  # the same claim as the report's
     return 0

@@ -36,7 +36,7 @@ import numpy as np
 from autoshard.problem.costs import CostOptions, StepCache, dual_spec, repeats
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pricing import pairwise_ids
-from autoshard.problem.recompute import reissued
+from autoshard.problem.recompute import rerun_share
 from autoshard.problem.runs import RunPosition, reads_into_run
 from autoshard.problem.runs import relation as run_relation
 from autoshard.search import Edge
@@ -194,10 +194,11 @@ def _group_node(
         elems = [element_of(producer, s, pos, opts, cache) for s in strategies[name]]
         entries.append(np.array([ids.setdefault(e, len(ids)) for e in elems]))
     element_cost = _element_cost(producer, group.which, strategies[group.producer], list(ids), opts, cache)
-    if reissued(producer, consumer, opts):  # the shared move is re-run once when the block is recomputed
+    share = rerun_share(producer, consumer, opts)  # recomputed blocks re-issue, FSDP re-gathers (as extract)
+    if share:  # the shared move is re-run once: by the recomputed blocks, or re-gathered after forward
         forward = replace(opts, training=False)
         again = _element_cost(producer, group.which, strategies[group.producer], list(ids), forward, cache)
-        element_cost = element_cost + again * opts.recompute_share  # in the recomputed blocks only
+        element_cost = element_cost + again * share
     return fanout_node(element_cost * group.weight, entries, search_fanout.MAX_FANOUT_STATES), entries
 
 

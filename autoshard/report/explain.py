@@ -213,7 +213,8 @@ def _why(a: Terms, b: Terms) -> str:
     if b.total < a.total:
         return (
             f"the runner-up would be {fmt_seconds(a.total - b.total)} cheaper here: the choice is pinned (an "
-            "annotation, allow/forbid, the memory budget) or pays off only with its neighbours' choices"
+            "annotation, allow/forbid, the memory budget), pays off only with its neighbours' choices, or the "
+            "plan was ranked by its critical-path step over the linear optimum"
         )
     if b.memory > a.memory:
         return "same time; the runner-up needs more memory"

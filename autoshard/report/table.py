@@ -37,6 +37,7 @@ from autoshard.report.figures import Baseline, figure_lines
 from autoshard.report.groups import Group, PlanView
 from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text, wrap
 from autoshard.report.patterns import describe_group, recognise
+from autoshard.report.proof import proof_line
 from autoshard.report.timing import Phase, timing_text
 
 __all__ = ["Baseline", "collective_rows", "render", "report_data"]
@@ -245,9 +246,9 @@ def _totals(collectives: tuple[Collective, ...]) -> str:
 
 def _footer(plan: Plan, timing: str, width: int) -> list[str]:
     s = plan.solver
-    proof = "optimal" if s.optimal else f"not proven optimal (gap {s.gap:.2%})"
+    proof = "linear step model optimal" if s.optimal else f"linear step model gap {s.gap:.2%}"
     line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}" + (f"; {timing}" if timing else "")
-    lines = wrap(line, width, "  ", "")
+    lines = wrap(proof_line(plan), width, "  ", "proven: ") + wrap(line, width, "  ", "")
     for note in plan.notes:
         lines += wrap(note, width, "      ", "note: ")
     return lines

@@ -34,6 +34,7 @@ _PARTS = {
     "solve": "solve",
     "recompute_blocks": "recompute search",
     "experts_alternative": "unfused experts",
+    "rank": "rank by step",  # autoshard.planner_rerank
 }
 
 

@@ -130,8 +130,10 @@ def test_pipelined_plan_emits_the_collectives_it_priced() -> None:
         annotations=MEGATRON,
     )
     builds = prepare_stages(model, plan, (ids,), MEGATRON)
-    outputs_reduced = [b for b in builds if any(c.node == "output" for c in b.plan.collectives)]
-    assert outputs_reduced, "the first stage ends in a layer: its partial output is reduced, and priced"
+    # In float64 the layers' RMSNorm casts the residual down to float32, and a Partial residual may not pass
+    # a narrowing cast (strategies/rules/pointwise.py): the first stage's output is then reduced inside the
+    # layer, not at the cut.  Either way what is priced is what is emitted (below).
+    assert all(b.plan.collectives for b in builds)
     for rank in launch(_emitted_rank, 4, model, plan, builds, ids, torch.roll(ids, -1, 1), timeout=600):
         for emitted, planned, ran in rank:
             assert emitted == planned and sum(planned.values()) > 0

@@ -106,8 +106,17 @@ _IDENTITY = [
 
 @register(*_IDENTITY)
 def identity_like(node: fx.Node, mesh_shape: tuple[int, ...]) -> list[OpStrategy]:
-    """Copies, casts and negation: any split, Partial passes through."""
-    return pointwise_strategies(node, mesh_shape, lambda b: [["self"]])
+    """Copies, casts and negation: any split; Partial passes through unless the cast narrows the float type
+    (rounding each addend is not rounding their sum: HF's RMSNorm casts a float64 residual to float32)."""
+    return pointwise_strategies(node, mesh_shape, lambda b: [] if _narrows(node) else [["self"]])
+
+
+def _narrows(node: fx.Node) -> bool:
+    x = node.args[0] if node.args else None
+    src, out = tensor_meta(x) if isinstance(x, fx.Node) else None, tensor_meta(node)
+    if src is None or out is None or not (src.dtype.is_floating_point and out.dtype.is_floating_point):
+        return False
+    return torch.finfo(out.dtype).eps > torch.finfo(src.dtype).eps
 
 
 @register(aten.type_as.default, aten.to.other)

@@ -1,0 +1,90 @@
+"""What the reported step may not pay of an edge's linear price: the part a lower bound leaves out.
+
+Input: a :class:`~autoshard.problem.build.BuiltProblem`.  Output: one :class:`Unpaid` record per ordinary
+edge of its search problem that the reported (critical-path) step may not pay in full, and
+:func:`unpaid`, the seconds to subtract from that edge's price so that the linear objective bounds every
+plan's reported step from below (:mod:`autoshard.planner_rerank` solves that problem).
+
+Two reasons, both as :mod:`autoshard.problem.step` and :mod:`autoshard.problem.extract` report a plan:
+
+* a repeated layer's parameter gathers (FSDP forward gathers, backward re-gathers) are priced on each of
+  the ``copies`` layers, and prefetch exposes at least one copy: all but one may be hidden;
+* a move that ``consumers`` uses of one tensor may share is priced once per use (too many layouts for an
+  exact fan-out node), and runs once per distinct layout: at least the dearest use, so at least ``1/m`` of
+  their sum.
+
+The records follow the builder's own order of ordinary edges (:func:`~autoshard.problem.build.build_problem`:
+single uses, then the uses of groups priced apart, self-edges folded into node costs); each record names its
+use, and :func:`unpaid_edges` checks the edge it points at joins the same two solver variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from autoshard.problem.fanout import split_uses
+from autoshard.problem.recompute import rerun_share
+
+if TYPE_CHECKING:
+    from autoshard.problem.build import BuiltProblem
+
+__all__ = ["Unpaid", "unpaid", "unpaid_edges"]
+
+
+@dataclass(frozen=True, slots=True)
+class Unpaid:
+    """An edge of the search problem that the reported step may not pay in full.
+
+    ``edge``: its index in ``SearchProblem.edges``; ``use``: (producer, consumer, output, input position)
+    of the builder's weighted use; ``copies``: its weight (layer copies); ``share``: how often backward
+    re-runs its forward moves (FSDP re-gather, recomputation); ``consumers``: uses that may share its move;
+    ``gathers``: its forward moves are a repeated layer's parameter gathers that prefetch hides."""
+
+    edge: int
+    use: tuple[str, str, int, int]
+    copies: int
+    share: float
+    consumers: int
+    gathers: bool
+
+
+def unpaid_edges(built: BuiltProblem) -> tuple[Unpaid, ...] | None:
+    """The records of ``built`` (None when its edges are not in the builder's order: no bound then)."""
+    sharing = split_uses(built.edges, built.infos, built.template, built.num_blocks, built.runs)
+    weights = dict(sharing.single)
+    apart: dict[tuple[str, str, int, int], int] = {}
+    for group in built.apart:
+        for consumer, pos in group.entries:
+            weights[(group.producer, consumer, group.which, pos)] = group.weight
+            apart[(group.producer, consumer, group.which, pos)] = len(group.entries)
+    opts, edges, index = built.options, built.problem.edges, {v: k for k, v in enumerate(built.variables)}
+    out: list[Unpaid] = []
+    k = 0
+    for (tu, tv, which, pos), weight in weights.items():
+        if tu == tv:  # folded into the node's cost
+            continue
+        if k >= len(edges) or (edges[k].u, edges[k].v) != (index[tu], index[tv]):
+            return None
+        producer = built.infos[tu]
+        repeated = weight > 1 and producer.kind == "parameter" and producer.block is not None
+        gathers = repeated and opts.training and opts.overlap.prefetch > 0
+        m = apart.get((tu, tv, which, pos), 1)
+        if gathers or m > 1:
+            share = rerun_share(producer, built.infos[tv], opts)
+            out.append(Unpaid(k, (tu, tv, which, pos), weight, share, m, gathers))
+        k += 1
+    return tuple(out)
+
+
+def unpaid(matrix: np.ndarray, forward: np.ndarray | None, record: Unpaid) -> np.ndarray:
+    """Seconds of ``matrix`` the reported step may not pay; ``forward``: the edge's forward moves for one
+    layer copy (needed when ``record.gathers``)."""
+    hide = np.zeros_like(matrix)
+    if record.gathers and forward is not None:
+        hide = forward * (record.copies - 1) * (1 + record.share)
+    if record.consumers > 1:
+        hide = np.where(np.isfinite(matrix), matrix - (matrix - hide) / record.consumers, 0.0)
+    return hide

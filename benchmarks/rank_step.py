@@ -1,0 +1,118 @@
+"""What ranking plans by the reported step costs and changes (autoshard/planner_rerank.py).
+
+The new user's two cases, planned on every candidate mesh as ``autoshard search`` does:
+
+* ``gpt2``: README command 1 (GPT-2, batch 8 x 1024, one 8 x A100 node): the plan's step, its label, the
+  proven bound, and the ranking's own time per mesh (wall and CPU) against planning without it;
+* ``llama``: ``--model llama3-8b --forbid tp --memory-limit 40``: the pinned plan's step against the
+  unpinned price (was 1.175 s pinned vs 1.194 s "unpinned optimum").
+
+    python -m benchmarks.rank_step                 # gpt2
+    python -m benchmarks.rank_step --case llama    # about a minute per mesh on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import autoshard
+import autoshard.planner as planner_module
+from autoshard import zoo
+from autoshard.capture import capture
+from autoshard.meshsearch import candidate_meshes
+from autoshard.plans import Plan
+from autoshard.report.proof import proof_line
+
+
+def _timed(fn: Callable[[], Plan]) -> tuple[Plan, float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    plan = fn()
+    return plan, time.perf_counter() - wall, time.process_time() - cpu
+
+
+class _RankClock:
+    """Wraps ``autoshard.planner.rank_plan`` to add up the CPU and wall seconds it takes."""
+
+    def __init__(self) -> None:
+        self.cpu = self.wall = 0.0
+        self.original = planner_module.rank_plan
+
+    def __enter__(self) -> _RankClock:
+        def timed(*args: Any, **kwargs: Any) -> Plan:
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return self.original(*args, **kwargs)
+            finally:
+                self.cpu += time.process_time() - cpu
+                self.wall += time.perf_counter() - wall
+
+        planner_module.rank_plan = timed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        planner_module.rank_plan = self.original
+
+
+def gpt2(repeats: int = 3) -> None:
+    case = zoo.build("gpt2")
+    captured = capture(case.model, case.args, dict(case.kwargs))
+    print(f"README command 1: gpt2 on 1 x a100x8, every candidate mesh (best of {repeats} runs)")
+    total_cpu = total_wall = 0.0
+    for mesh in candidate_meshes(1, 8):
+        cluster = autoshard.load_cluster("a100x8", mesh=mesh)
+        runs = []
+
+        def run(cluster: autoshard.Cluster = cluster) -> Plan:
+            return autoshard.plan(case.model, cluster, case.args, case.kwargs, captured=captured)
+
+        for _ in range(repeats):
+            with _RankClock() as clock:
+                plan, wall, cpu = _timed(run)
+            runs.append((clock.cpu, clock.wall, cpu, wall, plan))
+        rank_cpu, rank_wall, cpu, wall, plan = min(runs, key=lambda r: r[0])
+        total_cpu, total_wall = total_cpu + rank_cpu, total_wall + rank_wall
+        print(
+            f"  mesh {'x'.join(map(str, mesh)):6s} step {plan.predicted_step_time * 1e3:8.3f} ms  ranking "
+            f"{rank_cpu * 1e3:6.1f} ms CPU {rank_wall * 1e3:6.1f} ms wall, of planning {cpu:.2f} s CPU "
+            f"{wall:.2f} s wall"
+        )
+        print(f"    proven: {proof_line(plan)}")
+    print(
+        f"  ranking adds {total_cpu:.3f} s CPU ({total_wall:.3f} s wall) over the {len(candidate_meshes(1, 8))} meshes"
+    )
+
+
+def llama() -> None:
+    case = zoo.build("llama3-8b")
+    captured = capture(case.model, case.args, dict(case.kwargs))
+    print("llama3-8b --forbid tp --memory-limit 40 on 1 x a100x8")
+    pins: dict[str, Any] = {"captured": captured, "forbid": ["tp"], "memory_limit": 40 * 2**30}
+    for mesh in candidate_meshes(1, 8):
+        cluster = autoshard.load_cluster("a100x8", mesh=mesh)
+
+        def run(cluster: autoshard.Cluster = cluster) -> Plan:
+            return autoshard.plan(case.model, cluster, case.args, case.kwargs, **pins)
+
+        plan, wall, cpu = _timed(run)
+        price = plan.unpinned_step_time
+        print(
+            f"  mesh {'x'.join(map(str, mesh)):6s} pinned {plan.predicted_step_time:.4f} s, unpinned price "
+            f"{price if price is None else round(price, 4)} s; rank {plan.timings.get('rank', 0.0):.2f} s; "
+            f"plan {wall:.1f} s wall {cpu:.1f} s CPU"
+        )
+        print(f"    proven: {proof_line(plan)}")
+        print(f"    ranked: {'; '.join(plan.solver.ranked)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=("gpt2", "llama"), default="gpt2")
+    args = parser.parse_args()
+    {"gpt2": gpt2, "llama": llama}[args.case]()
+
+
+if __name__ == "__main__":
+    main()
