@@ -341,7 +341,34 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--lr", type=float, default=1e-3)
         p.add_argument("--metrics", default="", help="write the figures as JSON")
     args = parser.parse_args(argv)
-    {"init": cmd_init, "plan": cmd_plan, "run": cmd_run, "reference": cmd_reference}[args.command](args)
+    command = {"init": cmd_init, "plan": cmd_plan, "run": cmd_run, "reference": cmd_reference}[args.command]
+    from autoshard.errors import AutoshardError
+
+    try:
+        _check_paths(args)
+        command(args)
+    except AutoshardError as e:  # bad input (plan file, mesh, model): one line, exit 2, no traceback
+        import os
+
+        if os.environ.get("RANK", "0") == "0":
+            print(f"train.py {args.command}: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Paths the command reads, checked before anything loads (a missing model directory would otherwise be taken
+    for a Hugging Face Hub id and fetched over the network)."""
+    from autoshard.errors import AutoshardError
+
+    if args.command != "init" and not (Path(args.model) / "config.json").is_file():
+        raise AutoshardError(
+            f"--model {args.model}: no config.json there; write one with `train.py init --model {args.model}`"
+        )
+    resume = getattr(args, "resume", "")
+    if resume and not (Path(resume) / "autoshard-step.json").is_file():
+        raise AutoshardError(
+            f"--resume {resume}: not a checkpoint written by `train.py run --save` (no autoshard-step.json)"
+        )
 
 
 if __name__ == "__main__":

@@ -61,3 +61,28 @@ def test_zero_3_needs_a_plan_that_gathers_weights(plans, monkeypatch, capsys) ->
     assert "use --zero 1 or 2" in err and "--layout fsdp" in err
     assert _check(plans["tp-dp"], 2, 4, 0, monkeypatch, capsys) == (None, "")
     assert _check(plans["fsdp"], 3, 2, 0, monkeypatch, capsys) == (None, "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", "--plan", "{broken}"], "broken JSON at line 1"),
+        (
+            ["run", "--plan", "{tp-dp}", "--resume", "{root}/nodcp"],
+            "not a checkpoint written by `train.py run --save`",
+        ),
+        (["plan", "--nproc", "3", "--mesh", "2x2"], "mesh (2, 2) has 4 devices"),
+        (["reference", "--model", "{root}/nockpt"], "no config.json there"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(plans, tmp_path, monkeypatch, capsys, argv, expected) -> None:
+    """A broken plan file, a missing checkpoint, a mesh that is not the world and a model directory that does not
+    exist (it was taken for a Hub id and fetched over the network) each end in one line, never a traceback."""
+    monkeypatch.setenv("RANK", "0")
+    (tmp_path / "broken.json").write_text("{broken")
+    names = {"broken": str(tmp_path / "broken.json"), "tp-dp": str(plans["tp-dp"]), "root": str(tmp_path)}
+    model = ["--model", str(plans["tp-dp"].parent / "ckpt")] if "--model" not in argv else []
+    with pytest.raises(SystemExit) as stop:
+        _train().main([a.format(**names) for a in argv] + model)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err and expected in err
