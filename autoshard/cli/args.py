@@ -136,4 +136,5 @@ def first_clause(error: BaseException) -> str:
     """The message up to its first '; ' or '. ' (the what, without the how-to-fix that follows)."""
     text = one_line(error)
     cut = min((i for i in (text.find("; "), text.find(". ")) if i > 0), default=len(text))
-    return text[:cut]
+    head = text[:cut]
+    return head + ")" * max(0, head.count("(") - head.count(")"))  # a clause cut inside "(...)" is closed

@@ -40,3 +40,14 @@ def test_collective_total_is_wrapped_not_cut(mlp_files) -> None:
     report = mlp_files["report"].read_text()
     total = report[report.index("  total: ") :].split("\n\n")[0]
     assert "…" not in total and total.count("(") == total.count(")")
+
+
+def test_a_first_clause_cut_inside_parentheses_is_closed() -> None:
+    """The baseline line of a memory refusal was cut at the '; ' inside its parenthesis: '(10.47 GiB over'."""
+    from autoshard.cli.args import first_clause
+
+    error = ValueError(
+        "every plan needs at least 50.47 GiB (10.47 GiB over; the largest temporary 1 GiB); try X"
+    )
+    assert first_clause(error) == "every plan needs at least 50.47 GiB (10.47 GiB over)"
+    assert first_clause(ValueError("plain; how to fix")) == "plain"
