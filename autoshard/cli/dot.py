@@ -33,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None:
         print(dot.to_dot(plan, level), end="")
         return 0
+    suffix = Path(args.output).suffix.lower()
+    if suffix not in (".dot", ".gv", *dot.RENDERED):
+        known = ", ".join((".dot", ".gv", *dot.RENDERED))
+        raise CliError(f"-o {args.output}: unknown format {suffix or '(no suffix)'}; name the file {known}")
     if not Path(args.output).resolve().parent.is_dir():
         raise CliError(
             f"-o {args.output}: directory {Path(args.output).parent} does not exist; create it first"

@@ -87,3 +87,10 @@ def test_dot_reports_a_graphviz_failure(cli, mlp_files: dict[str, Path], tmp_pat
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     r = cli("dot", str(mlp_files["plan"]), "-o", str(tmp_path / "mlp.svg"))
     assert r.code == 2 and "graphviz failed to render" in r.err and "syntax error" in r.err
+
+
+def test_dot_refuses_an_unknown_suffix(cli, mlp_files: dict[str, Path], tmp_path: Path) -> None:
+    """`-o plan.xyz` wrote DOT text under a name that promised something else (new-user trial)."""
+    r = cli("dot", str(mlp_files["plan"]), "-o", str(tmp_path / "plan.xyz"))
+    assert r.code == 2 and "unknown format .xyz" in r.err and ".svg" in r.err
+    assert not (tmp_path / "plan.xyz").exists()
