@@ -129,7 +129,17 @@ def dp_weights_note(view: PlanView, pipeline_axis: int | None = None) -> str:
     parameters"``; ``""`` when the DP axes shard no parameter."""
     uses = [u for u in axis_uses(view, pipeline_axis) if u.kind == "dp"]
     gathered = fsdp_axes(view)
-    names = {fqn for u in uses for fqn in gathered.get(u.axis, [])}
+    if not any(gathered.get(u.axis) for u in uses):
+        return ""
+    # Counted from the placements, which name every parameter: the gathers are recorded once per captured
+    # block, so counting them counted per-layer templates ("1 of 291" where 32 were stored split).
+    placements = view.plan.param_placements
+    names = {
+        fqn
+        for u in uses
+        for fqn, spec in placements.items()
+        if u.axis < len(spec) and spec[u.axis].startswith("S(")
+    } | {fqn for u in uses for fqn in gathered.get(u.axis, [])}
     if not names:
         return ""
     return f"ZeRO-3/FSDP on {len(names)} of {len(view.plan.param_placements)} parameters"

@@ -136,3 +136,20 @@ def test_dp_headline_says_when_some_weights_are_fsdp_sharded() -> None:
     assert _headline_kinds(headline(plan)) == ["DP"]  # the axis is still data parallel: most weights whole
     plain = cases.make_plan((8,), params | {"wte.weight": ("R",)}, ops, [], inputs={"ids": ("S(0)",)})
     assert headline(plain) == "DP 8, 1 microbatch"
+
+
+def test_the_dp_weights_note_counts_parameters_not_captured_blocks() -> None:
+    """The gathers are recorded once per captured block, so the note counted per-layer templates: LLaMA-3-8B on
+    2 x 8 printed "ZeRO-3/FSDP on 1 of 291 parameters" over a body listing 32 stored split on that axis."""
+    import autoshard.report.axes as axes
+
+    class View:
+        class plan:
+            param_placements = {f"layers.{i}.w": ("S(0)", "R") for i in range(4)} | {"head": ("R", "R")}
+
+    uses = [axes.AxisUse(0, 2, "dp", "linear", 0.9, False, 4, 5, True, 1)]
+    gathered = {0: ["layers.0.w"]}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(axes, "axis_uses", lambda view, pipeline_axis=None: uses)
+        mp.setattr(axes, "fsdp_axes", lambda view: gathered)
+        assert axes.dp_weights_note(View()) == "ZeRO-3/FSDP on 4 of 5 parameters"  # type: ignore[arg-type]
