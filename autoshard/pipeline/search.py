@@ -267,9 +267,10 @@ def _price(
     degree = where.degree
     budget = limit if math.isfinite(limit) else math.inf
     built = build(captured, where.sub, opts, budget if degree == 1 else math.inf)
-    floor = compute_floor(built, degree)
-    if floor * (1 - _ROUNDING) >= ceiling:
-        raise BoundExceeded(floor, ceiling)
+    if math.isfinite(ceiling):
+        floor = compute_floor(built, degree)
+        if floor * (1 - _ROUNDING) >= ceiling:
+            raise BoundExceeded(floor, ceiling)
     if degree == 1:  # the intra-op plan with gradient accumulation, priced by the same stage function
         solution = solve(built.problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
         whole = part_costs(built, solution)
