@@ -35,8 +35,10 @@ from typing import Literal
 import numpy as np
 
 from autoshard.search.budget import Lagrange, Relaxed, dual_search
+from autoshard.search.diffusion import exact_below, reparametrise
 from autoshard.search.exact import ExactSolver, FactorCapExceeded, min_memory_plan
 from autoshard.search.neighbourhood import improve
+from autoshard.search.peak import at_threshold, thresholds
 from autoshard.search.problem import (
     SearchProblem,
     Solution,
@@ -157,6 +159,14 @@ def with_budget_by_reduction(
         if peak is None and lag.cost + run.offset() < evaluate(run.problem, best):
             best = run.expand(lag.plan)  # a probe's minimiser fit and beat it (with peak terms: kept out)
         lag.cost = evaluate(run.problem, best) - run.offset()
+    proven = False
+    if not lag.closed() and lag.lam > 0.0:
+        found = _close_by_fixing(run, lag.lam, best, peak)
+        if found is not None:
+            best, proven = found
+            lag.cost = evaluate(run.problem, best) - run.offset()
+            if proven:  # no fitting plan is cheaper (with peak terms: fitting with its own peak)
+                lag.bound = lag.cost
     bound = lag.bound + run.offset()
     run.log.append(
         f"lagrangian by reduction: {lag.solves} relaxed solves"
@@ -166,9 +176,8 @@ def with_budget_by_reduction(
     )
     binding = True if lag.binding else None
     if lag.closed():
-        return dataclasses.replace(
-            run.finish_original(best, bound, True, "exact:lagrangian"), budget_binding=binding
-        )
+        how = "exact:fixing" if proven else "exact:lagrangian"
+        return dataclasses.replace(run.finish_original(best, bound, True, how), budget_binding=binding)
     pairs = sum(e.cost.size for e in rp.edges)
     if method != "exact" and pairs > CPSAT_MAX_PAIRS:
         run.log.append(
@@ -202,6 +211,52 @@ def _fit_peak(
         if plan is not None:
             found, upper = plan, evaluate(full, plan)
     return found if found is not None else best
+
+
+def _close_by_fixing(
+    run: Run, lam: float, best: tuple[int, ...], peak: tuple[np.ndarray, ...] | None
+) -> tuple[tuple[int, ...], bool] | None:
+    """The duality gap closed where it can be (:mod:`~autoshard.search.diffusion`): the cheapest plan on
+    the original nodes that fits (with its own peak, when there are peak terms) and whether that is proven;
+    None when ``best`` does not fit with its peak (fixing needs a fitting plan's cost as its threshold).
+
+    With peak terms, by thresholds as :mod:`~autoshard.search.peak` does: every plan fits ``P(t)`` for ``t``
+    its own peak, so the optimum is the least of :func:`exact_below` over the thresholds; each ``P(t)``'s
+    reparametrised bound rises by ``lam * (t - floor)`` over the relaxation's, so all but the lowest few are
+    closed by the bound alone."""
+    plain = run.problem
+    assert plain.memory_limit is not None
+    subs: list[tuple[SearchProblem | None, float]] = [(plain, 0.0)]  # (P(t), how much its bound rises)
+    if peak is not None:
+        floor = peak_floor(dataclasses.replace(plain, peak=peak))
+        full = dataclasses.replace(plain, peak=peak, memory_limit=plain.memory_limit + floor)
+        assert full.memory_limit is not None
+        if memory_of(full, best) > full.memory_limit:
+            return None
+        least = memory_lower_bound(plain)  # thresholds that leave less budget than that fit nothing
+        subs = [
+            (at_threshold(plain, peak, t, full.memory_limit), lam * (t - floor))
+            for t in thresholds(full, floor)
+            if full.memory_limit - t >= least
+        ]
+    rep = reparametrise(plain, lam)  # once: each P(t) masks strategies and lowers the budget by t - floor
+    upper = evaluate(plain, best)
+    run.log.append(
+        f"reparametrised fixing (search/diffusion.py): bound {rep.bound:.6g} s below the plan of {upper:.6g} s"
+    )
+    proven = True
+    for sub, lift in subs:
+        if sub is None:
+            continue  # a node has no strategy under this threshold
+        found, done = exact_below(sub, lam, upper, run.log, rep, lift)
+        proven = proven and done
+        if found is not None and evaluate(plain, found) < upper:
+            best, upper = found, evaluate(plain, found)
+    run.log.append(
+        f"reparametrised fixing: {'optimal' if proven else 'not proven'} at {upper:.6g} s"
+        + (f" over {len(subs)} peak thresholds" if peak is not None else "")
+    )
+    return best, proven
 
 
 def least_memory(problem: SearchProblem, max_factor: float) -> tuple[tuple[int, ...], float]:
