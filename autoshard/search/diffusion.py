@@ -56,7 +56,7 @@ __all__ = ["Fixed", "Reparametrised", "exact_below", "fix", "fix_by_diffusion", 
 #: Sweeps of min-sum diffusion at most; it stops earlier once a sweep raises the bound by less than
 #: :data:`_STALL` relative (the 405B stage: ~60 sweeps, 0.1 s).
 _SWEEPS = 300
-_STALL = 1e-13
+_STALL = 1e-12
 
 #: Relative slack on the fixing threshold: the reparametrised entries are sums of ``lam * memory`` terms of
 #: up to 1e5 s, so rounding must not forbid a strategy of a plan that matches ``upper``.
