@@ -67,6 +67,11 @@ __all__ = ["CPSAT_MAX_PAIRS", "least_memory", "trivial_lower_bound", "with_budge
 #: 405B-shaped LLaMA's problems (650k pairs on 128 x 16 x 8: 18 s of model building, no plan in 60 s).
 CPSAT_MAX_PAIRS = 200_000
 
+#: With peak terms, fixing is first tried for plans up to this share of the gap above the best plan without
+#: its peak: fitting with the peak usually costs a little more (the 405B stage: 0.005 s of a 0.28 s gap),
+#: and each share of the gap widens what fixing keeps (the whole gap: 971 strategies, too many to solve).
+_EARLY_ROOM = 0.1
+
 
 def trivial_lower_bound(problem: SearchProblem) -> float:
     """Every node and every edge at its own cheapest allowed entry: a valid bound, usually loose."""
@@ -153,10 +158,25 @@ def with_budget_by_reduction(
             if fixed is not None and evaluate(rp, fixed) < lag.cost:
                 lag.plan, lag.cost = fixed, evaluate(rp, fixed)
     best = run.expand(lag.plan)
-    if peak is not None:
+    early: tuple[tuple[int, ...], bool] | None = None
+    if peak is not None and lag.over and not lag.closed():
+        # the dual refined on the plan without its peak, then fixing just above that plan's cost: where a
+        # plan that fits with its peak lies there, fixing finds and proves it without _fit_peak's re-solves
+        dual_search(
+            relaxed, rp, lag, lag.lam or lam0, deadline=run.start + run.time_limit, seeds=(lag.over[-1],),
+            tolerance=0.05, ceiling=run.ceiling - run.offset(),
+        )  # fmt: skip
+        run.prune(lag.bound + run.offset())
+        best = run.expand(lag.plan)
+        room = _EARLY_ROOM * (lag.cost - lag.bound)  # a tenth of the gap above the plan
+        if lag.lam > 0.0 and room > 0.0:
+            early = _close_by_fixing(run, lag.lam, best, peak, upper=lag.cost + run.offset() + room)
+    if early is not None and early[1]:
+        best, lag.cost = early[0], evaluate(run.problem, early[0]) - run.offset()
+    elif peak is not None:
         best = _fit_peak(run, peak, [run.expand(x) for x in starts], best)
         lag.cost = evaluate(run.problem, best) - run.offset()
-    if lag.over and not lag.closed():  # the primal moved: probe on until 5 % of the gap now left
+    if early is None and lag.over and not lag.closed():  # the primal moved: probe on to 5 % of the gap left
         dual_search(
             relaxed, rp, lag, lag.lam or lam0, deadline=run.start + run.time_limit, seeds=(lag.over[-1],),
             tolerance=0.05, ceiling=run.ceiling - run.offset(),
@@ -165,8 +185,10 @@ def with_budget_by_reduction(
         if peak is None and lag.cost + run.offset() < evaluate(run.problem, best):
             best = run.expand(lag.plan)  # a probe's minimiser fit and beat it (with peak terms: kept out)
         lag.cost = evaluate(run.problem, best) - run.offset()
-    proven = False
-    if not lag.closed() and lag.lam > 0.0:
+    proven = early is not None and early[1]
+    if proven:
+        lag.bound = lag.cost  # fixing proved it: no plan that fits with its peak is cheaper
+    elif not lag.closed() and lag.lam > 0.0:
         found = _close_by_fixing(run, lag.lam, best, peak)
         if found is not None:
             best, proven = found
@@ -220,11 +242,17 @@ def _fit_peak(
 
 
 def _close_by_fixing(
-    run: Run, lam: float, best: tuple[int, ...], peak: tuple[np.ndarray, ...] | None
+    run: Run,
+    lam: float,
+    best: tuple[int, ...],
+    peak: tuple[np.ndarray, ...] | None,
+    upper: float | None = None,
 ) -> tuple[tuple[int, ...], bool] | None:
     """The duality gap closed where it can be (:mod:`~autoshard.search.diffusion`): the cheapest plan on
     the original nodes that fits (with its own peak, when there are peak terms) and whether that is proven;
     None when ``best`` does not fit with its peak (fixing needs a fitting plan's cost as its threshold).
+    ``upper`` instead of ``best``'s cost: only plans below it are looked for (``best`` need not fit), and
+    None when none is found.
 
     With peak terms, by thresholds as :mod:`~autoshard.search.peak` does: every plan fits ``P(t)`` for ``t``
     its own peak, so the optimum is the least of :func:`exact_below` over the thresholds; each ``P(t)``'s
@@ -237,7 +265,7 @@ def _close_by_fixing(
         floor = peak_floor(dataclasses.replace(plain, peak=peak))
         full = dataclasses.replace(plain, peak=peak, memory_limit=plain.memory_limit + floor)
         assert full.memory_limit is not None
-        if memory_of(full, best) > full.memory_limit:
+        if upper is None and memory_of(full, best) > full.memory_limit:
             return None
         least = memory_lower_bound(plain)  # thresholds that leave less budget than that fit nothing
         subs = [
@@ -246,9 +274,10 @@ def _close_by_fixing(
             if full.memory_limit - t >= least
         ]
     rep = reparametrise(plain, lam)  # once: each P(t) masks strategies and lowers the budget by t - floor
-    upper = evaluate(plain, best)
+    known = upper is None  # ``best`` fits: it is the answer unless something cheaper is found
+    upper = evaluate(plain, best) if upper is None else upper
     run.log.append(
-        f"reparametrised fixing (search/diffusion.py): bound {rep.bound:.6g} s below the plan of {upper:.6g} s"
+        f"reparametrised fixing (search/diffusion.py): bound {rep.bound:.6g} s, plans below {upper:.6g} s"
     )
     proven = True
     for sub, lift in subs:
@@ -257,12 +286,12 @@ def _close_by_fixing(
         found, done = exact_below(sub, lam, upper, run.log, rep, lift)
         proven = proven and done
         if found is not None and evaluate(plain, found) < upper:
-            best, upper = found, evaluate(plain, found)
+            best, upper, known = found, evaluate(plain, found), True
     run.log.append(
-        f"reparametrised fixing: {'optimal' if proven else 'not proven'} at {upper:.6g} s"
+        f"reparametrised fixing: {'optimal' if proven and known else 'not proven'} at {upper:.6g} s"
         + (f" over {len(subs)} peak thresholds" if peak is not None else "")
     )
-    return best, proven
+    return (best, proven) if known else None
 
 
 def least_memory(problem: SearchProblem, max_factor: float) -> tuple[tuple[int, ...], float]:
