@@ -11,7 +11,6 @@ import dataclasses
 import random
 
 import pytest
-import torch
 
 import autoshard
 import autoshard.pipeline.search as pipeline_search
@@ -24,18 +23,9 @@ from autoshard.problem.build import build_problem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.search import solve
 from cost_models.profile import load_profile
+from tests.pipeline.test_pipeline_pricing import _llama
 
-transformers = pytest.importorskip("transformers")
-
-
-def _llama(layers: int, hidden: int, batch: int, seq: int) -> tuple[torch.nn.Module, torch.Tensor]:
-    cfg = transformers.LlamaConfig(
-        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=8,
-        num_key_value_heads=8, vocab_size=1024, max_position_embeddings=seq, use_cache=False,
-        attn_implementation="sdpa", bos_token_id=0, eos_token_id=1023,
-    )  # fmt: skip
-    with torch.device("meta"):
-        return transformers.LlamaForCausalLM(cfg), torch.zeros(batch, seq, dtype=torch.long, device="meta")
+pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
