@@ -284,9 +284,11 @@ def _close_by_fixing(
         if sub is None:
             continue  # a node has no strategy under this threshold
         found, done = exact_below(sub, lam, upper, run.log, rep, lift)
-        proven = proven and done
         if found is not None and evaluate(plain, found) < upper:
             best, upper, known = found, evaluate(plain, found), True
+        if not done:  # one threshold left open leaves the whole open: the rest would cost without proving
+            proven = False
+            break
     run.log.append(
         f"reparametrised fixing: {'optimal' if proven and known else 'not proven'} at {upper:.6g} s"
         + (f" over {len(subs)} peak thresholds" if peak is not None else "")
