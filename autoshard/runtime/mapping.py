@@ -51,7 +51,7 @@ from autoshard.search import solve
 if TYPE_CHECKING:
     from autoshard.runtime.verify import VerifyReport
 
-__all__ = ["MAX_AXIS", "MappedPlan", "map_plan", "shrink_mesh", "verify_plan"]
+__all__ = ["MAX_AXIS", "MappedPlan", "align_sequences", "map_plan", "shrink_mesh", "verify_plan"]
 
 MAX_AXIS = 2  # each mesh axis of a mapped plan is at most this wide: 2-4 gloo ranks for 1-2 axes, 8 for 3
 
@@ -94,8 +94,8 @@ def _small_sequences(built: BuiltProblem) -> tuple[list[NodeInfo], list[NodeInfo
     return block, [i for i in variables if i.block is None]
 
 
-def _align(big: list[NodePlan], small: list[NodeInfo]) -> dict[str, NodePlan]:
-    """small node name → the plan decision it lines up with."""
+def align_sequences(big: list[NodePlan], small: list[NodeInfo]) -> dict[str, NodePlan]:
+    """small node name → the plan decision it lines up with (module doc: how nodes are matched)."""
     a = [_token(n.target, n.module) for n in big]
     b = [_token(i.target, i.fqn or i.module) for i in small]
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
@@ -143,7 +143,7 @@ def map_plan(
         small_outside = [built.infos[v] for v in built.variables]
         big_outside = big_block + big_outside
         big_block = []
-    pairs = _align(big_block, small_block) | _align(big_outside, small_outside)
+    pairs = align_sequences(big_block, small_block) | align_sequences(big_outside, small_outside)
     allowed: dict[str, np.ndarray] = {}
     exercised: list[str] = []
     unmapped: list[str] = []

@@ -51,8 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autoshard.capture import Captured, capture
-from autoshard.capture.experts import plan_fuses_experts
+from autoshard.capture import Captured
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import PipelinePlan, Plan
@@ -268,9 +267,8 @@ def prepare_stages(
     copied, builds = _copied(names, modules), []
     for stage, module, example, output in zip(pipe.stages, modules, examples, examples[1:], strict=False):
         pins = _stage_annotations(module, annotations or {})
-        stage_plan = _plan_stage(module, stage.index, plan, axis, cluster, example, placements, pins, names)
-        captured = capture(
-            module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(stage_plan.nodes)
+        stage_plan, captured = _plan_stage(
+            module, stage.index, plan, axis, cluster, example, placements, pins, names
         )
         tied = tuple((n, names[n]) for n, _ in module.named_parameters() if names[n] in copied)
         builds.append(
@@ -378,8 +376,8 @@ def _plan_stage(
     input_placements: tuple[str, ...],
     annotations: Mapping[str, Any],
     names: Mapping[str, str],
-) -> Plan:
-    import autoshard
+) -> tuple[Plan, Captured]:
+    from autoshard.runtime.stage_plan import plan_stage
 
     pins: dict[str, Any] = {**annotations, STAGE_INPUT: input_placements}
     params = dict(module.named_parameters())
@@ -388,12 +386,9 @@ def _plan_stage(
         if planned not in plan.param_placements:
             raise PipelineRunError(f"the plan has no placement for {fqn} (stage {index}): re-plan this model")
         pins[fqn] = _drop_axis(plan.param_placements[planned], axis)
-    stage_plan = autoshard.plan(  # every stage in the plan's sequence layout
-        module, cluster, (example,), annotations=pins, memory_limit=float("inf"),
-        cp_layout="contiguous" if plan.stage_zigzag_axis is None else "zigzag",
-    )  # fmt: skip
+    stage_plan, captured = plan_stage(module, index, plan, axis, cluster, example, pins)
     moved = {k: v for k, v in pins.items() if k in params and stage_plan.param_placements.get(k) != tuple(v)}
     assert not moved, f"stage {index} plan moved pinned parameters: {moved}"
     if stage_plan.zigzag_axis != plan.stage_zigzag_axis:
         raise PipelineRunError(f"stage {index} cannot keep the zigzag layout: use cp_layout='contiguous'")
-    return stage_plan
+    return stage_plan, captured

@@ -1,0 +1,153 @@
+"""One pipeline stage's intra-op plan: the whole plan's decisions carried onto the stage's own graph.
+
+Input: a stage module (:func:`autoshard.runtime.stages.split_stage`), its example microbatch input, the
+whole pipelined :class:`~autoshard.plans.Plan`, the stage's sub-mesh cluster and the pins every stage keeps
+(its parameters' placements, its input's placements, the user's annotations naming it).
+Output: the stage's :class:`~autoshard.plans.Plan` on its sub-mesh and the capture it was made on (every
+layer explicit: the same capture :func:`autoshard.parallelize` lowers).
+
+Why not plan the stage again: a stage planned on its own (only weights and input pinned) is a different
+optimisation -- one microbatch, no memory budget, none of the whole search's stage weighting -- and it can
+pick another intra-op plan than the one the pipeline search priced and ``Plan.collectives`` lists (a 1024-
+wide LLaMA in ZB-V one-layer chunks on 4-device stages: context parallel 4 priced, tensor parallel 4 run).
+So every node the whole plan decided keeps its strategy here, with the pipeline axis dropped from the label:
+
+- a node of a repeated layer takes the decision ``block:<position>`` of its position in its layer (the whole
+  plan solves identical layers once, so every layer of every stage runs the same strategies);
+- a node outside the layers (embedding, rotary tables, mask, final norm, head) is matched to the whole plan's
+  ``outside:<i>`` decisions as :mod:`autoshard.runtime.mapping` matches a scaled copy: the two sequences of
+  ``(op, module path with layer indices erased)`` aligned;
+- the stage's recomputation policy, overlap policy and microbatch count are the plan's, so its collectives
+  are priced per step as the plan's are.
+
+Nodes only the stage has (its hidden-states input, a cast at the cut) are chosen by the solver under those
+pins.  A decision that exists but cannot be honoured here (no strategy of the stage node prints so) is
+refused in one line: the stage would run something the plan does not say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from autoshard.annotations import pin_problem
+from autoshard.capture import Captured, capture
+from autoshard.capture.experts import plan_fuses_experts
+from autoshard.cluster import Cluster
+from autoshard.errors import AutoshardError
+from autoshard.plans import NodePlan, Plan
+from autoshard.problem.build import BuiltProblem, build_problem
+from autoshard.problem.costs import CostOptions, Recompute
+from autoshard.problem.extract import extract_plan
+from autoshard.report.labels import OpLabel, parse_label
+from autoshard.runtime.mapping import align_sequences
+from autoshard.search import solve
+
+__all__ = ["StagePlanError", "narrow_label", "plan_stage"]
+
+
+class StagePlanError(AutoshardError, ValueError):
+    """A stage cannot run the whole plan's decision for one of its nodes."""
+
+
+def narrow_label(label: str, axis: int | None) -> OpLabel:
+    """A whole-mesh strategy label on one stage's sub-mesh: the pipeline ``axis`` dropped from every spec."""
+    parsed = parse_label(label)
+    if axis is None:
+        return parsed
+
+    def drop(specs: tuple[tuple[str, ...] | None, ...]) -> tuple[tuple[str, ...] | None, ...]:
+        return tuple(None if s is None else tuple(p for a, p in enumerate(s) if a != axis) for s in specs)
+
+    return OpLabel(drop(parsed.inputs), drop(parsed.outputs))
+
+
+def plan_stage(
+    module: nn.Module,
+    index: int,
+    plan: Plan,
+    axis: int | None,
+    cluster: Cluster,
+    example: torch.Tensor,
+    pins: Mapping[str, Any],
+) -> tuple[Plan, Captured]:
+    """The stage's plan under the whole plan's decisions (module doc); ``pins``: the annotations every stage
+    keeps (parameter placements, the stage input's, the user's)."""
+    captured = capture(module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes))
+    zigzag = plan.stage_zigzag_axis is not None
+    opts = CostOptions(
+        training=plan.training,
+        recompute=Recompute(plan.recompute),
+        overlap=plan.overlap,
+        microbatches=plan.microbatches,
+        cp_layout="zigzag" if zigzag else "contiguous",
+    )
+    built = build_problem(captured, cluster, opts)
+    prefix = captured.blocks.prefix if captured.blocks else None
+    first = captured.blocks.first if captured.blocks else 0
+    pinned = pin_problem(built, pins, frozenset(), prefix, first)
+    pinned = _keep_decisions(pinned, plan, axis, index)
+    solution = solve(pinned.problem)
+    out = next(n for n in captured.graph_module.graph.nodes if n.op == "output")
+    stage_plan = extract_plan(
+        pinned,
+        solution,
+        model=type(module).__name__,
+        block_prefix=prefix,
+        block_first=first,
+        output_order=tuple(n.name for n in out.all_input_nodes),
+        timings={},
+        notes=(f"stage {index} of a pipelined plan: the whole plan's decisions on its sub-mesh",),
+    )
+    return stage_plan, captured
+
+
+def _keep_decisions(built: BuiltProblem, plan: Plan, axis: int | None, index: int) -> BuiltProblem:
+    """``built`` with every node the whole plan decided allowed only that decision (module doc)."""
+    decisions = _decisions(built, plan)
+    problem = built.problem
+    masks = list(problem.allowed or (None,) * problem.num_nodes)
+    for k, name in enumerate(built.variables):
+        decision = decisions.get(name)
+        if decision is None:
+            continue
+        wanted = narrow_label(decision.strategy, axis)
+        mine = np.array([parse_label(str(s)) == wanted for s in built.strategies[name]], dtype=bool)
+        pinned = masks[k]
+        both = mine if pinned is None else mine & pinned
+        if not both.any():
+            info = built.infos[name]
+            raise StagePlanError(
+                f"stage {index}: node {name} ({info.target} in {info.module or '<root>'}) cannot run the plan's "
+                f"{decision.strategy} on the stage's sub-mesh: re-plan the model with this pipeline"
+            )
+        masks[k] = both
+    allowed = tuple(masks)
+    return dataclasses.replace(built, problem=dataclasses.replace(problem, allowed=allowed))
+
+
+def _decisions(built: BuiltProblem, plan: Plan) -> dict[str, NodePlan]:
+    """Stage node name -> the whole plan's decision it runs (module doc)."""
+    by_key = {n.key: n for n in plan.nodes}
+    found: dict[str, NodePlan] = {}
+    others = []
+    for name in built.variables:
+        info = built.infos[name]
+        if info.block is not None and f"block:{info.block[1]}" in by_key:
+            decision = by_key[f"block:{info.block[1]}"]
+            if decision.target == info.target:
+                found[name] = decision
+                continue
+        others.append(info)
+    outside = sorted((n for n in plan.nodes if n.key.startswith("outside:")), key=_index)
+    found.update(align_sequences(outside, others))
+    return found
+
+
+def _index(node: NodePlan) -> int:
+    return int(node.key.partition(":")[2])
