@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from autoshard.pipeline.cuts import cut_collectives
 from autoshard.pipeline.layers import boundary_bytes, tied_weights
 from autoshard.pipeline.schedules import device_of_chunk, in_flight, p2p_time, tied_sync_time
 from autoshard.pipeline.search import Candidate
@@ -110,11 +111,12 @@ def assemble(
         return ("R", *p) if p else p
 
     tied = _tied_collectives(candidate)
-    collectives = (*(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in intra.collectives), *tied)
+    staged = (*intra.collectives, *cut_collectives(candidate, intra.collectives, prefix, first))
+    collectives = (*(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in staged), *tied)
     worst = max(range(split.degree), key=lambda d: split.forward[d] + split.backward[d])
     share = split.forward[worst] + split.backward[worst]
     total = sum(split.forward) + sum(split.backward)
-    comm = _communication(intra.collectives, share / total if total > 0 else 1.0)
+    comm = _communication(staged, share / total if total > 0 else 1.0)
     p2p = m * 2 * _p2p_seconds(candidate) + sum(c.seconds for c in tied)
     bubble = 1.0 - m * share / split.pipeline_seconds if split.pipeline_seconds > 0 else 0.0
     note = (

@@ -28,6 +28,7 @@ refused in one line: the stage would run something the plan does not say.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,8 +43,10 @@ from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import NodePlan, Plan
 from autoshard.problem.build import BuiltProblem, build_problem
+from autoshard.problem.context import zigzag_cluster
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.extract import extract_plan
+from autoshard.problem.graph import NodeInfo
 from autoshard.report.labels import OpLabel, parse_label
 from autoshard.runtime.mapping import align_sequences
 from autoshard.search import solve
@@ -79,13 +82,15 @@ def plan_stage(
     """The stage's plan under the whole plan's decisions (module doc); ``pins``: the annotations every stage
     keeps (parameter placements, the stage input's, the user's)."""
     captured = capture(module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes))
-    zigzag = plan.stage_zigzag_axis is not None
+    zigzag = plan.stage_zigzag_axis
+    if zigzag is not None:  # the plan's sequence layout: every stage keeps it (activations cross in it)
+        cluster = zigzag_cluster(cluster, zigzag)
     opts = CostOptions(
         training=plan.training,
         recompute=Recompute(plan.recompute),
         overlap=plan.overlap,
         microbatches=plan.microbatches,
-        cp_layout="zigzag" if zigzag else "contiguous",
+        cp_layout="contiguous",  # on a zigzag cluster its ring axis is priced zigzag
     )
     built = build_problem(captured, cluster, opts)
     prefix = captured.blocks.prefix if captured.blocks else None
@@ -134,19 +139,39 @@ def _keep_decisions(built: BuiltProblem, plan: Plan, axis: int | None, index: in
 def _decisions(built: BuiltProblem, plan: Plan) -> dict[str, NodePlan]:
     """Stage node name -> the whole plan's decision it runs (module doc)."""
     by_key = {n.key: n for n in plan.nodes}
+    block = sorted((n for n in plan.nodes if n.key.startswith("block:")), key=_index)
+    layer_modules = {_DIGITS.sub("#", m) for m in (_layer_of(n.module) for n in block) if m}
     found: dict[str, NodePlan] = {}
     others = []
+    loose: dict[str, list[NodeInfo]] = {}  # a layer the capture did not mark (a stage of one layer): by path
     for name in built.variables:
         info = built.infos[name]
-        if info.block is not None and f"block:{info.block[1]}" in by_key:
-            decision = by_key[f"block:{info.block[1]}"]
-            if decision.target == info.target:
-                found[name] = decision
-                continue
+        if info.kind == "user_input":
+            continue  # the stage's input: pinned to what the previous stage sends (or the plan's input)
+        decision = by_key.get(f"block:{info.block[1]}") if info.block is not None else None
+        if decision is not None and decision.target == info.target:
+            found[name] = decision
+            continue
+        layer = _layer_of(info.fqn or info.module)
+        if info.block is None and layer is not None and _DIGITS.sub("#", layer) in layer_modules:
+            loose.setdefault(layer, []).append(info)
+            continue
         others.append(info)
+    for infos in loose.values():
+        found.update(align_sequences(block, infos))
     outside = sorted((n for n in plan.nodes if n.key.startswith("outside:")), key=_index)
     found.update(align_sequences(outside, others))
     return found
+
+
+_DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)")
+_LAYER = re.compile(r"^(.*?\.\d+)(?=\.|$)")
+
+
+def _layer_of(module: str) -> str | None:
+    """The repeated layer a module path is in (``model.layers.3``), or None."""
+    found = _LAYER.match(module)
+    return found.group(1) if found else None
 
 
 def _index(node: NodePlan) -> int:
