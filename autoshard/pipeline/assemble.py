@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from autoshard.pipeline.cuts import cut_collectives
 from autoshard.pipeline.layers import boundary_bytes, tied_weights
@@ -21,7 +22,7 @@ from autoshard.pipeline.schedules import device_of_chunk, in_flight, p2p_time, t
 from autoshard.pipeline.search import Candidate
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan
-from autoshard.report.labels import parse_label
+from autoshard.report.labels import fmt_seconds, parse_label
 
 __all__ = ["assemble", "widen_label"]
 
@@ -123,6 +124,14 @@ def assemble(
         f"{split.degree} pipeline stages on mesh axis 0 ('pp'); each stage runs the plan on its "
         f"sub-mesh {where.sub.mesh_shape}; compute time includes the bubble"
     )
+    listed = math.fsum(c.seconds for c in staged)
+    reconcile = (
+        f"communication {fmt_seconds(comm + p2p)} = {share / total if total > 0 else 1.0:.1%} of the "
+        f"{fmt_seconds(listed)} the collectives table lists for every stage and all {m} microbatches (the "
+        f"busiest device's stages: {fmt_seconds(comm)}) + {fmt_seconds(p2p)} of p2p sends between stages and "
+        "tied-weight sums; the step time prices each stage's tensor-parallel moves exposed and its gradient "
+        "sync hidden under the last microbatch's backward but for the tail"
+    )
     pipeline = PipelinePlan(
         stages=_stages(candidate, prefix or "", first),
         schedule=split.schedule.value,
@@ -145,10 +154,23 @@ def assemble(
         memory_per_device=max(split.memory),
         microbatches=m,
         pipeline=pipeline,
-        notes=(*intra.notes, note),
+        notes=(*(_whole_axes(n) for n in intra.notes), note, reconcile),
         context_axis=None if intra.context_axis is None else intra.context_axis + 1,  # behind the 'pp' axis
     )
     return dataclasses.replace(plan, degrees=degrees_of(plan, pipeline_axis=0))
+
+
+_AXES = re.compile(r"\b(axis|axes) (\d+(?:(?:, | and )\d+)*)")
+
+
+def _whole_axes(note: str) -> str:
+    """A note about the stage sub-mesh with its axes numbered on the whole mesh (the pipeline's is axis 0)."""
+
+    def shift(found: re.Match[str]) -> str:
+        numbers = re.sub(r"\d+", lambda d: str(int(d.group()) + 1), found.group(2))
+        return f"{found.group(1)} {numbers}"
+
+    return _AXES.sub(shift, note)
 
 
 def _tied_collectives(candidate: Candidate) -> tuple[Collective, ...]:
