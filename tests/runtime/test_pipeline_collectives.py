@@ -1,0 +1,84 @@
+"""A pipelined plan's collectives are the stages' own, and one run issues exactly them.
+
+1. Plan level: every stage the runtime prepares runs the whole plan's decisions (not a fresh stage search),
+   so its plan lists, record for record, what :func:`~autoshard.pipeline.cuts.stage_collectives` reads
+   back from ``Plan.collectives`` for that stage (ZB-V, one layer per chunk, Megatron TP inside).
+2. On 4 gloo ranks: one training step logs, on every rank, each forward collective of its stages'
+   share of ``Plan.collectives`` once per microbatch -- same kinds, axes and bytes -- and none other.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autoshard
+from autoshard import zoo
+from autoshard.codegen import parallel_info
+from autoshard.pipeline.cuts import stage_collectives
+from autoshard.plans import Plan
+from autoshard.runtime.launch import launch
+from autoshard.runtime.pipelining import build_pipeline, step
+from autoshard.runtime.stages import StageBuild, prepare_stages
+from autoshard.runtime.verify import cluster_for
+
+MEGATRON = {
+    **{f"*.{m}": "column" for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")},
+    **{f"*.{m}": "row" for m in ("o_proj", "down_proj")},
+}
+
+
+def _key(c) -> tuple[str, str, int, int]:
+    return (c.phase, str(c.kind), c.mesh_axis, c.nbytes)
+
+
+@functools.cache
+def _case() -> tuple[torch.nn.Module, torch.Tensor, Plan, tuple[StageBuild, ...]]:
+    torch.manual_seed(0)
+    case = zoo.build("llama-tiny", batch=8, seq=8, layers=4)
+    model, ids = case.model.to(torch.float64), case.args[0]
+    plan = autoshard.plan(
+        model, cluster_for("cpu", 4, (2, 2)), (ids,), pipeline=2, microbatches=4, schedule="zb_v",
+        annotations=MEGATRON,
+    )  # fmt: skip
+    return model, ids, plan, prepare_stages(model, plan, (ids,), MEGATRON)
+
+
+def test_stage_plans_list_the_plans_collectives() -> None:
+    _, _, plan, builds = _case()
+    assert plan.pipeline is not None and len(plan.pipeline.stages) == 4  # one layer per chunk
+    for b in builds:
+        mine = Counter(_key(c) for c in stage_collectives(plan, b.index))
+        assert sum(mine.values()) > 0
+        assert Counter(_key(c) for c in b.plan.collectives) == mine, b.index
+    # every record of the plan off the pipeline axis belongs to some stage
+    listed = sum(len(stage_collectives(plan, i)) for i in range(4))
+    assert listed >= sum(1 for c in plan.collectives if c.mesh_axis != 0)
+
+
+def _rank(model, plan, builds, ids) -> list[tuple[int, Counter]]:
+    loss = lambda y, t: F.cross_entropy(y.flatten(0, 1), t.flatten())  # noqa: E731
+    run = build_pipeline(model, plan, (ids,), loss, stages=builds, record=True)
+    step(run, ids, torch.roll(ids, -1, 1))
+    return [
+        (
+            index,
+            Counter((r.phase, str(r.kind), r.mesh_axis, r.nbytes) for r in parallel_info(m).comm.log or ()),
+        )
+        for m, index in zip(run.modules, run.stage_indices, strict=True)
+    ]
+
+
+@pytest.mark.slow
+def test_one_step_issues_the_plans_forward_collectives_per_microbatch() -> None:
+    model, ids, plan, builds = _case()
+    for ran in launch(_rank, 4, model, plan, builds, ids, timeout=600):
+        for index, log in ran:
+            planned = Counter(_key(c) for c in stage_collectives(plan, index) if c.phase == "forward")
+            issued = Counter({k: n for k, n in log.items() if k[0] == "forward"})
+            assert sum(planned.values()) > 0
+            assert issued == Counter({k: n * plan.microbatches for k, n in planned.items()}), index
