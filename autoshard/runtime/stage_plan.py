@@ -58,14 +58,20 @@ class StagePlanError(AutoshardError, ValueError):
     """A stage cannot run the whole plan's decision for one of its nodes."""
 
 
-def narrow_label(label: str, axis: int | None) -> OpLabel:
-    """A whole-mesh strategy label on one stage's sub-mesh: the pipeline ``axis`` dropped from every spec."""
+def narrow_label(label: str, axis: int | None, width: int | None = None) -> OpLabel:
+    """A whole-mesh strategy label on one stage's sub-mesh: the pipeline ``axis`` dropped from every spec of
+    ``width`` entries (the whole mesh's rank; a label already written on the sub-mesh is kept as it is)."""
     parsed = parse_label(label)
     if axis is None:
         return parsed
 
     def drop(specs: tuple[tuple[str, ...] | None, ...]) -> tuple[tuple[str, ...] | None, ...]:
-        return tuple(None if s is None else tuple(p for a, p in enumerate(s) if a != axis) for s in specs)
+        return tuple(
+            s
+            if s is None or (width is not None and len(s) != width)
+            else tuple(p for a, p in enumerate(s) if a != axis)
+            for s in specs
+        )
 
     return OpLabel(drop(parsed.inputs), drop(parsed.outputs))
 
@@ -121,7 +127,7 @@ def _keep_decisions(built: BuiltProblem, plan: Plan, axis: int | None, index: in
         decision = decisions.get(name)
         if decision is None:
             continue
-        wanted = narrow_label(decision.strategy, axis)
+        wanted = narrow_label(decision.strategy, axis, len(plan.mesh_shape))
         mine = np.array([parse_label(str(s)) == wanted for s in built.strategies[name]], dtype=bool)
         pinned = masks[k]
         both = mine if pinned is None else mine & pinned
