@@ -28,7 +28,7 @@ from autoshard.problem.extract import COLLECTIVE_KINDS
 from autoshard.problem.layers import LayerNamer
 from autoshard.problem.moves import output_fix_steps
 
-__all__ = ["cut_collectives", "stage_collectives"]
+__all__ = ["cut_collectives", "per_step", "stage_collectives"]
 
 
 def cut_collectives(
@@ -139,3 +139,9 @@ def _owner(module: str, owners: dict[str, int]) -> int | None:
         if found is not None:
             return found
     return None
+
+
+def per_step(plan: Plan, c: Collective) -> int:
+    """How often one step runs record ``c``: a parameter's gradient synchronisation once, everything else
+    once per microbatch (:func:`~autoshard.problem.costs.repeats`)."""
+    return 1 if c.phase == "backward" and c.node in plan.param_placements else plan.microbatches

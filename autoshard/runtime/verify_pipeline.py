@@ -3,7 +3,7 @@
 Input: a :class:`~autoshard.plans.Plan` with stages, the model it was made for with real weights at the plan's
 size (its layers are the ones the stages name) and the plan's global input shape.
 Output: a :class:`~autoshard.runtime.verdict.VerifyReport` -- the loss of one step and every parameter's
-gradient against the single-device model (mean loss over the whole batch), the forward collectives each stage
+gradient against the single-device model (mean loss over the whole batch), the collectives each stage
 logged against its share of ``Plan.collectives`` (:func:`~autoshard.pipeline.cuts.stage_collectives`) times
 the microbatches, and the point-to-point sends between stages counted (``p2p send`` in the report: every
 chunk but the last sends activations, every chunk but the first sends gradients, once per microbatch and
@@ -34,7 +34,7 @@ from torch import nn
 
 from autoshard.codegen import parallel_info
 from autoshard.codegen.shard import gather_full
-from autoshard.pipeline.cuts import stage_collectives
+from autoshard.pipeline.cuts import per_step, stage_collectives
 from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
 from autoshard.runtime.pipelining import build_pipeline, step
@@ -71,12 +71,12 @@ def _rank(
     logs = []
     for m, index in zip(run.modules, run.stage_indices, strict=True):
         info = parallel_info(m)
+        ran = [(r.phase, str(r.kind), r.mesh_axis, r.nbytes) for r in info.comm.log or ()]
+        logs.append((index, ran))  # the step's own, before gathering the gradients logs more
         for a in info.attrs:
             grad = m.get_parameter(a.fqn).grad if a.kind == "parameter" else None
             if grad is not None:
                 grads[a.fqn] = gather_full(grad, a.spec, a.global_shape, info.comm)
-        log = [(r.phase, str(r.kind), r.mesh_axis, r.nbytes) for r in info.comm.log or ()]
-        logs.append((index, log))
     return {"loss": loss, "grads": grads, "logs": logs, "sends": len(sends)}
 
 
@@ -102,20 +102,19 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
     m, chunks = plan.microbatches, len(pipe.stages)
     emitted: Counter[str] = Counter()
     planned: Counter[str] = Counter()
+    runs: dict[int, Counter[tuple]] = {}  # stage -> (phase, kind, axis, bytes) -> times per step, planned
     for index, logs in sorted(by_stage.items()):
-        emitted.update(f"{p} {k}" for p, k, _, _ in logs[0] if p == "forward")
+        emitted.update(f"{p} {k}" for p, k, _, _ in logs[0])
+        runs[index] = Counter()
         for c in stage_collectives(plan, index):
-            if c.phase == "forward":
-                planned[f"forward {c.kind}"] += m
+            if c.phase in ("forward", "backward"):
+                planned[f"{c.phase} {c.kind}"] += per_step(plan, c)
+                runs[index][_key(c)] += per_step(plan, c)
     group = len(pipe.stages[0].ranks)
     emitted["p2p send"] = sum(r["sends"] for r in results)
     planned["p2p send"] = 2 * m * (chunks - 1) * group  # activations forward, gradients back, every rank
     agree = all(all(log == logs[0] for log in logs) for logs in by_stage.values())
-    same_bytes = all(
-        Counter(k for k in logs[0] if k[0] == "forward")
-        == Counter([_key(c) for c in stage_collectives(plan, index) if c.phase == "forward"] * m)
-        for index, logs in by_stage.items()
-    )
+    same_bytes = all(Counter(logs[0]) == runs[index] for index, logs in by_stage.items())
     outputs = tuple(difference("loss", x.detach().reshape(1), reference.detach().reshape(1)) for x in losses)
     return VerifyReport(
         model=name or plan.model,

@@ -1,6 +1,6 @@
 """``autoshard verify --plan`` of a pipelined plan runs it as deployed: stages, microbatches and schedule
-through torch.distributed.pipelining on 4 gloo ranks, loss and gradients against one device, the forward
-collectives each stage logged equal to its share of the plan times the microbatches, and the p2p sends
+through torch.distributed.pipelining on 4 gloo ranks, loss and gradients against one device, the
+collectives each stage logged equal to its share of the plan (per microbatch; a gradient sync once), the p2p sends
 between stages counted (it used to run every layer as one stage on the whole batch and warn)."""
 
 from __future__ import annotations
@@ -33,5 +33,6 @@ def test_verify_runs_a_pipelined_plan_as_deployed(tmp_path) -> None:
         "OK" in out.splitlines()[0] and "pipelined plan as deployed: 2 stages, gpipe, 4 microbatches" in out
     )
     line = next(x for x in out.splitlines() if x.startswith("collectives per step"))
-    assert "forward all_gather x8, p2p send x16 (plan: forward all_gather x8, p2p send x16)" in line
+    ran = "backward all_reduce x8, forward all_gather x8, p2p send x16"
+    assert f"{ran} (plan: {ran})" in line
     assert "not exercised" not in out and "grad model.layers.1.mlp.up_proj.weight" in out

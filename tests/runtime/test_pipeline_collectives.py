@@ -3,8 +3,9 @@
 1. Plan level: every stage the runtime prepares runs the whole plan's decisions (not a fresh stage search),
    so its plan lists, record for record, what :func:`~autoshard.pipeline.cuts.stage_collectives` reads
    back from ``Plan.collectives`` for that stage (ZB-V, one layer per chunk, Megatron TP inside).
-2. On 4 gloo ranks: one training step logs, on every rank, each forward collective of its stages'
-   share of ``Plan.collectives`` once per microbatch -- same kinds, axes and bytes -- and none other.
+2. On 4 gloo ranks: one training step logs, on every rank, each collective of its stages' share of
+   ``Plan.collectives`` as often as the plan says (once per microbatch, a gradient sync once) -- same
+   phases, kinds, axes and bytes -- and none other.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 import autoshard
 from autoshard import zoo
 from autoshard.codegen import parallel_info
-from autoshard.pipeline.cuts import stage_collectives
+from autoshard.pipeline.cuts import per_step, stage_collectives
 from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
 from autoshard.runtime.pipelining import build_pipeline, step
@@ -74,11 +75,12 @@ def _rank(model, plan, builds, ids) -> list[tuple[int, Counter]]:
 
 
 @pytest.mark.slow
-def test_one_step_issues_the_plans_forward_collectives_per_microbatch() -> None:
+def test_one_step_issues_the_plans_collectives() -> None:
     model, ids, plan, builds = _case()
     for ran in launch(_rank, 4, model, plan, builds, ids, timeout=600):
-        for index, log in ran:
-            planned = Counter(_key(c) for c in stage_collectives(plan, index) if c.phase == "forward")
-            issued = Counter({k: n for k, n in log.items() if k[0] == "forward"})
-            assert sum(planned.values()) > 0
-            assert issued == Counter({k: n * plan.microbatches for k, n in planned.items()}), index
+        for index, issued in ran:
+            planned: Counter = Counter()
+            for c in stage_collectives(plan, index):
+                planned[_key(c)] += per_step(plan, c)
+            assert sum(planned.values()) > 0 and {k[0] for k in planned} == {"forward", "backward"}
+            assert issued == planned, index
