@@ -84,3 +84,27 @@ def test_one_step_issues_the_plans_collectives() -> None:
                 planned[_key(c)] += per_step(plan, c)
             assert sum(planned.values()) > 0 and {k[0] for k in planned} == {"forward", "backward"}
             assert issued == planned, index
+
+
+def test_a_stage_runs_the_plans_context_parallelism_not_a_search_of_its_own() -> None:
+    """A 512-wide LLaMA, 4 one-layer chunks on 4-device stages: the pipeline search picks context parallel 4
+    (zigzag).  Each stage planned again on its own (only weights and input pinned) chose otherwise and ran none
+    of the plan's gradient syncs; each stage now runs the plan's decisions."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, vocab_size=1024, max_position_embeddings=64, use_cache=False,
+        attn_implementation="sdpa", bos_token_id=0, eos_token_id=1023,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 1024, (4, 64))
+    plan = autoshard.plan(
+        model, cluster_for("a100x8", 8, (2, 4)), (ids,), pipeline=2, microbatches=4, schedule="zb_v"
+    )
+    assert plan.degrees.get("cp") == 4 and plan.context_layout == "zigzag"
+    for b in prepare_stages(model, plan, (ids,)):
+        assert b.plan.degrees == {"cp": 4} and b.plan.zigzag_axis == plan.stage_zigzag_axis
+        mine = Counter(_key(c) for c in stage_collectives(plan, b.index))
+        assert Counter(_key(c) for c in b.plan.collectives) == mine and sum(mine.values()) > 0
