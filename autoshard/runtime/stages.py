@@ -25,12 +25,13 @@ for models whose ``forward`` does not know about stages, such as Hugging Face's)
   plan's one (``transformer.wte.weight``), listed in :attr:`StageBuild.tied`; the pipeline sums their
   gradients every step (:mod:`autoshard.runtime.pipelining`), so the copies stay equal.
 
-Each stage's intra-op plan is searched again on the stage's sub-mesh with every parameter placement pinned to
-the full plan's and the stage input pinned to the previous stage's output placements (the first stage's to
-the plan's input placements).  Why re-plan rather than cut the full plan's per-node table: the stage graph is
-a different capture (its nodes have other names and positions), the pins fix everything the full plan
-decided that matters across stages (weights, the activation sent between stages), and the search fills the
-rest exactly as it did for the whole model.  A stage plan is checked to keep the pinned placements.
+Each stage's intra-op plan is the full plan's, carried onto the stage's own capture
+(:mod:`autoshard.runtime.stage_plan`): every node keeps the strategy the plan decided for it, every parameter
+its placement, the stage input the previous stage's output placements (the first stage's the plan's input
+placements); only nodes the stage alone has are chosen by the solver.  The stage graph is a different capture
+(its nodes have other names and positions), so decisions are matched by layer position and op sequence; a
+decision the stage cannot run is refused in one line.  A stage therefore issues exactly its share of
+``Plan.collectives`` (:func:`autoshard.pipeline.cuts.stage_collectives`).
 
 Example::
 
