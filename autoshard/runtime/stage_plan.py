@@ -38,7 +38,9 @@ from torch import nn
 
 from autoshard.annotations import pin_problem
 from autoshard.capture import Captured, capture
+from autoshard.capture.annotate import annotate_requires_grad
 from autoshard.capture.experts import plan_fuses_experts
+from autoshard.capture.meta import META_KIND
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import NodePlan, Plan
@@ -88,6 +90,8 @@ def plan_stage(
     """The stage's plan under the whole plan's decisions (module doc); ``pins``: the annotations every stage
     keeps (parameter placements, the stage input's, the user's)."""
     captured = capture(module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes))
+    if index > 0 and example.is_floating_point() and plan.training:  # hidden states: their gradient goes back
+        _input_gradient(captured, module)
     zigzag = plan.stage_zigzag_axis
     if zigzag is not None:  # the plan's sequence layout: every stage keeps it (activations cross in it)
         cluster = zigzag_cluster(cluster, zigzag)
@@ -116,6 +120,18 @@ def plan_stage(
         notes=(f"stage {index} of a pipelined plan: the whole plan's decisions on its sub-mesh",),
     )
     return stage_plan, captured
+
+
+def _input_gradient(captured: Captured, module: nn.Module) -> None:
+    """Mark the stage's input as carrying a gradient (capture starts user inputs without one): the previous
+    stage receives it, so its redistribution's backward -- e.g. the all-reduce of a column-split layer's input
+    gradient -- runs here, as it does in the whole model between those layers."""
+    gm = captured.graph_module
+    inputs = frozenset(
+        n.name for n in gm.graph.nodes if n.op == "placeholder" and n.meta.get(META_KIND) == "user_input"
+    )
+    trainable = frozenset(n for n, p in module.named_parameters() if p.requires_grad)
+    annotate_requires_grad(gm, trainable, module, inputs)
 
 
 def _keep_decisions(built: BuiltProblem, plan: Plan, axis: int | None, index: int) -> BuiltProblem:
