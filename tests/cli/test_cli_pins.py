@@ -23,8 +23,8 @@ def test_forbid_and_allow_kinds(cli) -> None:
     r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "tp", "--no-baseline")
     assert r.code == 0, r.err
     assert "price of your annotations" in r.out
-    r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "pp", "--no-baseline")
-    assert r.code == 2 and r.err.count("\n") == 1 and "unknown parallelism kind 'pp'" in r.err
+    r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "zero", "--no-baseline")
+    assert r.code == 2 and r.err.count("\n") == 1 and "unknown parallelism kind 'zero'" in r.err
 
 
 def test_allow_tp_splits_no_activation_by_batch(cli) -> None:
