@@ -75,7 +75,7 @@ FORBIDS = {
     "fsdp": "weights stored split and gathered before use",
     "tp": "weights used split, and activations split on heads, hidden, FFN or vocabulary",
     "sp": "the sequence split outside attention",
-    "cp": "attention split by sequence (ring)",
+    "cp": "attention split by sequence (ring, or queries only)",
     "ep": "expert weights split by expert",
     "pp": "pipeline stages",
 }

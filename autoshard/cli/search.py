@@ -66,14 +66,19 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         metavar="TARGET=CHOICE",
         help="pin a module or tensor: fc1=column, fc2=row@0, lm_head.weight='(R, S(0))', x=S(0)",
     )
-    kinds = (
-        "dp: the batch split, on any tensor; tp: weights used split; fsdp: weights stored split and gathered "
-        "before use; sequence splits are no kind"
-    )
+    from autoshard.steering import FORBIDS
+
+    kinds = "; ".join(f"{k}: {what}" for k, what in FORBIDS.items())
     s.add_argument(
         "--allow", action="append", default=[], metavar="KIND", help=f"use only these kinds ({kinds})"
     )
-    s.add_argument("--forbid", action="append", default=[], metavar="KIND", help="never use a kind, e.g. tp")
+    s.add_argument(
+        "--forbid",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="never use a kind, e.g. tp (kinds: --allow)",
+    )
     s.add_argument(
         "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
     )
