@@ -286,7 +286,9 @@ def _computation_masks(ann, params, infos, strategies, template, mesh_shape) -> 
             if name == "column":
                 return used[axis] == Shard(0) and out is not None and out.placements[axis] == Shard(ndim - 1)
             if name == "row":
-                return used[axis] == Shard(1) and out is not None and isinstance(out.placements[axis], Partial)
+                return (
+                    used[axis] == Shard(1) and out is not None and isinstance(out.placements[axis], Partial)
+                )
             return used[axis] == _PATTERNS[name]
 
         mask = np.array([fits(s) for s in strategies[op.name]], dtype=bool)
