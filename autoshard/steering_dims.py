@@ -8,7 +8,9 @@ the roles ``"batch"``, ``"sequence"`` and ``"experts"`` (:func:`carried_dims`). 
 Seeds, then followed through the graph by the strategies themselves, to a fixed point:
 
 - ``batch``: dim 0 of every user input;
-- ``sequence``: dim 1 of every integer user input of two or more dims (token ids, labels, positions), and
+- ``sequence``: dim 1 of every integer user input of two or more dims (token ids, labels, positions) and
+  of every 3-D user input (``(B, S, H)`` embeddings, as the report reads them; not ``(B, H)`` features nor
+  ``(B, C, H, W)`` images), and
   the sequence dims of every attention op (dim -2 of its q, k, v and output, the last two of its mask), so
   a model fed embeddings has a sequence too;
 - ``experts``: dim 0 of every 3-D operand of a grouped matmul or fused expert MLP (the stacked expert
@@ -87,7 +89,7 @@ def _seed(infos: Mapping[str, NodeInfo], dims: Dims) -> None:
         meta = info.outputs[0] if info.outputs else None
         if info.kind == "user_input" and meta is not None and len(meta.shape) > 0:
             dims[(info.name, 0)]["batch"].add(0)
-            if len(meta.shape) >= 2 and meta.dtype.startswith(("int", "uint")):
+            if (len(meta.shape) >= 2 and meta.dtype.startswith(("int", "uint"))) or len(meta.shape) == 3:
                 dims[(info.name, 0)]["sequence"].add(1)
         if is_attention(info):
             for k in range(min(3, len(info.inputs))):  # q, k, v: (..., S, E)
