@@ -46,7 +46,7 @@ from autoshard.errors import AnnotationError, ShardingError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec, from_strategy_tuple
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.graph import NodeInfo
-from autoshard.steering import KINDS, forbid_gathers, forbidden_kinds, kind_masks, no_gather
+from autoshard.steering import KINDS, forbid_gathers, forbidden_kinds, kind_masks, needed_kinds, no_gather
 from autoshard.strategies import OpStrategy
 
 __all__ = [
@@ -350,14 +350,16 @@ def pin_problem(
     for name, mask in kind_masks(kinds, infos, strategies, template).items():
         both = mask & masks[name] if name in masks else mask
         if not both.any():
-            steer = f"forbidding {', '.join(sorted(kinds))}"
+            steer = f"forbidding {', '.join(k for k in KINDS if k in kinds)}"
+            wanted = masks.get(name, np.ones(len(mask), dtype=bool))
+            allow = " or ".join(needed_kinds(kinds, infos[name], infos, strategies, template, wanted))
             if name in owner:
                 pin = owner[name]
                 raise AnnotationError(
                     f"annotation {pin.target!r} = {pin.choice!r} contradicts {steer}: no strategy of "
-                    f"{_where(infos[name])} satisfies both; drop the annotation or allow that kind"
+                    f"{_where(infos[name])} satisfies both; drop the annotation or allow {allow}"
                 )
-            raise AnnotationError(f"{steer} leaves {_where(infos[name])} no strategy: allow that kind")
+            raise AnnotationError(f"{steer} leaves {_where(infos[name])} no strategy: allow {allow}")
         masks[name] = both
     fanouts = (None,) * (built.problem.num_nodes - len(built.variables))  # fan-out, gather nodes follow
     allowed = tuple(masks.get(v) for v in built.variables) + fanouts

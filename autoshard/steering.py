@@ -63,6 +63,7 @@ __all__ = [
     "forbid_gathers",
     "forbidden_kinds",
     "kind_masks",
+    "needed_kinds",
     "no_gather",
     "split_kinds",
 ]
@@ -192,6 +193,22 @@ def _kinds_of(
     if meta is not None and not meta.dtype.startswith(("float", "bfloat", "complex")):
         return _UNTOLD  # integer / bool bookkeeping built from shapes: which role its dim has is not known
     return frozenset({"tp"})
+
+
+def needed_kinds(
+    kinds: frozenset[str], info: NodeInfo, infos: Mapping[str, NodeInfo],
+    strategies: Mapping[str, Sequence[OpStrategy]], template: Mapping[str, str], wanted: np.ndarray,
+) -> list[str]:  # fmt: skip
+    """The fewest forbidden kinds one of the ``wanted`` strategies of ``info`` needs (to say which to
+    allow when a pin or the kinds leave the node nothing), in :data:`KINDS` order."""
+    dims = carried_dims(infos, strategies, template)
+    options = [
+        kinds & split_kinds(info, s, infos, dims)
+        for s, w in zip(strategies[info.name], wanted, strict=True)
+        if w
+    ]
+    fewest = min(options, key=lambda k: (len(k), sorted(k)), default=frozenset())
+    return [k for k in KINDS if k in fewest] or ["that kind"]
 
 
 def batch_dims(

@@ -135,3 +135,11 @@ def test_pp_forbidden_refuses_stages_in_one_line() -> None:
             autoshard.plan(model, cluster, (ids,), captured=captured, pipeline=2, **steer)
     with pytest.raises(AnnotationError, match="'stage' annotation asks for pipeline stages"):
         autoshard.plan(model, cluster, (ids,), annotations={"model.layers.1": "stage"}, forbid=["pp"])
+
+
+def test_a_pin_against_a_forbidden_kind_names_the_kind_to_allow() -> None:
+    built = _built()
+    with pytest.raises(
+        AnnotationError, match=r"= 'ring' contradicts forbidding .*; drop the annotation or allow cp$"
+    ):
+        pin_problem(built, {"model.layers.*.self_attn": "ring"}, frozenset({"cp", "tp"}), "model.layers", 0)
