@@ -6,8 +6,8 @@ gathers cost ``inf`` (:func:`forbid_gathers`), and for ``pp`` a refusal of pipel
 (:func:`check_stages`).  :func:`autoshard.annotations.pin_problem` folds them into the search problem, next
 to the user's annotations.
 
-Every split a strategy makes, of any operand or result of any op on any mesh axis, is of exactly one kind,
-read from the dim it splits (:mod:`autoshard.steering_dims` finds which dims of every tensor carry the
+Every split a strategy makes, of any operand or result of any op on any mesh axis, has a kind, read from
+the dim it splits (:mod:`autoshard.steering_dims` finds which dims of every tensor carry the
 batch, the sequence and the experts).  Forbidding a kind removes every such split, on every axis:
 
 =======  ======================================================================================
@@ -30,6 +30,8 @@ kind     forbidding it removes
 =======  ======================================================================================
 
 A split of a dim carrying two roles (a flattened ``B*S``) is of both kinds, so forbidding either removes it.
+A dim whose role cannot be followed (integer or boolean bookkeeping built from shapes alone, such as the
+mask helpers of Hugging Face models) is of ``dp``, ``sp`` and ``tp`` at once: forbidding any keeps it whole.
 Storing a weight split is not a kind by itself: used as stored it is ``tp`` (or ``ep``), gathered it is
 ``fsdp``.  Without ``sp`` and ``cp`` nothing is split by sequence; without ``dp``, ``tp``, ``sp``, ``cp``
 and ``ep`` every op computes replicated (``fsdp`` may still store weights split).
@@ -42,7 +44,7 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -150,11 +152,15 @@ def _node_mask(
 
 
 def _forbids(kinds: frozenset[str], strategy: OpStrategy, of: Callable[[int, int], frozenset[str]]) -> bool:
+    return any(kinds & of(position, dim) for position, dim in _splits(strategy))
+
+
+def _splits(strategy: OpStrategy) -> Iterator[tuple[int, int]]:
+    """(operand position, dim) of every split ``strategy`` makes: inputs first, then outputs."""
     for position, spec in enumerate((*strategy.inputs, *strategy.outputs)):
         for p in spec.placements if spec is not None else ():
-            if isinstance(p, Shard) and kinds & of(position, p.dim):
-                return True
-    return False
+            if isinstance(p, Shard):
+                yield position, p.dim
 
 
 def split_kinds(
@@ -162,12 +168,7 @@ def split_kinds(
     dims: Mapping[Output, Mapping[str, frozenset[int]]],
 ) -> frozenset[str]:  # fmt: skip
     """The kinds of the splits ``strategy`` makes at ``info``, operands and results (the docstring's table)."""
-    found: set[str] = set()
-    for position, spec in enumerate((*strategy.inputs, *strategy.outputs)):
-        for p in spec.placements if spec is not None else ():
-            if isinstance(p, Shard):
-                found |= _kinds_of(info, position, p.dim, infos, dims)
-    return frozenset(found)
+    return frozenset().union(*(_kinds_of(info, k, dim, infos, dims) for k, dim in _splits(strategy)))
 
 
 def _kinds_of(

@@ -17,10 +17,11 @@ Seeds, then followed through the graph by the strategies themselves, to a fixed 
   weights).
 
 Forward: an output dim carries a role when some strategy splits an input's dim of that role and that output
-dim on the same mesh axis (``(B*S, H)`` after a flatten carries the batch in dim 0; ``(B, heads, S, d)``
-after a transpose carries the sequence in dim 2).  Backward: an input dim carries a role when a consumer's
-strategy splits it to split its own output's dim of that role (an attention mask or rotary table built
-from shapes alone; an expert weight read through a transpose).
+dim on the same mesh axis, every other input it splits there having that role or none (``(B*S, H)`` after a
+flatten carries the batch in dim 0; ``(B, heads, S, d)`` after a transpose carries the sequence in dim 2).
+Backward: an input dim carries a role when a consumer's strategy splits it to split its own output's dim
+of that role, the inputs it splits there agreeing (an attention mask or rotary table built from shapes
+alone; an expert weight read through a transpose).
 
 Example::
 
@@ -63,16 +64,18 @@ def carried_dims(
     changed = True
     while changed:
         changed = False
-        for info in ops:  # forward: a strategy carries an input's split of a role to an output dim
+        for info in ops:  # forward: a strategy carries its inputs' role to the output dims it splits
             for ins, outs in patterns[info.name]:
-                for role in ROLES:
-                    if any(_in(d, dims, _src(info, k), role) for k, d in enumerate(ins)):
-                        for j, d in enumerate(outs):
-                            changed |= _add(dims, (info.name, j), role, d)
-        for info in reversed(ops):  # backward: a consumer splits this input to split its own output's role
+                for role in _agreed(info, ins, dims):
+                    for j, d in enumerate(outs):
+                        changed |= _add(dims, (info.name, j), role, d)
+        for info in reversed(ops):  # backward: a consumer splits an input to split its own output's role
             for ins, outs in patterns[info.name]:
+                agreed = _agreed(info, ins, dims, every=True)
                 for role in ROLES:
-                    if not any(_in(d, dims, (info.name, j), role) for j, d in enumerate(outs)):
+                    if role not in agreed or not any(
+                        _in(d, dims, (info.name, j), role) for j, d in enumerate(outs)
+                    ):
                         continue
                     for k, d in enumerate(ins):
                         if infos[info.inputs[k]].kind != "constant":
@@ -82,6 +85,22 @@ def carried_dims(
         for key, roles in dims.items()
         if any(roles.values())
     }
+
+
+def _agreed(info: NodeInfo, ins: tuple[int | None, ...], dims: Dims, every: bool = False) -> set[str]:
+    """The roles every input split on this axis that has a role at all agrees on.  A split of the tokens by
+    batch and of the expert weights by expert on one axis carries neither role on: no role crosses from a
+    weight to the activations or back.  ``every``: with no role among the inputs, every role (backward
+    may then name them)."""
+    known = [r for r in (_roles(dims, _src(info, k), d) for k, d in enumerate(ins) if d is not None) if r]
+    if not known:
+        return set(ROLES) if every else set()
+    return set.intersection(*known)
+
+
+def _roles(dims: Dims, key: Output, dim: int) -> set[str]:
+    roles = dims.get(key)
+    return {role for role, ds in roles.items() if dim in ds} if roles else set()
 
 
 def _seed(infos: Mapping[str, NodeInfo], dims: Dims) -> None:

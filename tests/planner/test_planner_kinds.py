@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import autoshard
+from autoshard import zoo
 from autoshard.annotations import pin_problem
 from autoshard.capture import capture
 from autoshard.errors import AnnotationError
@@ -143,3 +144,27 @@ def test_a_pin_against_a_forbidden_kind_names_the_kind_to_allow() -> None:
         AnnotationError, match=r"= 'ring' contradicts forbidding .*; drop the annotation or allow cp$"
     ):
         pin_problem(built, {"model.layers.*.self_attn": "ring"}, frozenset({"cp", "tp"}), "model.layers", 0)
+
+
+@pytest.mark.parametrize(("kind", "split", "kept"), [("ep", {0}, {1, 2}), ("tp", {1, 2}, {0})])
+def test_expert_weights_split_by_expert_are_ep_and_inside_an_expert_tp(kind, split, kept) -> None:
+    """Mixtral (tiny, 4 experts): forbidding ep keeps the stacked expert weights whole along the experts
+    (their dim 0 at the routed-experts op), forbidding tp keeps them whole inside each expert; the other
+    split stays allowed."""
+    case = zoo.build("mixtral-tiny", device="meta")
+    captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto")
+    built = build_problem(captured, autoshard.load_cluster("a100x8", mesh=MESH), CostOptions())
+    pinned = pin_problem(built, None, frozenset({kind}))
+    seen: set[int] = set()
+    for k, name in enumerate(built.variables):
+        info, mask = built.infos[name], pinned.problem.allowed[k]
+        if info.op != "routed_experts":
+            continue
+        weights = [j for j, src in enumerate(info.inputs) if len(built.infos[src].outputs[0].shape) == 3]
+        assert len(weights) == 2
+        for j, s in enumerate(built.strategies[name]):
+            dims = {p.dim for w in weights for p in s.inputs[w].placements if isinstance(p, Shard)}
+            if mask is None or mask[j]:
+                assert not dims & split, s
+                seen |= dims
+    assert kept & seen  # the other split is still offered
