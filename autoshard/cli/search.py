@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from autoshard.report.timing import Phase, timed, with_parts
 
     check_outputs(args)
+    _check_kinds(args)
     start = time.perf_counter()
     auto = args.mesh == "auto"
     cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=None if auto else args.mesh)
@@ -154,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
         timed(phases, "writing files", lambda: write_outputs(plan, args))
     _print_result(plan, baseline, args, time.perf_counter() - start, phases)
     return 0
+
+
+def _check_kinds(args: argparse.Namespace) -> None:
+    """Unknown or contradictory kinds, and --pp with pp forbidden, refused before the model is built."""
+    from autoshard.steering import check_stages, forbidden_kinds
+
+    check_stages(forbidden_kinds(args.allow, args.forbid), args.pp, stage_pin=False)
 
 
 def _count_or_auto(text: str) -> int | str:
