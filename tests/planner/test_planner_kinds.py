@@ -3,13 +3,14 @@ autoshard/steering.py), checked on a Hugging Face LLaMA built from a config on a
 
 The check is independent of the classifier: the model's dims all differ (batch 6, sequence 8192, hidden
 2560, 20 heads of 128, 4 KV heads, FFN 6912, vocabulary 32000, and batch x sequence 49152), so a split's kind
-is read from the size of the dim it splits.  New-user trial: ``--forbid dp --forbid tp --forbid fsdp`` gave
+is read from the size of the dim it splits; fsdp is read on the weight-to-op edges, pp refuses stages.  New-user trial: ``--forbid dp --forbid tp --forbid fsdp`` gave
 "TP 4 x CP 2": heads split inside attention (and the reshapes around it) escaped the tp mask."""
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +24,8 @@ from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions
 from autoshard.problem.graph import NodeInfo
 from autoshard.report.labels import parse_label
+from autoshard.search.problem import pairwise_form
+from autoshard.steering import no_gather
 from autoshard.strategies import OpStrategy
 
 transformers = pytest.importorskip("transformers")
@@ -168,3 +171,22 @@ def test_expert_weights_split_by_expert_are_ep_and_inside_an_expert_tp(kind, spl
                 assert not dims & split, s
                 seen |= dims
     assert kept & seen  # the other split is still offered
+
+
+def test_fsdp_forbidden_prices_every_gather_of_a_weight_inf() -> None:
+    """fsdp is read on the weight-to-op edges: infinite exactly where the op uses the weight other than as
+    stored (a gather), on every axis; any other kind leaves the edges as priced."""
+    built = _built()
+    pairs = pairwise_form(pin_problem(built, None, frozenset({"fsdp"})).problem).pairs
+    checked = 0
+    for use in built.edges:
+        if built.infos[use.producer].kind != "parameter":
+            continue
+        u, v = built.index(use.producer), built.index(use.consumer)
+        src, dst = built.strategies[built.variables[u]], built.strategies[built.variables[v]]
+        cost = pairs[(u, v)] if u < v else pairs[(v, u)].T
+        for a, b in np.ndindex(cost.shape):
+            assert np.isinf(cost[a, b]) != no_gather(src[a], dst[b], use.position)
+        checked += 1
+    assert checked >= 9  # every weight of a layer and those outside the layers
+    assert pin_problem(built, None, frozenset({"tp"})).problem.edges is built.problem.edges
