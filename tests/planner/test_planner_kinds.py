@@ -3,8 +3,9 @@ autoshard/steering.py), checked on a Hugging Face LLaMA built from a config on a
 
 The check is independent of the classifier: the model's dims all differ (batch 6, sequence 8192, hidden
 2560, 20 heads of 128, 4 KV heads, FFN 6912, vocabulary 32000, and batch x sequence 49152), so a split's kind
-is read from the size of the dim it splits; fsdp is read on the weight-to-op edges, pp refuses stages.  New-user trial: ``--forbid dp --forbid tp --forbid fsdp`` gave
-"TP 4 x CP 2": heads split inside attention (and the reshapes around it) escaped the tp mask."""
+is read from the size of the dim it splits; fsdp is read on the weight-to-op edges, pp refuses stages.
+New-user trial: ``--forbid dp --forbid tp --forbid fsdp`` gave "TP 4 x CP 2": heads split inside attention
+(and the reshapes around it) escaped the tp mask."""
 
 from __future__ import annotations
 
