@@ -214,6 +214,16 @@ class Plan:
     def collective_counts(self, phase: str | None = None) -> Counter[str]:
         return Counter(c.kind for c in self.collectives if phase is None or c.phase == phase)
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's own repr lists every node and collective: thousands of lines at a REPL):
+        ``<Plan LlamaForCausalLM on (2, 8): TP 8 × DP 2, 1 microbatch; step 1.17 s, 61.3 GiB per device>``."""
+        from autoshard.pipeline.summary import headline  # the report's first line
+
+        return (
+            f"<Plan {self.model} on {self.mesh_shape}: {headline(self)}; step {self.predicted_step_time:.4g} s, "
+            f"{_bytes(self.memory_per_device)} per device; .summary() for the report>"
+        )
+
     def summary(self, width: int = 100) -> str:
         """The text report of :mod:`autoshard.report.table`: cluster, strategy per module group, recognised
         patterns, collectives, step time and memory, solver certificate; lines fit ``width`` columns."""
