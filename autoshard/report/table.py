@@ -81,7 +81,9 @@ def render(
     start = time.perf_counter()
     view = PlanView.of(plan)
     sections = [
-        [headline(plan)] if _parallel(view) or plan.pipeline is not None or plan.microbatches > 1 else [],
+        wrap(headline(plan), width, "  ", "")  # wrapped, never cut
+        if _parallel(view) or plan.pipeline is not None or plan.microbatches > 1
+        else [],
         _header(plan, width),
         _axes(view, width),
         _strategy(view, width),
