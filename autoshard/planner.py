@@ -295,7 +295,7 @@ def _plan_captured(
             f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
-    flat = ranked(found, free, built, solution, read, search, time_limit)  # by the reported step
+    flat = ranked(found, free, built, solution, read, search, time_limit, annotations, kinds)  # by the step
     return dataclasses.replace(flat, degrees=degrees_of(flat))
 
 

@@ -43,7 +43,11 @@ def test_column_row_pins_megatron_computation_with_its_price(small_mlp, cluster)
     assert pinned.predicted_step_time > pinned.unpinned_step_time
     assert free.unpinned_step_time is None
     assert "price of your annotations" in pinned.summary()
-    assert "price of your annotations" not in free.summary()
+    assert "price of" not in free.summary()
+    assert (pinned.pinned, free.pinned) == (("annotations",), ())
+    both = _plan(small_mlp, cluster, annotations={"fc1": "column"}, forbid=["fsdp"])
+    assert both.pinned == ("annotations", "no fsdp")
+    assert "price of your annotations and forbidding fsdp: " in both.summary()
 
 
 def test_pinned_plan_keeps_its_price_through_json(small_mlp, cluster, tmp_path) -> None:
