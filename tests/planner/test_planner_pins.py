@@ -78,8 +78,8 @@ def test_forbid_tp_and_allow_only_dp(small_mlp, cluster) -> None:
     assert all(s.split(", ")[1] == "R" for s in linears), linears  # every weight used whole
     only_dp = _plan(small_mlp, cluster, allow=["dp"])
     assert all(p == ("R",) for p in only_dp.param_placements.values())
-    with pytest.raises(AnnotationError, match="unknown parallelism kind 'pp'"):
-        _plan(small_mlp, cluster, forbid=["pp"])
+    with pytest.raises(AnnotationError, match="unknown parallelism kind 'zero'"):
+        _plan(small_mlp, cluster, forbid=["zero"])
     with pytest.raises(
         AnnotationError, match=r"annotation 'fc1' = 'column' contradicts forbidding tp.*fc1 \(linear\)"
     ):
