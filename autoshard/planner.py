@@ -387,7 +387,6 @@ def _plan_pipelined(
         output_order=output_order(best.captured),
         timings=timings,
         notes=tuple(notes),
-        memory_limit=limit if limit != float("inf") else None,
     )
     whole = load_cluster(
         cluster.profile, nodes=cluster.nodes, mesh=best.layout.mesh, axis_names=best.layout.axis_names
@@ -399,4 +398,5 @@ def _plan_pipelined(
     }
     record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
     plan = assemble(best, intra, prefix, record, first=repeated.first if repeated else 0)
-    return dataclasses.replace(plan, input_shapes=global_shapes(plan, args, batch))
+    budget = limit if limit != float("inf") else None  # the stages' budget (the extract was not held to it)
+    return dataclasses.replace(plan, input_shapes=global_shapes(plan, args, batch), memory_limit=budget)
