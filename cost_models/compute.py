@@ -197,8 +197,9 @@ def attention_time(
 ) -> float:
     """Seconds of one fused attention forward (QKᵀ, softmax, ·V) over ``batch_heads`` heads on one device.
 
-    FLOPs 4·BH·S_q·S_kv·d, times :func:`causal_share` when causal; rate ``attention_efficiency`` of peak (η_max when the profile
-    gives none); bytes: Q, K, V read and O written once (the fused kernel keeps the S × S scores on chip).
+    FLOPs 4·BH·S_q·S_kv·d, times :func:`causal_share` when causal; rate ``attention_efficiency`` of peak
+    (η_max when the profile gives none); bytes: Q, K, V read and O written once (the fused kernel keeps the
+    S × S scores on chip).
     """
     flops = 4.0 * batch_heads * seq_q * seq_kv * head_dim * (causal_share(seq_q, seq_kv) if causal else 1.0)
     moved = float(itemsize(dtype)) * batch_heads * head_dim * (2 * seq_q + 2 * seq_kv)

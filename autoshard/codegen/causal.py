@@ -58,7 +58,9 @@ def causal_call(ctx: LocalContext) -> LocalCall | None:
         return None
     local = ctx.bound()
     kwargs = {"is_causal": True, "scale": local["scale"], "enable_gqa": local["enable_gqa"]}
-    return LocalCall(aten.scaled_dot_product_attention.default, (local["query"], local["key"], local["value"]), kwargs)
+    return LocalCall(
+        aten.scaled_dot_product_attention.default, (local["query"], local["key"], local["value"]), kwargs
+    )
 
 
 def _rank(node: object) -> int:

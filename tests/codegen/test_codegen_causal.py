@@ -34,7 +34,8 @@ def _case(name: str) -> tuple[zoo.ModelCase, Captured]:
 
 
 def _sdpa_lines(cap: Captured, plan: Plan, coord: tuple[int, ...]) -> tuple[list[str], str]:
-    code = lower_graph(cap, assign_strategies(cap, plan), plan_cluster(plan), coord).graph.python_code("self").src
+    lowered = lower_graph(cap, assign_strategies(cap, plan), plan_cluster(plan), coord)
+    code = lowered.graph.python_code("self").src
     return [line for line in code.splitlines() if "scaled_dot_product_attention.default(" in line], code
 
 
