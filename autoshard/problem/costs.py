@@ -45,6 +45,7 @@ from typing import Literal
 
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
+from autoshard.problem.attention import causal_attention
 from autoshard.problem.context import ring_seconds
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.hidden_ops import hidden_seconds
@@ -188,7 +189,8 @@ def node_compute(
     # shape-aware rate (cost_models.compute): tile/wave quantisation of the local GEMM, fused attention's own
     # efficiency; priced by scaling the FLOPs the roofline sees
     factor = _shape_factor(info, strategy, inputs, cluster)
-    fwd = cluster.compute_time(info.flops / strategy.work_divisor / factor, moved, dtype)
+    share, unread = causal_attention(info, strategy, inputs, mesh)  # a proven causal mask: the triangle
+    fwd = cluster.compute_time(info.flops * share / strategy.work_divisor / factor, moved - unread, dtype)
     if not (opts.training and info.requires_grad):
         ring = ring_seconds(info, strategy, cluster, inputs, fwd, 0.0, opts.cp_layout)[0]
         return fwd + ring + hidden[0], 0.0
