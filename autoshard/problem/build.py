@@ -260,7 +260,7 @@ def build_problem(
     if memory:  # the runtime reserve (profile memory.runtime_reserve: CUDA context, NCCL, allocator) is held
         # whatever the plan: a constant on one node counts it against the budget and changes no choice
         memory[0] = memory[0] + cluster.profile.memory.runtime_reserve
-    fans, unshared, notes = fanout_arrays(g.sharing, infos, index, strategies, opts, cache)
+    fans, unshared, notes = fanout_arrays(g.sharing, infos, index, strategies, opts, cache, shared)
     weights = dict(g.sharing.single)
     for group in unshared:  # no layout two consumers could share: ordinary edges price them exactly
         weights.update({(group.producer, c, group.which, p): group.weight for c, p in group.entries})
@@ -269,7 +269,9 @@ def build_problem(
     names = list(g.names) + [f"fanout {f.group.producer}" for f in fans]
     labels = list(g.labels) + [tuple(f.node.label(k) for k in range(len(f.node.states))) for f in fans]
     # gathered FSDP weights and the largest temporary, inside the budget (problem/extras.py)
-    extras = memory_extras(g.uses, infos, g.template, variables, strategies, keeps, opts, cache, len(names))
+    extras = memory_extras(
+        g.uses, infos, g.template, variables, strategies, keeps, opts, cache, len(names), shared
+    )
     edges += extras.edges(index)
     names += [f"gathered {g.producer} for {g.consumer}" for g in extras.gathers]
     labels += extras.labels(cache)

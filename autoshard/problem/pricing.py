@@ -70,7 +70,9 @@ class PriceTable:
         # (shape, itemsize, P-axis mask) -> (start index -> row, distances (rows, layouts))
         self._rows: dict[tuple, tuple[dict[int, int], np.ndarray]] = {}
         self._prices: dict[tuple[str, int, int], float] = {}
-        self._tables: dict[tuple, np.ndarray] = {}  # pairwise(): (src specs, dst specs, shape, itemsize) -> table
+        self._tables: dict[
+            tuple, np.ndarray
+        ] = {}  # pairwise(): (src specs, dst specs, shape, itemsize) -> table
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
