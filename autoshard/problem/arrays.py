@@ -104,7 +104,21 @@ def node_parts(
         grads = grad_factor(info, inputs) if info.kind == "op" else 0.0
         return NodeParts(f, (hf, hb), grads, (df, db), opt, kept, dropped, fix)
 
-    return cache.get("node", (info.name, output, node_key(opts)), make)
+    return cache.get("node", (_signature(info, inputs, strategies, output), node_key(opts)), make)
+
+
+def _signature(
+    info: NodeInfo, inputs: tuple[NodeInfo, ...], strategies: tuple[OpStrategy, ...], output: bool
+) -> tuple:
+    """What :func:`node_parts` reads, without the node's name and place: the nodes of identical layers (the
+    two norms of a LLaMA block, its gate and up projections, every copy of an uncollapsed layer) are priced
+    once.  Only ``recomputed`` reads ``block``, and only whether it is None."""
+
+    def plain(i: NodeInfo) -> NodeInfo:
+        block = None if i.block is None else (0, 0)
+        return dataclasses.replace(i, name="", fqn="", module="", inputs=(), block=block)
+
+    return plain(info), tuple(plain(i) for i in inputs), strategies, output
 
 
 def node_arrays(
