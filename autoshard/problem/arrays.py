@@ -31,6 +31,7 @@ from autoshard.problem.costs import (
     dual_spec,
     grad_factor,
     node_memory,
+    operand_bytes,
     optimizer_time,
     output_fix_steps,
     repeats,
@@ -82,9 +83,10 @@ def node_parts(
 
     def make() -> NodeParts:
         columns: list[list[float]] = [[] for _ in range(9)]
+        sizes = operand_bytes(info, inputs)
         for strat in strategies:
             fwd, hidden = (
-                compute_parts(info, strat, cluster, opts.training, inputs)
+                compute_parts(info, strat, cluster, opts.training, inputs, sizes)
                 if info.kind == "op"
                 else (0.0, (0.0, 0.0))
             )

@@ -81,6 +81,7 @@ __all__ = [
     "grad_factor",
     "node_compute",
     "node_memory",
+    "operand_bytes",
     "output_fix_steps",
     "recomputed",
     "repeats",
@@ -194,22 +195,29 @@ def node_compute(
 
 
 def compute_parts(
-    info: NodeInfo, strategy: OpStrategy, cluster: Cluster, training: bool, inputs: tuple[NodeInfo, ...]
+    info: NodeInfo,
+    strategy: OpStrategy,
+    cluster: Cluster,
+    training: bool,
+    inputs: tuple[NodeInfo, ...],
+    sizes: tuple[int | None, ...] | None = None,
 ) -> tuple[float, tuple[float, float]]:
     """What :func:`node_compute` prices before recomputation and context parallelism (an op's node only):
     the op's forward seconds (0 for a view) and the hidden casts / loss (``hidden_seconds``).  The builder
-    keeps these per strategy and composes every recomputation policy from them (:func:`timed`)."""
+    keeps these per strategy and composes every recomputation policy from them (:func:`timed`);
+    ``sizes``: :func:`operand_bytes`, worked out once for all of a node's strategies."""
     mesh = cluster.mesh_shape
+    sizes = operand_bytes(info, inputs) if sizes is None else sizes
+    ins, outs = sizes[: len(inputs)], sizes[len(inputs) :]
     moved = 0.0
-    for src, which, spec in zip(inputs, info.input_outputs, strategy.inputs, strict=True):
-        meta = src.outputs[which] if which < len(src.outputs) else None
-        if meta is not None:
-            moved += _local_bytes(meta.nbytes, spec, mesh)
-    for meta, spec in zip(info.outputs, strategy.outputs, strict=False):
-        if meta is not None:
-            moved += _local_bytes(meta.nbytes, spec, mesh)
+    for nbytes, spec in zip(ins, strategy.inputs, strict=True):
+        if nbytes is not None:
+            moved += _local_bytes(nbytes, spec, mesh)
+    for nbytes, spec in zip(outs, strategy.outputs, strict=False):
+        if nbytes is not None:
+            moved += _local_bytes(nbytes, spec, mesh)
     dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
-    local = _local_bytes(info.outputs[0].nbytes, strategy.outputs[0], mesh) if info.outputs[0] else 0.0
+    local = _local_bytes(outs[0], strategy.outputs[0], mesh) if outs[0] is not None else 0.0
     hidden = hidden_seconds(info, inputs, moved, local, cluster, training)  # casts, the loss
     if info.is_view:
         return 0.0, hidden
@@ -217,6 +225,15 @@ def compute_parts(
     # efficiency; priced by scaling the FLOPs the roofline sees
     factor = _shape_factor(info, strategy, inputs, cluster)
     return cluster.compute_time(info.flops / strategy.work_divisor / factor, moved, dtype), hidden
+
+
+def operand_bytes(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> tuple[int | None, ...]:
+    """Bytes of each input the node reads, then of each output (None where not a tensor)."""
+    read = [
+        (src.outputs[which].nbytes if which < len(src.outputs) and src.outputs[which] is not None else None)  # type: ignore[union-attr]
+        for src, which in zip(inputs, info.input_outputs, strict=True)
+    ]
+    return (*read, *(None if meta is None else meta.nbytes for meta in info.outputs))
 
 
 def grad_factor(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> float:

@@ -70,9 +70,9 @@ class PriceTable:
         # (shape, itemsize, P-axis mask) -> (start index -> row, distances (rows, layouts))
         self._rows: dict[tuple, tuple[dict[int, int], np.ndarray]] = {}
         self._prices: dict[tuple[str, int, int], float] = {}
-        self._tables: dict[
-            tuple, np.ndarray
-        ] = {}  # pairwise(): (src specs, dst specs, shape, itemsize) -> table
+        # pairwise(): (src specs, dst specs, shape, itemsize) -> table; _start(): (spec, shape) -> layout
+        self._tables: dict[tuple, np.ndarray] = {}
+        self._starts: dict[tuple[ShardingSpec, tuple[int, ...]], tuple[int, ...] | str] = {}
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -153,6 +153,13 @@ class PriceTable:
         even unchanged) or ``"bad"`` (a non-sum partial: it may only stay as it is)."""
         if spec is None:
             return "none"
+        key = (spec, shape)
+        found = self._starts.get(key)
+        if found is None:
+            found = self._starts[key] = self._encode(spec, shape)
+        return found
+
+    def _encode(self, spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[int, ...] | str:
         try:
             layout = _layout(spec, shape, self.mesh_shape, "tensor")
         except AutoshardError:
