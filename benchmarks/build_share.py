@@ -81,7 +81,7 @@ def run(cases: list[str] | None = None, log: Any = print) -> list[dict[str, Any]
         each = ", ".join(f"{s:.3f}" for s in r["builds"])
         log(
             f"{case}: {len(r['builds'])} builds, {sum(r['builds']):.2f} s CPU in build_problem ({each}); "
-            f"plan {r['plan_cpu_s']:.1f} s CPU, objective {r['objective']!r}"
+            f"plan {r['plan_cpu_s']:.1f} s CPU, peak RSS {r['peak_rss_gib']:.2f} GiB, objective {r['objective']!r}"
         )
     return rows
 

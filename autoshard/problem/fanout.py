@@ -196,10 +196,10 @@ def _group_node(
         return _elements(group, producer, strategies, opts, cache)
 
     found = make() if shared is None else shared.get("fanout", (group, opts.training), make)
-    element_cost = _element_cost(producer, found, opts)
+    element_cost = _priced(producer, found.tables, opts)
     share = rerun_share(producer, consumer, opts)  # recomputed blocks re-issue, FSDP re-gathers (as extract)
     if share:  # the shared move is re-run once: by the recomputed blocks, or re-gathered after forward
-        again = _element_cost(producer, found, replace(opts, training=False))
+        again = _priced(producer, found.tables, replace(opts, training=False))
         element_cost = element_cost + again * share
     return fanout_node(
         element_cost * group.weight, found.entries, search_fanout.MAX_FANOUT_STATES
@@ -211,8 +211,7 @@ class _Elements:
     """A group's elements and their redistribution tables (no option but ``training`` changes them)."""
 
     entries: list[np.ndarray]  # per consumer, its element per strategy
-    forward: np.ndarray  # [S_producer, E]: one forward redistribution of element e from strategy a
-    backward: np.ndarray | None  # [S_producer, E]: the gradient's way back (None without one)
+    tables: tuple[np.ndarray, np.ndarray | None]  # _tables: [S_producer, E] forward, backward (or None)
 
 
 def _elements(
@@ -227,32 +226,58 @@ def _elements(
     for name, pos in group.entries:
         elems = [element_of(producer, s, pos, opts, cache) for s in strategies[name]]
         entries.append(np.array([ids.setdefault(e, len(ids)) for e in elems]))
-    meta = producer.outputs[group.which]
+    src = strategies[group.producer]
+    return _Elements(entries, _tables(producer, group.which, src, list(ids), opts.training, cache))
+
+
+def _tables(
+    producer: NodeInfo,
+    which: int,
+    src_list: tuple[OpStrategy, ...],
+    elements: list[tuple[int, int]],
+    training: bool,
+    cache: StepCache,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``[S_producer, E]`` seconds of one forward redistribution of element ``e`` from strategy ``a``, and of
+    the gradient's way back (None when no gradient flows)."""
+    meta = producer.outputs[which]
     assert meta is not None
-    outs = [
-        s.outputs[group.which] if group.which < len(s.outputs) else None for s in strategies[group.producer]
-    ]
+    outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
     have = [cache.intern(o) for o in outs]
-    want = [w for w, _ in ids]
+    want = [w for w, _ in elements]
     # whole tables, each distinct spec pair priced once (problem/pricing.py), equal to cache.time per pair
     forward = pairwise_ids(have, want, meta.shape, meta.itemsize, cache)
-    backward = None
-    if opts.training and producer.requires_grad:
-        duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
-        grads = [g for _, g in ids]
-        backward = pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T
-    return _Elements(entries, forward, backward)
+    if not (training and producer.requires_grad):
+        return forward, None
+    duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
+    grads = [g for _, g in elements]
+    return forward, pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T
 
 
-def _element_cost(producer: NodeInfo, elements: _Elements, opts: CostOptions) -> np.ndarray:
-    """``C[a, e]``: forward + backward seconds of element ``e`` when the producer runs ``a`` (one layer)."""
+def _priced(
+    producer: NodeInfo, tables: tuple[np.ndarray, np.ndarray | None], opts: CostOptions
+) -> np.ndarray:
+    """Seconds per step from :func:`_tables`: forward per microbatch, backward as :func:`repeats` says."""
     parameter = producer.kind == "parameter"
     fwd_times = repeats(opts, parameter=parameter, backward=False)  # per step: microbatches, or once
     bwd_times = repeats(opts, parameter=parameter, backward=True)
-    cost = elements.forward * fwd_times
-    if opts.training and producer.requires_grad and elements.backward is not None:
-        cost = cost + elements.backward * bwd_times
+    forward, backward = tables
+    cost = forward * fwd_times
+    if opts.training and producer.requires_grad and backward is not None:
+        cost = cost + backward * bwd_times
     return cost
+
+
+def _element_cost(
+    producer: NodeInfo,
+    which: int,
+    src_list: tuple[OpStrategy, ...],
+    elements: list[tuple[int, int]],
+    opts: CostOptions,
+    cache: StepCache,
+) -> np.ndarray:
+    """``C[a, e]``: forward + backward seconds of element ``e`` when the producer runs ``a`` (one layer)."""
+    return _priced(producer, _tables(producer, which, src_list, elements, opts.training, cache), opts)
 
 
 def fanout_edges(fans: Sequence[FanOut], index: Mapping[str, int]) -> list[Edge]:

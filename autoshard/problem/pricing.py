@@ -96,18 +96,8 @@ class PriceTable:
         The table returned is read-only (shared)."""
         key = (tuple(src), tuple(dst), shape, itemsize)
         found = self._tables.get(key)
-        if found is None:
-            found = self._tables[key] = self._pairwise(src, dst, shape, itemsize)
-            found.setflags(write=False)
-        return found
-
-    def _pairwise(
-        self,
-        src: Sequence[ShardingSpec | None],
-        dst: Sequence[ShardingSpec | None],
-        shape: tuple[int, ...],
-        itemsize: int,
-    ) -> np.ndarray:
+        if found is not None:
+            return found
         table = np.zeros((len(src), len(dst)))
         starts = [self._start(s, shape) for s in src]
         goals = [self._start(d, shape) for d in dst]
@@ -122,7 +112,7 @@ class PriceTable:
                 table[i, :] = math.inf
         live = [i for i, s in enumerate(starts) if isinstance(s, tuple)]
         if not live or not by_mask:
-            return self._fix_equal(table, src, dst, starts)
+            return self._keep(key, self._fix_equal(table, src, dst, starts))
         graph = self._graph(shape, itemsize)
         start_idx = [graph.index[starts[i]] for i in live]  # type: ignore[index]
         for mask, cols in by_mask.items():
@@ -130,7 +120,12 @@ class PriceTable:
             goal_idx = [graph.index[goals[j]] for j in cols]  # type: ignore[index]
             sub = dist[np.ix_([rows[s] for s in start_idx], goal_idx)]
             table[np.ix_(live, cols)] = sub
-        return self._fix_equal(table, src, dst, starts)
+        return self._keep(key, self._fix_equal(table, src, dst, starts))
+
+    def _keep(self, key: tuple, table: np.ndarray) -> np.ndarray:
+        table.setflags(write=False)
+        self._tables[key] = table
+        return table
 
     @staticmethod
     def _fix_equal(table: np.ndarray, src: Sequence, dst: Sequence, starts: list) -> np.ndarray:

@@ -18,7 +18,7 @@ import pytest
 import autoshard
 from autoshard import zoo
 from autoshard.capture import capture
-from autoshard.problem import arrays
+from autoshard.problem import arrays, extras, fanout
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.context import zigzag_cluster
 from autoshard.problem.costs import (
@@ -118,10 +118,16 @@ def test_a_warm_build_prices_nothing_again(llama, monkeypatch) -> None:  # type:
     build_problem(captured, cluster, CostOptions())
     shared = build_cache(captured.graph_module, captured.blocks, cluster, None)
     calls = Counter[str]()
-    for name in ("compute_parts", "pairwise_ids", "optimizer_time"):
-        real = getattr(arrays, name)
+    for module, name in (
+        (arrays, "compute_parts"),
+        (arrays, "pairwise_ids"),
+        (arrays, "optimizer_time"),
+        (fanout, "pairwise_ids"),
+        (extras, "_gather_node"),
+    ):
+        real = getattr(module, name)
         monkeypatch.setattr(
-            arrays, name, lambda *a, _real=real, _name=name, **k: (calls.update([_name]), _real(*a, **k))[1]
+            module, name, lambda *a, _real=real, _name=name, **k: (calls.update([_name]), _real(*a, **k))[1]
         )
     hits = shared.hits
     built = build_problem(captured, cluster, CostOptions(recompute=Recompute.FULL, recompute_share=0.25))
