@@ -206,7 +206,7 @@ def _graph(captured: Captured, mesh: tuple[int, ...]) -> _Graph:
     # further runs of identical blocks (encoder towers, attribute-held blocks) share block 0's variables
     template, run_copies, runs = collapse_runs(ordered, template, gm)
     variables = tuple(i.name for i in ordered if template[i.name] == i.name)
-    strategies = _strategies(gm, nodes, variables, mesh)
+    strategies = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
     # a shared block variable stands for its node in every one of the N layers; everything else for itself
     mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
     mult.update(run_copies)
@@ -251,7 +251,7 @@ def build_problem(
     steps = cache if cache is not None and cache.cluster == cluster else None
     shared = build_cache(captured.graph_module, captured.blocks, cluster, steps)
     cache = shared.steps
-    g = shared.get("graph", tuple(cluster.mesh_shape), lambda: _graph(captured, tuple(cluster.mesh_shape)))
+    g = _graph_of(captured, tuple(cluster.mesh_shape))
     infos, variables, strategies, index = g.infos, g.variables, g.strategies, g.index
     keeps = _keeps(infos, opts)
     node_costs, memory = node_arrays(
@@ -312,22 +312,19 @@ def build_problem(
     )
 
 
-#: Strategies per (captured graph, mesh): they depend on nothing else, and the planner builds one capture
-#: several times (each recomputation policy, the pinned and the free problem, microbatch counts).
-_STRATEGIES: weakref.WeakKeyDictionary[fx.GraphModule, dict[tuple, dict[str, tuple[OpStrategy, ...]]]] = (
-    weakref.WeakKeyDictionary()
-)
+#: The graph-level part of a build per (captured graph, mesh, blocks): strategies depend on nothing else, and
+#: the planner builds one capture many times (each recomputation policy and share, the pinned and the free
+#: problem, the zigzag clusters of the layout search, the pipeline search's policies per stage).
+_GRAPHS: weakref.WeakKeyDictionary[fx.GraphModule, dict[tuple, _Graph]] = weakref.WeakKeyDictionary()
 
 
-def _strategies(
-    gm: fx.GraphModule, nodes: dict[str, fx.Node], variables: tuple[str, ...], mesh: tuple[int, ...]
-) -> dict[str, tuple[OpStrategy, ...]]:
-    per_mesh = _STRATEGIES.setdefault(gm, {})
-    key = (mesh, variables)
+def _graph_of(captured: Captured, mesh: tuple[int, ...]) -> _Graph:
+    per_mesh = _GRAPHS.setdefault(captured.graph_module, {})
+    key = (mesh, captured.blocks)
     found = per_mesh.get(key)
     if found is None:
-        found = per_mesh[key] = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
-    return dict(found)
+        found = per_mesh[key] = _graph(captured, mesh)
+    return found
 
 
 def _display_name(info: NodeInfo) -> str:

@@ -3,9 +3,10 @@
 The planner builds one capture several times on one cluster: once per recomputation policy (none,
 selective, full), twice more at ``recompute_share`` 0 for the per-block search (:mod:`autoshard.problem.mix`),
 again for a context-parallel layout, and the pipeline search once per policy on each stage's sub-mesh.
-Strategies and their labels, the redistribution tables of every edge and fan-out group, the buffers FSDP
-gathers, and each (node, strategy)'s forward compute, hidden casts, dispatch, optimizer time and memory with
-and without keeping its output do not depend on the policy.  A :class:`BuildCache` keeps them; the builder
+The redistribution tables of every edge and fan-out group, the buffers FSDP gathers, and each (node,
+strategy)'s forward compute, hidden casts, dispatch, optimizer time and memory with and without keeping its
+output do not depend on the policy.  A :class:`BuildCache` keeps them (the strategies, labels and weighted
+uses, which depend on the mesh alone, are kept per capture and mesh by the builder); the builder
 (:mod:`autoshard.problem.build`, :mod:`autoshard.problem.arrays`) composes each build's arrays from them with
 the same float operations as pricing one strategy at a time, so a problem built from the cache is the
 problem built without it, bit for bit (``tests/problem/test_shared.py``).
@@ -16,11 +17,13 @@ What keys what (so nothing that changes a price can hit a stale entry):
   mesh, a :class:`~autoshard.problem.context.ZigzagCluster`'s axis: compared with ``==``, which tells the
   two classes apart) are the cache's own: :func:`build_cache` hands out one per pair;
 - ``CostOptions.training``, ``shard_optimizer`` and ``precision`` change stored per-node figures and key
-  them (:func:`node_key`); ``training`` also keys the fan-out elements;
-- ``recompute``, ``recompute_share``, ``microbatches``, ``overlap`` and ``cp_layout`` are applied per build
-  to the stored figures: safe to vary between builds that share a cache.
+  them (:func:`node_key`); ``training`` also keys the fan-out elements and edge tables, and
+  ``overlap.prefetch`` the gathered-buffer nodes;
+- ``recompute``, ``recompute_share``, ``microbatches``, the rest of ``overlap`` and ``cp_layout`` are applied
+  per build to the stored figures: safe to vary between builds that share a cache.
 
-Entries are read-only arrays: a build copies what it changes.
+Entries are never changed in place: a build composes new arrays from them (per-node figures and price
+tables are read-only arrays).
 """
 
 from __future__ import annotations
