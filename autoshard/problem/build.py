@@ -315,15 +315,17 @@ def build_problem(
 #: The graph-level part of a build per (captured graph, mesh, blocks): strategies depend on nothing else, and
 #: the planner builds one capture many times (each recomputation policy and share, the pinned and the free
 #: problem, the zigzag clusters of the layout search, the pipeline search's policies per stage).
-_GRAPHS: weakref.WeakKeyDictionary[fx.GraphModule, dict[tuple, _Graph]] = weakref.WeakKeyDictionary()
+_GRAPHS: weakref.WeakKeyDictionary[fx.GraphModule, dict[tuple[int, ...], list[tuple[object, _Graph]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _graph_of(captured: Captured, mesh: tuple[int, ...]) -> _Graph:
-    per_mesh = _GRAPHS.setdefault(captured.graph_module, {})
-    key = (mesh, captured.blocks)
-    found = per_mesh.get(key)
+    per_mesh = _GRAPHS.setdefault(captured.graph_module, {}).setdefault(mesh, [])
+    found = next((g for blocks, g in per_mesh if blocks == captured.blocks), None)  # BlockInfo: not hashable
     if found is None:
-        found = per_mesh[key] = _graph(captured, mesh)
+        found = _graph(captured, mesh)
+        per_mesh.append((captured.blocks, found))
     return found
 
 
