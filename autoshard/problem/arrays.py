@@ -106,7 +106,10 @@ def node_parts(
         grads = grad_factor(info, inputs) if info.kind == "op" else 0.0
         return NodeParts(f, (hf, hb), grads, (df, db), opt, kept, dropped, fix)
 
-    return cache.get("node", (_signature(info, inputs, strategies, output), node_key(opts)), make)
+    def shared() -> NodeParts:  # a node of an identical layer may have priced them already
+        return cache.get("node", (_signature(info, inputs, strategies, output), node_key(opts)), make)
+
+    return cache.get("node of", (info.name, output, node_key(opts)), shared)
 
 
 def _signature(

@@ -67,12 +67,11 @@ class GatherNode:
 
     def producer_matrix(self) -> np.ndarray:
         """``[S_producer, states]``: 0 where the stored spec gathers exactly the state's bytes, else inf."""
-        return np.array(
-            [
-                [0.0 if self.sizes[(int(h), w)] == size else np.inf for w, size in self.states]
-                for h in self.have
-            ]
-        )
+        stored, row = np.unique(self.have, return_inverse=True)  # one row per distinct stored spec
+        rows = [
+            [0.0 if self.sizes[(int(h), w)] == size else np.inf for w, size in self.states] for h in stored
+        ]
+        return np.array(rows).reshape(len(stored), len(self.states))[row.reshape(-1)]
 
     def consumer_matrix(self) -> np.ndarray:
         """``[S_consumer, states]``: 0 where the consumer wants the state's spec, else inf."""
