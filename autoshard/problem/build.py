@@ -180,7 +180,7 @@ def _keeps(infos: dict[str, NodeInfo], opts: CostOptions) -> dict[str, bool]:
 
 @dataclass(frozen=True)
 class _Graph:
-    """What a build derives from the capture and the mesh alone (kept in the :class:`BuildCache`)."""
+    """What a build derives from the capture and the mesh alone (kept per capture and mesh: :func:`_graph_of`)."""
 
     infos: dict[str, NodeInfo]
     template: dict[str, str]
@@ -243,10 +243,11 @@ def build_problem(
 ) -> BuiltProblem:
     """Price every strategy of every variable node and every strategy pair of every edge.
 
-    Every build of one capture on one cluster shares its policy-free figures (:mod:`autoshard.problem.shared`:
-    strategies, redistribution tables, per-strategy compute and memory); only what the options change is
-    composed anew.  ``cache``: redistribution times already priced on the same cluster (the pipeline search
-    builds one model at several microbatch counts and recomputation policies on one sub-mesh)."""
+    Every build of one capture on one mesh shares its strategies and weighted uses (:func:`_graph_of`), and
+    on one cluster its policy-free figures (:mod:`autoshard.problem.shared`: redistribution tables,
+    per-strategy compute and memory); only what the options change is composed anew.  ``cache``:
+    redistribution times already priced on the same cluster (the pipeline search builds one model at several
+    microbatch counts and recomputation policies on one sub-mesh)."""
     start = time.perf_counter()
     steps = cache if cache is not None and cache.cluster == cluster else None
     shared = build_cache(captured.graph_module, captured.blocks, cluster, steps)
