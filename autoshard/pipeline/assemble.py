@@ -136,6 +136,7 @@ def assemble(
         input_placements={k: widen(v) for k, v in intra.input_placements.items()},
         output_placements=tuple(widen(p) for p in intra.output_placements),
         collectives=collectives,
+        ring_transfers=tuple(dataclasses.replace(r, mesh_axis=r.mesh_axis + 1) for r in intra.ring_transfers),
         nodes=_worst_device_nodes(candidate, intra),
         predicted_step_time=split.step_seconds,
         communication_time=comm + p2p,
