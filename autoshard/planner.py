@@ -50,6 +50,7 @@ from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, sp
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.planner_layout import search_layout
+from autoshard.planner_policy import cannot_win, search_counts
 from autoshard.planner_rerank import by_step
 from autoshard.planner_steps import (
     Pruned,
@@ -69,8 +70,7 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
-from autoshard.problem.mix import mix_policies
-from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
+from autoshard.search import BoundExceeded, Solution
 from autoshard.steering import budget_refusal
 
 __all__ = ["plan"]
@@ -225,10 +225,9 @@ def _plan_captured(
     best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan], Solution] | None = None
     error: InfeasibleError | None = None
     pruned: BoundExceeded | None = None
-    uniform: dict[
-        Recompute, tuple[BuiltProblem, BuiltProblem, float]
-    ] = {}  # policy -> (free, pinned, objective)
-    idle = False
+    uniform: dict[Recompute, tuple[BuiltProblem, BuiltProblem, float]] = {}  # (free, pinned, objective)
+    idle, skipped = False, list[str]()
+    again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout)
         say("strategies" if policy is policies[0] else "recompute")
@@ -236,8 +235,12 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
-            free, built, solution = by_step(search_layout, free, built, again, search, time_limit, ceiling)
+            # a later policy whose every fitting plan steps slower than the best so far is not solved
+            skip = cannot_win(built, best[0].predicted_step_time, search, time_limit) if best else None
+            if skip is None:
+                free, built, solution = by_step(
+                    search_layout, free, built, again, search, time_limit, ceiling
+                )
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots
@@ -247,6 +250,10 @@ def _plan_captured(
             if policy is policies[0]:
                 raise  # recomputation only adds time: no later policy beats this bound either
             pruned = e  # this policy cannot beat the ceiling; a later one may still fit better
+            continue
+        if skip is not None:  # its first k of N blocks may still pay (mix_policies below)
+            uniform[policy] = (free, built, float("inf"))
+            skipped.append(f"{policy.value} recomputation: at least {skip.bound:.4g} s per step")
             continue
         uniform[policy] = (free, built, solution.objective)
         timings["total"] = time.perf_counter() - start
@@ -259,17 +266,7 @@ def _plan_captured(
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if recompute == "auto" and training and not idle and len(uniform) > 1:
         t0 = time.perf_counter()
-        deadline = t0 + time_limit  # the scan's own share of the solver time limit
-
-        def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
-            opts = dataclasses.replace(uniform[policy][1].options, recompute=policy, recompute_share=0.0)
-            return build(captured, uniform[policy][1].cluster, opts, annotations, limit, {}, kinds)
-
-        def run(p: SearchProblem, method: SearchMethod = search, ceiling: float = math.inf) -> Solution:
-            left = max(1.0, min(time_limit, deadline - time.perf_counter()))
-            return solve(p, method=method, time_limit=left, ceiling=ceiling)
-
-        mixed = mix_policies(uniform, zero, run, deadline)
+        mixed = search_counts(uniform, again, search, time_limit)
         timings["recompute_blocks"] = time.perf_counter() - t0
         if mixed is not None:
             solution_k, free, built, k = mixed
@@ -294,6 +291,8 @@ def _plan_captured(
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
     flat = ranked(found, free, built, solution, read, search, time_limit)  # by the reported step
+    if skipped:  # policies bounded, not solved (planner_policy.py)
+        flat = dataclasses.replace(flat, notes=(*flat.notes, "not solved, bounded: " + "; ".join(skipped)))
     return dataclasses.replace(flat, degrees=degrees_of(flat))
 
 
