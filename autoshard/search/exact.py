@@ -60,6 +60,12 @@ __all__ = [
 #: float64 entries are 160 MB, plus the argmin table.
 MAX_FACTOR_SIZE = 20_000_000
 
+#: Entries of one slab of a bucket's table (2 MiB, this machine's L2 cache): variable elimination sums and
+#: minimises a bucket a slab of the eliminated variable's strategies at a time, so no table of
+#: ``S^(width+1)`` entries is allocated (LLaMA-3-70B on 16 x 8 x 8: 7.8 M entries, 62 MB, per solve) and the
+#: sums stay in cache: ~3x faster on that table than summing it whole and reducing it.
+SLAB = 1 << 18
+
 
 @dataclass(frozen=True, slots=True)
 class ExactResult:
@@ -253,10 +259,9 @@ class ExactSolver:
                     if w != step.var:
                         bucket[w].discard(fid)
                 parts.append((fscope, arr))
-            scope = tuple(sorted((step.var, *step.rest)))
-            # min, not argmin: a reduction numpy vectorises along any axis; the argmin is needed only at
-            # the one assignment of ``rest`` the plan ends up with, and _back recomputes it there
-            best = self._gather(scope, parts).min(axis=scope.index(step.var))
+            # min, not argmin: the argmin is needed only at the one assignment of ``rest`` the plan ends up
+            # with, and _back recomputes it there
+            best = self._reduced(step.var, parts, step.rest)
             backs.append(parts)
             if step.rest:
                 add(step.rest, best)
@@ -277,18 +282,48 @@ class ExactSolver:
         assert column is not None
         return int(np.argmin(column))
 
-    def _gather(self, scope: tuple[int, ...], parts: list[tuple[tuple[int, ...], np.ndarray]]) -> np.ndarray:
-        """Sum factors over ``scope``; each factor's sorted scope is a subsequence, so a reshape aligns it."""
-        table: np.ndarray | None = None
-        owned = False  # a sum made here, which later factors may be added into in place
+    def _reduced(
+        self, var: int, parts: Sequence[tuple[tuple[int, ...], np.ndarray]], keep: Sequence[int]
+    ) -> np.ndarray:
+        """``min`` of the sum of ``parts`` over every variable of theirs outside ``keep``, as a table over
+        ``keep`` in increasing order.  The parts are added in their order (as :meth:`_back` adds them: the
+        same sums to the bit), a slab of ``var``'s strategies at a time (:data:`SLAB`)."""
+        keep = tuple(sorted(keep))
+        order = (var, *sorted({w for f, _ in parts for w in f}.union(keep) - {var}))  # var first, then sorted
+        lined = []  # (whether it spans var, the part aligned to ``order``)
         for fscope, arr in parts:
-            aligned = arr.reshape([self.sizes[w] if w in fscope else 1 for w in scope])
-            if table is not None and owned and all(map(int.__ge__, table.shape, aligned.shape)):
-                np.add(table, aligned, out=table)
+            has = var in fscope
+            if has and fscope[0] != var:  # each scope is sorted: var to the front keeps the rest sorted
+                arr = np.ascontiguousarray(np.moveaxis(arr, fscope.index(var), 0))
+            lined.append((has, arr.reshape([self.sizes[w] if w in fscope else 1 for w in order])))
+        full = tuple(self.sizes[w] for w in order)
+        kept = [k for k, w in enumerate(order) if w in keep]
+        drop = tuple(k for k, w in enumerate(order) if w not in keep)
+        inner = math.prod(full[1:])
+        slab = max(1, SLAB // max(inner, 1))
+        buf = np.empty((min(slab, full[0]), *full[1:])) if len(lined) > 1 else None
+        out: np.ndarray | None = None
+        for lo in range(0, full[0], slab):
+            hi = min(full[0], lo + slab)
+            here = [a[lo:hi] if has else a for has, a in lined]
+            table = here[0]
+            if buf is not None:
+                table = buf[: hi - lo]
+                np.add(here[0], here[1], out=table)
+                for a in here[2:]:
+                    np.add(table, a, out=table)
+            table = np.broadcast_to(table, (hi - lo, *full[1:]))
+            low = table.min(axis=drop) if drop else table
+            if var in keep:
+                if out is None:
+                    out = np.empty((full[0], *(full[k] for k in kept[1:])))
+                out[lo:hi] = low
+            elif out is None:
+                out = low  # a fresh array: var's axis is always reduced here
             else:
-                table, owned = (aligned, False) if table is None else (table + aligned, True)
-        assert table is not None
-        return table
+                np.minimum(out, low, out=out)
+        assert out is not None
+        return np.moveaxis(out, 0, keep.index(var)) if var in keep and keep[0] != var else out
 
     def solve(self, unary: Sequence[np.ndarray] | None = None) -> tuple[tuple[int, ...], float]:
         """Optimal choice and objective for these unary costs (default: the form's own)."""
@@ -331,8 +366,7 @@ class ExactSolver:
         for k, step in enumerate(steps):
             mine = bucket.pop(step.var)
             parts.append(mine)
-            scope = tuple(sorted((step.var, *step.rest)))
-            msg = self._gather(scope, [(f, t) for f, t, _ in mine]).min(axis=scope.index(step.var))
+            msg = self._reduced(step.var, [(f, t) for f, t, _ in mine], step.rest)
             if step.rest:
                 bucket[min(step.rest, key=pos.__getitem__)].append((step.rest, msg, k))
             else:
@@ -355,17 +389,13 @@ class ExactSolver:
         down: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
         for k in reversed(range(len(steps))):
             step = steps[k]
-            scope = tuple(sorted((step.var, *step.rest)))
             extra = [down[k]] if k in down else []
-            full = self._gather(scope, [(f, t) for f, t, _ in parts[k]] + extra)
-            axes = tuple(a for a, w in enumerate(scope) if w != step.var)
-            best = full.min(axis=axes) if axes else full
+            best = self._reduced(step.var, [(f, t) for f, t, _ in parts[k]] + extra, (step.var,))
             out[step.var] = np.minimum(out[step.var], best + outside[root_of[k]] + const)
             for f, _, child in parts[k]:
                 if child >= 0:  # everything in this bucket but the child's own message
-                    rest = self._gather(scope, [(g, t) for g, t, c in parts[k] if c != child] + extra)
-                    drop = tuple(a for a, w in enumerate(scope) if w not in f)
-                    down[child] = (f, rest.min(axis=drop) if drop else rest)
+                    rest = [(g, t) for g, t, c in parts[k] if c != child] + extra
+                    down[child] = (f, self._reduced(step.var, rest, f))
         return math.fsum(root_total.values())
 
 
