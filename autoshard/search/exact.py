@@ -304,11 +304,15 @@ class ExactSolver:
             hi = min(full[0], lo + slab)
             here = [a[lo:hi] if has else a for has, a in lined]
             table = here[0]
-            if buf is not None:
-                table = buf[: hi - lo]
-                np.add(here[0], here[1], out=table)
-                for a in here[2:]:
+            owned = False  # the sum lives in ``buf`` (full size): add the rest in place
+            for a in here[1:]:  # in order; small while the parts broadcast to less than the slab
+                if owned:
                     np.add(table, a, out=table)
+                elif np.broadcast_shapes(table.shape, a.shape) == (hi - lo, *full[1:]):
+                    assert buf is not None
+                    table, owned = np.add(table, a, out=buf[: hi - lo]), True
+                else:
+                    table = table + a
             table = np.broadcast_to(table, (hi - lo, *full[1:]))
             low = table.min(axis=drop) if drop else table
             if var in keep:
