@@ -22,9 +22,10 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    405B-shaped LLaMA's pipeline stage on 8 x 16 x 8): the same Lagrangian dual with each relaxed problem
    ``cost + lambda * memory`` reduced and eliminated on its own (no budget, so it folds); proven optimal
    when the dual closes, else its best fitting plan and bound, which CP-SAT then tries to improve.
-5. ``ceiling``: once the optimum without the budget, or the Lagrangian bound under it, reaches it,
-   :class:`~autoshard.search.run.BoundExceeded` instead of the rest of the budgeted solve (the mesh search's
-   pruning, the recompute-count search's intervals).
+5. ``ceiling``: once every term at its cheapest, the optimum without the budget, or the Lagrangian bound
+   under it reaches it, :class:`~autoshard.search.run.BoundExceeded` instead of the rest of the budgeted
+   solve (the mesh search's pruning, the recompute-count search's intervals, a recomputation policy that
+   cannot beat another's plan: LLaMA-3-70B's full recomputation by the first of these, in milliseconds).
 
 ``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and its proven gap);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
@@ -213,9 +214,9 @@ def solve(
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
-    ``ceiling``: under a binding budget, raise :class:`BoundExceeded` as soon as the optimum without the
-    budget, or the Lagrangian bound (lower bounds on the one under it), is at least this, instead of
-    solving on under the budget.
+    ``ceiling``: under a budget, raise :class:`BoundExceeded` as soon as the cheapest term-by-term sum, the
+    optimum without the budget (when it does not fit), or the Lagrangian bound (lower bounds on the optimum
+    under it) is at least this, instead of solving on under the budget.
 
     ``multiplier``: a Lagrange multiplier of the budget to probe first (a similar problem's
     :attr:`Solution.multiplier`); only the number of exact solves depends on it.
@@ -245,6 +246,10 @@ def solve(
         floor = memory_lower_bound(problem)
         if floor > problem.memory_limit:
             raise memory_infeasible_error(problem, floor, None)
+        if math.isfinite(ceiling):  # every term at its cheapest: milliseconds, before any reduction
+            cheapest = trivial_lower_bound(problem)
+            if math.isfinite(cheapest) and cheapest >= ceiling:
+                raise BoundExceeded(cheapest, ceiling)
     # Folding free nodes creates the pair matrices on which dominance prunes most (the LLaMA problems
     # reduce to nothing), and it shrinks the CP-SAT model.
     red = reduce_problem(problem)
