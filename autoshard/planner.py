@@ -13,7 +13,8 @@ The order, and why:
    solved exactly and the fastest plan that fits kept.  Recomputation only ever adds time (compute and
    re-issued forward collectives) and only saves memory, so when the memory budget does not bind the plan
    without it (its optimum is the unconstrained optimum), that plan is optimal over all three and the
-   others are not solved.  When the budget binds, ``k`` of the ``N`` repeated blocks recomputed under
+   others are not solved; nor is a later policy whose every fitting plan provably steps slower than the
+   best so far (:mod:`autoshard.planner_policy`; a note says so).  When the budget binds, ``k`` of the ``N`` repeated blocks recomputed under
    selective or full (the rest keeping everything) is searched too, exactly (:mod:`autoshard.problem.mix`),
    and recorded in ``Plan.recompute_blocks``;
 6. read the plan back from the same cost functions, so its step time is the solver's objective;
