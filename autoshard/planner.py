@@ -13,10 +13,10 @@ The order, and why:
    solved exactly and the fastest plan that fits kept.  Recomputation only ever adds time (compute and
    re-issued forward collectives) and only saves memory, so when the memory budget does not bind the plan
    without it (its optimum is the unconstrained optimum), that plan is optimal over all three and the
-   others are not solved; nor is a later policy whose every fitting plan provably steps slower than the
-   best so far (:mod:`autoshard.planner_policy`; a note says so).  When the budget binds, ``k`` of the ``N`` repeated blocks recomputed under
-   selective or full (the rest keeping everything) is searched too, exactly (:mod:`autoshard.problem.mix`),
-   and recorded in ``Plan.recompute_blocks``;
+   others are not solved; nor is a policy whose every fitting plan provably steps slower than one found
+   (:mod:`autoshard.planner_policy`).  When the budget binds, ``k`` of the ``N`` repeated blocks recomputed
+   under selective or full (the rest keeping everything) is searched too, exactly
+   (:mod:`autoshard.problem.mix`), and recorded in ``Plan.recompute_blocks``;
 6. read the plan back from the same cost functions, so its step time is the solver's objective;
 7. when capture fused grouped-GEMM expert MLPs (:mod:`autoshard.capture.experts`: cheap expert parallelism,
    but no K/N split inside the experts), plan the unfused capture too and keep the cheaper plan (a note says
@@ -72,7 +72,7 @@ from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
 from autoshard.search import BoundExceeded, Solution
-from autoshard.steering import budget_refusal
+from autoshard.steering import budget_refusal, check_stages
 
 __all__ = ["plan"]
 
@@ -126,8 +126,9 @@ def plan(
             plan's notes say so).
         schedule: ``"auto"`` or one of ``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``zb_v``,
             ``interleaved_zb``.  A ``"stage"`` annotation on a repeated layer starts a stage there.
-        allow / forbid: kinds of parallelism (``"dp"``, ``"tp"``, ``"fsdp"``: :data:`autoshard.annotations.KINDS`)
-            the plan may use only / must not use.  With annotations or kinds, the plan also records the step
+        allow / forbid: kinds of parallelism the plan may use only / must not use (``"dp"``, ``"fsdp"``,
+            ``"tp"``, ``"sp"``, ``"cp"``, ``"ep"``, ``"pp"``: what each rules out is the table in
+            :mod:`autoshard.steering`).  With annotations or kinds, the plan also records the step
             time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
         captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
             model twice (e.g. free and as pure data parallel) without capturing it again.
@@ -145,6 +146,7 @@ def plan(
         :class:`AutoshardError`.
     """
     staged = pipeline is not None or microbatches not in (None, 1) or _has_stage_pin(annotations)
+    check_stages(forbidden_kinds(allow, forbid), pipeline, _has_stage_pin(annotations))  # pp forbidden
     if staged or schedule != "auto":  # a schedule without stages is refused there (pipeline/options.py)
         return whole_samples(functools.partial(
             _plan_pipelined, model, cluster, example_args, example_kwargs, annotations=annotations,
@@ -236,7 +238,6 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            # a later policy whose every fitting plan steps slower than the best so far is not solved
             skip = cannot_win(built, best[0].predicted_step_time, search, time_limit) if best else None
             if skip is None:
                 free, built, solution = by_step(
@@ -291,10 +292,9 @@ def _plan_captured(
             f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
-    flat = ranked(found, free, built, solution, read, search, time_limit)  # by the reported step
-    if skipped:  # policies bounded, not solved (planner_policy.py)
-        flat = dataclasses.replace(flat, notes=(*flat.notes, "not solved, bounded: " + "; ".join(skipped)))
-    return dataclasses.replace(flat, degrees=degrees_of(flat))
+    flat = ranked(found, free, built, solution, read, search, time_limit, annotations, kinds)  # by the step
+    bounded = ("not solved, bounded: " + "; ".join(skipped),) if skipped else ()  # planner_policy.py
+    return dataclasses.replace(flat, degrees=degrees_of(flat), notes=(*flat.notes, *bounded))
 
 
 def _has_stage_pin(annotations: Mapping[str, Any] | None) -> bool:
@@ -385,7 +385,6 @@ def _plan_pipelined(
         output_order=output_order(best.captured),
         timings=timings,
         notes=tuple(notes),
-        memory_limit=limit if limit != float("inf") else None,
     )
     whole = load_cluster(
         cluster.profile, nodes=cluster.nodes, mesh=best.layout.mesh, axis_names=best.layout.axis_names
@@ -397,4 +396,5 @@ def _plan_pipelined(
     }
     record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
     plan = assemble(best, intra, prefix, record, first=repeated.first if repeated else 0)
-    return dataclasses.replace(plan, input_shapes=global_shapes(plan, args, batch))
+    budget = limit if limit != float("inf") else None  # the stages' budget (the extract was not held to it)
+    return dataclasses.replace(plan, input_shapes=global_shapes(plan, args, batch), memory_limit=budget)

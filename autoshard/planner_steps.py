@@ -147,6 +147,11 @@ def unpinned(
     return free.predicted_step_time
 
 
+def pin_names(annotations: Mapping[str, Any] | None, kinds: frozenset[str]) -> tuple[str, ...]:
+    """What a plan was pinned by (``Plan.pinned``), for the report's price line: ``("annotations", "no tp")``."""
+    return ("annotations",) * bool(annotations) + tuple(f"no {k}" for k in sorted(kinds))
+
+
 def ranked(
     found: Plan,
     free: BuiltProblem,
@@ -155,12 +160,15 @@ def ranked(
     read: Callable[[BuiltProblem, Solution], Plan],
     search: SearchMethod,
     time_limit: float,
+    annotations: Mapping[str, Any] | None = None,
+    kinds: frozenset[str] = frozenset(),
 ) -> Plan:
     """The plan ranked by its reported step (:mod:`autoshard.planner_rerank`), with the unpinned price when
-    ``built`` carries pins (``free`` is the same problem without them)."""
+    ``built`` carries pins (``free`` is the same problem without them: ``annotations`` and forbidden
+    ``kinds`` applied), and what they were (``Plan.pinned``)."""
     plan = rank_plan(found, built, solution, read, method=search, time_limit=time_limit)
     price = unpinned(free, search, time_limit, read, plan) if built is not free else None
-    return dataclasses.replace(plan, unpinned_step_time=price)
+    return dataclasses.replace(plan, unpinned_step_time=price, pinned=pin_names(annotations, kinds))
 
 
 def warn_replicated(captured: Captured) -> dict[str, float]:
