@@ -115,11 +115,15 @@ def build(
 ) -> tuple[BuiltProblem, BuiltProblem]:
     """The problem as priced, and the same with the user's pins folded in (the same object without pins).
 
-    ``cache``: redistribution times already priced on ``cluster`` (the pipeline search builds often)."""
+    Every build of ``captured`` on ``cluster`` reuses the first one's strategies, redistribution tables and
+    per-strategy figures (:mod:`autoshard.problem.shared`): the planner's builds per recomputation policy and
+    share, the layout search's and the pipeline search's per stage policy price only what the options change.
+    ``timings["strategies_and_costs"]`` adds up every build it times.  ``cache``: redistribution times already
+    priced on ``cluster`` (the pipeline search keeps one per sub-mesh)."""
     t0 = time.perf_counter()
     budget = limit if limit != float("inf") else None
     built = build_problem(captured, cluster, opts, memory_limit=budget, cache=cache)
-    timings["strategies_and_costs"] = time.perf_counter() - t0
+    timings["strategies_and_costs"] = timings.get("strategies_and_costs", 0.0) + time.perf_counter() - t0
     if not (annotations or kinds):
         return built, built
     prefix = captured.blocks.prefix if captured.blocks else None
