@@ -159,7 +159,9 @@ def with_budget_by_reduction(
                 lag.plan, lag.cost = fixed, evaluate(rp, fixed)
     best = run.expand(lag.plan)
     early: tuple[tuple[int, ...], bool] | None = None
+    refined = tried = False  # the dual refined, fixing tried (once each: a second go costs, rarely proves)
     if peak is not None and lag.over and not lag.closed():
+        refined = True
         # the dual refined on the plan without its peak, then fixing just above that plan's cost: where a
         # plan that fits with its peak lies there, fixing finds and proves it without _fit_peak's re-solves
         dual_search(
@@ -170,13 +172,14 @@ def with_budget_by_reduction(
         best = run.expand(lag.plan)
         room = _EARLY_ROOM * (lag.cost - lag.bound)  # a tenth of the gap above the plan
         if lag.lam > 0.0 and room > 0.0:
+            tried = True
             early = _close_by_fixing(run, lag.lam, best, peak, upper=lag.cost + run.offset() + room)
     if early is not None and early[1]:
         best, lag.cost = early[0], evaluate(run.problem, early[0]) - run.offset()
     elif peak is not None:
         best = _fit_peak(run, peak, [run.expand(x) for x in starts], best)
         lag.cost = evaluate(run.problem, best) - run.offset()
-    if early is None and lag.over and not lag.closed():  # the primal moved: probe on to 5 % of the gap left
+    if not refined and lag.over and not lag.closed():  # the primal moved: probe on to 5 % of the gap left
         dual_search(
             relaxed, rp, lag, lag.lam or lam0, deadline=run.start + run.time_limit, seeds=(lag.over[-1],),
             tolerance=0.05, ceiling=run.ceiling - run.offset(),
@@ -188,7 +191,7 @@ def with_budget_by_reduction(
     proven = early is not None and early[1]
     if proven:
         lag.bound = lag.cost  # fixing proved it: no plan that fits with its peak is cheaper
-    elif not lag.closed() and lag.lam > 0.0:
+    elif not tried and not lag.closed() and lag.lam > 0.0:
         found = _close_by_fixing(run, lag.lam, best, peak)
         if found is not None:
             best, proven = found
