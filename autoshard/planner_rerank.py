@@ -26,6 +26,15 @@ a lower reported step: the plan is proven optimal *by the reported step* (``step
 report says "optimal under the linear step model; step within X of the bound" -- never "optimal" alone. What
 is not enumerated (the plans between the best candidate and ``B``) is covered by that X.
 
+Shortcut (why the ranking usually prices one or two plans, not four).  Every candidate is a plan of the
+same problem (the lower-bound optimum, and the hand plans, which are that problem with some strategies
+masked), so each has ``step >= L >= B`` (the ``below`` check verifies ``L <= step`` on every plan priced).
+Once a candidate's step is within ``RANK_TOLERANCE`` of ``B``, no further candidate can be faster than it
+by more than that tolerance: neither the lower-bound optimum nor the hand plans are solved or read then.
+This holds inside a scope too (a recomputation policy, a binding budget): the scope restricts which plans
+``B`` covers, and every candidate lies inside it.  The only difference from pricing them all is the count
+in "best of N plans priced".
+
 Scope of the bound: the plans the problem admits (the user's pins, its recomputation policy).  It covers
 every recomputation policy only when the plan keeps every activation and the bound did not need the memory
 budget (recomputation only adds cost to both models, and the bound's optimum fits without it).  The mesh
@@ -213,12 +222,8 @@ def rank_plan(
     bound_solution = solve(lower, method=method, time_limit=time_limit) if why is None else solution
     bound, scope = bound_solution.lower_bound, _scope(built, bound_solution)
 
-    def unproven() -> bool:  # then price more candidates
-        return (
-            why is not None
-            or bool(scope)
-            or min(p.predicted_step_time for _, p, _ in candidates) > _slack(bound)
-        )
+    def unproven() -> bool:  # then price more candidates (why more are useless once met: module docstring)
+        return why is not None or min(p.predicted_step_time for _, p, _ in candidates) > _slack(bound)
 
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
