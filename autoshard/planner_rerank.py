@@ -207,11 +207,13 @@ def rank_plan(
     method: Any = "auto",
     time_limit: float = 60.0,
     others: Sequence[tuple[str, Plan]] = (),
+    exhaustive: bool = False,
 ) -> Plan:
     """The candidate with the lowest reported step, labelled against the proven bound (module docstring).
 
     ``others``: plans already priced on a problem with fewer strategies (e.g. the pinned plan, for the
-    unpinned price); they compete but are not re-checked against the bound."""
+    unpinned price); they compete but are not re-checked against the bound.  ``exhaustive``: price the
+    lower-bound optimum and the hand plans even once the bound is met (the shortcut's reference in tests)."""
     if method == "propagate":  # no optimality claim to rank
         return found
     start = time.perf_counter()
@@ -223,7 +225,8 @@ def rank_plan(
     bound, scope = bound_solution.lower_bound, _scope(built, bound_solution)
 
     def unproven() -> bool:  # then price more candidates (why more are useless once met: module docstring)
-        return why is not None or min(p.predicted_step_time for _, p, _ in candidates) > _slack(bound)
+        met = min(p.predicted_step_time for _, p, _ in candidates) <= _slack(bound)
+        return exhaustive or why is not None or not met
 
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
