@@ -14,7 +14,10 @@ on several nodes, intra-node axes that fill a node (an axis with part of its gro
 across is only tried as the 1-D mesh).
 
 The model is captured once and each candidate re-plans the same capture (the mesh only enters at strategy
-generation), so a search costs one capture plus one strategy/cost/solve pass per candidate.
+generation), so a search costs one capture plus one strategy/cost/solve pass per candidate.  With pins, the
+price of the pins (a solve of the problem without them, :attr:`~autoshard.plans.Plan.unpinned_step_time`)
+is shown for the best plan only, so it is solved for that one only
+(:class:`~autoshard.planner_steps.DeferredPrices`).
 
 Pruning (``prune=True``, the default).  Candidates are planned fewest axes first, and each is handed the
 best predicted step time so far as a ceiling (:func:`autoshard.plan`'s ``ceiling``).  Where the memory
