@@ -32,8 +32,11 @@ masked), so each has ``step >= L >= B`` (the ``below`` check verifies ``L <= ste
 Once a candidate's step is within ``RANK_TOLERANCE`` of ``B``, no further candidate can be faster than it
 by more than that tolerance: neither the lower-bound optimum nor the hand plans are solved or read then.
 This holds inside a scope too (a recomputation policy, a binding budget): the scope restricts which plans
-``B`` covers, and every candidate lies inside it.  The only difference from pricing them all is the count
-in "best of N plans priced".
+``B`` covers, and every candidate lies inside it.  Short of ``B``, a hand plan is solved only when the
+lower-bound problem under its masks, solved with the best step so far as a ceiling, does not prove it slower
+(:func:`_cannot_beat`: usually one unbudgeted solve instead of a budgeted one).  The only differences from
+pricing them all are the count in "best of N plans priced" and the hand plans left out of ``ranked``; the
+plan, the bound and the claim are the same (``tests/planner/test_planner_rerank_shortcut.py``).
 
 Scope of the bound: the plans the problem admits (the user's pins, its recomputation policy).  It covers
 every recomputation policy only when the plan keeps every activation and the bound did not need the memory
@@ -231,7 +234,8 @@ def rank_plan(
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
     if unproven():
-        _add_hand_plans(candidates, built, read, method, time_limit)
+        floor = lower if why is None and not exhaustive else None
+        _add_hand_plans(candidates, built, floor, read, method, time_limit)
     candidates += [(name, plan, None) for name, plan in others]
     for name, plan, choice in candidates:  # the relation the bound rests on, checked on every plan priced
         below = evaluate(lower, choice) if choice else 0.0
@@ -256,14 +260,21 @@ def rank_plan(
 def _add_hand_plans(
     candidates: list[tuple[str, Plan, tuple[int, ...] | None]],
     built: BuiltProblem,
+    lower: SearchProblem | None,
     read: Callable[[BuiltProblem, Solution], Plan],
     method: Any,
     time_limit: float,
 ) -> None:
-    """Append the hand plans of :data:`HAND_PLANS` that exist and fit (a plan already there is renamed)."""
+    """Append the hand plans of :data:`HAND_PLANS` that exist, fit and may beat the best candidate (a plan
+    already there is renamed).  ``lower``: the lower-bound problem, when it is one (module docstring)."""
     for name in HAND_PLANS:
         masks = hand_plan_masks(built, name)
         if masks is None:
+            continue
+        best = min(p.predicted_step_time for _, p, _ in candidates)
+        if lower is not None and _cannot_beat(
+            dataclasses.replace(lower, allowed=masks), best, method, time_limit
+        ):
             continue
         try:
             hand = solve(
@@ -277,6 +288,20 @@ def _add_hand_plans(
             candidates[same[0]] = (f"{first} = {name}", plan, choice)
         else:
             candidates.append((name, read(built, hand), hand.choice))
+
+
+def _cannot_beat(lower: SearchProblem, best: float, method: Any, time_limit: float) -> bool:
+    """Whether no plan of ``lower``'s problem (a hand plan's masks on the lower-bound problem) can have a
+    reported step below ``best``: its bound reaches ``best`` (the solver stops at the first bound that does,
+    before any budgeted search), or no plan fits (the masks, the budget and the pins are the linear
+    problem's, so the hand plan does not fit either).  Each plan's step is at least its ``L``, so a hand
+    plan proven so is not solved: it could not be chosen (ties keep the earlier candidate)."""
+    above = _slack(best)  # the relation L <= step holds to RANK_TOLERANCE (float sums in two orders)
+    try:
+        floor = solve(lower, method=method, time_limit=time_limit, ceiling=above)
+    except (BoundExceeded, InfeasibleError):
+        return True
+    return floor.lower_bound >= above
 
 
 def _slack(x: float) -> float:
