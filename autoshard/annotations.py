@@ -9,8 +9,12 @@ An annotation maps a *target* to a *choice*:
 - choice, one of:
   - a named pattern for a linear-like module: ``"column"`` (weight split over output features, ``S(0)``),
     ``"row"`` (over input features, ``S(1)``), ``"vocab"`` (an embedding split over the vocabulary, ``S(0)``),
-    ``"replicate"`` (data parallel: weights replicated).  A pattern constrains the tensor-parallel axis, the
-    last mesh axis, unless written ``"column@0"``; the other axes stay free for the planner;
+    ``"replicate"`` (data parallel: weights replicated).  A pattern names what the weight is on *every*
+    mesh axis that splits it: on the tensor-parallel axis (the last, or the one written ``"column@0"``) the
+    weight is split that way, stored and used (``column``: output split on features; ``row``: a partial
+    sum); on every other axis it is split the same way or not at all, stored and used (``column`` is never
+    split on the input dim anywhere; ``replicate`` is replicated on every axis).  Activations stay free for
+    the planner on the other axes;
   - placements of a parameter: ``("S(0)",)``, ``"(R, S(1))"``, or a :class:`~autoshard.placement.ShardingSpec`;
   - ``"ring"`` (or ``"ring@1"``) for an attention module: its ``scaled_dot_product_attention`` runs context
     parallel, the sequence split over the last mesh axis (or the one named) with K/V travelling round it;
@@ -42,7 +46,7 @@ from autoshard.errors import AnnotationError, ShardingError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec, from_strategy_tuple
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.graph import NodeInfo
-from autoshard.steering import KINDS, forbid_gathers, forbidden_kinds, kind_masks, no_gather
+from autoshard.steering import KINDS, forbid_gathers, forbidden_kinds, kind_masks, needed_kinds, no_gather
 from autoshard.strategies import OpStrategy
 
 __all__ = [
@@ -242,7 +246,15 @@ def _pattern_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape
         want = Replicate()  # a row-split (or replicated) linear's bias is whole on every device
     if is_bias and name == "column":
         want = Shard(0)
-    mask = np.array([s.outputs[0] is not None and s.outputs[0].placements[axis] == want for s in options])
+    elsewhere = (want, Replicate())  # the other axes: split the same way, or not at all
+    mask = np.array(
+        [
+            s.outputs[0] is not None
+            and all(p == want if a == axis else p in elsewhere for a, p in enumerate(s.outputs[0].placements))
+            for s in options
+        ],
+        dtype=bool,
+    )
     if not mask.any():
         raise AnnotationError(
             f"annotation {ann.target!r} = {ann.choice!r}: {info.fqn} of shape "
@@ -268,12 +280,16 @@ def _computation_masks(ann, params, infos, strategies, template, mesh_shape) -> 
         ndim = len(op.outputs[0].shape) if op.outputs and op.outputs[0] is not None else 0
 
         def fits(s: OpStrategy, k: int = k, ndim: int = ndim) -> bool:
-            used, out = _placements(s.inputs[k])[axis], s.outputs[0]
+            used, out = _placements(s.inputs[k]), s.outputs[0]
+            if any(p not in (_PATTERNS[name], Replicate()) for p in used):  # never split another way
+                return False
             if name == "column":
-                return used == Shard(0) and out is not None and out.placements[axis] == Shard(ndim - 1)
+                return used[axis] == Shard(0) and out is not None and out.placements[axis] == Shard(ndim - 1)
             if name == "row":
-                return used == Shard(1) and out is not None and isinstance(out.placements[axis], Partial)
-            return used == _PATTERNS[name]
+                return (
+                    used[axis] == Shard(1) and out is not None and isinstance(out.placements[axis], Partial)
+                )
+            return used[axis] == _PATTERNS[name]
 
         mask = np.array([fits(s) for s in strategies[op.name]], dtype=bool)
         if not mask.any():
@@ -334,14 +350,16 @@ def pin_problem(
     for name, mask in kind_masks(kinds, infos, strategies, template).items():
         both = mask & masks[name] if name in masks else mask
         if not both.any():
-            steer = f"forbidding {', '.join(sorted(kinds))}"
+            steer = f"forbidding {', '.join(k for k in KINDS if k in kinds)}"
+            wanted = masks.get(name, np.ones(len(mask), dtype=bool))
+            allow = " or ".join(needed_kinds(kinds, infos[name], infos, strategies, template, wanted))
             if name in owner:
                 pin = owner[name]
                 raise AnnotationError(
                     f"annotation {pin.target!r} = {pin.choice!r} contradicts {steer}: no strategy of "
-                    f"{_where(infos[name])} satisfies both; drop the annotation or allow that kind"
+                    f"{_where(infos[name])} satisfies both; drop the annotation or allow {allow}"
                 )
-            raise AnnotationError(f"{steer} leaves {_where(infos[name])} no strategy: allow that kind")
+            raise AnnotationError(f"{steer} leaves {_where(infos[name])} no strategy: allow {allow}")
         masks[name] = both
     fanouts = (None,) * (built.problem.num_nodes - len(built.variables))  # fan-out, gather nodes follow
     allowed = tuple(masks.get(v) for v in built.variables) + fanouts

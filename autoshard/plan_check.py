@@ -6,7 +6,8 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 
 - the file: UTF-8 text, not binary, complete JSON (a cut-off file says so), a JSON object;
 - the record: format and version, no unknown fields (at the top level and inside nodes, collectives, the
-  solver report and the pipeline), the value types that matter;
+  solver report, the ring transfers and the pipeline), the value types that matter; ``pinned`` a list of
+  strings;
 - the mesh: positive axis sizes, their product equal to the cluster's devices, the cluster's own mesh equal;
 - placements: every parameter, input and output placement tuple parses (``S(d)``, ``R``, ``P``) and has one
   placement per mesh axis; every node's strategy label parses with the same arity; a parameter's placement
@@ -64,13 +65,25 @@ def check_text(raw: bytes, source: str) -> str:
 
 def check_data(data: Mapping[str, Any], source: str) -> None:
     """Every structural check of the module doc on a parsed plan file; raises :class:`PlanFileError`."""
-    from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan, SolverReport
+    from autoshard.plans import (
+        Collective,
+        NodePlan,
+        PipelinePlan,
+        PipelineStage,
+        Plan,
+        RingTransfer,
+        SolverReport,
+    )
 
     _known(data, Plan, source, "", _EXTRA_TOP)
     for i, node in enumerate(_list(data, "nodes", source)):
         _known(node, NodePlan, source, f"nodes[{i}].")
     for i, c in enumerate(_list(data, "collectives", source)):
         _known(c, Collective, source, f"collectives[{i}].")
+    for i, r in enumerate(_list(data, "ring_transfers", source)):
+        _known(r, RingTransfer, source, f"ring_transfers[{i}].")
+    if not all(isinstance(p, str) for p in _list(data, "pinned", source)):
+        raise _fail(source, "pinned", "expected a list of strings such as 'annotations' or 'no tp'")
     if isinstance(data.get("solver"), Mapping):
         _known(data["solver"], SolverReport, source, "solver.")
     pipeline = data.get("pipeline")

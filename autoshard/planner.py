@@ -71,7 +71,7 @@ from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
 from autoshard.problem.mix import mix_policies
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
-from autoshard.steering import budget_refusal
+from autoshard.steering import budget_refusal, check_stages
 
 __all__ = ["plan"]
 
@@ -125,8 +125,9 @@ def plan(
             plan's notes say so).
         schedule: ``"auto"`` or one of ``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``zb_v``,
             ``interleaved_zb``.  A ``"stage"`` annotation on a repeated layer starts a stage there.
-        allow / forbid: kinds of parallelism (``"dp"``, ``"tp"``, ``"fsdp"``: :data:`autoshard.annotations.KINDS`)
-            the plan may use only / must not use.  With annotations or kinds, the plan also records the step
+        allow / forbid: kinds of parallelism the plan may use only / must not use (``"dp"``, ``"fsdp"``,
+            ``"tp"``, ``"sp"``, ``"cp"``, ``"ep"``, ``"pp"``: what each rules out is the table in
+            :mod:`autoshard.steering`).  With annotations or kinds, the plan also records the step
             time of the unpinned optimum (``Plan.unpinned_step_time``: the price of the pins).
         captured: ``capture(model, example_args, example_kwargs, blocks=blocks)`` made earlier, to plan the same
             model twice (e.g. free and as pure data parallel) without capturing it again.
@@ -144,6 +145,7 @@ def plan(
         :class:`AutoshardError`.
     """
     staged = pipeline is not None or microbatches not in (None, 1) or _has_stage_pin(annotations)
+    check_stages(forbidden_kinds(allow, forbid), pipeline, _has_stage_pin(annotations))  # pp forbidden
     if staged or schedule != "auto":  # a schedule without stages is refused there (pipeline/options.py)
         return whole_samples(functools.partial(
             _plan_pipelined, model, cluster, example_args, example_kwargs, annotations=annotations,
@@ -293,7 +295,7 @@ def _plan_captured(
             f"internal: the plan needs {found.memory_per_device / 2**30:.2f} GiB per device, over the "
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
-    flat = ranked(found, free, built, solution, read, search, time_limit)  # by the reported step
+    flat = ranked(found, free, built, solution, read, search, time_limit, annotations, kinds)  # by the step
     return dataclasses.replace(flat, degrees=degrees_of(flat))
 
 
@@ -385,7 +387,6 @@ def _plan_pipelined(
         output_order=output_order(best.captured),
         timings=timings,
         notes=tuple(notes),
-        memory_limit=limit if limit != float("inf") else None,
     )
     whole = load_cluster(
         cluster.profile, nodes=cluster.nodes, mesh=best.layout.mesh, axis_names=best.layout.axis_names
@@ -397,4 +398,5 @@ def _plan_pipelined(
     }
     record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
     plan = assemble(best, intra, prefix, record, first=repeated.first if repeated else 0)
-    return dataclasses.replace(plan, input_shapes=global_shapes(plan, args, batch))
+    budget = limit if limit != float("inf") else None  # the stages' budget (the extract was not held to it)
+    return dataclasses.replace(plan, input_shapes=global_shapes(plan, args, batch), memory_limit=budget)

@@ -119,11 +119,15 @@ def build(
 ) -> tuple[BuiltProblem, BuiltProblem]:
     """The problem as priced, and the same with the user's pins folded in (the same object without pins).
 
-    ``cache``: redistribution times already priced on ``cluster`` (the pipeline search builds often)."""
+    Every build of ``captured`` on ``cluster`` reuses the first one's strategies, redistribution tables and
+    per-strategy figures (:mod:`autoshard.problem.shared`): the planner's builds per recomputation policy and
+    share, the layout search's and the pipeline search's per stage policy price only what the options change.
+    ``timings["strategies_and_costs"]`` adds up every build it times.  ``cache``: redistribution times already
+    priced on ``cluster`` (the pipeline search keeps one per sub-mesh)."""
     t0 = time.perf_counter()
     budget = limit if limit != float("inf") else None
     built = build_problem(captured, cluster, opts, memory_limit=budget, cache=cache)
-    timings["strategies_and_costs"] = time.perf_counter() - t0
+    timings["strategies_and_costs"] = timings.get("strategies_and_costs", 0.0) + time.perf_counter() - t0
     if not (annotations or kinds):
         return built, built
     prefix = captured.blocks.prefix if captured.blocks else None
@@ -151,6 +155,11 @@ def unpinned(
     return free.predicted_step_time
 
 
+def pin_names(annotations: Mapping[str, Any] | None, kinds: frozenset[str]) -> tuple[str, ...]:
+    """What a plan was pinned by (``Plan.pinned``), for the report's price line: ``("annotations", "no tp")``."""
+    return ("annotations",) * bool(annotations) + tuple(f"no {k}" for k in sorted(kinds))
+
+
 def ranked(
     found: Plan,
     free: BuiltProblem,
@@ -159,10 +168,14 @@ def ranked(
     read: Callable[[BuiltProblem, Solution], Plan],
     search: SearchMethod,
     time_limit: float,
+    annotations: Mapping[str, Any] | None = None,
+    kinds: frozenset[str] = frozenset(),
 ) -> Plan:
     """The plan ranked by its reported step (:mod:`autoshard.planner_rerank`), with the unpinned price when
-    ``built`` carries pins (``free`` is the same problem without them)."""
+    ``built`` carries pins (``free`` is the same problem without them: ``annotations`` and forbidden
+    ``kinds`` applied), and what they were (``Plan.pinned``)."""
     plan = rank_plan(found, built, solution, read, method=search, time_limit=time_limit)
+    plan = dataclasses.replace(plan, pinned=pin_names(annotations, kinds))
     if built is free:
         return dataclasses.replace(plan, unpinned_step_time=None)
     later = _DEFERRED.get()

@@ -28,7 +28,16 @@ from typing import Any, Literal
 from autoshard.errors import PlanFileError
 from cost_models.overlap import OverlapPolicy
 
-__all__ = ["Collective", "NodePlan", "PipelinePlan", "PipelineStage", "Plan", "SolverReport", "load_plan"]
+__all__ = [
+    "Collective",
+    "NodePlan",
+    "PipelinePlan",
+    "PipelineStage",
+    "Plan",
+    "RingTransfer",
+    "SolverReport",
+    "load_plan",
+]
 
 FORMAT = "autoshard-plan"
 VERSION = 1
@@ -52,6 +61,24 @@ class Collective:
 
     def __str__(self) -> str:
         return f"{self.phase} {self.kind}(axis={self.mesh_axis}, {_bytes(self.nbytes)}) for {self.node}"
+
+
+@dataclass(frozen=True, slots=True)
+class RingTransfer:
+    """Context parallelism's K/V hops of one attention node and pass (:mod:`autoshard.problem.ring_hops`):
+    point-to-point sends around the ring axis, overlapped with attention; what compute does not hide is in
+    ``Plan.compute_time``, never in ``Plan.communication_time``."""
+
+    phase: str  # forward | backward
+    mesh_axis: int
+    hops: int  # sends per device in one step, every layer and microbatch
+    nbytes: int  # bytes one device sends per hop (K and V blocks; backward with their gradients)
+    node: str
+    module: str
+    seconds: float  # the hops' transfer time per step, all copies
+
+    def __str__(self) -> str:
+        return f"{self.phase} ring K/V hops(axis={self.mesh_axis}, {self.hops} x {_bytes(self.nbytes)}) for {self.node}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +214,10 @@ class Plan:
     # causal attention work is equal on every member); codegen permutes where that axis splits or gathers.
     context_axis: int | None = None
     context_layout: str = "contiguous"
+    # The K/V hops of ring attention (point-to-point, overlapped with attention): listed beside the collectives
+    ring_transfers: tuple[RingTransfer, ...] = ()
+    # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
+    pinned: tuple[str, ...] = ()
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -213,6 +244,17 @@ class Plan:
 
     def collective_counts(self, phase: str | None = None) -> Counter[str]:
         return Counter(c.kind for c in self.collectives if phase is None or c.phase == phase)
+
+    def __repr__(self) -> str:
+        """One line (the dataclass's own repr lists every node and collective: thousands of lines at a REPL):
+        ``<Plan LlamaForCausalLM on (2, 8): TP 8 × DP 2, 1 microbatch; step 1.17 s, 61.3 GiB per device>``."""
+        from autoshard.pipeline.summary import headline  # the report's first line
+        from autoshard.report.labels import fmt_seconds
+
+        return (
+            f"<Plan {self.model} on {self.mesh_shape}: {headline(self)}; step {fmt_seconds(self.predicted_step_time)}, "
+            f"{_bytes(self.memory_per_device)} per device; .summary() for the report>"
+        )
 
     def summary(self, width: int = 100) -> str:
         """The text report of :mod:`autoshard.report.table`: cluster, strategy per module group, recognised
@@ -275,6 +317,8 @@ class Plan:
                 replicated_ops={str(k): float(v) for k, v in data.get("replicated_ops", {}).items()},
                 context_axis=data.get("context_axis"),
                 context_layout=str(data.get("context_layout", "contiguous")),
+                ring_transfers=tuple(RingTransfer(**r) for r in data.get("ring_transfers", ())),
+                pinned=tuple(str(p) for p in data.get("pinned", ())),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

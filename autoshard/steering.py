@@ -1,59 +1,92 @@
 """Steering by kind of parallelism: what ``allow=`` / ``forbid=`` (``--allow`` / ``--forbid``) rule out.
 
 Input: the forbidden kinds (:func:`forbidden_kinds`) and a built problem's node records and strategies.
-Output: boolean masks over each node's strategies (:func:`kind_masks`) and, for ``fsdp``, edges whose weight
-gathers cost ``inf`` (:func:`forbid_gathers`).  :func:`autoshard.annotations.pin_problem` folds both into the
-search problem, next to the user's annotations.
+Output: boolean masks over each node's strategies (:func:`kind_masks`), for ``fsdp`` edges whose weight
+gathers cost ``inf`` (:func:`forbid_gathers`), and for ``pp`` a refusal of pipeline stages
+(:func:`check_stages`).  :func:`autoshard.annotations.pin_problem` folds them into the search problem, next
+to the user's annotations.
 
-The kinds, and what forbidding one removes on *every* tensor of the graph:
+Every split a strategy makes, of any operand or result of any op on any mesh axis, has a kind, read from
+the dim it splits (:mod:`autoshard.steering_dims` finds which dims of every tensor carry the
+batch, the sequence and the experts).  Forbidding a kind removes every such split, on every axis:
 
-- ``dp``: any split of the batch.  The batch is dim 0 of every user input, followed through the graph by the
-  strategies themselves (:func:`batch_dims`): an output dim carries the batch when some strategy splits an
-  input's batch dim and that output dim on the same mesh axis (forward), or when a consumer's strategy
-  splits it to yield a batch split of the consumer's output (backward: an attention mask built in the
-  graph from shapes alone).  ``(B*S, H)`` after a flatten carries it in dim 0.  So forbidding ``dp`` leaves
-  no activation split by batch, not only the inputs.
-- ``tp``: an op computing on a weight it uses split (tensor, vocabulary and expert parallelism).
-- ``fsdp``: a weight stored split and gathered before use (FSDP / ZeRO-3).
+=======  ======================================================================================
+kind     forbidding it removes
+=======  ======================================================================================
+``dp``   any tensor split on a dim carrying the batch: user inputs, activations (``(B*S, H)``
+         after a flatten too), an attention mask built from shapes; FSDP's batch split included
+``fsdp`` a weight stored split and gathered before use (FSDP / ZeRO-3): weight-to-op edges that
+         would gather cost ``inf``
+``tp``   a weight used split on a non-expert dim (column, row, vocabulary, an expert's own
+         matrices), and any activation split on a dim carrying neither the batch, the sequence
+         nor the experts: attention heads (and the reshapes and transposes around them, so
+         Ulysses-style head exchange too), hidden, FFN, head dim, vocabulary logits
+``sp``   any tensor split on a dim carrying the sequence, at any op but attention: sequence
+         parallelism, and the sequence split outside attention that context parallelism keeps
+``cp``   attention computed with its sequence split: q, k, v, the mask or the output split on a
+         sequence dim at the attention op (ring attention, or queries split with K/V whole)
+``ep``   an expert weight used split on its expert dim (grouped matmul, fused expert MLP)
+``pp``   pipeline stages: ``pipeline=`` / ``--pp`` above 1, or a ``"stage"`` annotation
+=======  ======================================================================================
 
-Sequence and context splits (sequence parallelism, ring attention) are no kind of their own: they stay
-free under any ``allow`` / ``forbid``; pin them off with annotations if needed.
+A split of a dim carrying two roles (a flattened ``B*S``) is of both kinds, so forbidding either removes it.
+A dim whose role cannot be followed (integer or boolean bookkeeping built from shapes alone, such as the
+mask helpers of Hugging Face models) is of ``dp``, ``sp`` and ``tp`` at once: forbidding any keeps it whole.
+Storing a weight split is not a kind by itself: used as stored it is ``tp`` (or ``ep``), gathered it is
+``fsdp``.  Without ``sp`` and ``cp`` nothing is split by sequence; without ``dp``, ``tp``, ``sp``, ``cp``
+and ``ep`` every op computes replicated (``fsdp`` may still store weights split).
 
 Example::
 
-    forbidden_kinds(allow=["tp"])           # frozenset({"dp", "fsdp"})
+    forbidden_kinds(allow=["tp"])           # frozenset({"dp", "fsdp", "sp", "cp", "ep", "pp"})
 """
 
 from __future__ import annotations
 
 import re
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from autoshard.errors import AnnotationError, InfeasibleError
-from autoshard.placement import Shard, ShardingSpec
+from autoshard.placement import Shard
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.graph import NodeInfo
 from autoshard.search.problem import Edge
+from autoshard.steering_dims import Output, carried_dims, is_attention
 from autoshard.strategies import OpStrategy
 
 __all__ = [
+    "FORBIDS",
     "KINDS",
     "batch_dims",
     "budget_refusal",
+    "check_stages",
     "forbid_gathers",
     "forbidden_kinds",
     "kind_masks",
+    "needed_kinds",
     "no_gather",
+    "split_kinds",
 ]
 
-KINDS = ("dp", "tp", "fsdp")
-"""Kinds ``allow=`` / ``forbid=`` understand (module docstring)."""
+KINDS = ("dp", "fsdp", "tp", "sp", "cp", "ep", "pp")
+"""Kinds ``allow=`` / ``forbid=`` understand (the table in the module docstring)."""
 
-Output = tuple[str, int]  # (node name, output index)
+FORBIDS = {
+    "dp": "the batch split, on any tensor",
+    "fsdp": "weights stored split and gathered before use",
+    "tp": "weights used split, and activations split on heads, hidden, FFN or vocabulary",
+    "sp": "the sequence split outside attention",
+    "cp": "attention split by sequence (ring, or queries only)",
+    "ep": "expert weights split by expert",
+    "pp": "pipeline stages",
+}
+"""One line per kind: what forbidding it removes (``--help``; the docstring's table is the definition)."""
+
+_WEIGHTS = ("parameter", "buffer")
+_VALUE_KINDS = frozenset(KINDS) - {"fsdp", "pp"}  # the kinds read from a strategy's splits
+_UNTOLD = frozenset({"dp", "sp", "tp"})  # a split whose role cannot be told is of every kind it could be
 
 
 def forbidden_kinds(allow: Sequence[str] = (), forbid: Sequence[str] = ()) -> frozenset[str]:
@@ -69,93 +102,122 @@ def forbidden_kinds(allow: Sequence[str] = (), forbid: Sequence[str] = ()) -> fr
     return frozenset(forbid) | (frozenset(KINDS) - frozenset(allow) if allow else frozenset())
 
 
+def check_stages(kinds: frozenset[str], pipeline: object, stage_pin: bool) -> None:
+    """Refuse pipeline stages asked for while ``pp`` is forbidden (one line: what, and the two ways out)."""
+    if "pp" not in kinds:
+        return
+    if pipeline not in (None, 1):
+        raise AnnotationError(
+            f"pipeline={pipeline!r} asks for pipeline stages but pp is forbidden (allow/forbid): drop the "
+            "stages (--pp) or allow pp"
+        )
+    if stage_pin:
+        raise AnnotationError(
+            "a 'stage' annotation asks for pipeline stages but pp is forbidden (allow/forbid): drop the "
+            "annotation or allow pp"
+        )
+
+
 def kind_masks(
     kinds: frozenset[str], infos: Mapping[str, NodeInfo], strategies: Mapping[str, Sequence[OpStrategy]],
     template: Mapping[str, str],
 ) -> dict[str, np.ndarray]:  # fmt: skip
-    """Node masks for ``dp`` and ``tp`` (``fsdp`` constrains edges: :func:`forbid_gathers`)."""
+    """Node masks keeping only the strategies that make no split of a forbidden kind (module docstring);
+    ``fsdp`` constrains edges (:func:`forbid_gathers`), ``pp`` the request (:func:`check_stages`)."""
+    if not kinds & _VALUE_KINDS:
+        return {}
+    dims = carried_dims(infos, strategies, template)
     masks: dict[str, np.ndarray] = {}
-    params = {i.name for i in infos.values() if i.kind == "parameter"}
-    batch = batch_dims(infos, strategies, template) if "dp" in kinds else {}
     for info in infos.values():
-        if template[info.name] != info.name:
-            continue
-        options = strategies[info.name]
-        keep = np.ones(len(options), dtype=bool)
-        dims = [batch.get((info.name, j), frozenset()) for j in range(len(info.outputs))]
-        if any(dims):
-            keep &= [
-                not any(_splits(out, d) for out, d in zip(s.outputs, dims, strict=False)) for s in options
-            ]
-        if "tp" in kinds and info.kind == "op" and params & set(info.inputs):
-            ks = [k for k, src in enumerate(info.inputs) if src in params]
-            keep &= [
-                not any(isinstance(p, Shard) for k in ks for p in _placements(s.inputs[k])) for s in options
-            ]
+        if template[info.name] != info.name or info.kind not in ("op", "user_input"):
+            continue  # a weight's own node is where it is stored: fsdp's, read on its edges
+        keep = _node_mask(kinds, info, strategies[info.name], infos, dims)
         if not keep.all():
             masks[info.name] = keep
     return masks
 
 
+def _node_mask(
+    kinds: frozenset[str], info: NodeInfo, options: Sequence[OpStrategy], infos: Mapping[str, NodeInfo],
+    dims: Mapping[Output, Mapping[str, frozenset[int]]],
+) -> np.ndarray:  # fmt: skip
+    memo: dict[tuple[int, int], frozenset[str]] = {}  # (operand position, dim) -> kinds
+
+    def of(position: int, dim: int) -> frozenset[str]:
+        if (position, dim) not in memo:
+            memo[(position, dim)] = _kinds_of(info, position, dim, infos, dims)
+        return memo[(position, dim)]
+
+    return np.array([not _forbids(kinds, s, of) for s in options], dtype=bool)
+
+
+def _forbids(kinds: frozenset[str], strategy: OpStrategy, of: Callable[[int, int], frozenset[str]]) -> bool:
+    return any(kinds & of(position, dim) for position, dim in _splits(strategy))
+
+
+def _splits(strategy: OpStrategy) -> Iterator[tuple[int, int]]:
+    """(operand position, dim) of every split ``strategy`` makes: inputs first, then outputs."""
+    for position, spec in enumerate((*strategy.inputs, *strategy.outputs)):
+        for p in spec.placements if spec is not None else ():
+            if isinstance(p, Shard):
+                yield position, p.dim
+
+
+def split_kinds(
+    info: NodeInfo, strategy: OpStrategy, infos: Mapping[str, NodeInfo],
+    dims: Mapping[Output, Mapping[str, frozenset[int]]],
+) -> frozenset[str]:  # fmt: skip
+    """The kinds of the splits ``strategy`` makes at ``info``, operands and results (the docstring's table)."""
+    return frozenset().union(*(_kinds_of(info, k, dim, infos, dims) for k, dim in _splits(strategy)))
+
+
+def _kinds_of(
+    info: NodeInfo, position: int, dim: int, infos: Mapping[str, NodeInfo],
+    dims: Mapping[Output, Mapping[str, frozenset[int]]],
+) -> frozenset[str]:  # fmt: skip
+    """The kinds of a split of ``dim`` of operand ``position`` of ``info`` (results follow the operands)."""
+    n = len(info.inputs)
+    key = (info.inputs[position], info.input_outputs[position]) if position < n else (info.name, position - n)
+    roles = dims.get(key, {})
+    experts = dim in roles.get("experts", ())
+    if position < n and infos[key[0]].kind in _WEIGHTS:  # a weight used split: by expert, or tensor parallel
+        return frozenset({"ep" if experts else "tp"})
+    kinds = {"dp"} if dim in roles.get("batch", ()) else set()
+    if dim in roles.get("sequence", ()):
+        kinds.add("cp" if is_attention(info) else "sp")
+    if experts:
+        kinds.add("ep")
+    if kinds:
+        return frozenset(kinds)
+    outputs = infos[key[0]].outputs
+    meta = outputs[key[1]] if key[1] < len(outputs) else None
+    if meta is not None and not meta.dtype.startswith(("float", "bfloat", "complex")):
+        return _UNTOLD  # integer / bool bookkeeping built from shapes: which role its dim has is not known
+    return frozenset({"tp"})
+
+
+def needed_kinds(
+    kinds: frozenset[str], info: NodeInfo, infos: Mapping[str, NodeInfo],
+    strategies: Mapping[str, Sequence[OpStrategy]], template: Mapping[str, str], wanted: np.ndarray,
+) -> list[str]:  # fmt: skip
+    """The fewest forbidden kinds one of the ``wanted`` strategies of ``info`` needs (to say which to
+    allow when a pin or the kinds leave the node nothing), in :data:`KINDS` order."""
+    dims = carried_dims(infos, strategies, template)
+    options = [
+        kinds & split_kinds(info, s, infos, dims)
+        for s, w in zip(strategies[info.name], wanted, strict=True)
+        if w
+    ]
+    fewest = min(options, key=lambda k: (len(k), sorted(k)), default=frozenset())
+    return [k for k in KINDS if k in fewest] or ["that kind"]
+
+
 def batch_dims(
     infos: Mapping[str, NodeInfo], strategies: Mapping[str, Sequence[OpStrategy]], template: Mapping[str, str]
 ) -> dict[Output, frozenset[int]]:
-    """The dims of every node output that carry the batch (module docstring), to a fixed point."""
-    dims: dict[Output, set[int]] = defaultdict(set)
-    for info in infos.values():
-        meta = info.outputs[0] if info.outputs else None
-        if info.kind == "user_input" and meta is not None and len(meta.shape) > 0:
-            dims[(info.name, 0)].add(0)
-    ops = [i for i in infos.values() if i.kind == "op"]
-    changed = True
-    while changed:
-        changed = False
-        for info in ops:  # forward: a strategy carries an input's batch split to an output dim
-            for s, axis in _pairs(strategies[template[info.name]], len(info.inputs)):
-                if any(_in_batch(s, k, axis, info, dims) for k in range(len(info.inputs))):
-                    for j, out in enumerate(s.outputs):
-                        changed |= _add(dims, (info.name, j), _shard_dim(out, axis))
-        for info in reversed(ops):  # backward: a consumer splits this input to split its own batch
-            for s, axis in _pairs(strategies[template[info.name]], len(info.inputs)):
-                if not any(_shard_dim(out, axis) in dims[(info.name, j)] for j, out in enumerate(s.outputs)):
-                    continue
-                for k, (src, which) in enumerate(zip(info.inputs, info.input_outputs, strict=True)):
-                    if infos[src].kind in ("op", "user_input"):
-                        changed |= _add(dims, (src, which), _shard_dim(s.inputs[k], axis))
-    return {key: frozenset(value) for key, value in dims.items() if value}
-
-
-def _pairs(options: Sequence[OpStrategy], arity: int) -> list[tuple[OpStrategy, int]]:
-    return [(s, a) for s in options if len(s.inputs) == arity for a in range(_ndim(s))]
-
-
-def _ndim(s: OpStrategy) -> int:
-    return next((spec.mesh_ndim for spec in (*s.inputs, *s.outputs) if spec is not None), 0)
-
-
-def _in_batch(s: OpStrategy, k: int, axis: int, info: NodeInfo, dims: Mapping[Output, set[int]]) -> bool:
-    dim = _shard_dim(s.inputs[k], axis)
-    return dim is not None and dim in dims.get((info.inputs[k], info.input_outputs[k]), ())
-
-
-def _add(dims: dict[Output, set[int]], key: Output, dim: int | None) -> bool:
-    if dim is None or dim in dims[key]:
-        return False
-    dims[key].add(dim)
-    return True
-
-
-def _shard_dim(spec: ShardingSpec | None, axis: int) -> int | None:
-    placement = spec.placements[axis] if spec is not None else None
-    return placement.dim if isinstance(placement, Shard) else None
-
-
-def _splits(spec: ShardingSpec | None, dims: frozenset[int]) -> bool:
-    return any(isinstance(p, Shard) and p.dim in dims for p in _placements(spec))
-
-
-def _placements(spec: ShardingSpec | None) -> tuple[Any, ...]:
-    return tuple(spec.placements) if spec is not None else ()
+    """The dims of every node output that carry the batch (:func:`autoshard.steering_dims.carried_dims`)."""
+    dims = carried_dims(infos, strategies, template)
+    return {key: roles["batch"] for key, roles in dims.items() if "batch" in roles}
 
 
 def no_gather(param: OpStrategy, use: OpStrategy, position: int) -> bool:
@@ -197,7 +259,12 @@ def budget_refusal(
     text = " ".join(str(error).split())
     what, sep, fix = text.partition(" Fix: ")
     done = [f"tried recomputation {', '.join(tried)} of every repeated block"] if training else []
-    done += [f"{', '.join(sorted(kinds))} forbidden"] if kinds else []
+    left = [k for k in KINDS if k not in kinds]
+    done += (
+        [f"{', '.join(k for k in KINDS if k in kinds)} forbidden (left: {', '.join(left) or 'none'})"]
+        if kinds
+        else []
+    )
     said = "".join(f"; {d}" for d in done)
     if not sep:
         return InfeasibleError(f"{text.rstrip('.')}{said}")
@@ -213,7 +280,9 @@ def budget_refusal(
         )
     ]
     items[-1:-1] = [
-        f"allow {kind}" for kind in ("fsdp", "tp") if kind in kinds and f"allow {kind}" not in items
+        f"allow {kind}"
+        for kind in ("fsdp", "tp", "sp", "cp")
+        if kind in kinds and f"allow {kind}" not in items
     ]
     advice = (
         items[0] if len(items) == 1 else f"{', '.join(items[:-1])}{',' * (len(items) > 2)} or {items[-1]}"

@@ -29,9 +29,13 @@ predicted step``), held constant.
 That is the roofline and alpha-beta model of ``cost_models`` read at first order: launch floors, the
 efficiency ramp, the bus-bandwidth curve and the overlap are not re-applied away from the planned size, so
 figures far from ``B0, S0`` are extrapolations of the priced plan, not re-priced plans.
-:func:`crossovers` solves ``cost_a = cost_b`` exactly (``sympy.solve``) for the varied symbol, the others
-held at the reference; where two plans do not cross, :func:`lead` says which is faster throughout and by how
-much.
+A plan cannot run everywhere: each point is held to the rules ``search`` plans under (the batch reaching the
+plan's batch split, the sequence its sequence split, the memory, scaled as above, its budget;
+:mod:`autoshard.whatif_limits`).  :attr:`PlanCost.limits` holds them, :meth:`PlanCost.why_not` says why a
+point fails (``"batch 4 < DP 8"``, ``"does not fit: 3.2 GiB over"``) and :meth:`PlanCost.spans` where the
+plan runs.  :func:`crossovers` solves ``cost_a = cost_b`` exactly (``sympy.solve``) for the varied symbol,
+the others held at the reference, and keeps the roots where both plans run; where two plans do not cross,
+:func:`lead` says which is faster and by how much (the CLI asks it over the spans where both run).
 
 Example::
 
@@ -50,6 +54,7 @@ import sympy
 
 from autoshard.errors import AutoshardError
 from autoshard.plans import Plan
+from autoshard.whatif_limits import Limit, describe, feasible_spans, plan_limits
 
 __all__ = [
     "SYMBOLS",
@@ -59,6 +64,7 @@ __all__ = [
     "WhatIfError",
     "check_same_model",
     "check_varies",
+    "common",
     "crossovers",
     "lead",
     "plan_cost",
@@ -83,11 +89,20 @@ class PlanCost:
     expr: sympy.Expr
     reference: dict[str, float]
     mesh: tuple[int, ...] = ()  # the plan's mesh: ``devices`` scales it only with one axis of size > 1
+    limits: tuple[Limit, ...] = ()  # where the plan can run at all (:mod:`autoshard.whatif_limits`)
 
     def at(self, **values: float) -> float:
         """Seconds at ``values`` (the reference for any symbol not given)."""
         point = {**self.reference, **values}
         return float(self.expr.subs({SYMBOLS[k]: v for k, v in point.items()}))
+
+    def why_not(self, **values: float) -> str | None:
+        """Why the plan cannot run at ``values`` (``"batch 4 < DP 8"``), or ``None`` where it can."""
+        return describe(self.limits, {**self.reference, **values})
+
+    def spans(self, variable: str, lo: float, hi: float) -> list[tuple[float, float]]:
+        """The intervals of ``variable`` in ``[lo, hi]`` where the plan can run (others at the reference)."""
+        return feasible_spans(self.limits, self.reference, variable, lo, hi)
 
 
 @dataclass(frozen=True)
@@ -147,14 +162,17 @@ def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
     shrink = d0 / d if one_axis else sympy.Integer(1)
     act = _activations(plan)
     terms: list[sympy.Expr] = []
+    memory: list[sympy.Expr] = []
     for node in plan.nodes:
         scale: sympy.Expr = sympy.Integer(1)
+        held = shrink if _split(node.strategy) else sympy.Integer(1)
         if node.name in act:
             attention = any(a in node.target for a in _ATTENTION)
             scale = tokens * (s / ref["seq"] if attention else 1)
-        if _split(node.strategy):
-            scale = scale * shrink
-        terms.append(sympy.Float(node.compute_seconds) * scale)
+        terms.append(sympy.Float(node.compute_seconds) * scale * held)
+        memory.append(sympy.Float(node.memory_bytes) * (tokens if node.name in act else 1) * held)
+    for what, nbytes in plan.memory_breakdown.items():  # the largest temporary grows with the work
+        memory.append(sympy.Float(nbytes) * (tokens if what == "largest temporary" else 1))
     cluster = plan_cluster(plan)
     ring_lat = (d - 1) / (d0 - 1) if one_axis and d0 > 1 else sympy.Integer(1)
     ring_bw = ((d - 1) / d) / ((d0 - 1) / d0) if one_axis and d0 > 1 else sympy.Integer(1)
@@ -165,13 +183,15 @@ def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
     # the plan's step is a critical path (autoshard.problem.step): what overlap hid is kept constant
     hidden = plan.compute_time + plan.communication_time - plan.predicted_step_time
     expr = sympy.Add(*terms) - sympy.Float(max(hidden, 0.0))
-    return PlanCost(name or plan.model, expr, ref, tuple(plan.mesh_shape))
+    limits = plan_limits(plan, sympy.Add(*memory), d / d0 if one_axis else sympy.Integer(1))
+    return PlanCost(name or plan.model, expr, ref, tuple(plan.mesh_shape), tuple(limits))
 
 
 def crossovers(
     base: PlanCost, others: Sequence[PlanCost], variable: str, lo: float, hi: float
 ) -> list[Crossover]:
-    """Every value of ``variable`` in ``[lo, hi]`` where ``base`` and one of ``others`` cost the same."""
+    """Every value of ``variable`` in ``[lo, hi]`` where ``base`` and one of ``others`` cost the same, both
+    able to run there (:attr:`PlanCost.limits`)."""
     if variable not in SYMBOLS:
         raise WhatIfError(f"cannot vary {variable!r}: choose one of {', '.join(SYMBOLS)}")
     if not (0 < lo < hi):
@@ -187,12 +207,20 @@ def crossovers(
             raise WhatIfError(
                 f"{other.name}: plans priced at different points cannot be compared; re-plan both"
             )
+        both = common(base.spans(variable, lo, hi), other.spans(variable, lo, hi))
         for root in _real_roots(diff, x, lo, hi):
+            if not any(a <= root <= b for a, b in both):
+                continue  # one of the two cannot run there: no crossover to speak of
             seconds = float(base.expr.subs(fixed).subs(x, root))
             below, above = _winners(diff, x, root)
             names = {True: base.name, False: other.name}
             found.append(Crossover(variable, root, seconds, names[below], names[above]))
     return sorted(found, key=lambda c: c.value)
+
+
+def common(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intersection of two sorted lists of intervals."""
+    return [(max(x0, y0), min(x1, y1)) for x0, x1 in a for y0, y1 in b if max(x0, y0) <= min(x1, y1)]
 
 
 @dataclass(frozen=True)

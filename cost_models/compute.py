@@ -29,7 +29,8 @@ Shape matters beyond F for matrix products and attention (:func:`matmul_time`, :
   leaves multiprocessors idle;
 * small K is memory-bound through the roofline's byte term (intensity ≈ K FLOP/byte when M, N ≫ K);
 * a fused attention kernel (FlashAttention, behind torch's SDPA) runs at ``compute.attention_efficiency`` of
-  peak rather than η_max, its FLOPs halved when causal (the kernel skips masked blocks);
+  peak rather than η_max, its FLOPs cut to the causal triangle when causal (the kernel skips hidden blocks:
+  :func:`causal_share`);
 * memory-bound ops (norms, activations, elementwise) stream at the achieved HBM bandwidth (the byte term).
 
 Integer and bool dtypes are priced at the float32 peak (see :meth:`ComputeSpec.peak`); pure data movement
@@ -59,6 +60,7 @@ __all__ = [
     "aligned",
     "attention_time",
     "bound",
+    "causal_share",
     "compute_time",
     "compute_times",
     "gemm_efficiency",
@@ -195,14 +197,27 @@ def attention_time(
 ) -> float:
     """Seconds of one fused attention forward (QKᵀ, softmax, ·V) over ``batch_heads`` heads on one device.
 
-    FLOPs 4·BH·S_q·S_kv·d, halved when causal; rate ``attention_efficiency`` of peak (η_max when the profile
-    gives none); bytes: Q, K, V read and O written once (the fused kernel keeps the S × S scores on chip).
+    FLOPs 4·BH·S_q·S_kv·d, times :func:`causal_share` when causal; rate ``attention_efficiency`` of peak
+    (η_max when the profile gives none); bytes: Q, K, V read and O written once (the fused kernel keeps the
+    S × S scores on chip).
     """
-    flops = 4.0 * batch_heads * seq_q * seq_kv * head_dim * (0.5 if causal else 1.0)
+    flops = 4.0 * batch_heads * seq_q * seq_kv * head_dim * (causal_share(seq_q, seq_kv) if causal else 1.0)
     moved = float(itemsize(dtype)) * batch_heads * head_dim * (2 * seq_q + 2 * seq_kv)
     c = profile.compute
     factor = (c.attention_efficiency or c.efficiency_max) / c.efficiency_max
     return _shaped_time(flops, moved, dtype, profile, factor)
+
+
+def causal_share(seq_q: int, seq_kv: int) -> float:
+    """Share of the ``S_q × S_kv`` score square a causal attention computes: the (query, key) pairs with
+    ``j <= i`` under torch's top-left alignment (``is_causal``'s ``tril``), counted exactly:
+    ``Σ_i min(i + 1, S_kv) / (S_q · S_kv)``, which is ``(S + 1) / 2S`` for a square (FlashAttention skips the
+    blocks above the diagonal; the diagonal blocks' waste is inside the measured ``attention_efficiency``)."""
+    if seq_q < 1 or seq_kv < 1:
+        return 1.0
+    rows = min(seq_q, seq_kv)  # queries that see fewer than every key: 1, 2, ..., rows
+    visible = rows * (rows + 1) / 2 + (seq_q - rows) * seq_kv
+    return visible / (seq_q * seq_kv)
 
 
 def _shaped_time(flops: float, moved: float, dtype: object, profile: HardwareProfile, factor: float) -> float:

@@ -171,17 +171,22 @@ def annotate_ops_and_modules(gm: fx.GraphModule, root: nn.Module | None) -> None
 
 
 def annotate_requires_grad(
-    gm: fx.GraphModule, trainable: frozenset[str] | set[str], root: nn.Module | None
+    gm: fx.GraphModule,
+    trainable: frozenset[str] | set[str],
+    root: nn.Module | None,
+    inputs: frozenset[str] = frozenset(),
 ) -> None:
     """Writes ``META_REQUIRES_GRAD``: trainable parameters start it; floating ops propagate it.
 
-    User inputs are data and start without gradient.  An op carries a gradient when any input does, its
-    result is floating point, it is differentiable, and it is not inside a ``set_grad_enabled(False)``
-    region.
+    User inputs are data and start without gradient, but for the placeholders named in ``inputs`` (a later
+    pipeline stage's hidden states, whose gradient goes back to the previous stage).  An op carries a
+    gradient when any input does, its result is floating point, it is differentiable, and it is not inside
+    a ``set_grad_enabled(False)`` region.
     """
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr"):
             value = node.meta.get(META_FQN) in trainable and node.meta.get(META_KIND) == "parameter"
+            value = value or (node.name in inputs and node.meta.get(META_KIND) == "user_input")
         elif node.op == "output":
             value = any(_arg_requires_grad(a) for a in node.all_input_nodes)
         else:

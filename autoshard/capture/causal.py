@@ -21,10 +21,11 @@ This pass proves causality without building the ``S × S`` mask (131072² boolea
   extremes).
 
 Output: ``node.meta[META_CAUSAL_MASK] = True`` on each ``scaled_dot_product_attention`` whose mask is proven
-causal (query and key lengths equal, no dropout, not already ``is_causal``).  Nothing else changes: the mask
-stays an input of the node, and every strategy that splits no sequence still runs it as given.  Read by
-:mod:`autoshard.problem.context` (a ring over such a mask computes the causal triangle) and by the attention
-rule's ring hook (:func:`autoshard.codegen.context.context_sdpa` runs it causal, per chunk pair).
+causal (query and key lengths equal, no dropout, not already ``is_causal``).  Nothing else changes here: the
+mask stays an input of the captured node.  Read by :mod:`autoshard.problem.attention` (such attention is priced
+at the causal triangle wherever it runs causal), by :mod:`autoshard.codegen.causal` (emitted as ``is_causal``
+without the mask where the query rows stay whole; split query rows keep it), and by the attention rule's ring
+hook (:func:`autoshard.codegen.context.context_sdpa` runs it causal, per chunk pair).
 
 Example::
 

@@ -10,7 +10,8 @@ Families (the op's base name: ``aten.linear.default`` -> ``linear``):
   dim of the first operand. That is ``2·M·N·K`` for ``mm`` and ``2·B·M·N·K`` for ``bmm``; bias adds are
   not counted (``FlopCounterMode`` does not count them either).
 - ``scaled_dot_product_attention``: ``2·B·H·Sq·Sk·D`` for ``Q Kᵀ`` plus ``2·B·H·Sq·Sk·Dv`` for ``P V``,
-  halved when ``is_causal`` (an explicit mask still costs the full square: kernels do not skip it).
+  halved when ``is_causal`` (an explicit mask counts the full square; one proven causal is priced at the
+  triangle where it runs causal: :mod:`autoshard.problem.attention`).
 - convolution: ``2 * numel(out) * (C_in / groups) * prod(kernel)``.
 - data movement, views, indexing, creation (``view``, ``expand``, ``cat``, ``embedding``, ``index``,
   ``arange``, ``to``, ...): 0. They cost bytes, which the memory roofline prices, not FLOPs.

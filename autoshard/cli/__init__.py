@@ -15,10 +15,10 @@
 
 ``search`` plans the model, then plans it again as pure data parallel (every parameter replicated, the batch
 split over all devices) and prints both side by side.  Errors print one line on stderr and exit with code 2
-(usage errors too); ``--debug`` shows the traceback.  When the reader of standard output leaves early
-(``autoshard show plan.json | head``), the rest of the output is dropped silently and the command exits with
-its own code (0 for a report), the same for every subcommand.  A progress line runs on stderr while
-planning, only when stderr is a terminal.
+(usage errors too); ``--debug`` prints the traceback above that line and keeps the exit code.  When the
+reader of standard output leaves early (``autoshard show plan.json | head``), the rest of the output is
+dropped silently and the command exits with its own code (0 for a report), the same for every subcommand.
+A progress line runs on stderr while planning, only when stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import contextlib
 import io
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -120,7 +121,12 @@ class _ReaderMayLeave(io.TextIOBase):
 
 def _parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print an error's traceback too (the exit code stays 2)",
+    )
     parser = _Parser(
         prog="autoshard", description="Auto-parallel planner for PyTorch models.", parents=[common]
     )
@@ -150,8 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("autoshard: error: a pipe closed while the command ran", file=sys.stderr)
         return 2
     except AutoshardError as e:
-        if debug:
-            raise
+        if debug:  # the traceback, then the same line and exit code as without --debug
+            traceback.print_exception(e, file=sys.stderr)
         print(f"autoshard: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -66,14 +66,19 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         metavar="TARGET=CHOICE",
         help="pin a module or tensor: fc1=column, fc2=row@0, lm_head.weight='(R, S(0))', x=S(0)",
     )
-    kinds = (
-        "dp: the batch split, on any tensor; tp: weights used split; fsdp: weights stored split and gathered "
-        "before use; sequence splits are no kind"
-    )
+    from autoshard.steering import FORBIDS
+
+    kinds = "; ".join(f"{k}: {what}" for k, what in FORBIDS.items())
     s.add_argument(
         "--allow", action="append", default=[], metavar="KIND", help=f"use only these kinds ({kinds})"
     )
-    s.add_argument("--forbid", action="append", default=[], metavar="KIND", help="never use a kind, e.g. tp")
+    s.add_argument(
+        "--forbid",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="never use a kind, e.g. tp (kinds: --allow)",
+    )
     s.add_argument(
         "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
     )
@@ -109,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from autoshard.report.timing import Phase, timed, with_parts
 
     check_outputs(args)
+    _check_kinds(args)
     start = time.perf_counter()
     auto = args.mesh == "auto"
     cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=None if auto else args.mesh)
@@ -149,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
         timed(phases, "writing files", lambda: write_outputs(plan, args))
     _print_result(plan, baseline, args, time.perf_counter() - start, phases)
     return 0
+
+
+def _check_kinds(args: argparse.Namespace) -> None:
+    """Unknown or contradictory kinds, and --pp with pp forbidden, refused before the model is built."""
+    from autoshard.steering import check_stages, forbidden_kinds
+
+    check_stages(forbidden_kinds(args.allow, args.forbid), args.pp, stage_pin=False)
 
 
 def _count_or_auto(text: str) -> int | str:

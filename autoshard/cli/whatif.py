@@ -1,17 +1,22 @@
 """``autoshard whatif PLAN.json --against OTHER.json --vary batch=1..1024``: where another plan wins.
 
 Reads saved plans, turns each into its step time as a sympy expression (:mod:`autoshard.whatif`) and
-prints, for every varied symbol (batch, seq, devices, bandwidth), the values where one of the other plans
-becomes faster, naming both, or, for a plan that never crosses the first in the range, which of the two is
-faster throughout and by how much.  Nothing is re-planned.
+prints, for every varied symbol (batch, seq, devices, bandwidth), where each plan cannot run (a batch below
+its batch split, memory over its budget: the rules ``search`` plans under), the values where one of the
+other plans becomes faster, naming both, or, for a plan that never crosses the first in the range, which of
+the two is faster where both run and by how much.  Nothing is re-planned: each plan keeps its strategies.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoshard.cli.args import CliError
+
+if TYPE_CHECKING:
+    from autoshard.whatif import PlanCost
 
 __all__ = ["HELP", "add_arguments", "run", "vary"]
 
@@ -55,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autoshard.plans import load_plan
-    from autoshard.whatif import check_same_model, check_varies, crossovers, lead, plan_cost
+    from autoshard.whatif import check_same_model, check_varies, common, crossovers, lead, plan_cost
 
     paths = [args.plan, *args.against]
     names = _names(paths)
@@ -74,13 +79,34 @@ def run(args: argparse.Namespace) -> int:
     for name, lo, hi in args.vary:
         found = crossovers(base, others, name, lo, hi)
         print(f"{name} in {lo:g}..{hi:g}:")
+        for cost in costs:  # where a plan cannot run, as search would refuse to plan it there
+            for line in _cannot_run(cost, name, lo, hi):
+                print(f"  {line}")
         for c in found:
             print(f"  {c}")
         crossed = {c.below for c in found} | {c.above for c in found}
-        for other in others:  # a pair that never crosses here: who leads, and by how much
-            if other.name not in crossed:
-                print(f"  {lead(base, other, name, lo, hi)}")
+        for other in others:  # a pair that never crosses here: who leads where both run, and by how much
+            if other.name in crossed:
+                continue
+            both = [(a, b) for a, b in common(base.spans(name, lo, hi), other.spans(name, lo, hi)) if a < b]
+            for a, b in both:
+                print(f"  {lead(base, other, name, a, b)}")
+            if not both:
+                print(f"  {base.name} and {other.name} never both run in {name} {lo:g}..{hi:g}")
     return 0
+
+
+def _cannot_run(cost: PlanCost, name: str, lo: float, hi: float) -> list[str]:
+    """``dp cannot run at batch 1..8 (at batch 1: batch 1 < DP 8)``: one line per gap in the plan's spans,
+    the reason read at the gap's end that is an end of the range (else its middle)."""
+    spans, out, start = cost.spans(name, lo, hi), [], lo
+    for a, b in [*cost.spans(name, lo, hi), (hi, hi)]:
+        if a > start:
+            point = start if start == lo else a if a == hi else (start + a) / 2
+            why = cost.why_not(**{name: point})
+            out.append(f"{cost.name} cannot run at {name} {start:g}..{a:g} (at {name} {point:g}: {why})")
+        start = b
+    return out if spans or not out else [out[0].replace("cannot run at", "cannot run anywhere in", 1)]
 
 
 def _names(paths: list[str]) -> list[str]:

@@ -60,6 +60,7 @@ class ParallelInfo:
     edges: tuple[EdgeRecord, ...]
     stateful: frozenset[str] = frozenset()  # FQNs in a state dict: no constants, no non-persistent buffers
     mesh: Any = None  # the DeviceMesh the module runs on (checkpoints build DTensors over it)
+    config: Any = None  # the model's Hugging Face config (``model.config``), written by export_safetensors
 
     def in_state(self, attr: AttrSpec) -> bool:
         return attr.fqn in self.stateful

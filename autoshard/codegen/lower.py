@@ -16,8 +16,9 @@ priced on, and this device's mesh coordinate.  Output: a :class:`LoweredGraph` -
   cluster, so the collectives emitted are the collectives priced;
 - one redistribution per (tensor, layout): consumers of one tensor that need the same steps both ways share
   one ``redistribute`` node, so its forward runs once and autograd sums their gradients before its one
-  backward (the fan-out nodes of :mod:`autoshard.problem.fanout` price exactly that);
-- model outputs left ``Partial`` are reduced (:func:`~autoshard.problem.costs.output_fix_steps`).
+  backward (the fan-out nodes of :mod:`autoshard.problem.fanout` price exactly that); model outputs left
+  ``Partial`` are reduced (:func:`~autoshard.problem.costs.output_fix_steps`); what became dead (a causal
+  mask run as ``is_causal``) is dropped (:func:`autoshard.codegen.causal.drop_dead`).
 
 Two details keep every rank issuing the same collectives in the same order.  The backward of a custom
 ``autograd.Function`` runs only where its output is used, and a rule's hook may drop an input on some ranks
@@ -28,9 +29,7 @@ the same on every rank since every rank runs the same code.  Ops inlined from a 
 
 Meta keys: reads ``META_KIND``, ``META_FQN``, ``META_ALIASES``, ``META_NO_GRAD`` (and those
 :func:`autoshard.problem.graph.describe` reads); writes on the new nodes ``META_LOCAL_SHAPE`` (the local shape
-each tensor must have, for :class:`LocalShapeChecker`) and ``META_STEPS`` (on ``redistribute`` nodes:
-``(forward steps, backward steps)``).
-
+each tensor must have, for :class:`LocalShapeChecker`) and ``META_STEPS`` (``redistribute``: fwd, bwd steps).
 Example::
 
     lowered = lower_graph(cap, assign_strategies(cap, plan), cluster, coord=(1,))
@@ -52,6 +51,7 @@ from torch.fx.node import map_aggregate, map_arg
 from autoshard.capture import META_ALIASES, META_FQN, META_KIND, META_NO_GRAD, Captured, TensorMeta
 from autoshard.cluster import Cluster
 from autoshard.codegen.assign import PlanMismatchError
+from autoshard.codegen.causal import drop_dead
 from autoshard.codegen.collectives import format_steps, join_unused, redistribute
 from autoshard.codegen.dispatch import with_dispatch
 from autoshard.errors import UnsupportedOpError
@@ -164,7 +164,7 @@ def lower_graph(
         )
     lowering = _Lowering(captured, strategies, cluster, coord, training, device)
     lowering.zigzag_axis = zigzag_axis
-    return with_dispatch(lowering.run(), lowering.infos, strategies, cluster, training)
+    return with_dispatch(drop_dead(lowering.run()), lowering.infos, strategies, cluster, training)
 
 
 class _Lowering:

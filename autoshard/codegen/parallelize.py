@@ -147,10 +147,17 @@ def parallelize(
     _check_collectives((*lowered.edges, *rerun), plan)
     stateful = frozenset(a.fqn for a in lowered.attrs if _in_state_dict(model, a))
     info = ParallelInfo(
-        plan, comm, lowered.attrs, lowered.input_specs, lowered.output_specs, lowered.edges, stateful, mesh
-    )
+        plan, comm, lowered.attrs, lowered.input_specs, lowered.output_specs, lowered.edges, stateful, mesh,
+        _hf_config(model),
+    )  # fmt: skip
     setattr(module, INFO_ATTR, info)
     return module
+
+
+def _hf_config(model: nn.Module) -> Any:
+    """The model's Hugging Face config (what ``from_pretrained`` needs beside the weights), or None."""
+    config = getattr(model, "config", None)
+    return config if callable(getattr(config, "save_pretrained", None)) else None
 
 
 def _check_collectives(edges: Sequence[EdgeRecord], plan: Plan) -> None:

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
-from autoshard.pipeline.layers import boundary_bytes, tied_weights
+from autoshard.pipeline.cuts import cut_collectives
+from autoshard.pipeline.layers import boundary_bytes, part_costs, tied_weights
 from autoshard.pipeline.schedules import device_of_chunk, in_flight, p2p_time, tied_sync_time
 from autoshard.pipeline.search import Candidate
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan
-from autoshard.report.labels import parse_label
+from autoshard.report.labels import fmt_seconds, parse_label
 
 __all__ = ["assemble", "widen_label"]
 
@@ -110,16 +112,28 @@ def assemble(
         return ("R", *p) if p else p
 
     tied = _tied_collectives(candidate)
-    collectives = (*(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in intra.collectives), *tied)
+    added = cut_collectives(candidate, intra.collectives, prefix, first)
+    staged = (*intra.collectives, *added)
+    collectives = (*(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in staged), *tied)
     worst = max(range(split.degree), key=lambda d: split.forward[d] + split.backward[d])
     share = split.forward[worst] + split.backward[worst]
     total = sum(split.forward) + sum(split.backward)
-    comm = _communication(intra.collectives, share / total if total > 0 else 1.0)
-    p2p = m * 2 * _p2p_seconds(candidate) + sum(c.seconds for c in tied)
+    exposed, p2p, cut = _exposed(candidate, worst, added, sum(c.seconds for c in tied))
     bubble = 1.0 - m * share / split.pipeline_seconds if split.pipeline_seconds > 0 else 0.0
     note = (
         f"{split.degree} pipeline stages on mesh axis 0 ('pp'); each stage runs the plan on its "
         f"sub-mesh {where.sub.mesh_shape}; compute time includes the bubble"
+    )
+    mine = _communication(staged, share / total if total > 0 else 1.0)
+    reconcile = (
+        f"communication {fmt_seconds(exposed + p2p + cut)}: what pipeline rank {worst} (the busiest) waits "
+        f"for -- {fmt_seconds(exposed)} of its stages' collectives (tensor-parallel moves and FSDP gathers "
+        f"no compute hides, per microbatch x {m}, and the gradient sync tail)"
+        + (f", {fmt_seconds(cut)} reducing its stage outputs at the cuts" if cut else "")
+        + f", {fmt_seconds(p2p)} of p2p sends and tied-weight sums; the collectives table lists "
+        f"{fmt_seconds(math.fsum(c.seconds for c in collectives))} for every stage and microbatch, of which "
+        f"this rank runs about {fmt_seconds(mine)} ({share / total if total > 0 else 1.0:.1%}): "
+        f"{fmt_seconds(max(0.0, mine - exposed))} of it overlapped with compute"
     )
     pipeline = PipelinePlan(
         stages=_stages(candidate, prefix or "", first),
@@ -136,17 +150,31 @@ def assemble(
         input_placements={k: widen(v) for k, v in intra.input_placements.items()},
         output_placements=tuple(widen(p) for p in intra.output_placements),
         collectives=collectives,
+        ring_transfers=tuple(dataclasses.replace(r, mesh_axis=r.mesh_axis + 1) for r in intra.ring_transfers),
         nodes=_worst_device_nodes(candidate, intra),
-        predicted_step_time=split.step_seconds,
-        communication_time=comm + p2p,
-        compute_time=split.step_seconds - comm - p2p,
+        predicted_step_time=split.step_seconds + cut,
+        communication_time=exposed + p2p + cut,
+        compute_time=split.step_seconds - exposed - p2p,
         memory_per_device=max(split.memory),
         microbatches=m,
         pipeline=pipeline,
-        notes=(*intra.notes, note),
+        notes=(*(_whole_axes(n) for n in intra.notes), note, reconcile),
         context_axis=None if intra.context_axis is None else intra.context_axis + 1,  # behind the 'pp' axis
     )
     return dataclasses.replace(plan, degrees=degrees_of(plan, pipeline_axis=0))
+
+
+_AXES = re.compile(r"\b(axis|axes) (\d+(?:(?:, | and )\d+)*)")
+
+
+def _whole_axes(note: str) -> str:
+    """A note about the stage sub-mesh with its axes numbered on the whole mesh (the pipeline's is axis 0)."""
+
+    def shift(found: re.Match[str]) -> str:
+        numbers = re.sub(r"\d+", lambda d: str(int(d.group()) + 1), found.group(2))
+        return f"{found.group(1)} {numbers}"
+
+    return _AXES.sub(shift, note)
 
 
 def _tied_collectives(candidate: Candidate) -> tuple[Collective, ...]:
@@ -173,6 +201,34 @@ def _tied_collectives(candidate: Candidate) -> tuple[Collective, ...]:
         )
         for name, nbytes in tied_weights(candidate.built, candidate.solution)
     )
+
+
+def _exposed(
+    candidate: Candidate, worst: int, added: tuple[Collective, ...], tied: float
+) -> tuple[float, float, float]:
+    """Seconds per step device ``worst`` waits for communication: (its stages' exposed collectives, its p2p
+    sends and tied-weight sums, the reductions at its cuts, which the stage DP does not price)."""
+    split, m = candidate.split, candidate.microbatches
+    assert split is not None
+    costs = part_costs(candidate.built, candidate.solution)
+    layer, pre, post = costs.exposed_comm
+    chunks = len(split.bounds) - 1
+    per_microbatch = once = sends = cut = 0.0
+    held = 0
+    mine = [c for c in range(chunks) if device_of_chunk(split.schedule, c, split.degree) == worst]
+    for c in mine:
+        k = split.bounds[c + 1] - split.bounds[c]
+        held += k
+        per_microbatch += k * layer + (costs.gather_head if k else 0.0)
+        per_microbatch += pre * (c == 0) + post * (c == chunks - 1)
+        once += costs.exposed_once[0] * (c == 0) + costs.exposed_once[1] * (c == chunks - 1)
+        sends += (c < chunks - 1) + (c > 0)
+        cut += math.fsum(
+            a.seconds for a in added if a.node == "output" and a.layer == split.bounds[c + 1] - 1
+        )
+    ends = {device_of_chunk(split.schedule, c, split.degree) for c in (0, chunks - 1)}
+    p2p = m * sends * _p2p_seconds(candidate) + (tied if worst in ends and len(ends) > 1 else 0.0)
+    return m * per_microbatch + once + costs.exposed_sync(held), p2p, cut
 
 
 def _communication(collectives: tuple[Collective, ...], share: float) -> float:

@@ -95,6 +95,8 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         else:
             sums[part]["activation"] += memory
     gather = regather = sync = sync_bytes = 0.0  # one layer's, per microbatch (gathers) and per step (sync)
+    exposed = [0.0, 0.0, 0.0]  # per microbatch, by part: the collectives added to forward / backward
+    once = [0.0, 0.0, 0.0]  # per step, by part: syncs outside the layers
     for c in plan_collectives(built, solution):
         moved = built.infos.get(c.tensor)
         parameter = moved is not None and moved.kind == "parameter"
@@ -109,6 +111,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
                 sync, sync_bytes = sync + c.seconds * share, sync_bytes + c.nbytes * share
             else:  # outside the layers: exposed in full (critical_path says why)
                 sums[part]["once"] += c.seconds
+                once[part] += c.seconds
             continue
         seconds = c.seconds * share / m
         if c.phase == "forward" and c.kind == "all_gather" and parameter and part == _LAYER:
@@ -118,6 +121,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
             regather += seconds  # FSDP's backward re-gather: prefetched under the next layer's backward
             continue
         sums[part]["backward" if c.phase == "regather" else c.phase] += seconds  # TP, resharding: exposed
+        exposed[part] += seconds
     per_layer = max(0.0, gather - layer_fwd)  # what the previous layer's forward does not hide
     sums[_LAYER]["forward"] += per_layer
     per_layer_back = max(0.0, regather - layer_bwd)  # what the next layer's backward does not hide
@@ -139,6 +143,8 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         gather_head=gather - per_layer + regather - per_layer_back,
         sync_exposed=exposed_sync,
         tied_bytes=float(tied),
+        exposed_comm=(exposed[_LAYER] + per_layer + per_layer_back, exposed[_PRE], exposed[_POST]),
+        exposed_once=(once[_PRE], once[_POST]),
     )
 
 

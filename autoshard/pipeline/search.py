@@ -108,7 +108,9 @@ def layout(cluster: Cluster, degree: int) -> Layout:
             f"pipeline={degree}: stages must hold whole nodes ({cluster.nodes} nodes, so one of "
             f"{divisors(cluster.nodes)}) or, on one node, divide its {profile.devices_per_node} devices"
         )
-    return Layout(degree, sub, (degree, *sub_shape), ("pp", *sub_names), across, bandwidth, latency)
+    # default names follow the whole mesh's positions ("pp", "axis1", ...), as the report numbers axes
+    names = ("pp", *(f"axis{i + 1}" if n.startswith("axis") else n for i, n in enumerate(sub_names)))
+    return Layout(degree, sub, (degree, *sub_shape), names, across, bandwidth, latency)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,10 @@ class StageCosts:
     sync_exposed: tuple[float, ...] = ()  # [k]: exposed gradient sync of k layers on one device, per step
     tied_bytes: float = 0.0  # local gradient bytes of weights read before and after the layers (tied)
     tied_sync: float = 0.0  # per step: their all-reduce between the first and last chunk's devices
+    # the communication inside those figures that no compute hides (the report's split, not the DP's input):
+    # per microbatch, of one layer / pre / post (gather_head comes on top), and per step of pre / post
+    exposed_comm: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    exposed_once: tuple[float, float] = (0.0, 0.0)
 
     def exposed_sync(self, layers: int) -> float:
         """Seconds of the gradient sync of ``layers`` layers that their backward does not hide."""

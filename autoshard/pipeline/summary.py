@@ -45,6 +45,8 @@ def headline(plan: Plan) -> str:
             text += f" ({plan.context_layout})"  # the ring axis's sequence layout (zigzag: load-balanced)
         if kind == "dp":  # some weights FSDP-sharded on a DP axis: say so (report.axes.dp_weights_note)
             text += _dp_note(plan)
+        if kind == "ep":  # what every axis does to the experts (report.axes.experts_note)
+            text += _ep_note(plan)
         parts.append(text)
     head = " × ".join(parts) or "no parallelism (replicated)"
     batch = max((shape[0][0] for shape in plan.input_shapes.values() if shape[0]), default=0)
@@ -53,6 +55,14 @@ def headline(plan: Plan) -> str:
         each = batch // plan.microbatches // max(1, replicas)
         return f"{head}, {plan.microbatches} microbatches of {max(1, each)}"
     return f"{head}, 1 microbatch"
+
+
+def _ep_note(plan: Plan) -> str:
+    from autoshard.report.axes import experts_note
+    from autoshard.report.groups import PlanView
+
+    note = experts_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
+    return f" ({note})" if note else ""
 
 
 def _dp_note(plan: Plan) -> str:

@@ -11,12 +11,11 @@ step of the ring each device attends its queries to the K/V block it holds while
   the all-gather of ``2 · n · b``;
 - overlap: each hop overlaps the block computed meanwhile, so only communication beyond the node's own
   compute shows: ``max(0, comm − compute)`` per pass;
-- causal work: under ``is_causal`` the FLOPs count the causal triangle.  An explicit mask proven causal at
-  capture (``NodeInfo.causal_mask``, :mod:`autoshard.capture.causal`: Hugging Face models) keeps FLOPs for
-  the full square: head and batch splits run the mask as given and compute it.  A ring over it skips the
-  chunk pairs the mask hides but is priced for the square too, since pricing only the ring's triangle
-  would prefer the ring for a saving those splits would also get from ``is_causal`` (codegen emitting that
-  for them is the next step).  The proof decides the layout: they differ by the triangle's imbalance below;
+- causal work: under ``is_causal`` the FLOPs count the causal triangle, and so does the price of an
+  explicit mask proven causal at capture (``NodeInfo.causal_mask``, :mod:`autoshard.capture.causal`:
+  Hugging Face models) wherever it runs causal (:mod:`autoshard.problem.attention`): a ring skips the chunk
+  pairs the mask hides, and head and batch splits run ``is_causal`` without the mask.  The proof decides the
+  layout: they differ by the triangle's imbalance below;
 - balance, by sequence layout (``Plan.context_layout``, :mod:`autoshard.codegen.context`): under a causal
   mask the *contiguous* layout's last device does ``(2n − 1)/n`` times the average work (the triangle's),
   and the step waits for it.  The *zigzag* layout (device ``k`` holds chunks ``k`` and ``2n − 1 − k`` of
@@ -69,6 +68,7 @@ __all__ = [
     "reorder_seconds",
     "ring_axis_of",
     "ring_axis_of_plan",
+    "ring_free",
     "ring_seconds",
     "zigzag_axis_of",
     "zigzag_cluster",
@@ -150,13 +150,17 @@ def ring_seconds(
     comm_bwd = n / (n - 1) * hops("all_gather", 2 * n * local)
     causal = len(inputs) < 4 or info.causal_mask  # is_causal (FLOPs: the triangle) or a proven causal mask
     balanced = axis == zigzag or (zigzag is None and layout != "contiguous")
-    skew = (n - 1) / n if causal and not balanced else 0.0
-    triangle = (
-        0.5 if info.causal_mask else 1.0
-    )  # a proven mask's FLOPs count the square: its triangle is half
-    extra_fwd = skew * triangle * fwd + max(0.0, comm_fwd - fwd)
-    extra_bwd = skew * triangle * bwd + max(0.0, comm_bwd - bwd)
+    skew = (n - 1) / n if causal and not balanced else 0.0  # fwd, bwd: the triangle's (problem/attention.py)
+    extra_fwd = skew * fwd + max(0.0, comm_fwd - fwd)
+    extra_bwd = skew * bwd + max(0.0, comm_bwd - bwd)
     return extra_fwd, extra_bwd
+
+
+def ring_free(info: NodeInfo, cluster: Cluster, inputs: int) -> bool:
+    """Whether :func:`ring_seconds` is (0, 0) for every strategy of ``info`` (``inputs``: how many it reads):
+    no zigzag axis that could refuse a split, and not an attention with K and V (its two early returns).  The
+    builder skips the per-strategy call for such nodes (problem/arrays.py)."""
+    return zigzag_axis_of(cluster) is None and (_SDPA not in info.target or inputs < 3)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from autoshard.problem.recompute import (
     reissued,
     rerun_share,
 )
+from autoshard.problem.ring_hops import ring_transfers
 from autoshard.problem.runs import reads_into_run
 from autoshard.problem.step import critical_path
 from autoshard.redistribute import Step
@@ -136,6 +137,7 @@ def extract_plan(
         degrees=context_degrees(built.infos, chosen, tuple(cluster.mesh_shape)),
         context_axis=context.axis,
         context_layout=context.layout,
+        ring_transfers=ring_transfers(built, chosen, decision_nodes(built)),  # K/V hops: report only
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
     )

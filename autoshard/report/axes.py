@@ -40,10 +40,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from autoshard.report.groups import PlanView
+from autoshard.report.groups import OpRow, PlanView
+from autoshard.report.labels import shard_dim
 from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_axes
 
-__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note"]
+__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note", "experts_note"]
 
 KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
 _FAMILY = {
@@ -143,6 +144,52 @@ def dp_weights_note(view: PlanView, pipeline_axis: int | None = None) -> str:
     if not names:
         return ""
     return f"ZeRO-3/FSDP on {len(names)} of {len(view.plan.param_placements)} parameters"
+
+
+def experts_note(view: PlanView, pipeline_axis: int | None = None) -> str:
+    """What the headline adds to ``EP n``: what every mesh axis does to the experts, read from the grouped
+    expert matmuls' operands and the expert weights' placements (the EP axis splits them; another axis may
+    give each device its own tokens with the experts replicated or gathered, split inside each expert, or
+    hand every device of it the same tokens, so that its devices all compute the same experts):
+    ``"experts split on axis 1; axis 0: same tokens, experts computed 2×"``; ``""`` without experts, or when
+    every axis splits them."""
+    rows = [r for r in view.ops if r.kind == "grouped_mm" and r.layout is not None]
+    if not rows:
+        return ""
+    row = max(rows, key=lambda r: r.node.compute_seconds)  # the expert compute (one per layer position)
+    split, others = [], []
+    for axis, size in enumerate(view.plan.mesh_shape):
+        if size == 1 or axis == pipeline_axis:
+            continue
+        what = _expert_use(view, row, axis)
+        if what == "split":
+            split.append(str(axis))
+        else:
+            others.append(f"axis {axis}: {what.format(n=size)}")
+    if not others:
+        return ""  # every axis splits the experts: the degree says it all
+    head = f"experts split on axis {', '.join(split)}" if split else "experts not split by expert"
+    return "; ".join([head, *others])
+
+
+def _expert_use(view: PlanView, row: OpRow, axis: int) -> str:
+    """What mesh ``axis`` does to one grouped expert matmul (``{n}``: the axis size)."""
+    assert row.layout is not None
+    at = lambda spec: shard_dim(spec[axis]) if spec is not None and axis < len(spec) else None  # noqa: E731
+    weight, tokens = at(row.label.input(row.layout.weight)), at(row.label.input(row.layout.activation))
+    if weight == 0:
+        return "split"
+    if weight is not None:
+        return "each expert split"
+    stored = [
+        spec
+        for fqn, spec in view.plan.param_placements.items()
+        if fqn.startswith(view.layer0(row.node.module) + ".") or fqn == row.weight
+    ]
+    gathered = any(axis < len(spec) and spec[axis].startswith("S(") for spec in stored)
+    if tokens is None:
+        return "same tokens, experts " + ("gathered, " if gathered else "") + "computed {n}×"
+    return "tokens split, experts " + ("gathered" if gathered else "replicated")
 
 
 def _compute(view: PlanView, axis: int) -> tuple[str, float, bool]:

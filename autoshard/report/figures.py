@@ -90,20 +90,27 @@ def figure_lines(plan: Plan, baseline: Baseline | None, width: int, budget: floa
     lines.append(_capacity(plan, budget))
     named = baseline.name if baseline is not None else None
     comparison = _comparison(plan, baseline, width) + _replicated(plan, named, width)
-    return lines + _assumptions(plan, width) + _price(plan) + comparison
+    return lines + _assumptions(plan, width) + _price(plan, width) + comparison
 
 
-def _price(plan: Plan) -> list[str]:
-    """The price of the user's annotations: the pinned plan's step time beside the unpinned optimum's."""
+def _price(plan: Plan, width: int) -> list[str]:
+    """The price of what the user pinned (``Plan.pinned``: annotations, forbidden kinds), named as given:
+    the pinned plan's step time beside the unpinned optimum's."""
     free = plan.unpinned_step_time
     if free is None:
         return []
     extra = plan.predicted_step_time / free - 1 if free else 0.0
     cost = f"{extra:+.1%}" if extra >= 0.0005 else "no extra cost"
-    return [
-        f"  price of your annotations: {fmt_seconds(plan.predicted_step_time)} pinned vs "
-        f"{fmt_seconds(free)} unpinned optimum ({cost})"
-    ]
+    kinds = [p.removeprefix("no ") for p in plan.pinned if p.startswith("no ")]
+    named = ["your annotations"] * ("annotations" in plan.pinned) + [f"forbidding {', '.join(kinds)}"] * bool(
+        kinds
+    )
+    what = " and ".join(named) or "the plan's pins"  # a file written before Plan.pinned
+    text = (
+        f"price of {what}: {fmt_seconds(plan.predicted_step_time)} pinned vs {fmt_seconds(free)} unpinned "
+        f"optimum ({cost})"
+    )
+    return wrap(text, width, "    ", "  ")
 
 
 def _assumptions(plan: Plan, width: int) -> list[str]:

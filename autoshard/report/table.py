@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.pipeline.summary import headline
-from autoshard.plans import Collective, Plan
+from autoshard.plans import Collective, Plan, RingTransfer
 from autoshard.report.axes import axis_uses
 from autoshard.report.figures import Baseline, figure_lines
 from autoshard.report.groups import Group, PlanView
@@ -46,6 +46,7 @@ MINOR_SHARE = 0.005  # groups below this share of compute, without parameters, a
 MAX_COLLECTIVE_ROWS = 12
 MAX_PARAMETER_ROWS = 24
 _PHASE = {"forward": "fwd", "backward": "bwd", "regather": "bwd"}
+RING_KIND, RING_PURPOSE = "ring K/V hop", "ring K/V"  # context parallelism's point-to-point sends
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,9 @@ def render(
     start = time.perf_counter()
     view = PlanView.of(plan)
     sections = [
-        [headline(plan)] if _parallel(view) or plan.pipeline is not None or plan.microbatches > 1 else [],
+        wrap(headline(plan), width, "  ", "")  # wrapped, never cut
+        if _parallel(view) or plan.pipeline is not None or plan.microbatches > 1
+        else [],
         _header(plan, width),
         _axes(view, width),
         _strategy(view, width),
@@ -192,7 +195,28 @@ def collective_rows(view: PlanView) -> list[CollectiveRow]:
         )
         for key, cs in buckets.items()
     ]
-    return sorted(rows, key=lambda r: (-r.seconds, r.phase, r.kind, r.axis, r.where))
+    return sorted(rows + _ring_rows(view), key=lambda r: (-r.seconds, r.phase, r.kind, r.axis, r.where))
+
+
+def _ring_rows(view: PlanView) -> list[CollectiveRow]:
+    """Context parallelism's K/V hops (``Plan.ring_transfers``) by (phase, axis, module group): count = hops
+    per device, bytes = what one device sends in them."""
+    rows: dict[tuple[str, int, str], list[RingTransfer]] = defaultdict(list)
+    for r in view.plan.ring_transfers:
+        rows[(r.phase, r.mesh_axis, view.layer_of(r.module))].append(r)
+    return [
+        CollectiveRow(
+            phase,
+            RING_KIND,
+            axis,
+            RING_PURPOSE,
+            where,
+            sum(r.hops for r in rs),
+            sum(r.hops * r.nbytes for r in rs),
+            sum(r.seconds for r in rs),
+        )
+        for (phase, axis, where), rs in rows.items()
+    ]
 
 
 def _where(collapsed: str, cs: list[Collective]) -> str:
@@ -218,6 +242,7 @@ def _collectives(view: PlanView, width: int) -> list[str]:
     lines = ["collectives of one step (fwd: forward, bwd: backward)", head]
     for r in rows[:MAX_COLLECTIVE_ROWS]:
         what = f"at {r.where}" if r.purpose == "activations" else f"{r.purpose} {r.where}".strip()
+        what = f"at {r.where}" if r.purpose == RING_PURPOSE else what
         lines.append(
             f"  {_PHASE.get(r.phase, r.phase):<4}{r.kind:<15}{r.axis:>4}{r.count:>6}{fmt_bytes(r.nbytes):>11}"
             f"{fmt_seconds(r.seconds):>10}  {what}"
@@ -229,10 +254,20 @@ def _collectives(view: PlanView, width: int) -> list[str]:
     if not rows:
         return ["collectives of one step", "  none: no device ever waits for another"]
     lines += wrap(_totals(view.plan.collectives), width, " " * 9, "  total: ")  # wrapped, never cut
+    ring = view.plan.ring_transfers
+    if ring:
+        hops, sent = sum(r.hops for r in ring), sum(r.hops * r.nbytes for r in ring)
+        text = (
+            f"{hops} point-to-point hops per device ({fmt_bytes(sent)} sent, "
+            f"{fmt_seconds(sum(r.seconds for r in ring))}), overlapped with attention: what it does not hide "
+            "is in the compute figure, not in communication (the total above)"
+        )
+        lines += wrap(text, width, " " * 12, "  ring K/V: ")
     return lines
 
 
 def _totals(collectives: tuple[Collective, ...]) -> str:
+    """Count, bytes and time per phase: the collectives' time adds up to the communication figure."""
     parts = []
     for phase in ("forward", "backward", "regather"):
         cs = [c for c in collectives if c.phase == phase]

@@ -14,7 +14,9 @@ Face safetensors directory that one process loads.
   tensor is checked against the checkpoint's metadata: a missing tensor, another shape or another dtype is a
   one-line :class:`CheckpointError` naming the tensor and the directory.
 - :func:`export_safetensors` gathers one tensor at a time on rank 0 and writes ``model.safetensors`` (or
-  numbered shards of at most ``max_shard_bytes`` plus ``model.safetensors.index.json``).
+  numbered shards of at most ``max_shard_bytes`` plus ``model.safetensors.index.json``) and, for a Hugging
+  Face model, its ``config.json``: ``AutoModelForCausalLM.from_pretrained(directory)`` loads it.  Other
+  models get the weights only (``safetensors.torch.load_file`` reads them).
 
 Every write goes to a hidden sibling directory that is renamed into place only when complete: a failed save
 leaves the previous checkpoint, if any, untouched and no half-written directory behind.
@@ -24,7 +26,7 @@ Example (every rank)::
     save_checkpoint(module, "ckpt/step-100", optimizer)
     # later, under another plan or world size:
     load_checkpoint(other_module, "ckpt/step-100", other_optimizer)
-    export_safetensors(module, "hf-out/")            # then: safetensors.torch.load_file("hf-out/model.safetensors")
+    export_safetensors(module, "hf-out/")            # then: AutoModelForCausalLM.from_pretrained("hf-out")
 """
 
 from __future__ import annotations
@@ -225,12 +227,24 @@ def _fill_optimizer(optimizer: ZeroOptimizer, state: dict[str, Any]) -> None:
         optimizer.inner.state[master] = per
 
 
-def export_safetensors(module: fx.GraphModule, directory: str | Path, max_shard_bytes: int = 2 << 30) -> Path:
+def export_safetensors(
+    module: fx.GraphModule, directory: str | Path, max_shard_bytes: int = 2 << 30, config: Any = None
+) -> Path:
     """Write every parameter and persistent buffer whole, as ``model.state_dict()`` names them, to a Hugging
-    Face safetensors directory (a collective: rank 0 writes; module doc)."""
+    Face safetensors directory (a collective: rank 0 writes; module doc), with the model's ``config.json``.
+
+    ``config``: what ``config.json`` is written from (anything with ``save_pretrained``); default the config
+    of the model :func:`autoshard.parallelize` was given (``model.config`` of a Hugging Face model).  A model
+    without one gets the weights only, and ``from_pretrained`` needs the config written beside them."""
     from safetensors.torch import save_file
 
     info = parallel_info(module)
+    config = info.config if config is None else config
+    if config is not None and not callable(getattr(config, "save_pretrained", None)):
+        raise CheckpointError(
+            f"export_safetensors(config={type(config).__name__}): a config needs save_pretrained (a Hugging "
+            "Face PretrainedConfig); pass the model's .config or leave it out"
+        )
     rank = dist.get_rank() if dist.is_initialized() else 0
 
     def write(tmp: Path) -> None:
@@ -258,6 +272,8 @@ def export_safetensors(module: fx.GraphModule, directory: str | Path, max_shard_
         if rank == 0:
             _write_shard(tmp, shards, save_file)
             _name_shards(tmp, len(shards))
+            if config is not None:
+                config.save_pretrained(tmp)  # config.json: from_pretrained(directory) loads the export
 
     return _atomic(Path(directory), write)
 

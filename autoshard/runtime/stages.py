@@ -25,12 +25,13 @@ for models whose ``forward`` does not know about stages, such as Hugging Face's)
   plan's one (``transformer.wte.weight``), listed in :attr:`StageBuild.tied`; the pipeline sums their
   gradients every step (:mod:`autoshard.runtime.pipelining`), so the copies stay equal.
 
-Each stage's intra-op plan is searched again on the stage's sub-mesh with every parameter placement pinned to
-the full plan's and the stage input pinned to the previous stage's output placements (the first stage's to
-the plan's input placements).  Why re-plan rather than cut the full plan's per-node table: the stage graph is
-a different capture (its nodes have other names and positions), the pins fix everything the full plan
-decided that matters across stages (weights, the activation sent between stages), and the search fills the
-rest exactly as it did for the whole model.  A stage plan is checked to keep the pinned placements.
+Each stage's intra-op plan is the full plan's, carried onto the stage's own capture
+(:mod:`autoshard.runtime.stage_plan`): every node keeps the strategy the plan decided for it, every parameter
+its placement, the stage input the previous stage's output placements (the first stage's the plan's input
+placements); only nodes the stage alone has are chosen by the solver.  The stage graph is a different capture
+(its nodes have other names and positions), so decisions are matched by layer position and op sequence; a
+decision the stage cannot run is refused in one line.  A stage therefore issues exactly its share of
+``Plan.collectives`` (:func:`autoshard.pipeline.cuts.stage_collectives`).
 
 Example::
 
@@ -51,8 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autoshard.capture import Captured, capture
-from autoshard.capture.experts import plan_fuses_experts
+from autoshard.capture import Captured
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import PipelinePlan, Plan
@@ -268,9 +268,8 @@ def prepare_stages(
     copied, builds = _copied(names, modules), []
     for stage, module, example, output in zip(pipe.stages, modules, examples, examples[1:], strict=False):
         pins = _stage_annotations(module, annotations or {})
-        stage_plan = _plan_stage(module, stage.index, plan, axis, cluster, example, placements, pins, names)
-        captured = capture(
-            module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(stage_plan.nodes)
+        stage_plan, captured = _plan_stage(
+            module, stage.index, plan, axis, cluster, example, placements, pins, names
         )
         tied = tuple((n, names[n]) for n, _ in module.named_parameters() if names[n] in copied)
         builds.append(
@@ -378,8 +377,8 @@ def _plan_stage(
     input_placements: tuple[str, ...],
     annotations: Mapping[str, Any],
     names: Mapping[str, str],
-) -> Plan:
-    import autoshard
+) -> tuple[Plan, Captured]:
+    from autoshard.runtime.stage_plan import plan_stage
 
     pins: dict[str, Any] = {**annotations, STAGE_INPUT: input_placements}
     params = dict(module.named_parameters())
@@ -388,12 +387,9 @@ def _plan_stage(
         if planned not in plan.param_placements:
             raise PipelineRunError(f"the plan has no placement for {fqn} (stage {index}): re-plan this model")
         pins[fqn] = _drop_axis(plan.param_placements[planned], axis)
-    stage_plan = autoshard.plan(  # every stage in the plan's sequence layout
-        module, cluster, (example,), annotations=pins, memory_limit=float("inf"),
-        cp_layout="contiguous" if plan.stage_zigzag_axis is None else "zigzag",
-    )  # fmt: skip
+    stage_plan, captured = plan_stage(module, index, plan, axis, cluster, example, pins)
     moved = {k: v for k, v in pins.items() if k in params and stage_plan.param_placements.get(k) != tuple(v)}
     assert not moved, f"stage {index} plan moved pinned parameters: {moved}"
     if stage_plan.zigzag_axis != plan.stage_zigzag_axis:
         raise PipelineRunError(f"stage {index} cannot keep the zigzag layout: use cp_layout='contiguous'")
-    return stage_plan
+    return stage_plan, captured

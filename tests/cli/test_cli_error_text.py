@@ -33,7 +33,10 @@ def test_budget_advice_leaves_out_what_was_done(cli) -> None:
     assert "tried recomputation none, selective, full" in what  # said before the advice, not after it
     assert "recompute" not in fix and "allow fsdp" not in fix and "raise the memory limit" in fix
     r = cli(*MLP8, "--memory-limit", "0.01", "--forbid", "fsdp")
-    assert "; fsdp forbidden. Fix: " in r.err and "allow fsdp" in r.err.split(" Fix: ")[1]
+    assert (
+        "; fsdp forbidden (left: dp, tp, sp, cp, ep, pp). Fix: " in r.err
+        and "allow fsdp" in r.err.split(" Fix: ")[1]
+    )
 
 
 def test_collective_total_is_wrapped_not_cut(mlp_files) -> None:

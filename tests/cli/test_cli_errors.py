@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from cli_support import WIDE, autoshard_command
 
-import autoshard
 from autoshard.cli import main
 
 HERE = Path(__file__).parent
@@ -120,11 +119,13 @@ def test_usage_errors_exit_2(cli, argv: tuple[str, ...], fragment: str) -> None:
     assert fragment in r.err and "Traceback" not in r.err
 
 
-def test_debug_shows_the_exception(cli) -> None:
-    with pytest.raises(autoshard.ProfileError):
-        main(["search", "--profile", "nope", "--debug"])
-    with pytest.raises(autoshard.ProfileError):
-        main(["--debug", "search", "--profile", "nope"])
+def test_debug_shows_the_traceback_and_keeps_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
+    # --debug promises the traceback, not another exit code: the same one line ends stderr, exit 2
+    for argv in (["search", "--profile", "nope", "--debug"], ["--debug", "search", "--profile", "nope"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback (most recent call last)") and "ProfileError" in err, err
+        assert err.strip().splitlines()[-1].startswith("autoshard: error: hardware profile 'nope'"), err
 
 
 def test_error_exit_code_through_the_entry_point() -> None:

@@ -22,9 +22,12 @@ def test_column_row_on_a_small_mlp_reports_one_all_reduce_and_the_price(cli) -> 
 def test_forbid_and_allow_kinds(cli) -> None:
     r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "tp", "--no-baseline")
     assert r.code == 0, r.err
-    assert "price of your annotations" in r.out
-    r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "pp", "--no-baseline")
-    assert r.code == 2 and r.err.count("\n") == 1 and "unknown parallelism kind 'pp'" in r.err
+    # the price names what was pinned: no annotation was given (new-user trial: "price of your annotations")
+    assert "price of forbidding tp: " in r.out and "annotations" not in r.out
+    r = cli("search", "--profile", "a100x8", "--model", "mlp", "--forbid", "zero", "--no-baseline")
+    assert r.code == 2 and r.err.count("\n") == 1 and "unknown parallelism kind 'zero'" in r.err
+    r = cli("search", "--profile", "a100x8", "--model", "mlp", "--allow", "dp", "--pp", "2")  # pp not allowed
+    assert r.code == 2 and r.err.count("\n") == 1 and "pp is forbidden (allow/forbid)" in r.err, r.err
 
 
 def test_allow_tp_splits_no_activation_by_batch(cli) -> None:

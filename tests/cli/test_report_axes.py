@@ -153,3 +153,26 @@ def test_the_dp_weights_note_counts_parameters_not_captured_blocks() -> None:
         mp.setattr(axes, "axis_uses", lambda view, pipeline_axis=None: uses)
         mp.setattr(axes, "fsdp_axes", lambda view: gathered)
         assert axes.dp_weights_note(View()) == "ZeRO-3/FSDP on 4 of 5 parameters"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "stored", "says"),
+    [
+        ("R", "R", "axis 0: same tokens, experts computed 2×"),  # every node computes the same experts
+        ("S(0)", "R", "axis 0: tokens split, experts replicated"),
+        ("S(0)", "S(1)", "axis 0: tokens split, experts gathered"),  # ZeRO-3/FSDP on the experts
+    ],
+)
+def test_ep_headline_says_what_every_axis_does_to_the_experts(tokens: str, stored: str, says: str) -> None:
+    """Mixtral on 2 nodes was headed ``EP 8 × DP 2`` while the tokens were gathered across nodes before the
+    experts, so both nodes computed every expert on the same tokens (new-user trial)."""
+    x = f"({tokens}, S(0))"
+    ops = [
+        ("router", "moe.gate", LINEAR, "(S(0), S(0)), (R, R) -> (S(0), S(0))"),
+        ("_grouped_mm", "moe.experts", cases.GROUPED_MM, f"{x}, (R, S(0)), (R, R) -> {x}"),
+    ]
+    params = {"moe.gate.weight": ("R", "R"), "moe.experts.w": (stored, "S(0)")}
+    plan = cases.make_plan((2, 8), params, ops, inputs={"x": ("S(0)", "S(0)")})
+    assert headline(plan) == f"EP 8 (experts split on axis 1; {says}) × DP 2, 1 microbatch"
+    assert render(plan).splitlines()[0] == headline(plan)
+    assert headline(cases.expert_parallel()) == "EP 8, 1 microbatch"  # one axis: the degree says it all

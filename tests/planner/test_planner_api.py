@@ -45,6 +45,10 @@ def test_plan_round_trips_through_json(tmp_path, cluster) -> None:
     assert autoshard.load_plan(path) == plan
     data = json.loads(path.read_text())
     assert data["format"] == "autoshard-plan" and data["version"] == 1
+    # a REPL echoes load_plan(...): one line, not every node and collective (README snippet; new-user trial)
+    text = repr(autoshard.load_plan(path))
+    assert "\n" not in text and len(text) < 200, text
+    assert text.startswith(f"<Plan {plan.model} on {plan.mesh_shape}: ") and ".summary()" in text
 
 
 @pytest.mark.parametrize(

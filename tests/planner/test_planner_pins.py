@@ -43,7 +43,11 @@ def test_column_row_pins_megatron_computation_with_its_price(small_mlp, cluster)
     assert pinned.predicted_step_time > pinned.unpinned_step_time
     assert free.unpinned_step_time is None
     assert "price of your annotations" in pinned.summary()
-    assert "price of your annotations" not in free.summary()
+    assert "price of" not in free.summary()
+    assert (pinned.pinned, free.pinned) == (("annotations",), ())
+    both = _plan(small_mlp, cluster, annotations={"fc1": "column"}, forbid=["fsdp"])
+    assert both.pinned == ("annotations", "no fsdp")
+    assert "price of your annotations and forbidding fsdp: " in both.summary()
 
 
 def test_pinned_plan_keeps_its_price_through_json(small_mlp, cluster, tmp_path) -> None:
@@ -74,8 +78,8 @@ def test_forbid_tp_and_allow_only_dp(small_mlp, cluster) -> None:
     assert all(s.split(", ")[1] == "R" for s in linears), linears  # every weight used whole
     only_dp = _plan(small_mlp, cluster, allow=["dp"])
     assert all(p == ("R",) for p in only_dp.param_placements.values())
-    with pytest.raises(AnnotationError, match="unknown parallelism kind 'pp'"):
-        _plan(small_mlp, cluster, forbid=["pp"])
+    with pytest.raises(AnnotationError, match="unknown parallelism kind 'zero'"):
+        _plan(small_mlp, cluster, forbid=["zero"])
     with pytest.raises(
         AnnotationError, match=r"annotation 'fc1' = 'column' contradicts forbidding tp.*fc1 \(linear\)"
     ):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from context_cases import count_hops
+from context_cases import count_hops, planned_per_hop, sent_per_hop
 
 import autoshard
 from autoshard import zoo
@@ -43,6 +43,7 @@ def test_hf_llama_prices_its_mask_causal_plans_zigzag_and_matches_one_device(
     assert report.ok, str(report)
     # the K/V ring really ran: 2 layers x 2 ranks x (1 hop forward + 2 backward)
     assert hops.read_text().count("hop") == 2 * 2 * 3
+    assert sent_per_hop(hops) == planned_per_hop(plan, 2)  # the report lists the hops that ran
 
 
 def _multi_head_llama() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -126,3 +127,6 @@ def test_a_pipeline_runs_the_zigzag_ring_in_every_stage_and_equals_one_device(
     # every layer's ring ran on both CP ranks of its stage, for both microbatches: 4 layers x 2 ranks x 2
     # microbatches x (1 hop forward + 2 backward)
     assert hops.read_text().count("hop") == 4 * 2 * 2 * 3
+    # the plan lists them on the ring axis behind 'pp', for the whole model (every stage's layers) per CP rank
+    assert {r.mesh_axis for r in plan.ring_transfers} == {plan.context_axis}
+    assert sent_per_hop(hops) == planned_per_hop(plan, 2)

@@ -126,6 +126,23 @@ def test_export_safetensors_loads_in_one_process(tmp_path: Path) -> None:
     fresh.load_state_dict(loaded)  # strict: every name of the model
 
 
+def test_exported_directory_loads_with_from_pretrained(tmp_path: Path) -> None:
+    # the export writes the model's config.json: Hugging Face loads the directory alone (new-user trial)
+    from transformers import AutoModelForCausalLM
+
+    state = launch(_export, 2, tmp_path / "hf")[0]
+    assert (tmp_path / "hf" / "config.json").exists()
+    original = model("llama")  # float64 weights: compared exactly
+    dtype = next(original.model.parameters()).dtype
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=dtype)
+    assert type(loaded) is type(original.model)
+    assert loaded.state_dict().keys() == state.keys()
+    for name, value in loaded.state_dict().items():
+        assert value.dtype == dtype and torch.equal(value, state[name]), name
+    with torch.no_grad():
+        assert torch.equal(loaded(*original.args).logits, original.model(*original.args).logits)
+
+
 def _save_small(directory: Path) -> None:
     module, _ = _build(2, None, tuple(LLAMA_MEGATRON.items()))
     save_checkpoint(module, directory)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from context_cases import count_hops
+from context_cases import count_hops, planned_per_hop, sent_per_hop
 from torch import nn
 
 import autoshard
@@ -18,6 +18,7 @@ from autoshard import zoo
 from autoshard.capture import capture
 from autoshard.errors import PlanFileError, ShardingError
 from autoshard.pipeline.summary import headline
+from autoshard.report.labels import fmt_bytes
 from autoshard.runtime.verify import cluster_for
 
 
@@ -52,6 +53,9 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
     assert report.ok, str(report)
     # 4 ranks x (3 hops forward + 4 backward): the ring really ran
     assert hops.read_text().count("hop") == 4 * 7
+    # and the plan lists exactly these hops, by size (K and V forward, with dK and dV backward)
+    assert sent_per_hop(hops) == planned_per_hop(plan, 4)
+    assert [(r.phase, r.hops) for r in plan.ring_transfers] == [("forward", 3), ("backward", 4)]
 
 
 @pytest.mark.slow
@@ -70,6 +74,7 @@ def test_tiny_llama_with_a_pinned_zigzag_ring_matches_one_device(
     assert report.ok, str(report)
     # 2 layers x ranks x ((n - 1) hops forward + n backward)
     assert hops.read_text().count("hop") == 2 * ranks * (2 * ranks - 1)
+    assert sent_per_hop(hops) == planned_per_hop(plan, ranks)  # the plan lists the hops the run sent
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +157,27 @@ def test_zigzag_is_refused_where_an_op_needs_one_run_of_the_sequence() -> None:
     assert any("zigzag on axis 0: emb split on mesh axis 0 need one run" in n for n in plan.notes)
     with pytest.raises(ShardingError, match="cp_layout='zigzag' cannot be emitted: emb split"):
         autoshard.plan(model, cluster, (ids,), annotations=pins, captured=captured, cp_layout="zigzag")
+
+
+def test_the_report_lists_the_ring_hops_beside_the_collectives(toy_plans, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # new-user trial: a CP plan's report listed no K/V transfer among the collectives
+    from autoshard.report.groups import PlanView
+    from autoshard.report.table import RING_KIND, collective_rows
+
+    plan = toy_plans["auto"]
+    block = 2 * 1024 * 32 * 4  # one device's K and V: 1 x 1 head x 4096/4 tokens x 32, float32
+    rows = {r.phase: r for r in collective_rows(PlanView.of(plan)) if r.kind == RING_KIND}
+    assert {p: (r.axis, r.count, r.nbytes) for p, r in rows.items()} == {
+        "forward": (0, 3, 3 * block),  # n - 1 hops of K, V
+        "backward": (0, 4, 4 * 2 * block),  # n hops of K, V, dK, dV
+    }
+    text = plan.summary()
+    assert (
+        "ring K/V hop" in text
+        and f"ring K/V: 7 point-to-point hops per device ({fmt_bytes(11 * block)}" in text
+    )
+    # the totals add up: the communication figure is the collectives' time; the hops are timed apart
+    assert plan.communication_time == pytest.approx(sum(c.seconds for c in plan.collectives), rel=1e-12)
+    assert sum(r.seconds for r in rows.values()) == pytest.approx(sum(r.seconds for r in plan.ring_transfers))
+    plan.save(tmp_path / "plan.json")
+    assert autoshard.load_plan(tmp_path / "plan.json") == plan  # saved and loaded with the plan

@@ -62,7 +62,7 @@ def test_readme_training_commands(tmp_path: Path) -> None:
     for step, loss in {**trained, **resumed}.items():  # printed to 6 decimals
         assert loss == pytest.approx(reference[step], abs=2e-6), step
     assert "peak RSS" in outputs[3] and "tokens/s" in outputs[3]
-    assert (tmp_path / "dcp" / ".metadata").exists()
+    assert (tmp_path / "out" / "dcp" / ".metadata").exists()
 
 
 # The memory acceptance: a LLaMA of ~100 M parameters (380 MiB in float32; 1.5 GiB with gradients and AdamW

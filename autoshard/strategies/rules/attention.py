@@ -15,7 +15,8 @@ the query length ``l``; k, v and the mask share the key length ``s``.
   priced by :mod:`autoshard.problem.context`).  At most one axis rings, and then the queries split along
   the sequence on no other axis.  Offered without dropout and with no mask or a boolean one.  A mask
   proven causal at capture (``META_CAUSAL_MASK``, Hugging Face models) runs as ``is_causal``: each chunk
-  pair's visibility comes from global positions, the mask's rows are not read.
+  pair's visibility comes from global positions, the mask's rows are not read.  Without a ring, such a mask
+  is dropped for ``is_causal`` unless the query rows are split (:mod:`autoshard.codegen.causal`).
 - otherwise the **key length** ``s`` and head dims ``E``/``Ev`` never split: softmax needs every key; splitting
   ``Ev`` is valid but never better than a head split, so omitted.
 - Partial passes through ``v`` (the output is linear in it) when there is no dropout.
@@ -71,7 +72,9 @@ def ring_axis(node: fx.Node, strategy: OpStrategy) -> int | None:
 def _local(ctx: LocalContext) -> LocalCall:
     axis = ring_axis(ctx.node, ctx.strategy)
     if axis is None:
-        return default_call(ctx)
+        from autoshard.codegen.causal import causal_call
+
+        return causal_call(ctx) or default_call(ctx)  # a proven causal mask dropped for is_causal
     from autoshard.codegen.context import context_sdpa
 
     b = bind(ctx.target, ctx.args, ctx.kwargs)
