@@ -142,7 +142,7 @@ def forbid() -> None:
     )
     for line in out.getvalue().splitlines():
         if line.startswith(
-            ("  price of your annotations", "proven", "note: mesh search", "note:   runner-up")
+            ("  price of", "proven", "note: mesh search", "note:   runner-up")
         ):
             print(f"    {line.strip()}")
 
