@@ -295,8 +295,12 @@ def _price(
     ):
         hint = None  # another graph: no warm start
     solution = solve(
-        problem, method=search_method, time_limit=time_limit, hint=hint, max_factor_size=STAGE_MAX_FACTOR
-    )  # type: ignore[arg-type]
+        problem,
+        method=search_method,  # type: ignore[arg-type]
+        time_limit=time_limit,
+        hint=hint,
+        max_factor_size=STAGE_MAX_FACTOR,
+    )
     costs = part_costs(built, solution)
     hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
     tied = tied_sync_time(costs.tied_bytes, where.p2p_bandwidth, where.p2p_latency)  # embedding group
