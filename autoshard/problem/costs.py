@@ -47,6 +47,7 @@ from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.attention import causal_attention
 from autoshard.problem.context import ring_seconds
+from autoshard.problem.elementwise import extra_seconds, master_cast_seconds
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.hidden_ops import hidden_seconds
 
@@ -182,6 +183,9 @@ def node_compute(
     dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
     local = _local_bytes(info.outputs[0].nbytes, strategy.outputs[0], mesh) if info.outputs[0] else 0.0
     hidden = hidden_seconds(info, inputs, moved, local, cluster, opts.training)  # casts, the loss
+    hidden = _plus(
+        hidden, extra_seconds(info, inputs, moved, local, cluster, opts.training)
+    )  # elementwise.py
     if info.is_view:  # a cast re-runs with its recomputed block
         return hidden[0], hidden[1] + (
             hidden[0] * opts.recompute_share if recomputed(info, opts.recompute) else 0
@@ -199,6 +203,10 @@ def node_compute(
         bwd += fwd * opts.recompute_share  # only the recomputed blocks re-run it
     ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd, opts.cp_layout)  # CP only
     return fwd + ring_fwd + hidden[0], bwd + ring_bwd + hidden[1]
+
+
+def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return a[0] + b[0], a[1] + b[1]
 
 
 def _grad_operands(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> float:
@@ -306,7 +314,10 @@ def optimizer_time(info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts:
     meta = info.outputs[0]
     numel = _optimizer_elements(meta.numel, strategy.outputs[0], cluster, opts)
     state = numel * (opts.adam_bytes(meta.itemsize) + 2 * meta.itemsize)  # read and write state, param, grad
-    return cluster.compute_time(numel * 10, 2 * state, "float32")
+    casts = master_cast_seconds(
+        numel, meta.itemsize, opts.adam_bytes(meta.itemsize), cluster
+    )  # elementwise.py
+    return cluster.compute_time(numel * 10, 2 * state, "float32") + casts
 
 
 def _optimizer_elements(numel: int, spec: ShardingSpec | None, cluster: Cluster, opts: CostOptions) -> float:

@@ -56,6 +56,9 @@ class NodeInfo:
     block: tuple[int, int] | None  # (block index, position in block) for repeated-layer nodes
     is_output: bool  # returned by the graph
     causal_mask: bool = False  # attention whose explicit mask is proven causal (capture/causal.py)
+    grad_users: int = (
+        0  # consumers that need this node's gradient (autograd sums theirs: problem/elementwise.py)
+    )
 
     @property
     def is_view(self) -> bool:
@@ -125,6 +128,7 @@ def describe(gm: fx.GraphModule) -> tuple[NodeInfo, ...]:
                 block=node.meta.get(cmeta.META_BLOCK),
                 is_output=node.name in returned,
                 causal_mask=bool(node.meta.get(cmeta.META_CAUSAL_MASK, False)),
+                grad_users=sum(1 for u in node.users if u.meta.get(cmeta.META_REQUIRES_GRAD, False)),
             )
         )
     return tuple(infos)
