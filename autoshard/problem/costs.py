@@ -183,9 +183,7 @@ def node_compute(
     dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
     local = _local_bytes(info.outputs[0].nbytes, strategy.outputs[0], mesh) if info.outputs[0] else 0.0
     hidden = hidden_seconds(info, inputs, moved, local, cluster, opts.training)  # casts, the loss
-    hidden = _plus(
-        hidden, extra_seconds(info, inputs, moved, local, cluster, opts.training)
-    )  # elementwise.py
+    hidden = _plus(hidden, extra_seconds(info, inputs, moved, local, cluster, opts.training))  # strided, sums
     if info.is_view:  # a cast re-runs with its recomputed block
         return hidden[0], hidden[1] + (
             hidden[0] * opts.recompute_share if recomputed(info, opts.recompute) else 0
@@ -314,9 +312,7 @@ def optimizer_time(info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts:
     meta = info.outputs[0]
     numel = _optimizer_elements(meta.numel, strategy.outputs[0], cluster, opts)
     state = numel * (opts.adam_bytes(meta.itemsize) + 2 * meta.itemsize)  # read and write state, param, grad
-    casts = master_cast_seconds(
-        numel, meta.itemsize, opts.adam_bytes(meta.itemsize), cluster
-    )  # elementwise.py
+    casts = master_cast_seconds(numel, meta.itemsize, opts.adam_bytes(meta.itemsize), cluster)
     return cluster.compute_time(numel * 10, 2 * state, "float32") + casts
 
 

@@ -56,9 +56,7 @@ class NodeInfo:
     block: tuple[int, int] | None  # (block index, position in block) for repeated-layer nodes
     is_output: bool  # returned by the graph
     causal_mask: bool = False  # attention whose explicit mask is proven causal (capture/causal.py)
-    grad_users: int = (
-        0  # consumers that need this node's gradient (autograd sums theirs: problem/elementwise.py)
-    )
+    grad_users: int = 0  # consumers needing its gradient (autograd sums theirs: problem/elementwise.py)
 
     @property
     def is_view(self) -> bool:
