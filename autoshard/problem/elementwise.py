@@ -11,7 +11,8 @@ Each term is a kernel torch runs that the graph shows only indirectly, measured 
   autograd sums them: k - 1 ``add`` kernels of the tensor's size (read two, write one).  HF LLaMA: the
   residual stream, a norm's output feeding q/k/v or gate/up, q and k feeding both halves of the rotary
   embedding, the fp32 upcast feeding ``pow`` and ``mul`` (145 bf16 + 33 fp32 ``add`` calls measured,
-  145 + 33 counted from the graph);
+  145 + 33 counted from the graph).  Not a multi-output node (``split``, ``chunk``): its consumers take
+  different outputs, whose gradients are concatenated, not summed;
 * **strided elementwise kernels**: a binary op with a broadcast operand (a norm's weight, ``rsqrt`` of the
   variance, rotary ``cos``/``sin``) or a transposed one runs TensorIterator's non-vectorised loop, which is
   bound by index arithmetic, not by HBM: at least ``STRIDED_BYTES_PER_ELEMENT`` of achieved bandwidth per
@@ -76,7 +77,7 @@ def extra_seconds(
         return 0.0, 0.0
     backward = training and info.requires_grad
     fwd = bwd = 0.0
-    if backward and info.grad_users > 1:  # autograd sums the consumers' gradients
+    if backward and info.grad_users > 1 and len(info.outputs) == 1:  # autograd sums the consumers' gradients
         bwd += (info.grad_users - 1) * cluster.compute_time(0.0, 3 * local, out.dtype)
     if info.op in _COPIES and inputs and (info.op == "clone" or inputs[0].op in _STRIDED_VIEWS):
         fwd += cluster.compute_time(0.0, 2 * local, out.dtype)
