@@ -12,8 +12,9 @@ Each term is a kernel torch runs that the graph shows only indirectly, measured 
   residual stream, a norm's output feeding q/k/v or gate/up, q and k feeding both halves of the rotary
   embedding, the fp32 upcast feeding ``pow`` and ``mul`` (145 bf16 + 33 fp32 ``add`` calls measured,
   145 + 33 counted from the graph, 128 + 33 priced: consumers in another repeated block, such as a layer's
-  output read by the next layer, are left out so that every copy of a block prices alike).  Not a multi-output node (``split``, ``chunk``): its consumers take
-  different outputs, whose gradients are concatenated, not summed;
+  output read by the next layer, are left out so that every copy of a block prices alike).  Not for a
+  multi-output node (``split``, ``chunk``): its consumers take different outputs, whose gradients are
+  concatenated, not summed;
 * **strided elementwise kernels**: a binary op with a broadcast operand (a norm's weight, ``rsqrt`` of the
   variance, rotary ``cos``/``sin``) or a transposed one runs TensorIterator's non-vectorised loop, which is
   bound by index arithmetic, not by HBM: at least ``STRIDED_BYTES_PER_ELEMENT`` of achieved bandwidth per
