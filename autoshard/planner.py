@@ -13,9 +13,10 @@ The order, and why:
    solved exactly and the fastest plan that fits kept.  Recomputation only ever adds time (compute and
    re-issued forward collectives) and only saves memory, so when the memory budget does not bind the plan
    without it (its optimum is the unconstrained optimum), that plan is optimal over all three and the
-   others are not solved.  When the budget binds, ``k`` of the ``N`` repeated blocks recomputed under
-   selective or full (the rest keeping everything) is searched too, exactly (:mod:`autoshard.problem.mix`),
-   and recorded in ``Plan.recompute_blocks``;
+   others are not solved; nor is a policy whose every fitting plan provably steps slower than one found
+   (:mod:`autoshard.planner_policy`).  When the budget binds, ``k`` of the ``N`` repeated blocks recomputed
+   under selective or full (the rest keeping everything) is searched too, exactly
+   (:mod:`autoshard.problem.mix`), and recorded in ``Plan.recompute_blocks``;
 6. read the plan back from the same cost functions, so its step time is the solver's objective;
 7. when capture fused grouped-GEMM expert MLPs (:mod:`autoshard.capture.experts`: cheap expert parallelism,
    but no K/N split inside the experts), plan the unfused capture too and keep the cheaper plan (a note says
@@ -50,6 +51,7 @@ from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, sp
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.planner_layout import search_layout
+from autoshard.planner_policy import cannot_win, search_counts
 from autoshard.planner_rerank import by_step
 from autoshard.planner_steps import (
     Pruned,
@@ -69,8 +71,7 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute, StepCache
 from autoshard.problem.extract import extract_plan
-from autoshard.problem.mix import mix_policies
-from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
+from autoshard.search import BoundExceeded, Solution
 from autoshard.steering import budget_refusal, check_stages
 
 __all__ = ["plan"]
@@ -227,10 +228,9 @@ def _plan_captured(
     best: tuple[Plan, BuiltProblem, BuiltProblem, Callable[..., Plan], Solution] | None = None
     error: InfeasibleError | None = None
     pruned: BoundExceeded | None = None
-    uniform: dict[
-        Recompute, tuple[BuiltProblem, BuiltProblem, float]
-    ] = {}  # policy -> (free, pinned, objective)
-    idle = False
+    uniform: dict[Recompute, tuple[BuiltProblem, BuiltProblem, float]] = {}  # (free, pinned, objective)
+    idle, skipped = False, list[str]()
+    again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
     for policy in policies:
         opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout)
         say("strategies" if policy is policies[0] else "recompute")
@@ -238,8 +238,11 @@ def _plan_captured(
         try:
             say("solve")
             t0 = time.perf_counter()
-            again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
-            free, built, solution = by_step(search_layout, free, built, again, search, time_limit, ceiling)
+            skip = cannot_win(built, best[0].predicted_step_time, search, time_limit) if best else None
+            if skip is None:
+                free, built, solution = by_step(
+                    search_layout, free, built, again, search, time_limit, ceiling
+                )
             timings["solve"] = timings.get("solve", 0.0) + time.perf_counter() - t0
         except InfeasibleError as e:
             error = e  # the last policy's (the least memory) says by how much even that overshoots
@@ -249,6 +252,10 @@ def _plan_captured(
             if policy is policies[0]:
                 raise  # recomputation only adds time: no later policy beats this bound either
             pruned = e  # this policy cannot beat the ceiling; a later one may still fit better
+            continue
+        if skip is not None:  # its first k of N blocks may still pay (mix_policies below)
+            uniform[policy] = (free, built, float("inf"))
+            skipped.append(f"{policy.value} recomputation: at least {skip.bound:.4g} s per step")
             continue
         uniform[policy] = (free, built, solution.objective)
         timings["total"] = time.perf_counter() - start
@@ -261,17 +268,7 @@ def _plan_captured(
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if recompute == "auto" and training and not idle and len(uniform) > 1:
         t0 = time.perf_counter()
-        deadline = t0 + time_limit  # the scan's own share of the solver time limit
-
-        def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:  # no block recomputed, yet
-            opts = dataclasses.replace(uniform[policy][1].options, recompute=policy, recompute_share=0.0)
-            return build(captured, uniform[policy][1].cluster, opts, annotations, limit, {}, kinds)
-
-        def run(p: SearchProblem, method: SearchMethod = search, ceiling: float = math.inf) -> Solution:
-            left = max(1.0, min(time_limit, deadline - time.perf_counter()))
-            return solve(p, method=method, time_limit=left, ceiling=ceiling)
-
-        mixed = mix_policies(uniform, zero, run, deadline)
+        mixed = search_counts(uniform, again, search, time_limit, best[4].multiplier if best else None)
         timings["recompute_blocks"] = time.perf_counter() - t0
         if mixed is not None:
             solution_k, free, built, k = mixed
@@ -296,7 +293,8 @@ def _plan_captured(
             f"{limit / 2**30:.2f} GiB budget the search held; report this with the command line"
         )
     flat = ranked(found, free, built, solution, read, search, time_limit, annotations, kinds)  # by the step
-    return dataclasses.replace(flat, degrees=degrees_of(flat))
+    bounded = ("not solved, bounded: " + "; ".join(skipped),) if skipped else ()  # planner_policy.py
+    return dataclasses.replace(flat, degrees=degrees_of(flat), notes=(*flat.notes, *bounded))
 
 
 def _has_stage_pin(annotations: Mapping[str, Any] | None) -> bool:

@@ -66,7 +66,7 @@ CASES: dict[str, list[str] | None] = {
 def budget_case(case: str) -> dict[str, Any]:
     """One case in this (child) process: seconds, the recompute search's CPU seconds, and the plan."""
     import autoshard
-    import autoshard.planner as planner
+    import autoshard.planner_policy as planner
     from autoshard import zoo
 
     spent = [0.0]

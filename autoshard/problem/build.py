@@ -30,7 +30,6 @@ write); ``tests/problem`` checks it against solving the un-collapsed graph.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from collections import Counter, defaultdict
@@ -42,27 +41,22 @@ import torch.fx as fx
 
 from autoshard.capture import Captured
 from autoshard.cluster import Cluster
-from autoshard.problem.costs import (
-    MEMORY_TIE_BREAK,
-    CostOptions,
-    Recompute,
-    StepCache,
-    dual_spec,
-    node_compute,
-    optimizer_time,
-    output_fix_steps,
-    recomputed,
-    repeats,
-    steps_time,
-)
-from autoshard.problem.dispatch import dispatch_seconds
+from autoshard.problem.arrays import edge_arrays, edge_matrix, node_arrays
+from autoshard.problem.costs import CostOptions, Recompute, StepCache, recomputed
 from autoshard.problem.extras import MemoryExtras, memory_extras
-from autoshard.problem.fanout import FanOut, Group, complete_choice, fanout_arrays, fanout_edges, split_uses
+from autoshard.problem.fanout import (
+    FanOut,
+    Group,
+    Sharing,
+    complete_choice,
+    fanout_arrays,
+    fanout_edges,
+    split_uses,
+)
 from autoshard.problem.graph import NodeInfo, describe
-from autoshard.problem.pricing import pairwise_ids
-from autoshard.problem.recompute import node_memory_total, rerun_share
 from autoshard.problem.runs import collapse_runs
-from autoshard.search import Edge, SearchProblem
+from autoshard.problem.shared import build_cache
+from autoshard.search import SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
 __all__ = ["BuiltProblem", "EdgeUse", "build_problem", "edge_matrix"]
@@ -184,6 +178,60 @@ def _keeps(infos: dict[str, NodeInfo], opts: CostOptions) -> dict[str, bool]:
     return leaves
 
 
+@dataclass(frozen=True)
+class _Graph:
+    """What a build derives from the capture and the mesh alone (kept per capture and mesh: :func:`_graph_of`)."""
+
+    infos: dict[str, NodeInfo]
+    template: dict[str, str]
+    n_blocks: int
+    runs: dict[str, tuple[int, int, int]]
+    variables: tuple[str, ...]
+    index: dict[str, int]
+    strategies: dict[str, tuple[OpStrategy, ...]]
+    mult: dict[str, int]
+    outputs: Counter[str]  # graph outputs each variable decides: itself, or a later layer's copy
+    uses: tuple[EdgeUse, ...]
+    sharing: Sharing
+    labels: tuple[tuple[str, ...], ...]  # per variable, its strategies' labels
+    names: tuple[str, ...]  # per variable, its display name
+
+
+def _graph(captured: Captured, mesh: tuple[int, ...]) -> _Graph:
+    gm = captured.graph_module
+    nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
+    ordered = describe(gm)
+    infos = {i.name: i for i in ordered}
+    template, n_blocks = _templates(ordered, captured)
+    # further runs of identical blocks (encoder towers, attribute-held blocks) share block 0's variables
+    template, run_copies, runs = collapse_runs(ordered, template, gm)
+    variables = tuple(i.name for i in ordered if template[i.name] == i.name)
+    strategies = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
+    # a shared block variable stands for its node in every one of the N layers; everything else for itself
+    mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
+    mult.update(run_copies)
+    # graph outputs each variable decides: itself, or a later layer's copy (a pipeline stage ending in a layer)
+    outputs = Counter(template[i.name] for i in ordered if i.is_output)
+    uses = _edge_weights(infos, template, n_blocks)
+    # one redistribution per (tensor, layout): a separate step, so pricing changes above merge cleanly
+    sharing = split_uses(uses, infos, template, n_blocks, runs)
+    return _Graph(
+        infos=infos,
+        template=template,
+        n_blocks=n_blocks,
+        runs=runs,
+        variables=variables,
+        index={name: k for k, name in enumerate(variables)},
+        strategies=strategies,
+        mult=mult,
+        outputs=outputs,
+        uses=tuple(uses),
+        sharing=sharing,
+        labels=tuple(tuple(str(s) for s in strategies[v]) for v in variables),
+        names=tuple(_display_name(infos[v]) for v in variables),
+    )
+
+
 def build_problem(
     captured: Captured,
     cluster: Cluster,
@@ -195,47 +243,36 @@ def build_problem(
 ) -> BuiltProblem:
     """Price every strategy of every variable node and every strategy pair of every edge.
 
-    ``cache``: redistribution times already priced on the same cluster (the pipeline search builds one
-    model at several microbatch counts and recomputation policies on one sub-mesh)."""
+    Every build of one capture on one mesh shares its strategies and weighted uses (:func:`_graph_of`), and
+    on one cluster its policy-free figures (:mod:`autoshard.problem.shared`: redistribution tables,
+    per-strategy compute and memory); only what the options change is composed anew.  ``cache``:
+    redistribution times already priced on the same cluster (the pipeline search builds one model at several
+    microbatch counts and recomputation policies on one sub-mesh)."""
     start = time.perf_counter()
-    gm = captured.graph_module
-    nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
-    ordered = describe(gm)
-    infos = {i.name: i for i in ordered}
-    template, n_blocks = _templates(ordered, captured)
-    # further runs of identical blocks (encoder towers, attribute-held blocks) share block 0's variables
-    template, run_copies, runs = collapse_runs(ordered, template, gm)
-    variables = tuple(i.name for i in ordered if template[i.name] == i.name)
-    index = {name: k for k, name in enumerate(variables)}
-    mesh = cluster.mesh_shape
-    strategies = _strategies(gm, nodes, variables, tuple(mesh))
-    # a shared block variable stands for its node in every one of the N layers; everything else for itself
-    mult = {name: (n_blocks if infos[name].block is not None else 1) for name in variables}
-    mult.update(run_copies)
-    cache = cache if cache is not None and cache.cluster == cluster else StepCache(cluster)
+    steps = cache if cache is not None and cache.cluster == cluster else None
+    shared = build_cache(captured.graph_module, captured.blocks, cluster, steps)
+    cache = shared.steps
+    g = _graph_of(captured, tuple(cluster.mesh_shape))
+    infos, variables, strategies, index = g.infos, g.variables, g.strategies, g.index
     keeps = _keeps(infos, opts)
-    # graph outputs each variable decides: itself, or a later layer's copy (a pipeline stage ending in a layer)
-    outputs = Counter(template[i.name] for i in ordered if i.is_output)
-    node_costs, memory = _node_arrays(
-        variables, infos, strategies, mult, keeps, cluster, opts, cache, outputs
+    node_costs, memory = node_arrays(
+        variables, infos, strategies, g.mult, keeps, cluster, opts, shared, g.outputs
     )
     if memory:  # the runtime reserve (profile memory.runtime_reserve: CUDA context, NCCL, allocator) is held
         # whatever the plan: a constant on one node counts it against the budget and changes no choice
         memory[0] = memory[0] + cluster.profile.memory.runtime_reserve
-    uses = _edge_weights(infos, template, n_blocks)
-    # one redistribution per (tensor, layout): a separate step, so pricing changes above merge cleanly
-    sharing = split_uses(uses, infos, template, n_blocks, runs)
-    fans, unshared, notes = fanout_arrays(sharing, infos, index, strategies, opts, cache)
-    weights = dict(sharing.single)
+    fans, unshared, notes = fanout_arrays(g.sharing, infos, index, strategies, opts, cache, shared)
+    weights = dict(g.sharing.single)
     for group in unshared:  # no layout two consumers could share: ordinary edges price them exactly
         weights.update({(group.producer, c, group.which, p): group.weight for c, p in group.entries})
-    edges = _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache)
+    edges = edge_arrays(weights, infos, index, strategies, node_costs, opts, shared)
     edges += fanout_edges(fans, index)
-    names = [_display_name(infos[v]) for v in variables] + [f"fanout {f.group.producer}" for f in fans]
-    labels = [tuple(str(s) for s in strategies[v]) for v in variables]
-    labels += [tuple(f.node.label(k) for k in range(len(f.node.states))) for f in fans]
+    names = list(g.names) + [f"fanout {f.group.producer}" for f in fans]
+    labels = list(g.labels) + [tuple(f.node.label(k) for k in range(len(f.node.states))) for f in fans]
     # gathered FSDP weights and the largest temporary, inside the budget (problem/extras.py)
-    extras = memory_extras(uses, infos, template, variables, strategies, keeps, opts, cache, len(names))
+    extras = memory_extras(
+        g.uses, infos, g.template, variables, strategies, keeps, opts, cache, len(names), shared
+    )
     edges += extras.edges(index)
     names += [f"gathered {g.producer} for {g.consumer}" for g in extras.gathers]
     labels += extras.labels(cache)
@@ -249,7 +286,7 @@ def build_problem(
         + tuple(np.zeros(len(f.node.states)) for f in fans)
         + tuple(g.memory for g in extras.gathers),
         memory_limit=memory_limit,
-        allowed=_allowed(variables, template, allowed, len(trailing)),
+        allowed=_allowed(variables, g.template, allowed, len(trailing)),
         names=tuple(names),
         strategy_labels=tuple(labels),
         peak=extras.temporary + tuple(trailing),
@@ -258,11 +295,11 @@ def build_problem(
         problem=problem,
         variables=variables,
         infos=infos,
-        strategies=strategies,
-        template=template,
-        multiplicity=mult,
-        edges=tuple(uses),
-        num_blocks=n_blocks,
+        strategies=dict(strategies),
+        template=g.template,
+        multiplicity=g.mult,
+        edges=g.uses,
+        num_blocks=g.n_blocks,
         cluster=cluster,
         options=opts,
         cache=cache,
@@ -272,118 +309,30 @@ def build_problem(
         apart=tuple(unshared),
         notes=tuple(notes) + extras.notes,
         extras=extras,
-        runs=runs,
+        runs=g.runs,
     )
 
 
-#: Strategies per (captured graph, mesh): they depend on nothing else, and the planner builds one capture
-#: several times (each recomputation policy, the pinned and the free problem, microbatch counts).
-_STRATEGIES: weakref.WeakKeyDictionary[fx.GraphModule, dict[tuple, dict[str, tuple[OpStrategy, ...]]]] = (
+#: The graph-level part of a build per (captured graph, mesh, blocks): strategies depend on nothing else, and
+#: the planner builds one capture many times (each recomputation policy and share, the pinned and the free
+#: problem, the zigzag clusters of the layout search, the pipeline search's policies per stage).
+_GRAPHS: weakref.WeakKeyDictionary[fx.GraphModule, dict[tuple[int, ...], list[tuple[object, _Graph]]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _strategies(
-    gm: fx.GraphModule, nodes: dict[str, fx.Node], variables: tuple[str, ...], mesh: tuple[int, ...]
-) -> dict[str, tuple[OpStrategy, ...]]:
-    per_mesh = _STRATEGIES.setdefault(gm, {})
-    key = (mesh, variables)
-    found = per_mesh.get(key)
+def _graph_of(captured: Captured, mesh: tuple[int, ...]) -> _Graph:
+    per_mesh = _GRAPHS.setdefault(captured.graph_module, {}).setdefault(mesh, [])
+    found = next((g for blocks, g in per_mesh if blocks == captured.blocks), None)  # BlockInfo: not hashable
     if found is None:
-        found = per_mesh[key] = {name: tuple(strategies_for(nodes[name], mesh)) for name in variables}
-    return dict(found)
+        found = _graph(captured, mesh)
+        per_mesh.append((captured.blocks, found))
+    return found
 
 
 def _display_name(info: NodeInfo) -> str:
     where = info.fqn or info.module
     return f"{info.name} ({info.target}{' in ' + where if where else ''})"
-
-
-def _node_arrays(variables, infos, strategies, mult, keeps, cluster, opts, cache, outputs):
-    node_costs: list[np.ndarray] = []
-    memory: list[np.ndarray] = []
-    for name in variables:
-        info = infos[name]
-        inputs = tuple(infos[s] for s in info.inputs)
-        cost = np.empty(len(strategies[name]))
-        mem = np.empty(len(strategies[name]))
-        for k, strat in enumerate(strategies[name]):
-            fwd, bwd = node_compute(info, strat, cluster, opts, inputs)
-            # all-to-all token dispatch inside a routed-experts node (listed as collectives in the plan)
-            per_microbatch = fwd + bwd + dispatch_seconds(info, strat, cluster, inputs, opts)
-            fix = steps_time(output_fix_steps(info, strat, cache), cluster) if outputs[name] else 0.0
-            if info.is_output:
-                per_microbatch += fix
-            extra = per_microbatch * opts.microbatches + optimizer_time(info, strat, cluster, opts)
-            mem[k] = node_memory_total(info, strat, cluster, opts, keeps[name], mult[name])
-            # an output in a later layer's copy (a stage's last layer) is reduced once, not once per layer
-            late = fix * opts.microbatches * (outputs[name] - info.is_output)
-            cost[k] = extra * mult[name] + late + MEMORY_TIE_BREAK * mem[k]
-        node_costs.append(cost)
-        memory.append(mem)
-    return node_costs, memory
-
-
-def _edge_arrays(weights, infos, index, strategies, node_costs, opts, cache) -> list[Edge]:
-    edges: list[Edge] = []
-    forward_only = dataclasses.replace(opts, training=False)
-    for (tu, tv, which, pos), weight in weights.items():
-        matrix = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, opts, cache) * weight
-        producer = infos[tu]
-        repeated_param = weight > 1 and producer.kind == "parameter" and producer.block is not None
-        if repeated_param and opts.training and opts.overlap.overlap_grad_sync:
-            # Gradient sync of a repeated layer's parameter overlaps the backward of the layers after it
-            # (cost_models.overlap): only the last layer's copy is exposed -- exact while a layer's sync is
-            # shorter than a layer's backward, optimistic beyond (the plan's critical path then says by how
-            # much).  Forward steps (FSDP gathers) keep every copy.
-            fwd = edge_matrix(producer, which, strategies[tu], strategies[tv], pos, forward_only, cache)
-            matrix = fwd * weight + (matrix / weight - fwd)
-        # backward re-runs the block, moves inside it included; or (FSDP reshard after forward) re-gathers
-        share = rerun_share(infos[tu], infos[tv], opts)  # recomputed blocks re-issue, the rest re-gather
-        if share:
-            again = edge_matrix(infos[tu], which, strategies[tu], strategies[tv], pos, forward_only, cache)
-            matrix = matrix + again * (weight * share)
-        if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
-            node_costs[index[tu]] += np.diag(matrix)
-            continue
-        edges.append(Edge(index[tu], index[tv], matrix))
-    return edges
-
-
-def edge_matrix(
-    producer: NodeInfo,
-    which: int,
-    src_list: tuple[OpStrategy, ...],
-    dst_list: tuple[OpStrategy, ...],
-    pos: int,
-    opts: CostOptions,
-    cache: StepCache,
-) -> np.ndarray:
-    """``M[a, b]``: seconds of redistribution on this edge when producer runs ``a`` and consumer ``b``.
-
-    The same rule as :func:`~autoshard.problem.costs.edge_steps`, priced over the few distinct specs on
-    each side and spread over all strategy pairs with numpy indexing.
-    """
-    meta = producer.outputs[which] if which < len(producer.outputs) else None
-    if meta is None:
-        return np.zeros((len(src_list), len(dst_list)))
-    have = np.array([cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in src_list])
-    want = np.array([cache.intern(s.inputs[pos]) for s in dst_list])
-    parameter = producer.kind == "parameter"
-    matrix = pairwise_ids(have, want, meta.shape, meta.itemsize, cache)
-    matrix = matrix * repeats(opts, parameter=parameter, backward=False)
-    if opts.training and producer.requires_grad:
-        duals = np.array(
-            [
-                cache.intern(dual_spec(s.outputs[which]) if s.outputs[which] is not None else None)
-                for s in src_list
-            ]
-        )
-        grads = np.array([cache.intern(s.input_grads[pos]) for s in dst_list])
-        # a consumer that needs the value but yields no gradient (None) costs nothing backward
-        backward = pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T
-        matrix = matrix + backward * repeats(opts, parameter=parameter, backward=True)
-    return matrix
 
 
 def _allowed(variables, template, allowed, extra: int = 0) -> tuple[np.ndarray | None, ...] | None:

@@ -68,6 +68,7 @@ __all__ = [
     "reorder_seconds",
     "ring_axis_of",
     "ring_axis_of_plan",
+    "ring_free",
     "ring_seconds",
     "zigzag_axis_of",
     "zigzag_cluster",
@@ -153,6 +154,13 @@ def ring_seconds(
     extra_fwd = skew * fwd + max(0.0, comm_fwd - fwd)
     extra_bwd = skew * bwd + max(0.0, comm_bwd - bwd)
     return extra_fwd, extra_bwd
+
+
+def ring_free(info: NodeInfo, cluster: Cluster, inputs: int) -> bool:
+    """Whether :func:`ring_seconds` is (0, 0) for every strategy of ``info`` (``inputs``: how many it reads):
+    no zigzag axis that could refuse a split, and not an attention with K and V (its two early returns).  The
+    builder skips the per-strategy call for such nodes (problem/arrays.py)."""
+    return zigzag_axis_of(cluster) is None and (_SDPA not in info.target or inputs < 3)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,10 +38,14 @@ The backward pass is derived from the forward by duality (ARCHITECTURE.md, "Trai
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
 
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
@@ -73,16 +77,22 @@ __all__ = [
     "EdgeSteps",
     "Recompute",
     "StepCache",
+    "compute_parts",
     "dual_spec",
     "edge_steps",
+    "grad_factor",
     "node_compute",
     "node_memory",
+    "operand_bytes",
     "output_fix_steps",
     "recomputed",
     "repeats",
     "steps_time",
+    "timed",
 ]
 
+
+Seconds = float | np.ndarray  # one strategy's figure, or one per strategy of a node (builder)
 
 MEMORY_TIE_BREAK = 1e-18
 """Seconds charged per byte of memory per device, only to break ties between plans of equal time in favour
@@ -158,11 +168,17 @@ def repeats(opts: CostOptions, *, parameter: bool, backward: bool) -> int:
 def _local_bytes(nbytes: int, spec: ShardingSpec | None, mesh_shape: tuple[int, ...]) -> float:
     if spec is None:
         return float(nbytes)
+    return nbytes / _shards(spec, tuple(mesh_shape))
+
+
+@functools.lru_cache(maxsize=8192)  # isinstance on torch placements is slow; a plan sees few distinct specs
+def _shards(spec: ShardingSpec, mesh_shape: tuple[int, ...]) -> int:
+    """Pieces a tensor under ``spec`` is cut into: the product of the axes that shard it."""
     shards = 1
     for p, size in zip(spec.placements, mesh_shape, strict=True):
         if isinstance(p, Shard):
             shards *= size
-    return nbytes / shards
+    return shards
 
 
 def node_compute(
@@ -171,35 +187,86 @@ def node_compute(
     """(forward seconds, backward seconds) of ``info`` under ``strategy`` on one device."""
     if info.kind != "op":
         return 0.0, 0.0
+    fwd, hidden = compute_parts(info, strategy, cluster, opts.training, inputs)
+
+    def ring(f: float, b: float) -> tuple[float, float]:
+        return ring_seconds(info, strategy, cluster, inputs, f, b, opts.cp_layout)
+
+    f, b = timed(info, fwd, hidden, grad_factor(info, inputs), opts, ring)
+    return float(f), float(b)
+
+
+def compute_parts(
+    info: NodeInfo,
+    strategy: OpStrategy,
+    cluster: Cluster,
+    training: bool,
+    inputs: tuple[NodeInfo, ...],
+    sizes: tuple[int | None, ...] | None = None,
+) -> tuple[float, tuple[float, float]]:
+    """What :func:`node_compute` prices before recomputation and context parallelism (an op's node only):
+    the op's forward seconds (0 for a view) and the hidden casts / loss (``hidden_seconds``).  The builder
+    keeps these per strategy and composes every recomputation policy from them (:func:`timed`);
+    ``sizes``: :func:`operand_bytes`, worked out once for all of a node's strategies."""
     mesh = cluster.mesh_shape
+    sizes = operand_bytes(info, inputs) if sizes is None else sizes
+    ins, outs = sizes[: len(inputs)], sizes[len(inputs) :]
     moved = 0.0
-    for src, which, spec in zip(inputs, info.input_outputs, strategy.inputs, strict=True):
-        meta = src.outputs[which] if which < len(src.outputs) else None
-        if meta is not None:
-            moved += _local_bytes(meta.nbytes, spec, mesh)
-    for meta, spec in zip(info.outputs, strategy.outputs, strict=False):
-        if meta is not None:
-            moved += _local_bytes(meta.nbytes, spec, mesh)
+    for nbytes, spec in zip(ins, strategy.inputs, strict=True):
+        if nbytes is not None:
+            moved += _local_bytes(nbytes, spec, mesh)
+    for nbytes, spec in zip(outs, strategy.outputs, strict=False):
+        if nbytes is not None:
+            moved += _local_bytes(nbytes, spec, mesh)
     dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
-    local = _local_bytes(info.outputs[0].nbytes, strategy.outputs[0], mesh) if info.outputs[0] else 0.0
-    hidden = hidden_seconds(info, inputs, moved, local, cluster, opts.training)  # casts, the loss
-    hidden = _plus(hidden, extra_seconds(info, inputs, moved, local, cluster, opts.training))  # strided, sums
-    if info.is_view:  # a cast re-runs with its recomputed block
-        return hidden[0], hidden[1] + (
-            hidden[0] * opts.recompute_share if recomputed(info, opts.recompute) else 0
-        )
+    local = _local_bytes(outs[0], strategy.outputs[0], mesh) if outs[0] is not None else 0.0
+    hidden = hidden_seconds(info, inputs, moved, local, cluster, training)  # casts, the loss
+    hidden = _plus(hidden, extra_seconds(info, inputs, moved, local, cluster, training))  # strided, sums
+    if info.is_view:
+        return 0.0, hidden
     # shape-aware rate (cost_models.compute): tile/wave quantisation of the local GEMM, fused attention's own
     # efficiency; priced by scaling the FLOPs the roofline sees
     factor = _shape_factor(info, strategy, inputs, cluster)
     share, unread = causal_attention(info, strategy, inputs, mesh)  # a proven causal mask: the triangle
     fwd = cluster.compute_time(info.flops * share / strategy.work_divisor / factor, moved - unread, dtype)
+    return fwd, hidden
+
+
+def operand_bytes(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> tuple[int | None, ...]:
+    """Bytes of each input the node reads, then of each output (None where not a tensor)."""
+    read = [
+        (src.outputs[which].nbytes if which < len(src.outputs) and src.outputs[which] is not None else None)  # type: ignore[union-attr]
+        for src, which in zip(inputs, info.input_outputs, strict=True)
+    ]
+    return (*read, *(None if meta is None else meta.nbytes for meta in info.outputs))
+
+
+def grad_factor(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> float:
+    """Backward kernels per forward: 2 for a matrix product (a gradient per operand), else
+    :func:`_grad_operands`."""
+    return 2.0 if info.is_matmul_like else _grad_operands(info, inputs)
+
+
+def timed(
+    info: NodeInfo,
+    fwd: Seconds,
+    hidden: tuple[Seconds, Seconds],
+    grads: float,
+    opts: CostOptions,
+    ring: Callable[[Any, Any], tuple[Any, Any]],
+) -> tuple[Seconds, Seconds]:
+    """(forward, backward) seconds of an op from :func:`compute_parts` under ``opts``' recomputation: floats
+    for one strategy or arrays over a node's strategies alike (the same float operations in the same order,
+    so both give the same bits).  ``ring(fwd, bwd)``: what context parallelism adds (``ring_seconds``)."""
+    again = recomputed(info, opts.recompute)
+    if info.is_view:  # a cast re-runs with its recomputed block
+        return hidden[0], hidden[1] + (hidden[0] * opts.recompute_share if again else 0)
     if not (opts.training and info.requires_grad):
-        ring = ring_seconds(info, strategy, cluster, inputs, fwd, 0.0, opts.cp_layout)[0]
-        return fwd + ring + hidden[0], 0.0
-    bwd = fwd * (2.0 if info.is_matmul_like else _grad_operands(info, inputs))
-    if recomputed(info, opts.recompute):
-        bwd += fwd * opts.recompute_share  # only the recomputed blocks re-run it
-    ring_fwd, ring_bwd = ring_seconds(info, strategy, cluster, inputs, fwd, bwd, opts.cp_layout)  # CP only
+        return fwd + ring(fwd, 0.0)[0] + hidden[0], 0.0
+    bwd = fwd * grads
+    if again:
+        bwd = bwd + fwd * opts.recompute_share  # only the recomputed blocks re-run it
+    ring_fwd, ring_bwd = ring(fwd, bwd)  # CP only
     return fwd + ring_fwd + hidden[0], bwd + ring_bwd + hidden[1]
 
 

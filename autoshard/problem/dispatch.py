@@ -28,6 +28,8 @@ Uneven routing (a hot expert) makes the real all-to-all longer than the expected
 
 from __future__ import annotations
 
+from typing import Any
+
 from autoshard.capture.meta import TensorMeta
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard
@@ -38,7 +40,8 @@ from autoshard.strategies import OpStrategy
 from autoshard.strategies.rules.dispatch import dispatch_axis
 
 __all__ = [
-    "DROPLESS_CAPACITY_FACTOR", "dispatch_seconds", "dispatch_steps", "dispatch_times", "rerun_in_backward"
+    "DROPLESS_CAPACITY_FACTOR", "dispatch_seconds", "dispatch_steps", "dispatch_times", "dispatch_total",
+    "rerun_in_backward"
 ]  # fmt: skip
 
 DROPLESS_CAPACITY_FACTOR = 1.0
@@ -100,6 +103,12 @@ def dispatch_seconds(
     """Seconds per microbatch of :func:`dispatch_steps`: backward when training, the forward again when
     backward recomputes the block."""
     fwd, bwd = dispatch_times(info, strategy, cluster, inputs)
+    return float(dispatch_total(info, fwd, bwd, opts))
+
+
+def dispatch_total(info: NodeInfo, fwd: Any, bwd: Any, opts: CostOptions) -> Any:
+    """:func:`dispatch_seconds` from :func:`dispatch_times`: floats for one strategy or arrays over a node's
+    strategies alike (the builder composes every recomputation policy from them)."""
     if not opts.training:
         return fwd
     return fwd * (1 + (opts.recompute_share if rerun_in_backward(info, opts) else 0)) + bwd

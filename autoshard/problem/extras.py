@@ -40,6 +40,7 @@ import numpy as np
 from autoshard.problem.costs import CostOptions, _local_bytes
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.moves import StepCache
+from autoshard.problem.shared import BuildCache
 from autoshard.search import Edge
 from autoshard.search.problem import format_bytes
 from autoshard.strategies import OpStrategy
@@ -66,12 +67,11 @@ class GatherNode:
 
     def producer_matrix(self) -> np.ndarray:
         """``[S_producer, states]``: 0 where the stored spec gathers exactly the state's bytes, else inf."""
-        return np.array(
-            [
-                [0.0 if self.sizes[(int(h), w)] == size else np.inf for w, size in self.states]
-                for h in self.have
-            ]
-        )
+        stored, row = np.unique(self.have, return_inverse=True)  # one row per distinct stored spec
+        rows = [
+            [0.0 if self.sizes[(int(h), w)] == size else np.inf for w, size in self.states] for h in stored
+        ]
+        return np.array(rows).reshape(len(stored), len(self.states))[row.reshape(-1)]
 
     def consumer_matrix(self) -> np.ndarray:
         """``[S_consumer, states]``: 0 where the consumer wants the state's spec, else inf."""
@@ -120,11 +120,39 @@ def memory_extras(
     opts: CostOptions,
     cache: StepCache,
     offset: int,
+    shared: BuildCache | None = None,
 ) -> MemoryExtras:
-    """Gather nodes for every parameter use that can all-gather, and the temporary of every variable."""
+    """Gather nodes for every parameter use that can all-gather, and the temporary of every variable.
+    ``shared``: the builds of one capture keep the gather nodes and each variable's output sizes there
+    (:mod:`autoshard.problem.shared`); only ``keeps`` and the prefetch depth differ between builds."""
+    prefetch = 1 + opts.overlap.prefetch
+    if shared is None:
+        gathers = _gathers(uses, infos, template, strategies, cache, prefetch)
+    else:
+        gathers = shared.get(
+            "gathers", prefetch, lambda: _gathers(uses, infos, template, strategies, cache, prefetch)
+        )
+    temporary = tuple(_temporary(infos[v], strategies[v], keeps, opts, cache, shared) for v in variables)
+    layers = {infos[g.producer].block[0] for g in gathers if infos[g.producer].block is not None}  # type: ignore[index]
+    notes: tuple[str, ...] = ()
+    if len(layers) > 1:  # not collapsed: each layer has its own variables, and their gathers are summed
+        notes = (
+            f"gathered FSDP weights of the {len(layers)} uncollapsed layers are summed in the memory budget (an "
+            "upper bound: FSDP holds 1 + prefetch layers at a time); plan with blocks='auto' to count them once",
+        )
+    return MemoryExtras(gathers, offset, temporary, notes)
+
+
+def _gathers(
+    uses: Iterable,
+    infos: dict[str, NodeInfo],
+    template: dict[str, str],
+    strategies: dict[str, tuple[OpStrategy, ...]],
+    cache: StepCache,
+    prefetch: int,
+) -> tuple[GatherNode, ...]:
     gathers: list[GatherNode] = []
     seen: set[tuple[str, str, int, int]] = set()
-    prefetch = 1 + opts.overlap.prefetch
     for use in uses:
         tu, tv = template[use.producer], template[use.consumer]
         key = (tu, tv, use.which, use.position)
@@ -135,16 +163,10 @@ def memory_extras(
         factor = prefetch if producer.block is not None else 1
         node = _gather_node(producer, tu, tv, use.which, use.position, strategies, cache, factor)
         if node is not None:
+            for array in (node.memory, node.have, node.want):
+                array.setflags(write=False)  # shared by every build of the capture
             gathers.append(node)
-    temporary = tuple(_temporary(infos[v], strategies[v], keeps, opts, cache) for v in variables)
-    layers = {infos[g.producer].block[0] for g in gathers if infos[g.producer].block is not None}  # type: ignore[index]
-    notes: tuple[str, ...] = ()
-    if len(layers) > 1:  # not collapsed: each layer has its own variables, and their gathers are summed
-        notes = (
-            f"gathered FSDP weights of the {len(layers)} uncollapsed layers are summed in the memory budget (an "
-            "upper bound: FSDP holds 1 + prefetch layers at a time); plan with blocks='auto' to count them once",
-        )
-    return MemoryExtras(tuple(gathers), offset, temporary, notes)
+    return tuple(gathers)
 
 
 def _gather_node(
@@ -191,12 +213,19 @@ def _temporary(
     keeps: dict[str, bool],
     opts: CostOptions,
     cache: StepCache,
+    shared: BuildCache | None = None,
 ) -> np.ndarray:
     """Per strategy, the largest local output of ``info`` that backward does not keep (0 if it keeps it)."""
-    out = np.zeros(len(strategies))
     kept = opts.training and keeps.get(info.name, True) and info.requires_grad
     if info.kind != "op" or info.is_view or kept:
-        return out
+        return np.zeros(len(strategies))
+    if shared is None:
+        return _largest_output(info, strategies, cache)
+    return shared.get("largest output", info.name, lambda: _largest_output(info, strategies, cache)).copy()
+
+
+def _largest_output(info: NodeInfo, strategies: tuple[OpStrategy, ...], cache: StepCache) -> np.ndarray:
+    out = np.zeros(len(strategies))
     for k, strat in enumerate(strategies):
         for meta, spec in zip(info.outputs, strat.outputs, strict=False):
             if meta is not None:

@@ -39,6 +39,7 @@ from autoshard.problem.pricing import pairwise_ids
 from autoshard.problem.recompute import rerun_share
 from autoshard.problem.runs import RunPosition, reads_into_run
 from autoshard.problem.runs import relation as run_relation
+from autoshard.problem.shared import BuildCache
 from autoshard.search import Edge
 from autoshard.search import fanout as search_fanout
 from autoshard.search.fanout import FanOutNode, best_state, fanout_node, shareable
@@ -152,15 +153,17 @@ def fanout_arrays(
     strategies: Mapping[str, tuple[OpStrategy, ...]],
     opts: CostOptions,
     cache: StepCache,
+    shared: BuildCache | None = None,
 ) -> tuple[list[FanOut], list[Group], list[str]]:
     """Fan-out nodes (indices from ``len(index)`` on), the groups with nothing to share (their uses are
-    ordinary edges, exactly priced), and a note per node that is only an upper bound."""
+    ordinary edges, exactly priced), and a note per node that is only an upper bound.  ``shared``: the
+    builds of one capture keep each group's elements and tables there (:mod:`autoshard.problem.shared`)."""
     fans: list[FanOut] = []
     unshared: list[Group] = []
     notes: list[str] = []
     for group in sharing.groups:
         consumer = infos[group.entries[0][0]]  # the uses of a group share their relation to the blocks
-        node, entries = _group_node(group, infos[group.producer], consumer, strategies, opts, cache)
+        node, entries = _group_node(group, infos[group.producer], consumer, strategies, opts, cache, shared)
         if node is None:
             unshared.append(group)
             if shareable(entries):
@@ -187,19 +190,82 @@ def _group_node(
     strategies: Mapping[str, tuple[OpStrategy, ...]],
     opts: CostOptions,
     cache: StepCache,
+    shared: BuildCache | None = None,
 ) -> tuple[FanOutNode | None, list[np.ndarray]]:
+    def make() -> _Elements:
+        return _elements(group, producer, strategies, opts, cache)
+
+    found = make() if shared is None else shared.get("fanout", (group, opts.training), make)
+    element_cost = _priced(producer, found.tables, opts)
+    share = rerun_share(producer, consumer, opts)  # recomputed blocks re-issue, FSDP re-gathers (as extract)
+    if share:  # the shared move is re-run once: by the recomputed blocks, or re-gathered after forward
+        again = _priced(producer, found.tables, replace(opts, training=False))
+        element_cost = element_cost + again * share
+    return fanout_node(
+        element_cost * group.weight, found.entries, search_fanout.MAX_FANOUT_STATES
+    ), found.entries
+
+
+@dataclass(frozen=True, slots=True)
+class _Elements:
+    """A group's elements and their redistribution tables (no option but ``training`` changes them)."""
+
+    entries: list[np.ndarray]  # per consumer, its element per strategy
+    tables: tuple[np.ndarray, np.ndarray | None]  # _tables: [S_producer, E] forward, backward (or None)
+
+
+def _elements(
+    group: Group,
+    producer: NodeInfo,
+    strategies: Mapping[str, tuple[OpStrategy, ...]],
+    opts: CostOptions,
+    cache: StepCache,
+) -> _Elements:
     ids: dict[tuple[int, int], int] = {}
     entries = []
     for name, pos in group.entries:
         elems = [element_of(producer, s, pos, opts, cache) for s in strategies[name]]
         entries.append(np.array([ids.setdefault(e, len(ids)) for e in elems]))
-    element_cost = _element_cost(producer, group.which, strategies[group.producer], list(ids), opts, cache)
-    share = rerun_share(producer, consumer, opts)  # recomputed blocks re-issue, FSDP re-gathers (as extract)
-    if share:  # the shared move is re-run once: by the recomputed blocks, or re-gathered after forward
-        forward = replace(opts, training=False)
-        again = _element_cost(producer, group.which, strategies[group.producer], list(ids), forward, cache)
-        element_cost = element_cost + again * share
-    return fanout_node(element_cost * group.weight, entries, search_fanout.MAX_FANOUT_STATES), entries
+    src = strategies[group.producer]
+    return _Elements(entries, _tables(producer, group.which, src, list(ids), opts.training, cache))
+
+
+def _tables(
+    producer: NodeInfo,
+    which: int,
+    src_list: tuple[OpStrategy, ...],
+    elements: list[tuple[int, int]],
+    training: bool,
+    cache: StepCache,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``[S_producer, E]`` seconds of one forward redistribution of element ``e`` from strategy ``a``, and of
+    the gradient's way back (None when no gradient flows)."""
+    meta = producer.outputs[which]
+    assert meta is not None
+    outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
+    have = [cache.intern(o) for o in outs]
+    want = [w for w, _ in elements]
+    # whole tables, each distinct spec pair priced once (problem/pricing.py), equal to cache.time per pair
+    forward = pairwise_ids(have, want, meta.shape, meta.itemsize, cache)
+    if not (training and producer.requires_grad):
+        return forward, None
+    duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
+    grads = [g for _, g in elements]
+    return forward, pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T
+
+
+def _priced(
+    producer: NodeInfo, tables: tuple[np.ndarray, np.ndarray | None], opts: CostOptions
+) -> np.ndarray:
+    """Seconds per step from :func:`_tables`: forward per microbatch, backward as :func:`repeats` says."""
+    parameter = producer.kind == "parameter"
+    fwd_times = repeats(opts, parameter=parameter, backward=False)  # per step: microbatches, or once
+    bwd_times = repeats(opts, parameter=parameter, backward=True)
+    forward, backward = tables
+    cost = forward * fwd_times
+    if opts.training and producer.requires_grad and backward is not None:
+        cost = cost + backward * bwd_times
+    return cost
 
 
 def _element_cost(
@@ -211,21 +277,7 @@ def _element_cost(
     cache: StepCache,
 ) -> np.ndarray:
     """``C[a, e]``: forward + backward seconds of element ``e`` when the producer runs ``a`` (one layer)."""
-    meta = producer.outputs[which]
-    assert meta is not None
-    parameter = producer.kind == "parameter"
-    fwd_times = repeats(opts, parameter=parameter, backward=False)  # per step: microbatches, or once
-    bwd_times = repeats(opts, parameter=parameter, backward=True)
-    outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
-    have = [cache.intern(o) for o in outs]
-    want = [w for w, _ in elements]
-    # whole tables, each distinct spec pair priced once (problem/pricing.py), equal to cache.time per pair
-    cost = pairwise_ids(have, want, meta.shape, meta.itemsize, cache) * fwd_times
-    if opts.training and producer.requires_grad:
-        duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
-        grads = [g for _, g in elements]
-        cost = cost + pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T * bwd_times
-    return cost
+    return _priced(producer, _tables(producer, which, src_list, elements, opts.training, cache), opts)
 
 
 def fanout_edges(fans: Sequence[FanOut], index: Mapping[str, int]) -> list[Edge]:

@@ -70,6 +70,9 @@ class PriceTable:
         # (shape, itemsize, P-axis mask) -> (start index -> row, distances (rows, layouts))
         self._rows: dict[tuple, tuple[dict[int, int], np.ndarray]] = {}
         self._prices: dict[tuple[str, int, int], float] = {}
+        # pairwise(): (src specs, dst specs, shape, itemsize) -> table; _start(): (spec, shape) -> layout
+        self._tables: dict[tuple, np.ndarray] = {}
+        self._starts: dict[tuple[ShardingSpec, tuple[int, ...]], tuple[int, ...] | str] = {}
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
@@ -86,7 +89,15 @@ class PriceTable:
         shape: tuple[int, ...],
         itemsize: int,
     ) -> np.ndarray:
-        """``T[i, j]``: seconds to redistribute ``src[i]`` into ``dst[j]`` (specs distinct on each side)."""
+        """``T[i, j]``: seconds to redistribute ``src[i]`` into ``dst[j]`` (specs distinct on each side).
+
+        Memoised per (specs, shape, itemsize): the edges of a transformer ask for the same tables many times
+        (LLaMA-3-70B on 16 x 8 x 8: 282 tables per build, 109 distinct) and every build of a plan asks again.
+        The table returned is read-only (shared)."""
+        key = (tuple(src), tuple(dst), shape, itemsize)
+        found = self._tables.get(key)
+        if found is not None:
+            return found
         table = np.zeros((len(src), len(dst)))
         starts = [self._start(s, shape) for s in src]
         goals = [self._start(d, shape) for d in dst]
@@ -101,7 +112,7 @@ class PriceTable:
                 table[i, :] = math.inf
         live = [i for i, s in enumerate(starts) if isinstance(s, tuple)]
         if not live or not by_mask:
-            return self._fix_equal(table, src, dst, starts)
+            return self._keep(key, self._fix_equal(table, src, dst, starts))
         graph = self._graph(shape, itemsize)
         start_idx = [graph.index[starts[i]] for i in live]  # type: ignore[index]
         for mask, cols in by_mask.items():
@@ -109,7 +120,12 @@ class PriceTable:
             goal_idx = [graph.index[goals[j]] for j in cols]  # type: ignore[index]
             sub = dist[np.ix_([rows[s] for s in start_idx], goal_idx)]
             table[np.ix_(live, cols)] = sub
-        return self._fix_equal(table, src, dst, starts)
+        return self._keep(key, self._fix_equal(table, src, dst, starts))
+
+    def _keep(self, key: tuple, table: np.ndarray) -> np.ndarray:
+        table.setflags(write=False)
+        self._tables[key] = table
+        return table
 
     @staticmethod
     def _fix_equal(table: np.ndarray, src: Sequence, dst: Sequence, starts: list) -> np.ndarray:
@@ -132,6 +148,13 @@ class PriceTable:
         even unchanged) or ``"bad"`` (a non-sum partial: it may only stay as it is)."""
         if spec is None:
             return "none"
+        key = (spec, shape)
+        found = self._starts.get(key)
+        if found is None:
+            found = self._starts[key] = self._encode(spec, shape)
+        return found
+
+    def _encode(self, spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[int, ...] | str:
         try:
             layout = _layout(spec, shape, self.mesh_shape, "tensor")
         except AutoshardError:

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from autoshard.cluster import Cluster
 from autoshard.problem.costs import CostOptions, Recompute, node_memory
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
 
+Bytes = float | np.ndarray  # one strategy's, or one per strategy of a node
+
 __all__ = [
+    "memory_total",
     "node_memory_total",
     "recompute_blocks",
     "recomputed_layers",
@@ -63,12 +68,20 @@ def node_memory_total(
 
     With ``opts.recompute_share < 1`` only that share of the copies drops what recomputation re-runs; the
     other blocks keep it."""
-    total = node_memory(info, strategy, cluster, opts, keeps) * count
+    kept = node_memory(info, strategy, cluster, opts, True)
+    dropped = kept if keeps else node_memory(info, strategy, cluster, opts, False)
+    return float(memory_total(info, kept, dropped, opts, keeps, count))
+
+
+def memory_total(
+    info: NodeInfo, kept: Bytes, dropped: Bytes, opts: CostOptions, keeps: bool, count: int
+) -> Bytes:
+    """:func:`node_memory_total` from ``node_memory`` with and without keeping the output: floats for one
+    strategy or arrays over a node's strategies alike (the builder composes every policy from them)."""
+    total = (kept if keeps else dropped) * count
     if not keeps and info.block is not None and opts.recompute is not Recompute.NONE:
-        dropped = node_memory(info, strategy, cluster, opts, False)
-        kept = node_memory(info, strategy, cluster, opts, True)
-        total += (kept - dropped) * count * (1.0 - opts.recompute_share)  # the blocks not recomputed
-        total += kept  # the working set
+        total = total + (kept - dropped) * count * (1.0 - opts.recompute_share)  # the blocks not recomputed
+        total = total + kept  # the working set
     return total
 
 

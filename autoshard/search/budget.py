@@ -93,6 +93,7 @@ def lagrangian_sweep(
     deadline: float = math.inf,
     seeds: Sequence[tuple[int, ...]] = (),
     ceiling: float = math.inf,
+    first: float | None = None,
 ) -> Lagrange:
     """Maximise ``g(lambda)`` from ``lam0`` with exact solves on ``ex``, improving ``lag`` in place (and
     returning it); see :func:`dual_search`."""
@@ -101,7 +102,7 @@ def lagrangian_sweep(
     def relaxed(lam: float) -> tuple[tuple[int, ...], float] | None:
         return ex.solve([c + lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)])  # type: ignore[arg-type]
 
-    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, ceiling=ceiling)
+    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, ceiling=ceiling, first=first)
 
 
 def dual_search(
@@ -114,6 +115,7 @@ def dual_search(
     tolerance: float = 0.0,
     descend: bool = False,
     ceiling: float = math.inf,
+    first: float | None = None,
 ) -> Lagrange:
     """Maximise ``g(lambda)``; ``relaxed(lam)`` returns a minimiser of ``cost + lam * memory`` and its value.
 
@@ -134,6 +136,9 @@ def dual_search(
     any minimiser over the budget at some ``lambda >= 0`` proves the budget binds (see
     :attr:`Lagrange.binding`).
     ``ceiling``: stop once the bound reaches it (the caller only asks whether a plan beats it; no plan does).
+    ``first``: a multiplier probed before the cutting planes (a similar problem's best, e.g. the uniform
+    recomputation policy's for the per-block search's intervals): with a ceiling, one probe there often
+    proves the bound; without, its line cuts the search short.  Only the number of probes depends on it.
     ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the probe count, not the
     clock, ends a normal search.
     """
@@ -187,6 +192,10 @@ def dual_search(
         if got[2]:
             break
         lam *= 4.0
+    if first is not None and first > 0.0 and math.isfinite(first) and not lag.closed() and going():
+        got = probe(first)
+        if got is not None:
+            keep(first, got[:2], got[2])
     while not lag.closed() and going():
         over, under = lines[False], lines[True]
         if over is None or under is None or over[1] <= under[1]:

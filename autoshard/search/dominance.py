@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["dominated_mask"]
+__all__ = ["dominated_mask", "edge_bound"]
 
 #: Entries of one ``(pairs, S_j)`` difference block, bounding the scratch memory (32 MB of float64).
 _BLOCK_ENTRIES = 4_000_000
@@ -103,8 +103,18 @@ def _pair_differences(mat: np.ndarray, s: np.ndarray, t: np.ndarray) -> np.ndarr
     return out
 
 
+def edge_bound(mat: np.ndarray) -> np.ndarray:
+    """``(S, S)`` upper bound of ``min_c (F[s, c] - F[t, c])`` for one edge's ``F`` (see :func:`dominated_mask`);
+    a function of ``F`` alone, so a caller may keep it while ``F`` does not change."""
+    with np.errstate(invalid="ignore"):
+        return np.fmin(_min_row_differences(_sample_columns(mat)), _targeted(mat))
+
+
 def dominated_mask(
-    unary: np.ndarray, rows: Sequence[np.ndarray], memory: np.ndarray | None = None
+    unary: np.ndarray,
+    rows: Sequence[np.ndarray],
+    memory: np.ndarray | None = None,
+    bounds: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
     """Keep mask over one node's strategies: False where a kept strategy dominates (see the module docstring).
 
@@ -115,14 +125,16 @@ def dominated_mask(
     minimum over fewer columns is never smaller, and float addition is monotone, so the bound summed in the same order
     is never below ``D``) rules out most pairs; edge by edge, the exact term replaces the bound for the
     pairs left, and a pair goes as soon as its bound is negative.  The pairs that remain get exactly the
-    sums, in the same order, that the plain formula computes.
+    sums, in the same order, that the plain formula computes.  ``bounds``: :func:`edge_bound` of each of
+    ``rows``, when the caller kept them from an earlier call (the reduction re-examines a node each time a
+    neighbour loses strategies; only that edge's bound changes).
     """
     size = unary.size
     keep = np.ones(size, dtype=bool)
     if size <= 1:
         return keep
     with np.errstate(invalid="ignore"):
-        bounds = [np.fmin(_min_row_differences(_sample_columns(mat)), _targeted(mat)) for mat in rows]
+        bounds = [edge_bound(mat) for mat in rows] if bounds is None else bounds
         bound = unary[:, None] - unary[None, :]  # (S, S): u[s] - u[t]
         for b in bounds:
             bound = bound + b

@@ -262,6 +262,13 @@ def _combine_rows(
         if bounds.lam > 0.0:  # a plan that fits and costs at most the ceiling has cost + lam * mem <= this
             reach = bounds.ceiling + bounds.lam * bounds.limit
             bad |= ~(cost + bounds.lam * mem + bounds.other_lag <= reach + _SLACK * abs(reach))
+    source = None  # where each point came from, when the rows are compacted first
+    live = max(1, int((~bad).sum(axis=-1).max(initial=0)))
+    if live < cost.shape[-1] // 2:  # the prunes left few points per row: sort only those
+        # (stable: the points kept in their order, so the sort below ties as it would on the whole row)
+        source = np.argsort(bad, axis=-1, kind="stable")[..., :live]
+        cost, mem = np.take_along_axis(cost, source, -1), np.take_along_axis(mem, source, -1)
+        bad = np.take_along_axis(bad, source, -1)  # the padding of short rows
     cost = np.where(bad, np.inf, cost)
     mem = np.where(bad, np.inf, mem)
     order = np.lexsort((cost, mem), axis=-1)  # by memory, then cost
@@ -274,7 +281,10 @@ def _combine_rows(
     kept = np.take_along_axis(keep, pos, -1)
     out_cost = np.where(kept, np.take_along_axis(cs, pos, -1), np.inf)
     out_mem = np.where(kept, np.take_along_axis(ms, pos, -1), np.inf)
-    arg = np.where(kept, np.take_along_axis(order, pos, -1), -1)
+    picked = np.take_along_axis(order, pos, -1)
+    if source is not None:
+        picked = np.take_along_axis(source, picked, -1)
+    arg = np.where(kept, picked, -1)
     return _Factor(rest, out_mem, out_cost, origin), arg
 
 

@@ -233,6 +233,9 @@ class Solution:
     # False when a memory budget was set but the unconstrained optimum fits it (the budget changed nothing);
     # None when there was no budget or the solver did not find out
     budget_binding: bool | None = None
+    # the Lagrange multiplier of the budget at the best bound of a budgeted solve (cost per byte): where a
+    # similar problem's sweep starts (``solve(multiplier=)``); None without a Lagrangian sweep
+    multiplier: float | None = None
 
 
 def relative_gap(objective: float, lower_bound: float) -> float:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.search.consistency import prune_domains
-from autoshard.search.dominance import dominated_mask
+from autoshard.search.dominance import dominated_mask, edge_bound
 from autoshard.search.problem import (
     Edge,
     SearchProblem,
@@ -149,6 +149,7 @@ class _Reducer:
         self.memory_offset = 0.0
         self.folds: list[_Fold] = []
         self.fold_refs: dict[int, list[int]] = {}  # node -> indices of the folds whose table it indexes
+        self.bounds: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (v, w) -> (matrix, bound)
         self.counts = {
             "pruned": sum(int((~m).sum()) for m in live),
             "dominated": 0,
@@ -245,6 +246,15 @@ class _Reducer:
             table = np.take(fold.table, idx, axis=fold.nbrs.index(v))
             self.folds[k] = _Fold(fold.node, fold.nbrs, table)
 
+    def _bound(self, v: int, w: int, rows: np.ndarray) -> np.ndarray:
+        """:func:`~autoshard.search.dominance.edge_bound` of ``v``'s rows towards ``w``, kept while that
+        edge's matrix is the same object (every change to a matrix replaces it)."""
+        mat = self.pairs[(min(v, w), max(v, w))]
+        kept = self.bounds.get((v, w))
+        if kept is None or kept[0] is not mat:
+            kept = self.bounds[(v, w)] = (mat, edge_bound(rows))
+        return kept[1]
+
     def prune_dominated(self) -> set[int]:
         """Drop dominated strategies to a fixpoint; returns the nodes that lost some."""
         changed: set[int] = set()
@@ -257,7 +267,10 @@ class _Reducer:
                 continue
             nbrs = sorted(self.adj[v])
             memory = self.mem[v] if self.budget and self.mem is not None else None
-            keep = dominated_mask(self.unary[v], [self.pair(v, w) for w in nbrs], memory)
+            rows = [self.pair(v, w) for w in nbrs]
+            keep = dominated_mask(
+                self.unary[v], rows, memory, [self._bound(v, w, r) for w, r in zip(nbrs, rows, strict=True)]
+            )
             if keep.all():
                 continue
             self.counts["dominated"] += int((~keep).sum())

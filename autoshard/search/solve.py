@@ -22,9 +22,10 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    405B-shaped LLaMA's pipeline stage on 8 x 16 x 8): the same Lagrangian dual with each relaxed problem
    ``cost + lambda * memory`` reduced and eliminated on its own (no budget, so it folds); proven optimal
    when the dual closes, else its best fitting plan and bound, which CP-SAT then tries to improve.
-5. ``ceiling``: once the optimum without the budget, or the Lagrangian bound under it, reaches it,
-   :class:`~autoshard.search.run.BoundExceeded` instead of the rest of the budgeted solve (the mesh search's
-   pruning, the recompute-count search's intervals).
+5. ``ceiling``: once every term at its cheapest, the optimum without the budget, or the Lagrangian bound
+   under it reaches it, :class:`~autoshard.search.run.BoundExceeded` instead of the rest of the budgeted
+   solve (the mesh search's pruning, the recompute-count search's intervals, a recomputation policy that
+   cannot beat another's plan: LLaMA-3-70B's full recomputation by the first of these, in milliseconds).
 
 ``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and its proven gap);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
@@ -101,9 +102,25 @@ def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
     )
 
 
-def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float) -> Solution:
+def _with_budget(
+    run: Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float, first: float | None
+) -> Solution:
     """Unconstrained optimum if it fits; else rounds of Lagrangian sweep, fixing and reduction, then
-    enumeration or CP-SAT on what is left."""
+    enumeration or CP-SAT on what is left; the multiplier of the best bound goes with the answer."""
+    lam: list[float] = []  # the multiplier of the best bound so far
+    found = _budgeted(run, ex, method, num_workers, max_factor, first, lam)
+    return dataclasses.replace(found, multiplier=lam[-1]) if lam else found
+
+
+def _budgeted(
+    run: Run,
+    ex: ExactSolver,
+    method: Method,
+    num_workers: int,
+    max_factor: float,
+    first: float | None,
+    lam: list[float],
+) -> Solution:
     done = _fits_unconstrained(run, ex)
     if done is not None:
         return done
@@ -116,9 +133,11 @@ def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, ma
     best = run.expand(least)  # the best fitting plan so far, on the original nodes
     bound = -math.inf  # a proven lower bound on the original objective
     for _ in range(_FIXING_ROUNDS):
-        lag = _sweep(run, ex, best, max_factor)
+        lag = _sweep(run, ex, best, max_factor, first)
         if run.offset() + lag.cost < evaluate(run.problem, best):
             best = run.expand(lag.plan)
+        if lag.bound + run.offset() > bound:
+            lam.append(lag.lam)
         bound = max(bound, lag.bound + run.offset())
         run.prune(bound)  # the caller's ceiling (mesh search, recompute-k search): proven no better
         upper = evaluate(run.problem, best)
@@ -157,9 +176,12 @@ def _with_budget(run: Run, ex: ExactSolver, method: Method, num_workers: int, ma
     return run_ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
 
 
-def _sweep(run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) -> Lagrange:
+def _sweep(
+    run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float, first: float | None = None
+) -> Lagrange:
     """Lagrangian sweep on the current problem, starting from ``best`` (original nodes) where that plan
-    survived the reductions, else from the current least-memory plan."""
+    survived the reductions, else from the current least-memory plan; ``first``: a multiplier to probe
+    before the cutting planes."""
     rp = run.current
     here = run.restrict(best)
     start = tuple(s for s in here if s is not None)
@@ -169,7 +191,8 @@ def _sweep(run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float) 
     lag = Lagrange(start, evaluate(rp, start), value, 0.0)
     lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
     deadline = run.start + 0.5 * run.time_limit
-    lagrangian_sweep(ex, rp, lag, lam0, deadline, seeds=(plan,), ceiling=run.ceiling - run.offset())
+    ceiling = run.ceiling - run.offset()
+    lagrangian_sweep(ex, rp, lag, lam0, deadline, seeds=(plan,), ceiling=ceiling, first=first)
     run.log.append(
         f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
         f"(reduced problem)"
@@ -187,12 +210,16 @@ def solve(
     max_factor_size: float = MAX_FACTOR_SIZE,
     ceiling: float = math.inf,
     peak: tuple[np.ndarray, ...] | None = None,
+    multiplier: float | None = None,
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
-    ``ceiling``: under a binding budget, raise :class:`BoundExceeded` as soon as the optimum without the
-    budget, or the Lagrangian bound (lower bounds on the one under it), is at least this, instead of
-    solving on under the budget.
+    ``ceiling``: under a budget, raise :class:`BoundExceeded` as soon as the cheapest term-by-term sum, the
+    optimum without the budget (when it does not fit), or the Lagrangian bound (lower bounds on the optimum
+    under it) is at least this, instead of solving on under the budget.
+
+    ``multiplier``: a Lagrange multiplier of the budget to probe first (a similar problem's
+    :attr:`Solution.multiplier`); only the number of exact solves depends on it.
 
     ``peak``: the peak terms of the problem this one relaxes (:mod:`~autoshard.search.peak` lowered the
     budget by their floor and dropped them); the neighbourhood search then looks for plans that fit with
@@ -204,7 +231,9 @@ def solve(
     if problem.peak is not None:  # a max term in the budget: thresholds over plain solves (search/peak.py)
         from autoshard.search.peak import solve_with_peak
 
-        kwargs = dict(method=method, time_limit=time_limit, num_workers=num_workers, hint=hint)
+        kwargs = dict(
+            method=method, time_limit=time_limit, num_workers=num_workers, hint=hint, multiplier=multiplier
+        )
         return solve_with_peak(problem, solve, max_factor_size=max_factor_size, ceiling=ceiling, **kwargs)
     start = time.perf_counter()
     if method == "propagate":
@@ -217,6 +246,10 @@ def solve(
         floor = memory_lower_bound(problem)
         if floor > problem.memory_limit:
             raise memory_infeasible_error(problem, floor, None)
+        if math.isfinite(ceiling):  # every term at its cheapest: milliseconds, before any reduction
+            cheapest = trivial_lower_bound(problem)
+            if math.isfinite(cheapest) and cheapest >= ceiling:
+                raise BoundExceeded(cheapest, ceiling)
     # Folding free nodes creates the pair matrices on which dominance prunes most (the LLaMA problems
     # reduce to nothing), and it shrinks the CP-SAT model.
     red = reduce_problem(problem)
@@ -239,7 +272,7 @@ def solve(
         return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
     run.log.append(f"exact: {ex.describe()}")
     if red.problem.memory_limit is not None:
-        return _with_budget(run, ex, method, num_workers, max_factor_size)
+        return _with_budget(run, ex, method, num_workers, max_factor_size, multiplier)
     plan, value = ex.solve()
     return run.finish(plan, value + red.cost_offset, True, exact_label(ex))
 

@@ -96,3 +96,27 @@ def test_plan_records_the_choice_through_json(tmp_path) -> None:
     assert plan is not None
     plan.save(tmp_path / "plan.json")
     assert autoshard.load_plan(tmp_path / "plan.json").recompute == "selective"
+
+
+@pytest.mark.slow
+def test_a_bounded_policy_cannot_have_won() -> None:
+    """Just under what selective recomputation needs, keeping every activation fits (by sharding more) and
+    wins; selective and full are bounded, not solved (planner_policy.py).  Solved one by one under the same
+    budget, each is at least its stated bound, and the bound is at least the chosen plan's step."""
+    selective = forced("selective")
+    assert selective is not None
+    limit = selective.memory_per_device * 0.99
+    searched = forced("auto", limit=limit)
+    assert searched is not None and searched.recompute == "none"
+    notes = [n for n in searched.notes if n.startswith("not solved, bounded: ")]
+    assert len(notes) == 1
+    bounds = {
+        part.split(" recomputation: at least ")[0]: float(part.split(" at least ")[1].split(" s ")[0])
+        for part in notes[0].removeprefix("not solved, bounded: ").split("; ")
+    }
+    assert set(bounds) == {"selective", "full"}
+    for policy, bound in bounds.items():
+        assert bound >= searched.predicted_step_time
+        alone = forced(policy, limit=limit)  # both fit: each is a real alternative that lost
+        assert alone is not None and alone.recompute == policy
+        assert alone.predicted_step_time >= bound * (1 - 1e-3)  # the note rounds to 4 digits

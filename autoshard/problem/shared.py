@@ -1,0 +1,85 @@
+"""Work shared by every build of one capture on one cluster: what no recomputation policy changes.
+
+The planner builds one capture several times on one cluster: once per recomputation policy (none,
+selective, full), twice more at ``recompute_share`` 0 for the per-block search (:mod:`autoshard.problem.mix`),
+again for a context-parallel layout, and the pipeline search once per policy on each stage's sub-mesh.
+The redistribution tables of every edge and fan-out group, the buffers FSDP gathers, and each (node,
+strategy)'s forward compute, hidden casts, dispatch, optimizer time and memory with and without keeping its
+output do not depend on the policy.  A :class:`BuildCache` keeps them (the strategies, labels and weighted
+uses, which depend on the mesh alone, are kept per capture and mesh by the builder); the builder
+(:mod:`autoshard.problem.build`, :mod:`autoshard.problem.arrays`) composes each build's arrays from them with
+the same float operations as pricing one strategy at a time, so a problem built from the cache is the
+problem built without it, bit for bit (``tests/problem/test_shared.py``).
+
+What keys what (so nothing that changes a price can hit a stale entry):
+
+- the capture (its ``GraphModule``, held weakly, and its repeated-block record) and the cluster (profile,
+  mesh, a :class:`~autoshard.problem.context.ZigzagCluster`'s axis: compared with ``==``, which tells the
+  two classes apart) are the cache's own: :func:`build_cache` hands out one per pair;
+- ``CostOptions.training``, ``shard_optimizer`` and ``precision`` change stored per-node figures and key
+  them (:func:`node_key`); ``training`` also keys the fan-out elements and edge tables, and
+  ``overlap.prefetch`` the gathered-buffer nodes;
+- ``recompute``, ``recompute_share``, ``microbatches``, the rest of ``overlap`` and ``cp_layout`` are applied
+  per build to the stored figures: safe to vary between builds that share a cache.
+
+Entries are never changed in place: a build composes new arrays from them (per-node figures and price
+tables are read-only arrays).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch.fx as fx
+
+from autoshard.cluster import Cluster
+from autoshard.problem.costs import CostOptions, StepCache
+
+__all__ = ["BuildCache", "build_cache", "node_key"]
+
+T = TypeVar("T")
+
+
+class BuildCache:
+    """Figures of one capture on one cluster that every build reuses (module docstring: what keys them).
+
+    ``steps`` is the :class:`StepCache` the built problems carry: the interned spec ids stored here are
+    its ids, so a cache is bound to one."""
+
+    def __init__(self, cluster: Cluster, blocks: object, steps: StepCache | None = None) -> None:
+        self.cluster = cluster
+        self.blocks = blocks  # the capture's BlockInfo: a capture re-cut differently is another graph
+        self.steps = steps if steps is not None else StepCache(cluster)
+        self._entries: dict[tuple[str, Any], Any] = {}
+        self.hits = 0  # entries served from the cache (tests and benchmarks read it)
+
+    def get(self, kind: str, key: Any, make: Callable[[], T]) -> T:
+        """The entry ``(kind, key)``, made by ``make()`` the first time."""
+        full = (kind, key)
+        found: Any = self._entries.get(full)
+        if found is None and full not in self._entries:
+            found = self._entries[full] = make()
+        else:
+            self.hits += 1
+        return found
+
+
+def node_key(opts: CostOptions) -> tuple[bool, bool, object]:
+    """The option fields per-node figures depend on (the others are applied per build)."""
+    return (opts.training, opts.shard_optimizer, opts.precision)
+
+
+#: One cache per (capture, cluster); dropped with the capture's graph.
+_CACHES: weakref.WeakKeyDictionary[fx.GraphModule, dict[Cluster, BuildCache]] = weakref.WeakKeyDictionary()
+
+
+def build_cache(gm: fx.GraphModule, blocks: object, cluster: Cluster, steps: StepCache | None) -> BuildCache:
+    """The cache of ``gm`` on ``cluster``; a new one when the capture's blocks differ or the caller brings
+    its own :class:`StepCache` (then bound to it, so the ids it interns stay consistent)."""
+    per_cluster = _CACHES.setdefault(gm, {})
+    found = per_cluster.get(cluster)
+    if found is None or found.blocks != blocks or (steps is not None and found.steps is not steps):
+        found = per_cluster[cluster] = BuildCache(cluster, blocks, steps)
+    return found

@@ -1,0 +1,87 @@
+"""Min-marginals of an exact elimination: for every node and strategy, the least objective of a plan using it.
+
+Input: an :class:`~autoshard.search.exact.ExactSolver` (its elimination order and tree components) and unary
+costs.  Output: per node, ``mm[i][s]`` = the least objective of a plan with node ``i`` at strategy ``s``.
+
+Method: bucket-tree elimination, the upward pass of :meth:`ExactSolver.solve` (trees included, as steps
+``x -> parent``) keeping every bucket, then a downward pass that sends each step the best of everything
+outside its subtree.  About three solves; the Lagrangian sweep (:mod:`~autoshard.search.budget`) uses it to
+drop the strategies no plan under the budget can afford.  Conditioned nodes: once per assignment, as the
+solve does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from autoshard.search.exact import ExactSolver
+from autoshard.search.order import Step
+
+__all__ = ["min_marginals"]
+
+#: One term of a bucket: its scope, its table, and the step whose message it is (-1: a cost term).
+_Part = tuple[tuple[int, ...], np.ndarray, int]
+
+
+def min_marginals(ex: ExactSolver, unary: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``mm[i][s]`` for every node ``i`` and strategy ``s`` of ``ex``'s graph under ``unary``."""
+    steps = [*ex.tree_steps, *ex.steps]
+    out = [np.full(size, np.inf) for size in ex.sizes]
+    for values in ex.assignments():
+        local, const = ex.condition(unary, values)
+        total = const + _bucket_tree(ex, steps, local, const, out)
+        for c, s in zip(ex.conditioned, values, strict=True):
+            out[c][s] = min(out[c][s], total)
+    return out
+
+
+def _upward(
+    ex: ExactSolver, steps: Sequence[Step], unary: Sequence[np.ndarray]
+) -> tuple[list[list[_Part]], dict[int, float], list[int]]:
+    """Eliminate along ``steps`` keeping every bucket: per step its parts (a part's origin is the step
+    that sent it, -1 for a cost term), the optimum of each component by its root step, each step's root."""
+    pos = {step.var: k for k, step in enumerate(steps)}
+    bucket: dict[int, list[_Part]] = {v: [((v,), unary[v], -1)] for v in pos}
+    for (a, b), mat in ex.form.pairs.items():
+        if a in pos and b in pos:
+            bucket[a if pos[a] < pos[b] else b].append(((a, b), mat, -1))
+    parts: list[list[_Part]] = []
+    root_total: dict[int, float] = {}
+    for k, step in enumerate(steps):
+        mine = bucket.pop(step.var)
+        parts.append(mine)
+        msg = ex.reduced(step.var, [(f, t) for f, t, _ in mine], step.rest)
+        if step.rest:
+            bucket[min(step.rest, key=pos.__getitem__)].append((step.rest, msg, k))
+        else:
+            root_total[k] = float(msg)
+    root_of = list(range(len(steps)))
+    for k in reversed(range(len(steps))):  # a parent comes later in the order: visited first here
+        for _, _, child in parts[k]:
+            if child >= 0:
+                root_of[child] = root_of[k]
+    return parts, root_total, root_of
+
+
+def _bucket_tree(
+    ex: ExactSolver, steps: Sequence[Step], unary: Sequence[np.ndarray], const: float, out: list[np.ndarray]
+) -> float:
+    """Upward, then downward: each step gets ``down``, the best of everything outside its subtree as a
+    table over its ``rest``; ``out`` is lowered to the min-marginals (plus ``const``).  Returns the
+    optimum of the non-conditioned nodes."""
+    parts, root_total, root_of = _upward(ex, steps, unary)
+    outside = {r: math.fsum(t for q, t in root_total.items() if q != r) for r in root_total}
+    down: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+    for k in reversed(range(len(steps))):
+        step = steps[k]
+        extra = [down[k]] if k in down else []
+        best = ex.reduced(step.var, [(f, t) for f, t, _ in parts[k]] + extra, (step.var,))
+        out[step.var] = np.minimum(out[step.var], best + outside[root_of[k]] + const)
+        for f, _, child in parts[k]:
+            if child >= 0:  # everything in this bucket but the child's own message
+                rest = [(g, t) for g, t, c in parts[k] if c != child] + extra
+                down[child] = (f, ex.reduced(step.var, rest, f))
+    return math.fsum(root_total.values())
