@@ -121,6 +121,8 @@ def _budgeted(
     first: float | None,
     lam: list[float],
 ) -> Solution:
+    if first is not None:
+        _probe_first(run, ex, first)
     done = _fits_unconstrained(run, ex)
     if done is not None:
         return done
@@ -176,6 +178,20 @@ def _budgeted(
     return run_ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
 
 
+def _probe_first(run: Run, ex: ExactSolver, lam: float) -> None:
+    """With a ceiling, the Lagrangian bound at a similar problem's multiplier before anything else: one exact
+    solve of ``cost + lam * memory`` that, when its bound reaches the ceiling, spares the optimum without the
+    budget, the least-memory plan and the sweep (the per-block recomputation search's intervals: one solve
+    each).  The bound holds for every fitting plan; when none fits it is vacuous, and BoundExceeded (not
+    InfeasibleError) is the answer."""
+    rp = run.current
+    if not (math.isfinite(run.ceiling) and lam > 0.0 and math.isfinite(lam)) or rp.memory is None:
+        return
+    assert rp.memory_limit is not None
+    _, value = ex.solve([c + lam * m for c, m in zip(ex.form.unary, rp.memory, strict=True)])
+    run.prune(value - lam * rp.memory_limit + run.offset())
+
+
 def _sweep(
     run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float, first: float | None = None
 ) -> Lagrange:
@@ -219,7 +235,8 @@ def solve(
     under it) is at least this, instead of solving on under the budget.
 
     ``multiplier``: a Lagrange multiplier of the budget to probe first (a similar problem's
-    :attr:`Solution.multiplier`); only the number of exact solves depends on it.
+    :attr:`Solution.multiplier`); only the number of exact solves depends on it.  With a ``ceiling`` its
+    bound is tried first, so BoundExceeded may come where no plan fits at all (the caller drops both alike).
 
     ``peak``: the peak terms of the problem this one relaxes (:mod:`~autoshard.search.peak` lowered the
     budget by their floor and dropped them); the neighbourhood search then looks for plans that fit with
