@@ -94,6 +94,7 @@ def lagrangian_sweep(
     seeds: Sequence[tuple[int, ...]] = (),
     ceiling: float = math.inf,
     first: float | None = None,
+    tolerance: float = 0.0,
 ) -> Lagrange:
     """Maximise ``g(lambda)`` from ``lam0`` with exact solves on ``ex``, improving ``lag`` in place (and
     returning it); see :func:`dual_search`."""
@@ -102,7 +103,7 @@ def lagrangian_sweep(
     def relaxed(lam: float) -> tuple[tuple[int, ...], float] | None:
         return ex.solve([c + lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)])  # type: ignore[arg-type]
 
-    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, ceiling=ceiling, first=first)
+    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, tolerance, ceiling=ceiling, first=first)
 
 
 def dual_search(

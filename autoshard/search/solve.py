@@ -83,6 +83,12 @@ _FIXING_ROUNDS = 2
 #: Plans the budgeted path enumerates outright once Lagrangian fixing has shrunk the problem (~0.1 s).
 _MAX_ENUMERATION = 200_000
 
+#: Without a ceiling the sweep stops once the most any multiplier can still prove is within this share of
+#: the remaining gap (``dual_search(tolerance=)``): its bound stays a true one and only serves fixing, which
+#: the last, confirming probes barely strengthen.  LLaMA-3-70B on 16 x 8 x 8 (selective recomputation): 4
+#: probes instead of 7, 5,523 strategies fixed instead of 5,524, the same Pareto elimination and optimum.
+_DUAL_TOLERANCE = 0.1
+
 
 def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
     """The exact optimum without the budget, as the answer when it fits (then it is optimal under it too)."""
@@ -208,7 +214,8 @@ def _sweep(
     lam0 = max(value, 1e-12) / max(memory_of(rp, plan), 1.0)
     deadline = run.start + 0.5 * run.time_limit
     ceiling = run.ceiling - run.offset()
-    lagrangian_sweep(ex, rp, lag, lam0, deadline, seeds=(plan,), ceiling=ceiling, first=first)
+    tolerance = 0.0 if math.isfinite(ceiling) else _DUAL_TOLERANCE  # a ceiling wants the highest bound
+    lagrangian_sweep(ex, rp, lag, lam0, deadline, (plan,), ceiling, first, tolerance)
     run.log.append(
         f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
         f"(reduced problem)"
