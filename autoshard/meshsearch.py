@@ -14,7 +14,10 @@ on several nodes, intra-node axes that fill a node (an axis with part of its gro
 across is only tried as the 1-D mesh).
 
 The model is captured once and each candidate re-plans the same capture (the mesh only enters at strategy
-generation), so a search costs one capture plus one strategy/cost/solve pass per candidate.
+generation), so a search costs one capture plus one strategy/cost/solve pass per candidate.  With pins, the
+price of the pins (a solve of the problem without them, :attr:`~autoshard.plans.Plan.unpinned_step_time`)
+is shown for the best plan only, so it is solved for that one only
+(:class:`~autoshard.planner_steps.DeferredPrices`).
 
 Pruning (``prune=True``, the default).  Candidates are planned fewest axes first, and each is handed the
 best predicted step time so far as a ceiling (:func:`autoshard.plan`'s ``ceiling``).  Where the memory
@@ -41,6 +44,7 @@ import torch
 from autoshard.capture import Captured, capture
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AutoshardError, MeshError
+from autoshard.planner_steps import deferred_prices
 from autoshard.plans import Plan
 from autoshard.search import BoundExceeded
 
@@ -167,43 +171,50 @@ def search_mesh(
     results: list[tuple[MeshCandidate, Plan | None]] = []
     first_error: AutoshardError | None = None
     best = math.inf
-    for shape in shapes:
-        if progress is not None:
-            progress(f"mesh {'x'.join(map(str, shape))}")
-        t0 = time.perf_counter()
-        try:
-            cluster = Cluster(base.profile, nodes, shape)
-            plan = plan_one(
-                model,
-                cluster,
-                args,
-                example_kwargs,
-                captured=captured,
-                ceiling=best if prune else math.inf,
-                **plan_options,
-            )
-        except BoundExceeded as e:
-            pruned = MeshCandidate(shape, None, None, time.perf_counter() - t0, bound=e.bound, best=e.ceiling)
-            results.append((pruned, None))
-            continue
-        except AutoshardError as e:
-            first_error = first_error or e
+    best_plan_step = math.inf
+    with deferred_prices() as later:  # only the winner's unpinned price is shown: only it is solved
+        for shape in shapes:
+            if progress is not None:
+                progress(f"mesh {'x'.join(map(str, shape))}")
+            t0 = time.perf_counter()
+            try:
+                cluster = Cluster(base.profile, nodes, shape)
+                plan = plan_one(
+                    model,
+                    cluster,
+                    args,
+                    example_kwargs,
+                    captured=captured,
+                    ceiling=best if prune else math.inf,
+                    **plan_options,
+                )
+            except BoundExceeded as e:
+                pruned = MeshCandidate(
+                    shape, None, None, time.perf_counter() - t0, bound=e.bound, best=e.ceiling
+                )
+                results.append((pruned, None))
+                continue
+            except AutoshardError as e:
+                first_error = first_error or e
+                seconds = time.perf_counter() - t0
+                what = " ".join(str(e).split()).partition(" Fix: ")[
+                    0
+                ]  # whole (never cut mid-clause), less the fix
+                results.append((MeshCandidate(shape, None, None, seconds, what), None))
+                continue
             seconds = time.perf_counter() - t0
-            what = " ".join(str(e).split()).partition(" Fix: ")[
-                0
-            ]  # whole (never cut mid-clause), less the fix
-            results.append((MeshCandidate(shape, None, None, seconds, what), None))
-            continue
-        seconds = time.perf_counter() - t0
-        results.append(
-            (
-                MeshCandidate(
-                    shape, plan.predicted_step_time, plan.memory_per_device, seconds, timings=plan.timings
-                ),
-                plan,
+            results.append(
+                (
+                    MeshCandidate(
+                        shape, plan.predicted_step_time, plan.memory_per_device, seconds, timings=plan.timings
+                    ),
+                    plan,
+                )
             )
-        )
-        best = min(best, plan.predicted_step_time)
+            best = min(best, plan.predicted_step_time)
+            if plan.predicted_step_time < best_plan_step:
+                best_plan_step = plan.predicted_step_time
+                later.keep_only(plan)  # ties keep the earlier mesh, as the ranking below
     planned = sorted((r for r in results if r[1] is not None), key=lambda r: r[0].step_seconds or 0.0)
     if not planned:
         assert first_error is not None
@@ -212,6 +223,7 @@ def search_mesh(
     ranked = (*(c for c, _ in planned), *cut, *(c for c, p in results if p is None and not c.pruned))
     chosen = planned[0][1]
     assert chosen is not None
+    chosen = later.price(chosen)
     tried = f"{len(shapes)} meshes tried" + (f", {len(cut)} pruned by a lower bound" if cut else "")
     lines = [f"mesh search: {tried}; best {ranked[0]}"]
     lines += [f"  runner-up {c}" for c in ranked[1:6]]

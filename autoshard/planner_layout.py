@@ -12,7 +12,10 @@ collective on ``a`` with its reordering copy, one-run ops refused there; contigu
 both is the best of those problems' optima.  The balanced bound is below all of them, so:
 
 1. when its optimum rings on no axis, it is priced the same by the contiguous problem and is the optimum
-   (layout contiguous): nothing more is solved (the common case: most plans have no ring);
+   (layout contiguous): nothing more is solved (the common case: most plans have no ring).  This holds for
+   ``"zigzag"`` asked too: a plan without a ring has no context axis, so nothing is reordered at run time
+   (:attr:`~autoshard.plans.Plan.zigzag_axis` is None) and the zigzag problems, which could only refuse
+   its one-run ops or price it the same, have nothing to add;
 2. otherwise the zigzag problem on the bound's ring axis is solved first, then the contiguous one and the
    zigzag problems of the other axes, stopping as soon as one reaches the bound.
 
@@ -63,11 +66,7 @@ def search_layout(
     asked = built.options.cp_layout
     mesh = tuple(built.cluster.mesh_shape)
     axis = _ring_axis(built, solution)
-    if (
-        asked == "contiguous"
-        or zigzag_axis_of(built.cluster) is not None
-        or (asked == "auto" and axis is None)
-    ):
+    if asked == "contiguous" or zigzag_axis_of(built.cluster) is not None or axis is None:
         return free, built, solution  # the layout was priced already, or the bound is attained without a ring
     options = dataclasses.replace(built.options, cp_layout="contiguous")
     order = [axis] if axis is not None else []

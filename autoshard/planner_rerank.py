@@ -26,6 +26,18 @@ a lower reported step: the plan is proven optimal *by the reported step* (``step
 report says "optimal under the linear step model; step within X of the bound" -- never "optimal" alone. What
 is not enumerated (the plans between the best candidate and ``B``) is covered by that X.
 
+Shortcut (why the ranking usually prices one or two plans, not four).  Every candidate is a plan of the
+same problem (the lower-bound optimum, and the hand plans, which are that problem with some strategies
+masked), so each has ``step >= L >= B`` (the ``below`` check verifies ``L <= step`` on every plan priced).
+Once a candidate's step is within ``RANK_TOLERANCE`` of ``B``, no further candidate can be faster than it
+by more than that tolerance: neither the lower-bound optimum nor the hand plans are solved or read then.
+This holds inside a scope too (a recomputation policy, a binding budget): the scope restricts which plans
+``B`` covers, and every candidate lies inside it.  Short of ``B``, a hand plan is solved only when the
+lower-bound problem under its masks, solved with the best step so far as a ceiling, does not prove it slower
+(:func:`_cannot_beat`: usually one unbudgeted solve instead of a budgeted one).  The only differences from
+pricing them all are the count in "best of N plans priced" and the hand plans left out of ``ranked``; the
+plan, the bound and the claim are the same (``tests/planner/test_planner_rerank_shortcut.py``).
+
 Scope of the bound: the plans the problem admits (the user's pins, its recomputation policy).  It covers
 every recomputation policy only when the plan keeps every activation and the bound did not need the memory
 budget (recomputation only adds cost to both models, and the bound's optimum fits without it).  The mesh
@@ -198,11 +210,13 @@ def rank_plan(
     method: Any = "auto",
     time_limit: float = 60.0,
     others: Sequence[tuple[str, Plan]] = (),
+    exhaustive: bool = False,
 ) -> Plan:
     """The candidate with the lowest reported step, labelled against the proven bound (module docstring).
 
     ``others``: plans already priced on a problem with fewer strategies (e.g. the pinned plan, for the
-    unpinned price); they compete but are not re-checked against the bound."""
+    unpinned price); they compete but are not re-checked against the bound.  ``exhaustive``: price the
+    lower-bound optimum and the hand plans even once the bound is met (the shortcut's reference in tests)."""
     if method == "propagate":  # no optimality claim to rank
         return found
     start = time.perf_counter()
@@ -213,17 +227,15 @@ def rank_plan(
     bound_solution = solve(lower, method=method, time_limit=time_limit) if why is None else solution
     bound, scope = bound_solution.lower_bound, _scope(built, bound_solution)
 
-    def unproven() -> bool:  # then price more candidates
-        return (
-            why is not None
-            or bool(scope)
-            or min(p.predicted_step_time for _, p, _ in candidates) > _slack(bound)
-        )
+    def unproven() -> bool:  # then price more candidates (why more are useless once met: module docstring)
+        met = min(p.predicted_step_time for _, p, _ in candidates) <= _slack(bound)
+        return exhaustive or why is not None or not met
 
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
     if unproven():
-        _add_hand_plans(candidates, built, read, method, time_limit)
+        floor = lower if why is None and not exhaustive else None
+        _add_hand_plans(candidates, built, floor, read, method, time_limit)
     candidates += [(name, plan, None) for name, plan in others]
     for name, plan, choice in candidates:  # the relation the bound rests on, checked on every plan priced
         below = evaluate(lower, choice) if choice else 0.0
@@ -248,14 +260,21 @@ def rank_plan(
 def _add_hand_plans(
     candidates: list[tuple[str, Plan, tuple[int, ...] | None]],
     built: BuiltProblem,
+    lower: SearchProblem | None,
     read: Callable[[BuiltProblem, Solution], Plan],
     method: Any,
     time_limit: float,
 ) -> None:
-    """Append the hand plans of :data:`HAND_PLANS` that exist and fit (a plan already there is renamed)."""
+    """Append the hand plans of :data:`HAND_PLANS` that exist, fit and may beat the best candidate (a plan
+    already there is renamed).  ``lower``: the lower-bound problem, when it is one (module docstring)."""
     for name in HAND_PLANS:
         masks = hand_plan_masks(built, name)
         if masks is None:
+            continue
+        best = min(p.predicted_step_time for _, p, _ in candidates)
+        if lower is not None and _cannot_beat(
+            dataclasses.replace(lower, allowed=masks), best, method, time_limit
+        ):
             continue
         try:
             hand = solve(
@@ -269,6 +288,20 @@ def _add_hand_plans(
             candidates[same[0]] = (f"{first} = {name}", plan, choice)
         else:
             candidates.append((name, read(built, hand), hand.choice))
+
+
+def _cannot_beat(lower: SearchProblem, best: float, method: Any, time_limit: float) -> bool:
+    """Whether no plan of ``lower``'s problem (a hand plan's masks on the lower-bound problem) can have a
+    reported step below ``best``: its bound reaches ``best`` (the solver stops at the first bound that does,
+    before any budgeted search), or no plan fits (the masks, the budget and the pins are the linear
+    problem's, so the hand plan does not fit either).  Each plan's step is at least its ``L``, so a hand
+    plan proven so is not solved: it could not be chosen (ties keep the earlier candidate)."""
+    above = _slack(best)  # the relation L <= step holds to RANK_TOLERANCE (float sums in two orders)
+    try:
+        floor = solve(lower, method=method, time_limit=time_limit, ceiling=above)
+    except (BoundExceeded, InfeasibleError):
+        return True
+    return floor.lower_bound >= above
 
 
 def _slack(x: float) -> float:

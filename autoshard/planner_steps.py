@@ -4,10 +4,12 @@ them; the pipeline search calls :func:`build` once per stage sub-mesh)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import torch
@@ -26,12 +28,14 @@ from autoshard.strategies import UnsupportedOpWarning
 from autoshard.strategies.coverage import replicated_shares
 
 __all__ = [
+    "DeferredPrices",
     "Pruned",
     "SearchMethod",
     "batch_size",
     "budget_idle",
     "build",
     "cheaper",
+    "deferred_prices",
     "global_shapes",
     "output_order",
     "ranked",
@@ -171,8 +175,58 @@ def ranked(
     ``built`` carries pins (``free`` is the same problem without them: ``annotations`` and forbidden
     ``kinds`` applied), and what they were (``Plan.pinned``)."""
     plan = rank_plan(found, built, solution, read, method=search, time_limit=time_limit)
-    price = unpinned(free, search, time_limit, read, plan) if built is not free else None
-    return dataclasses.replace(plan, unpinned_step_time=price, pinned=pin_names(annotations, kinds))
+    plan = dataclasses.replace(plan, pinned=pin_names(annotations, kinds))
+    if built is free:
+        return dataclasses.replace(plan, unpinned_step_time=None)
+    later = _DEFERRED.get()
+    if later is not None:  # the mesh search prices its winner only
+        return later.hold(plan, lambda: unpinned(free, search, time_limit, read, plan))
+    return dataclasses.replace(plan, unpinned_step_time=unpinned(free, search, time_limit, read, plan))
+
+
+class DeferredPrices:
+    """Unpinned prices (a solve of the problem without the pins, then its ranking) held back until asked.
+
+    The mesh search plans every candidate mesh, but only the winner's price is shown ("price of your
+    annotations"); each candidate's is an exact solve of a wider problem (on LLaMA-3-8B ``--forbid tp`` on
+    2x2x2 the dearest step of that mesh).  Inside :func:`deferred_prices` a pinned plan leaves
+    :func:`ranked` without its price; :meth:`price` computes it for the plan given, exactly as
+    :func:`ranked` would have.  Plans are matched by their node records (kept through the later
+    ``dataclasses.replace`` of timings, notes and degrees)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[Plan, Callable[[], float | None]]] = {}
+
+    def hold(self, plan: Plan, price: Callable[[], float | None]) -> Plan:
+        self._held[id(plan.nodes)] = (plan, price)  # the plan is kept: its id stays unique
+        return plan
+
+    def keep_only(self, plan: Plan | None) -> None:
+        """Drop every held price but ``plan``'s (the best so far): the others' problems are freed."""
+        key = None if plan is None else id(plan.nodes)
+        self._held = {k: v for k, v in self._held.items() if k == key}
+
+    def price(self, plan: Plan) -> Plan:
+        """``plan`` with its unpinned price; unchanged when none was held (no pins, or never ranked: a
+        pipelined plan carries no unpinned price either way)."""
+        held = self._held.get(id(plan.nodes))
+        if held is None or held[0].nodes is not plan.nodes:
+            return plan
+        return dataclasses.replace(plan, unpinned_step_time=held[1]())
+
+
+_DEFERRED: ContextVar[DeferredPrices | None] = ContextVar("deferred unpinned prices", default=None)
+
+
+@contextlib.contextmanager
+def deferred_prices() -> Iterator[DeferredPrices]:
+    """Within: pinned plans are ranked without their unpinned price (:class:`DeferredPrices`)."""
+    later = DeferredPrices()
+    token = _DEFERRED.set(later)
+    try:
+        yield later
+    finally:
+        _DEFERRED.reset(token)
 
 
 def warn_replicated(captured: Captured) -> dict[str, float]:

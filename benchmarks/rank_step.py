@@ -5,10 +5,15 @@ The new user's two cases, planned on every candidate mesh as ``autoshard search`
 * ``gpt2``: README command 1 (GPT-2, batch 8 x 1024, one 8 x A100 node): the plan's step, its label, the
   proven bound, and the ranking's own time per mesh (wall and CPU) against planning without it;
 * ``llama``: ``--model llama3-8b --forbid tp --memory-limit 40``: the pinned plan's step against the
-  unpinned price (was 1.175 s pinned vs 1.194 s "unpinned optimum").
+  unpinned price (was 1.175 s pinned vs 1.194 s "unpinned optimum");
+* ``scale``: LLaMA-3-70B on 16 x 8 x 8 A100 (issue 17's case): the ranking's CPU seconds in the plan;
+* ``forbid``: ``autoshard search --profile a100x8 --model llama3-8b --forbid tp``: CPU seconds of the whole
+  command and of its rankings (every ``rank_plan`` call, pinned and unpinned).
 
     python -m benchmarks.rank_step                 # gpt2
     python -m benchmarks.rank_step --case llama    # about a minute per mesh on 2 cores
+    python -m benchmarks.rank_step --case scale    # about 20 s CPU
+    python -m benchmarks.rank_step --case forbid   # minutes on 2 shared cores
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import autoshard
-import autoshard.planner as planner_module
+import autoshard.planner_steps as planner_module
 from autoshard import zoo
 from autoshard.capture import capture
 from autoshard.meshsearch import candidate_meshes
@@ -34,7 +39,7 @@ def _timed(fn: Callable[[], Plan]) -> tuple[Plan, float, float]:
 
 
 class _RankClock:
-    """Wraps ``autoshard.planner.rank_plan`` to add up the CPU and wall seconds it takes."""
+    """Wraps ``autoshard.planner_steps.rank_plan`` to add up the CPU and wall seconds it takes."""
 
     def __init__(self) -> None:
         self.cpu = self.wall = 0.0
@@ -107,11 +112,46 @@ def llama() -> None:
         print(f"    ranked: {'; '.join(plan.solver.ranked)}")
 
 
+def scale() -> None:
+    case = zoo.build("llama3-70b", batch=1024, seq=4096, device="meta")
+    cluster = autoshard.load_cluster("a100x8", nodes=128, mesh=(16, 8, 8))
+    with _RankClock() as clock:
+        plan, wall, cpu = _timed(lambda: autoshard.plan(case.model, cluster, case.args, case.kwargs))
+    print(
+        f"llama3-70b 16x8x8: ranking {clock.cpu:.2f} s CPU ({clock.wall:.2f} s wall) of planning {cpu:.1f} s CPU "
+        f"({wall:.1f} s wall)"
+    )
+    print(f"    proven: {proof_line(plan)}")
+    print(f"    ranked: {'; '.join(plan.solver.ranked)}")
+
+
+def forbid() -> None:
+    import contextlib
+    import io
+
+    from autoshard.cli import main as cli
+
+    argv = ["search", "--profile", "a100x8", "--model", "llama3-8b", "--forbid", "tp"]
+    out = io.StringIO()
+    with _RankClock() as clock, contextlib.redirect_stdout(out):
+        _, wall, cpu = _timed(lambda: cli(argv))  # type: ignore[arg-type,return-value]
+    head = out.getvalue().splitlines()[0]
+    print(f"autoshard {' '.join(argv)}: {head}")
+    print(
+        f"    {cpu:.1f} s CPU ({wall:.1f} s wall), of which ranking {clock.cpu:.2f} s CPU ({clock.wall:.2f} s wall)"
+    )
+    for line in out.getvalue().splitlines():
+        if line.startswith(
+            ("  price of", "proven", "note: mesh search", "note:   runner-up")
+        ):
+            print(f"    {line.strip()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=("gpt2", "llama"), default="gpt2")
+    parser.add_argument("--case", choices=("gpt2", "llama", "scale", "forbid"), default="gpt2")
     args = parser.parse_args()
-    {"gpt2": gpt2, "llama": llama}[args.case]()
+    {"gpt2": gpt2, "llama": llama, "scale": scale, "forbid": forbid}[args.case]()
 
 
 if __name__ == "__main__":
