@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -127,8 +127,7 @@ def _budgeted(
     first: float | None,
     lam: list[float],
 ) -> Solution:
-    if first is not None:
-        _probe_first(run, ex, first)
+    known = _probe_first(run, ex, first) if first is not None else {}
     done = _fits_unconstrained(run, ex)
     if done is not None:
         return done
@@ -141,7 +140,8 @@ def _budgeted(
     best = run.expand(least)  # the best fitting plan so far, on the original nodes
     bound = -math.inf  # a proven lower bound on the original objective
     for _ in range(_FIXING_ROUNDS):
-        lag = _sweep(run, ex, best, max_factor, first)
+        lag = _sweep(run, ex, best, max_factor, first, known)
+        known = {}  # the next round sweeps another reduction
         if run.offset() + lag.cost < evaluate(run.problem, best):
             best = run.expand(lag.plan)
         if lag.bound + run.offset() > bound:
@@ -184,26 +184,32 @@ def _budgeted(
     return run_ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
 
 
-def _probe_first(run: Run, ex: ExactSolver, lam: float) -> None:
+def _probe_first(run: Run, ex: ExactSolver, lam: float) -> dict[float, tuple[tuple[int, ...], float]]:
     """With a ceiling, the Lagrangian bound at a similar problem's multiplier before anything else: one exact
     solve of ``cost + lam * memory`` that, when its bound reaches the ceiling, spares the optimum without the
     budget, the least-memory plan and the sweep (the per-block recomputation search's intervals: one solve
     each).  The bound holds for every fitting plan; when none fits it is vacuous, and BoundExceeded (not
-    InfeasibleError) is the answer."""
+    InfeasibleError) is the answer.  Returns that solve by its multiplier, for the sweep not to repeat it."""
     rp = run.current
     if not (math.isfinite(run.ceiling) and lam > 0.0 and math.isfinite(lam)) or rp.memory is None:
-        return
+        return {}
     assert rp.memory_limit is not None
-    _, value = ex.solve([c + lam * m for c, m in zip(ex.form.unary, rp.memory, strict=True)])
+    plan, value = ex.solve([c + lam * m for c, m in zip(ex.form.unary, rp.memory, strict=True)])
     run.prune(value - lam * rp.memory_limit + run.offset())
+    return {lam: (plan, value)}
 
 
 def _sweep(
-    run: Run, ex: ExactSolver, best: tuple[int, ...], max_factor: float, first: float | None = None
+    run: Run,
+    ex: ExactSolver,
+    best: tuple[int, ...],
+    max_factor: float,
+    first: float | None = None,
+    known: Mapping[float, tuple[tuple[int, ...], float]] | None = None,
 ) -> Lagrange:
     """Lagrangian sweep on the current problem, starting from ``best`` (original nodes) where that plan
     survived the reductions, else from the current least-memory plan; ``first``: a multiplier to probe
-    before the cutting planes."""
+    before the cutting planes; ``known``: relaxed solves already made on this problem, by multiplier."""
     rp = run.current
     here = run.restrict(best)
     start = tuple(s for s in here if s is not None)
@@ -215,7 +221,7 @@ def _sweep(
     deadline = run.start + 0.5 * run.time_limit
     ceiling = run.ceiling - run.offset()
     tolerance = 0.0 if math.isfinite(ceiling) else _DUAL_TOLERANCE  # a ceiling wants the highest bound
-    lagrangian_sweep(ex, rp, lag, lam0, deadline, (plan,), ceiling, first, tolerance)
+    lagrangian_sweep(ex, rp, lag, lam0, deadline, (plan,), ceiling, first, tolerance, known)
     run.log.append(
         f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
         f"(reduced problem)"
