@@ -57,13 +57,18 @@ from autoshard.pipeline.schedules import (
 )
 from autoshard.pipeline.stages import StageSplit, best_split, price_split
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.costs import CostOptions, Recompute
-from autoshard.search import Solution, solve
+from autoshard.problem.costs import CostOptions, Recompute, node_compute
+from autoshard.search import BoundExceeded, Solution, solve
 
-__all__ = ["Candidate", "Layout", "layout", "search_pipeline"]
+__all__ = ["Candidate", "Layout", "compute_floor", "layout", "search_pipeline"]
 
 BuildFn = Callable[[Captured, Cluster, CostOptions, float], BuiltProblem]
 CaptureFn = Callable[[tuple[Any, ...], dict[str, Any]], Captured]
+
+
+#: Relative slack on :func:`compute_floor` before it prunes: the floor and the step sum the same figures in
+#: another order, so float rounding must not let the floor pass a step it equals.
+_ROUNDING = 1e-9
 
 
 @dataclass(frozen=True)
@@ -213,12 +218,20 @@ def search_pipeline(
         for policy in policies:
             say("strategies" if policy is policies[0] else "recompute")
             opts = CostOptions(training=training, recompute=policy, microbatches=count)
+            ceiling = math.inf if best is None else best.step_seconds
             try:
                 found = _price(
-                    request, where, count, captures[size], opts, build, memory_limit, method, time_limit, hint
-                )
+                    request, where, count, captures[size], opts, build, memory_limit, method, time_limit, hint,
+                    ceiling,
+                )  # fmt: skip
             except InfeasibleError as e:
                 errors.append(f"pp {degree} x {count} microbatches ({policy.value}): {e}")
+                continue
+            except BoundExceeded as e:  # its compute alone is no faster than the best plan: not solved
+                priced.append(
+                    f"pp {degree} × {count} microbatches ({policy.value} recompute): at least {e.bound:.4g} s "
+                    "(its compute alone), not solved"
+                )
                 continue
             if found is not None and (best is None or found.step_seconds < best.step_seconds * (1 - 1e-12)):
                 best = found
@@ -247,11 +260,19 @@ def _price(
     method: str,
     time_limit: float,
     hint: tuple[int, ...] | None = None,
+    ceiling: float = math.inf,
 ) -> Candidate | None:
+    """The best schedule and cut of one (degree, microbatches, recomputation) candidate, its intra-op plan
+    solved once; None when no cut fits.  ``ceiling`` (the best step so far): BoundExceeded without a solve
+    when :func:`compute_floor` shows that no plan of this candidate is faster."""
     search_method = "exact" if method == "auto" else method
     degree = where.degree
     budget = limit if math.isfinite(limit) else math.inf
     built = build(captured, where.sub, opts, budget if degree == 1 else math.inf)
+    if math.isfinite(ceiling):
+        floor = compute_floor(built, degree)
+        if floor * (1 - _ROUNDING) >= ceiling:
+            raise BoundExceeded(floor, ceiling)
     if degree == 1:  # the intra-op plan with gradient accumulation, priced by the same stage function
         solution = solve(built.problem, method=search_method, time_limit=time_limit)  # type: ignore[arg-type]
         whole = part_costs(built, solution)
@@ -294,3 +315,25 @@ def _price(
             )
         return None
     return Candidate(best.step_seconds, where, count, built, solution, captured, best, opts.recompute)
+
+
+def compute_floor(built: BuiltProblem, degree: int) -> float:
+    """A lower bound on the step of every plan of ``built`` on ``degree`` stages: each node's least compute
+    over its strategies (recomputation included), times its multiplicity, times ``m / degree``.
+
+    Why it holds: every schedule keeps its slowest device busy ``m`` microbatches long
+    (:func:`~autoshard.pipeline.schedules.step_time`: ``m t* + ...``), the slowest device takes at least the
+    mean ``sum_d t_d / degree``, and ``sum_d t_d`` is every node's forward and backward once
+    (:func:`~autoshard.pipeline.layers.part_costs`) plus exposed collectives and p2p sends, which are never
+    negative.  Recomputation only adds compute, so a policy whose floor reaches the best step so far is
+    done without its (budgeted, costly) solve."""
+    opts, cluster, infos = built.options, built.cluster, built.infos
+    total = 0.0
+    for name in built.variables:
+        info = infos[name]
+        if info.kind != "op":
+            continue  # parameters, inputs and constants compute nothing
+        inputs = tuple(infos[s] for s in info.inputs)
+        least = min(sum(node_compute(info, s, cluster, opts, inputs)) for s in built.strategies[name])
+        total += least * built.multiplicity[name]
+    return total * opts.microbatches / degree

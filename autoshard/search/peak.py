@@ -51,7 +51,7 @@ from autoshard.search.problem import (
     relative_gap,
 )
 
-__all__ = ["solve_with_peak"]
+__all__ = ["at_threshold", "solve_with_peak", "thresholds"]
 
 
 def solve_with_peak(
@@ -89,10 +89,10 @@ def solve_with_peak(
     optimal = True
     least = memory_lower_bound(plain)
     stopped = False
-    for t in _thresholds(problem, floor):
+    for t in thresholds(problem, floor):
         if limit - t < least:
             break  # higher thresholds leave less budget still
-        sub = _at_threshold(plain, problem.peak, t, limit)
+        sub = at_threshold(plain, problem.peak, t, limit)
         if sub is None or memory_lower_bound(sub) > limit - t:
             continue
         try:
@@ -125,13 +125,13 @@ def solve_with_peak(
     )
 
 
-def _thresholds(problem: SearchProblem, floor: float) -> list[float]:
+def thresholds(problem: SearchProblem, floor: float) -> list[float]:
     assert problem.peak is not None
     values = np.unique(np.concatenate([p.ravel() for p in problem.peak]))
     return [float(v) for v in values if v >= floor]
 
 
-def _at_threshold(
+def at_threshold(
     plain: SearchProblem, peak: tuple[np.ndarray, ...], t: float, limit: float
 ) -> SearchProblem | None:
     """``P(t)``: strategies with a peak above ``t`` forbidden, budget ``limit - t`` (None if a node has none)."""

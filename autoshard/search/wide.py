@@ -4,7 +4,7 @@ relaxed problem reduced on its own, and fitting plans from its minimisers by nei
 Input: a :class:`~autoshard.search.run.Run` whose current problem has a budget and whose exact elimination
 would build tables past the cap (memory keeps nodes from folding: the 405B-shaped LLaMA's pipeline stage on
 8 x 16 x 8 at 128K tokens).  Output: a :class:`~autoshard.search.problem.Solution`: proven optimal when the
-dual closes, else the best fitting plan found with the dual's proven bound and gap.
+dual closes or fixing closes its gap (step 4), else the best fitting plan found with the proven bound and gap.
 
 Without the budget the same problem folds to a core of a dozen nodes (the rotary-embedding ops of one layer)
 and is eliminated in about a second, so each multiplier ``lambda`` costs one reduction and one elimination of
@@ -19,10 +19,16 @@ and is eliminated in about a second, so each multiplier ``lambda`` costs one red
 3. the cutting-plane dual (:func:`~autoshard.search.budget.dual_search`), then the over-budget minimisers'
    fitting neighbours (:mod:`~autoshard.search.neighbourhood`; with peak terms, re-solved with them), then
    more probes if the better plan left a gap worth them;
-4. CP-SAT only when its model is small enough to pay (:data:`CPSAT_MAX_PAIRS`).
+4. the duality gap closed exactly where it can be (:mod:`~autoshard.search.diffusion`): ``cost + lambda *
+   memory`` reparametrised by min-sum diffusion, every strategy and pair that no fitting plan cheaper than
+   the best can use forbidden, what is left reduced and eliminated over (memory, cost) Pareto sets, per
+   peak threshold when there are peak terms;
+5. CP-SAT only when its model is small enough to pay (:data:`CPSAT_MAX_PAIRS`).
 
 Measured on the 405B stage (PP 16 pinned, 16 microbatches): selective recomputation 11.6 % -> 0.22 % proven
 gap, full 1.24 % -> 0.80 %; the plan the dual brackets first (greedy repair) was the weak side, not the bound.
+Then the duality gap itself (0.088 %: no plan between the two minimisers that bracket the budget) closed by
+step 4: proven optimal, 321.0233 s against the 321.0243 s plan the neighbourhoods found, in ~1 s CPU.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ from typing import Literal
 import numpy as np
 
 from autoshard.search.budget import Lagrange, Relaxed, dual_search
+from autoshard.search.diffusion import exact_below, reparametrise
 from autoshard.search.exact import ExactSolver, FactorCapExceeded, min_memory_plan
 from autoshard.search.neighbourhood import improve
+from autoshard.search.peak import at_threshold, thresholds
 from autoshard.search.problem import (
     SearchProblem,
     Solution,
@@ -58,6 +66,11 @@ __all__ = ["CPSAT_MAX_PAIRS", "least_memory", "trivial_lower_bound", "with_budge
 #: boolean per pair) takes tens of seconds to build there and it did not improve the bound of the
 #: 405B-shaped LLaMA's problems (650k pairs on 128 x 16 x 8: 18 s of model building, no plan in 60 s).
 CPSAT_MAX_PAIRS = 200_000
+
+#: With peak terms, fixing is first tried for plans up to this share of the gap above the best plan without
+#: its peak: fitting with the peak usually costs a little more (the 405B stage: 0.005 s of a 0.28 s gap),
+#: and each share of the gap widens what fixing keeps (the whole gap: 971 strategies, too many to solve).
+_EARLY_ROOM = 0.1
 
 
 def trivial_lower_bound(problem: SearchProblem) -> float:
@@ -145,10 +158,28 @@ def with_budget_by_reduction(
             if fixed is not None and evaluate(rp, fixed) < lag.cost:
                 lag.plan, lag.cost = fixed, evaluate(rp, fixed)
     best = run.expand(lag.plan)
-    if peak is not None:
+    early: tuple[tuple[int, ...], bool] | None = None
+    refined = tried = False  # the dual refined, fixing tried (once each: a second go costs, rarely proves)
+    if peak is not None and lag.over and not lag.closed():
+        refined = True
+        # the dual refined on the plan without its peak, then fixing just above that plan's cost: where a
+        # plan that fits with its peak lies there, fixing finds and proves it without _fit_peak's re-solves
+        dual_search(
+            relaxed, rp, lag, lag.lam or lam0, deadline=run.start + run.time_limit, seeds=(lag.over[-1],),
+            tolerance=0.05, ceiling=run.ceiling - run.offset(),
+        )  # fmt: skip
+        run.prune(lag.bound + run.offset())
+        best = run.expand(lag.plan)
+        room = _EARLY_ROOM * (lag.cost - lag.bound)  # a tenth of the gap above the plan
+        if lag.lam > 0.0 and room > 0.0:
+            tried = True
+            early = _close_by_fixing(run, lag.lam, best, peak, upper=lag.cost + run.offset() + room)
+    if early is not None and early[1]:
+        best, lag.cost = early[0], evaluate(run.problem, early[0]) - run.offset()
+    elif peak is not None:
         best = _fit_peak(run, peak, [run.expand(x) for x in starts], best)
         lag.cost = evaluate(run.problem, best) - run.offset()
-    if lag.over and not lag.closed():  # the primal moved: probe on until 5 % of the gap now left
+    if not refined and lag.over and not lag.closed():  # the primal moved: probe on to 5 % of the gap left
         dual_search(
             relaxed, rp, lag, lag.lam or lam0, deadline=run.start + run.time_limit, seeds=(lag.over[-1],),
             tolerance=0.05, ceiling=run.ceiling - run.offset(),
@@ -157,6 +188,16 @@ def with_budget_by_reduction(
         if peak is None and lag.cost + run.offset() < evaluate(run.problem, best):
             best = run.expand(lag.plan)  # a probe's minimiser fit and beat it (with peak terms: kept out)
         lag.cost = evaluate(run.problem, best) - run.offset()
+    proven = early is not None and early[1]
+    if proven:
+        lag.bound = lag.cost  # fixing proved it: no plan that fits with its peak is cheaper
+    elif not tried and not lag.closed() and lag.lam > 0.0:
+        found = _close_by_fixing(run, lag.lam, best, peak)
+        if found is not None:
+            best, proven = found
+            lag.cost = evaluate(run.problem, best) - run.offset()
+            if proven:  # no fitting plan is cheaper (with peak terms: fitting with its own peak)
+                lag.bound = lag.cost
     bound = lag.bound + run.offset()
     run.log.append(
         f"lagrangian by reduction: {lag.solves} relaxed solves"
@@ -166,9 +207,8 @@ def with_budget_by_reduction(
     )
     binding = True if lag.binding else None
     if lag.closed():
-        return dataclasses.replace(
-            run.finish_original(best, bound, True, "exact:lagrangian"), budget_binding=binding
-        )
+        how = "exact:fixing" if proven else "exact:lagrangian"
+        return dataclasses.replace(run.finish_original(best, bound, True, how), budget_binding=binding)
     pairs = sum(e.cost.size for e in rp.edges)
     if method != "exact" and pairs > CPSAT_MAX_PAIRS:
         run.log.append(
@@ -202,6 +242,61 @@ def _fit_peak(
         if plan is not None:
             found, upper = plan, evaluate(full, plan)
     return found if found is not None else best
+
+
+def _close_by_fixing(
+    run: Run,
+    lam: float,
+    best: tuple[int, ...],
+    peak: tuple[np.ndarray, ...] | None,
+    upper: float | None = None,
+) -> tuple[tuple[int, ...], bool] | None:
+    """The duality gap closed where it can be (:mod:`~autoshard.search.diffusion`): the cheapest plan on
+    the original nodes that fits (with its own peak, when there are peak terms) and whether that is proven;
+    None when ``best`` does not fit with its peak (fixing needs a fitting plan's cost as its threshold).
+    ``upper`` instead of ``best``'s cost: only plans below it are looked for (``best`` need not fit), and
+    None when none is found.
+
+    With peak terms, by thresholds as :mod:`~autoshard.search.peak` does: every plan fits ``P(t)`` for ``t``
+    its own peak, so the optimum is the least of :func:`exact_below` over the thresholds; each ``P(t)``'s
+    reparametrised bound rises by ``lam * (t - floor)`` over the relaxation's, so all but the lowest few are
+    closed by the bound alone."""
+    plain = run.problem
+    assert plain.memory_limit is not None
+    subs: list[tuple[SearchProblem | None, float]] = [(plain, 0.0)]  # (P(t), how much its bound rises)
+    if peak is not None:
+        floor = peak_floor(dataclasses.replace(plain, peak=peak))
+        full = dataclasses.replace(plain, peak=peak, memory_limit=plain.memory_limit + floor)
+        assert full.memory_limit is not None
+        if upper is None and memory_of(full, best) > full.memory_limit:
+            return None
+        least = memory_lower_bound(plain)  # thresholds that leave less budget than that fit nothing
+        subs = [
+            (at_threshold(plain, peak, t, full.memory_limit), lam * (t - floor))
+            for t in thresholds(full, floor)
+            if full.memory_limit - t >= least
+        ]
+    rep = reparametrise(plain, lam)  # once: each P(t) masks strategies and lowers the budget by t - floor
+    known = upper is None  # ``best`` fits: it is the answer unless something cheaper is found
+    upper = evaluate(plain, best) if upper is None else upper
+    run.log.append(
+        f"reparametrised fixing (search/diffusion.py): bound {rep.bound:.6g} s, plans below {upper:.6g} s"
+    )
+    proven = True
+    for sub, lift in subs:
+        if sub is None:
+            continue  # a node has no strategy under this threshold
+        found, done = exact_below(sub, lam, upper, run.log, rep, lift)
+        if found is not None and evaluate(plain, found) < upper:
+            best, upper, known = found, evaluate(plain, found), True
+        if not done:  # one threshold left open leaves the whole open: the rest would cost without proving
+            proven = False
+            break
+    run.log.append(
+        f"reparametrised fixing: {'optimal' if proven and known else 'not proven'} at {upper:.6g} s"
+        + (f" over {len(subs)} peak thresholds" if peak is not None else "")
+    )
+    return (best, proven) if known else None
 
 
 def least_memory(problem: SearchProblem, max_factor: float) -> tuple[tuple[int, ...], float]:
