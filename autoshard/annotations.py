@@ -13,8 +13,9 @@ An annotation maps a *target* to a *choice*:
     mesh axis that splits it: on the tensor-parallel axis (the last, or the one written ``"column@0"``) the
     weight is split that way, stored and used (``column``: output split on features; ``row``: a partial
     sum); on every other axis it is split the same way or not at all, stored and used (``column`` is never
-    split on the input dim anywhere; ``replicate`` is replicated on every axis).  Activations stay free for
-    the planner on the other axes;
+    split on the input dim anywhere; ``replicate`` is replicated on every axis).  A placement pin on the
+    weight itself decides its storage on the other axes (FSDP gathers before use: ``o_proj=row`` with
+    ``o_proj.weight=(S(0), S(1))``).  Activations stay free for the planner on the other axes;
   - placements of a parameter: ``("S(0)",)``, ``"(R, S(1))"``, or a :class:`~autoshard.placement.ShardingSpec`;
   - ``"ring"`` (or ``"ring@1"``) for an attention module: its ``scaled_dot_product_attention`` runs context
     parallel, the sequence split over the last mesh axis (or the one named) with K/V travelling round it;
@@ -95,9 +96,18 @@ def _resolve_all(
     )
     masks: dict[str, np.ndarray] = {}
     owner: dict[str, Annotation] = {}
+    # Parameters whose storage a placement pin decides: a layout pin then binds how the op uses the weight on
+    # every axis and its storage on the named axis only (FSDP gathers before use: torchtitan's 2-D layout
+    # pins ``o_proj=row`` with ``o_proj.weight=(S(0), S(1))``).
+    stored = frozenset(
+        node
+        for ann in items
+        if _is_placement(ann)
+        for node in _resolve_one(ann, infos, strategies, template, mesh_shape, block_prefix, block_first)
+    )
     for ann in items:
         for node, mask in _resolve_one(
-            ann, infos, strategies, template, mesh_shape, block_prefix, block_first
+            ann, infos, strategies, template, mesh_shape, block_prefix, block_first, stored
         ).items():
             masks[node] = mask if node not in masks else masks[node] & mask
             if not masks[node].any():
@@ -134,8 +144,15 @@ def _matches(pattern: str, name: str) -> bool:
     return bool(name) and (fnmatch.fnmatchcase(name, pattern) or name == pattern)
 
 
+def _is_placement(ann: Annotation) -> bool:
+    """Whether ``ann`` pins a tensor's placements (not a layout pattern, a ring or an op's operands)."""
+    if isinstance(ann.choice, str):
+        return ann.choice.split("@")[0] not in (*_PATTERNS, "ring")
+    return not (isinstance(ann.choice, tuple) and ann.choice and isinstance(ann.choice[0], tuple))
+
+
 def _resolve_one(
-    ann, infos, strategies, template, mesh_shape, block_prefix, block_first=0
+    ann, infos, strategies, template, mesh_shape, block_prefix, block_first=0, stored=frozenset()
 ) -> dict[str, np.ndarray]:
     target = _normalise_target(ann.target, block_prefix, block_first)
     # a node of a further run of identical blocks (problem/runs.py) pins the decision its run shares
@@ -161,7 +178,9 @@ def _resolve_one(
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
             raise AnnotationError(_no_match(ann, infos, "module with parameters"))
-        pinned = {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape) for i in by_module}
+        pinned = {
+            i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape, i.name in stored) for i in by_module
+        }
         return pinned | _computation_masks(ann, by_module, infos, strategies, template, mesh_shape)
     if not by_param:
         raise AnnotationError(_no_match(ann, infos, "parameter, buffer or input"))
@@ -227,7 +246,11 @@ def _spec_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], spec: Shardin
     return mask
 
 
-def _pattern_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape) -> np.ndarray:
+def _pattern_mask(
+    ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape, stored: bool = False
+) -> np.ndarray:
+    """The weight's storage under a layout pin: the named axis split as pinned; every other axis split the
+    same way or not at all, unless a placement pin decides the storage (``stored``: then those are free)."""
     name, _, axis_text = str(ann.choice).partition("@")
     if axis_text and not (axis_text.isdigit() and int(axis_text) < len(mesh_shape)):
         raise AnnotationError(
@@ -250,7 +273,10 @@ def _pattern_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape
     mask = np.array(
         [
             s.outputs[0] is not None
-            and all(p == want if a == axis else p in elsewhere for a, p in enumerate(s.outputs[0].placements))
+            and all(
+                p == want if a == axis else (stored or p in elsewhere)
+                for a, p in enumerate(s.outputs[0].placements)
+            )
             for s in options
         ],
         dtype=bool,

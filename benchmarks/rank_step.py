@@ -141,9 +141,7 @@ def forbid() -> None:
         f"    {cpu:.1f} s CPU ({wall:.1f} s wall), of which ranking {clock.cpu:.2f} s CPU ({clock.wall:.2f} s wall)"
     )
     for line in out.getvalue().splitlines():
-        if line.startswith(
-            ("  price of", "proven", "note: mesh search", "note:   runner-up")
-        ):
+        if line.startswith(("  price of", "proven", "note: mesh search", "note:   runner-up")):
             print(f"    {line.strip()}")
 
 

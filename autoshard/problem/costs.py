@@ -51,6 +51,7 @@ from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.attention import causal_attention
 from autoshard.problem.context import ring_seconds
+from autoshard.problem.elementwise import extra_seconds, master_cast_seconds
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.hidden_ops import hidden_seconds
 
@@ -220,6 +221,7 @@ def compute_parts(
     dtype = next((t.dtype for t in info.outputs if t is not None), "float32")
     local = _local_bytes(outs[0], strategy.outputs[0], mesh) if outs[0] is not None else 0.0
     hidden = hidden_seconds(info, inputs, moved, local, cluster, training)  # casts, the loss
+    hidden = _plus(hidden, extra_seconds(info, inputs, moved, local, cluster, training))  # strided, sums
     if info.is_view:
         return 0.0, hidden
     # shape-aware rate (cost_models.compute): tile/wave quantisation of the local GEMM, fused attention's own
@@ -266,6 +268,10 @@ def timed(
         bwd = bwd + fwd * opts.recompute_share  # only the recomputed blocks re-run it
     ring_fwd, ring_bwd = ring(fwd, bwd)  # CP only
     return fwd + ring_fwd + hidden[0], bwd + ring_bwd + hidden[1]
+
+
+def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return a[0] + b[0], a[1] + b[1]
 
 
 def _grad_operands(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> float:
@@ -373,7 +379,8 @@ def optimizer_time(info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts:
     meta = info.outputs[0]
     numel = _optimizer_elements(meta.numel, strategy.outputs[0], cluster, opts)
     state = numel * (opts.adam_bytes(meta.itemsize) + 2 * meta.itemsize)  # read and write state, param, grad
-    return cluster.compute_time(numel * 10, 2 * state, "float32")
+    casts = master_cast_seconds(numel, meta.itemsize, opts.adam_bytes(meta.itemsize), cluster)
+    return cluster.compute_time(numel * 10, 2 * state, "float32") + casts
 
 
 def _optimizer_elements(numel: int, spec: ShardingSpec | None, cluster: Cluster, opts: CostOptions) -> float:

@@ -56,6 +56,7 @@ class NodeInfo:
     block: tuple[int, int] | None  # (block index, position in block) for repeated-layer nodes
     is_output: bool  # returned by the graph
     causal_mask: bool = False  # attention whose explicit mask is proven causal (capture/causal.py)
+    grad_users: int = 0  # consumers needing its gradient (autograd sums theirs: problem/elementwise.py)
 
     @property
     def is_view(self) -> bool:
@@ -97,6 +98,27 @@ def _consumed_output(src: fx.Node, dst: fx.Node) -> int:
     return 0
 
 
+def _layer(path: str) -> str | None:
+    """The repeated layer a module path lies in: its first numbered component (``model.layers.3`` of
+    ``model.layers.3.mlp``, ``layer2`` of ``layer2.up``), None outside every numbered module."""
+    parts = path.split(".") if path else []
+    index = next((i for i, p in enumerate(parts) if p[-1:].isdigit()), None)
+    return None if index is None else ".".join(parts[: index + 1])
+
+
+def _grad_users(node: fx.Node) -> int:
+    """Consumers in ``node``'s own layer that need its gradient.  A layer's output read by the next layer
+    is left out, so every copy of a repeated block counts alike and a collapsed stack prices what the full
+    one does (with or without the capture's block marks)."""
+    here = _layer(node.meta.get(cmeta.META_MODULE, "") or "")
+    return sum(
+        1
+        for u in node.users
+        if u.meta.get(cmeta.META_REQUIRES_GRAD, False)
+        and _layer(u.meta.get(cmeta.META_MODULE, "") or "") == here
+    )
+
+
 def describe(gm: fx.GraphModule) -> tuple[NodeInfo, ...]:
     """Read every placeholder and call_function node of ``gm`` into a :class:`NodeInfo`."""
     returned: set[str] = set()
@@ -125,6 +147,7 @@ def describe(gm: fx.GraphModule) -> tuple[NodeInfo, ...]:
                 block=node.meta.get(cmeta.META_BLOCK),
                 is_output=node.name in returned,
                 causal_mask=bool(node.meta.get(cmeta.META_CAUSAL_MASK, False)),
+                grad_users=_grad_users(node),
             )
         )
     return tuple(infos)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,15 +94,20 @@ def lagrangian_sweep(
     seeds: Sequence[tuple[int, ...]] = (),
     ceiling: float = math.inf,
     first: float | None = None,
+    tolerance: float = 0.0,
+    known: Mapping[float, tuple[tuple[int, ...], float]] | None = None,
 ) -> Lagrange:
     """Maximise ``g(lambda)`` from ``lam0`` with exact solves on ``ex``, improving ``lag`` in place (and
-    returning it); see :func:`dual_search`."""
+    returning it); see :func:`dual_search`.  ``known``: relaxed solves the caller already made on this
+    problem, by multiplier (taken as they are, not solved again)."""
     assert problem.memory is not None
 
     def relaxed(lam: float) -> tuple[tuple[int, ...], float] | None:
+        if known and lam in known:
+            return known[lam]
         return ex.solve([c + lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)])  # type: ignore[arg-type]
 
-    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, ceiling=ceiling, first=first)
+    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, tolerance, ceiling=ceiling, first=first)
 
 
 def dual_search(

@@ -130,6 +130,7 @@ class ExactSolver:
     def __init__(self, form: PairwiseForm, max_factor_size: float = MAX_FACTOR_SIZE) -> None:
         self.form = form
         self.sizes = tuple(u.size for u in form.unary)
+        self._own: tuple[tuple[int, ...], float] | None = None  # the optimum at the form's own costs
         n = len(self.sizes)
         adj = form.neighbours()
         self._adj = adj
@@ -328,7 +329,10 @@ class ExactSolver:
 
     def solve(self, unary: Sequence[np.ndarray] | None = None) -> tuple[tuple[int, ...], float]:
         """Optimal choice and objective for these unary costs (default: the form's own)."""
-        unary = self.form.unary if unary is None else unary
+        if unary is None:  # the form's own costs: solved once (the budgeted path asks again in its sweep)
+            if self._own is None:
+                self._own = self.solve(self.form.unary)
+            return self._own
         choice = np.zeros(len(self.sizes), dtype=np.int64)
         total = math.fsum(self._solve_tree(t, unary, choice) for t in self.trees)
         if self.plan is not None:

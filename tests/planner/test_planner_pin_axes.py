@@ -64,3 +64,17 @@ def test_replicate_is_replicated_on_every_axis() -> None:
     for module in ("fc1", "fc2"):
         assert set(plan.param_placements[f"{module}.weight"]) == {"R"}
         assert set(_used(plan, module)) == {"R"}
+
+
+def test_a_placement_pin_decides_the_storage_beside_a_layout_pin() -> None:
+    """torchtitan's 2-D layout: ``row`` use with FSDP storage on dim 0 of the other axis (the fidelity memory
+    runs pin exactly this); the use still holds the pattern on every axis."""
+    case, captured = _mlp()
+    cluster = autoshard.load_cluster("a100x8", mesh=(2, 4))
+    plan = autoshard.plan(
+        case.model, cluster, case.args, case.kwargs, captured=captured,
+        annotations={"fc2": "row", "fc2.weight": "(S(0), S(1))"},
+    )  # fmt: skip
+    assert tuple(plan.param_placements["fc2.weight"]) == ("S(0)", "S(1)")
+    used = _used(plan, "fc2")
+    assert used[1] == "S(1)" and "S(0)" not in used

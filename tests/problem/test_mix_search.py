@@ -132,3 +132,25 @@ def test_the_pareto_prune_with_a_multiplier_keeps_the_optimum(seed: int) -> None
             assert found is not None and close(evaluate(p, found), best, rel=1e-12)
             assert memory_of(p, found) <= p.memory_limit  # type: ignore[operator]
         assert pareto_plan(p, upper=best * 0.9 - 1e-3, lam=lam) is None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_ceiling_with_a_multiplier_prunes_only_what_cannot_beat_it(seed: int) -> None:
+    """``solve(ceiling=c, multiplier=lam)`` tries ``lam``'s Lagrangian bound first: BoundExceeded only when
+    every fitting plan costs at least ``c`` (also when none fits), else the optimum."""
+    p, _ = _pair(seed)
+    try:
+        want = brute_force(p).objective
+    except InfeasibleError:
+        want = math.inf
+    for lam in (1e-3, 0.05, 3.0):
+        for ceiling in (want * 0.98, want * 1.0001, want * 1.05) if math.isfinite(want) else (1.0, 1e9):
+            try:
+                got = solve(p, ceiling=ceiling, multiplier=lam)
+            except BoundExceeded as e:
+                assert want >= ceiling * (1 - 1e-9) and e.bound <= want * (1 + 1e-9)
+                continue
+            except InfeasibleError:
+                assert not math.isfinite(want)
+                continue
+            assert close(got.objective, want)
