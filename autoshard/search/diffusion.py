@@ -47,7 +47,7 @@ import numpy as np
 
 from autoshard.errors import InfeasibleError
 from autoshard.search.brute import brute_force
-from autoshard.search.pareto import pareto_plan
+from autoshard.search.pareto import pareto_below
 from autoshard.search.problem import Edge, SearchProblem, pairwise_form
 from autoshard.search.reduce import Reduction, reduce_problem
 
@@ -215,9 +215,9 @@ def exact_below(
         log.append(f"reparametrised fixing: {sum(current.sizes)} strategies left, too many to eliminate")
         return None, False
     else:
-        found = pareto_plan(current, upper=upper - offset, lam=lam)
-        if found is None:  # too large, or nothing at most ``upper`` fits: not told apart, so not proven
-            return None, False
+        found, proven = pareto_below(current, upper=upper - offset, lam=lam)
+        if found is None:  # nothing at most ``upper`` fits (proven), or too large (not)
+            return None, proven
         choice = found
     for red in reversed(stages):
         choice = red.expand(choice)
