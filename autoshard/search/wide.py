@@ -162,7 +162,8 @@ def with_budget_by_reduction(
             if fixed is not None and evaluate(rp, fixed) < lag.cost:
                 lag.plan, lag.cost = fixed, evaluate(rp, fixed)
     best = run.expand(lag.plan)
-    early: tuple[tuple[int, ...], bool] | None = None
+    early: tuple[tuple[int, ...] | None, bool] | None = None
+    below = -math.inf  # fixing proved that no plan fitting with its peak costs less (reduced space)
     refined = tried = False  # the dual refined, fixing tried (once each: a second go costs, rarely proves)
     if peak is not None and lag.over and not lag.closed():
         refined = True
@@ -182,9 +183,10 @@ def with_budget_by_reduction(
             early = _close_by_fixing(run, lag.lam, best, peak, upper=upper + run.offset(), rep=rep)
             if early is None or early[0] is not None:
                 break  # not proven, or the cheapest fitting plan found and proven
-            lag.bound = max(lag.bound, upper)  # proven: nothing that fits costs less than ``upper``
+            below = upper  # proven: nothing that fits with its peak costs less than ``upper``
     if early is not None and early[1] and early[0] is not None:
-        best, lag.cost = early[0], evaluate(run.problem, early[0]) - run.offset()
+        best = early[0]
+        lag.cost = evaluate(run.problem, best) - run.offset()
     elif peak is not None:
         best = _fit_peak(run, peak, [run.expand(x) for x in starts], best)
         lag.cost = evaluate(run.problem, best) - run.offset()
@@ -203,10 +205,12 @@ def with_budget_by_reduction(
     elif not tried and not lag.closed() and lag.lam > 0.0:
         found = _close_by_fixing(run, lag.lam, best, peak)
         if found is not None and found[0] is not None:
-            best, proven = found
+            best, proven = found[0], found[1]
             lag.cost = evaluate(run.problem, best) - run.offset()
             if proven:  # no fitting plan is cheaper (with peak terms: fitting with its own peak)
                 lag.bound = lag.cost
+    if lag.bound < below <= lag.cost:  # (a plan below it does not fit with its peak: the bound says nothing)
+        lag.bound = below
     bound = lag.bound + run.offset()
     run.log.append(
         f"lagrangian by reduction: {lag.solves} relaxed solves"
