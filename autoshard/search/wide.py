@@ -71,10 +71,11 @@ CPSAT_MAX_PAIRS = 200_000
 #: its peak, one after another: fitting with the peak usually costs a little more (the 405B stage: 0.005 s
 #: of a 0.28 s gap), and each share widens what fixing keeps (the whole gap: 971 strategies, too many to
 #: solve).  A share that proves no fitting plan below it raises the bound to there, and the next is tried;
-#: the first that is not proven ends the ladder.  The 405B stage (PP 16, selective, causal pricing): 0.1,
-#: 0.3 and 0.6 of its 1.07 s gap proven empty in ~1 s of CPU together (bound 236.51 -> 237.26 s, gap 0.45
-#: -> 0.14 %), 1.0 not (666 strategies left, over the Pareto elimination's caps).
-_EARLY_ROOMS = (0.1, 0.3, 0.6)
+#: the first that is not proven ends the ladder.  The 405B stage (PP 16, selective, causal pricing), CPU
+#: after the one diffusion (1.1 s): 0.1, 0.3 and 0.45 of its 1.07 s gap proven empty in 0.14, 0.16 and
+#: 0.31 s (bound 236.51 -> 237.19 s, gap 0.45 -> 0.17 %); 0.6 as well but in 0.93 s (gap 0.14 %); 1.0 not
+#: (666 strategies left, over the Pareto elimination's caps).
+_EARLY_ROOMS = (0.1, 0.3, 0.45)
 
 
 def trivial_lower_bound(problem: SearchProblem) -> float:
