@@ -46,7 +46,7 @@ from autoshard.report.groups import OpRow, PlanView
 from autoshard.report.labels import shard_dim
 from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_params
 
-__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note", "experts_note"]
+__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note", "experts_note", "fsdp_note"]
 
 KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
 _FAMILY = {
@@ -145,6 +145,15 @@ def dp_weights_note(view: PlanView, pipeline_axis: int | None = None) -> str:
     if not names:
         return ""
     return f"ZeRO-3/FSDP on {len(names)} of {len(view.plan.param_placements)} parameters"
+
+
+def fsdp_note(view: PlanView, pipeline_axis: int | None = None) -> str:
+    """What the headline adds to ``FSDP n``: how many parameters the FSDP axes shard (stored split and gathered
+    before use, :func:`autoshard.report.roles.fsdp_params`, as the "mesh axes" lines and the patterns count
+    them): ``"224 of 291 parameters"``, so that it reads beside the DP note's count of the DP axes."""
+    gathered = fsdp_params(view)
+    names = {f for u in axis_uses(view, pipeline_axis) if u.kind == "fsdp" for f in gathered.get(u.axis, ())}
+    return f"{len(names)} of {len(view.plan.param_placements)} parameters" if names else ""
 
 
 def experts_note(view: PlanView, pipeline_axis: int | None = None) -> str:

@@ -192,6 +192,9 @@ def test_fsdp_counts_agree_in_headline_axis_lines_and_patterns(per_layer: bool) 
     assert "axis 0 (2): DP: activations split by batch (100% of the weighted compute); 8 of 9" in axes
     assert axes.count("parameters stored split, 4 gathered before use") == 2  # both axes: w's 4 layers
     patterns = " ".join(report.split("patterns recognised")[1].split("\n\n")[0].split())
+    fsdp = render(cases.data_parallel_and_fsdp())  # an FSDP axis: the headline counts it the same way
+    assert fsdp.splitlines()[0] == "FSDP 8 (1 of 1 parameters) × DP 2, 1 microbatch"
+    assert "1 of 1 parameters stored split, gathered before use" in " ".join(fsdp.split())
     counts = re.findall(r"FSDP / ZeRO-3 on ax[ie]s ([\d, ]+) \((\d+) parameters stored split", patterns)
     assert {n for _, n in counts} == {"4"} and "1" in "".join(a for a, _ in counts)  # axis 1 said 4 too
 
