@@ -84,6 +84,14 @@ class Layout:
     p2p_latency: float
 
 
+#: Largest elimination table for a pipeline stage's budgeted solve; wider stages take the Lagrangian path by
+#: reduction (search/wide.py: neighbourhood re-solves, min-sum diffusion fixing).  Measured on the 405B
+#: stage (PP 16, 16 microbatches, selective recomputation, causal pricing): at the solver's default cap its
+#: 14.2e6-entry tables fit, and the plain Lagrangian sweep's fitting plan was 267.92 s (bound 234.93 s) in
+#: 30 s CPU; below it, the wide path found 236.00 s (same bound) in 6 s, a faster step than full recompute.
+STAGE_MAX_FACTOR = 10_000_000
+
+
 def layout(cluster: Cluster, degree: int) -> Layout:
     """Lay ``degree`` stages over the outermost mesh axis: across nodes when they divide the nodes."""
     if degree == 1:
@@ -286,7 +294,13 @@ def _price(
         len(hint) != problem.num_nodes or any(s >= n for s, n in zip(hint, problem.sizes, strict=True))
     ):
         hint = None  # another graph: no warm start
-    solution = solve(problem, method=search_method, time_limit=time_limit, hint=hint)  # type: ignore[arg-type]
+    solution = solve(
+        problem,
+        method=search_method,  # type: ignore[arg-type]
+        time_limit=time_limit,
+        hint=hint,
+        max_factor_size=STAGE_MAX_FACTOR,
+    )
     costs = part_costs(built, solution)
     hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
     tied = tied_sync_time(costs.tied_bytes, where.p2p_bandwidth, where.p2p_latency)  # embedding group

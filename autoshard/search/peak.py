@@ -50,6 +50,7 @@ from autoshard.search.problem import (
     peak_floor,
     relative_gap,
 )
+from autoshard.search.run import BoundExceeded
 
 __all__ = ["at_threshold", "solve_with_peak", "thresholds"]
 
@@ -95,9 +96,12 @@ def solve_with_peak(
         sub = at_threshold(plain, problem.peak, t, limit)
         if sub is None or memory_lower_bound(sub) > limit - t:
             continue
-        try:
-            found = solve(sub, **kwargs)
+        try:  # the best plan so far is the ceiling: a threshold proven no cheaper stops at its bound
+            found = solve(sub, ceiling=math.inf if best is None else best.objective, **kwargs)
         except InfeasibleError:
+            continue
+        except BoundExceeded as e:
+            bounds.append(e.bound)
             continue
         bounds.append(found.lower_bound)
         optimal = optimal and found.optimal

@@ -136,12 +136,12 @@ def with_budget_by_reduction(
     # least-memory plan's cost, often 50x that, would start far above the crossing)
     scale = lag.bound if lag.bound > 0 else lag.cost
     lam0 = max(scale, 1e-12) / max(rp.memory_limit, 1.0)
-    # The probe count ends the search (the crossing is reached in a few); the whole time limit only guards
-    # against a pathological graph, so that a loaded machine does not change the result.  Each relaxed solve
+    # The probe count ends the search (the crossing is reached in a few; budget.MAX_SOLVES caps it), never
+    # the clock, so that a loaded machine does not change the result.  Each relaxed solve
     # is a reduction and an elimination (~1 s on the 405B stage): stop once no multiplier can prove more than
     # 5 % of the gap left.
     dual_search(
-        relaxed, rp, lag, lam0, deadline=run.start + run.time_limit, seeds=seeds, tolerance=0.05,
+        relaxed, rp, lag, lam0, seeds=seeds, tolerance=0.05,
         descend=True, ceiling=run.ceiling - run.offset(),
     )  # fmt: skip
     run.prune(lag.bound + run.offset())
@@ -165,7 +165,7 @@ def with_budget_by_reduction(
         # the dual refined on the plan without its peak, then fixing just above that plan's cost: where a
         # plan that fits with its peak lies there, fixing finds and proves it without _fit_peak's re-solves
         dual_search(
-            relaxed, rp, lag, lag.lam or lam0, deadline=run.start + run.time_limit, seeds=(lag.over[-1],),
+            relaxed, rp, lag, lag.lam or lam0, seeds=(lag.over[-1],),
             tolerance=0.05, ceiling=run.ceiling - run.offset(),
         )  # fmt: skip
         run.prune(lag.bound + run.offset())
@@ -181,7 +181,7 @@ def with_budget_by_reduction(
         lag.cost = evaluate(run.problem, best) - run.offset()
     if not refined and lag.over and not lag.closed():  # the primal moved: probe on to 5 % of the gap left
         dual_search(
-            relaxed, rp, lag, lag.lam or lam0, deadline=run.start + run.time_limit, seeds=(lag.over[-1],),
+            relaxed, rp, lag, lag.lam or lam0, seeds=(lag.over[-1],),
             tolerance=0.05, ceiling=run.ceiling - run.offset(),
         )  # fmt: skip
         run.prune(lag.bound + run.offset())

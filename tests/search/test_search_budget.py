@@ -165,3 +165,26 @@ def test_repair_makes_a_plan_fit_and_never_claims_more(seed: int) -> None:
         return
     assert memory_of(p, fixed) <= p.memory_limit  # type: ignore[operator]
     assert evaluate(p, fixed) >= brute_force(p).objective * (1 - 1e-12)  # a plan, so never below the optimum
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_budgeted_plan_does_not_depend_on_the_time_limit(monkeypatch: pytest.MonkeyPatch, wide: bool) -> None:
+    # the Lagrangian sweeps end by their probe count, never by the clock: a time limit that is spent before
+    # the first probe (as on a loaded machine) gives the same plan, bound and probes as a generous one
+    import sys
+
+    p = transformer_problem(1, 6, memory=True)
+    free = solve(p)
+    _, least_mem = min_memory_plan(p)
+    limit = float(math.floor(least_mem + 0.4 * (memory_of(p, free.choice) - least_mem)))
+    q = dataclasses.replace(p, memory_limit=limit)
+    if wide:  # the wide path (search/wide.py), as the 405B stage takes it
+        monkeypatch.setattr(sys.modules["autoshard.search.solve"], "exact_solver", lambda run, cap: None)
+    slow, hurried = solve(q, method="exact", time_limit=60), solve(q, method="exact", time_limit=1e-9)
+    assert (hurried.choice, hurried.objective, hurried.lower_bound) == (
+        slow.choice,
+        slow.objective,
+        slow.lower_bound,
+    )
+    sweeps = [line for line in slow.log if line.startswith("lagrangian")]
+    assert sweeps and sweeps == [line for line in hurried.log if line.startswith("lagrangian")]
