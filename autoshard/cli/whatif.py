@@ -10,6 +10,7 @@ the two is faster where both run and by how much.  Nothing is re-planned: each p
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,16 +98,41 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cannot_run(cost: PlanCost, name: str, lo: float, hi: float) -> list[str]:
-    """``dp cannot run at batch 1..8 (at batch 1: batch 1 < DP 8)``: one line per gap in the plan's spans,
-    the reason read at the gap's end that is an end of the range (else its middle)."""
+    """``dp cannot run at batch 1..7 (at batch 1: batch 1 < DP 8)``: one line per gap in the plan's spans,
+    the reason read at the gap's end that is an end of the range (else its middle).  Integer symbols
+    (batch, seq, devices) print the integers the gap holds: it ends before the first value that runs."""
     spans, out, start = cost.spans(name, lo, hi), [], lo
     for a, b in [*cost.spans(name, lo, hi), (hi, hi)]:
         if a > start:
-            point = start if start == lo else a if a == hi else (start + a) / 2
-            why = cost.why_not(**{name: point})
-            out.append(f"{cost.name} cannot run at {name} {start:g}..{a:g} (at {name} {point:g}: {why})")
+            first, last = _gap_ends(name, start, a, lo, hi)
+            if first <= last:
+                point = first if start == lo else last if a == hi else _middle(name, first, last)
+                why = cost.why_not(**{name: point})
+                out.append(
+                    f"{cost.name} cannot run at {name} {first:g}..{last:g} (at {name} {point:g}: {why})"
+                )
         start = b
     return out if spans or not out else [out[0].replace("cannot run at", "cannot run anywhere in", 1)]
+
+
+INTEGER_SYMBOLS = frozenset({"batch", "seq", "devices"})
+"""Symbols that only take whole values: a gap in their spans is printed as the whole values it holds."""
+
+_TOLERANCE = 1e-9  # a span end within this of an integer is that integer (sympy's roots come back as floats)
+
+
+def _gap_ends(name: str, start: float, end: float, lo: float, hi: float) -> tuple[float, float]:
+    """The gap between spans ``start..end`` as printed: its whole values for an integer symbol (a span's
+    ends run, so an inner end that is an integer is left out of the gap), else the ends as they are."""
+    if name not in INTEGER_SYMBOLS:
+        return start, end
+    first = math.ceil(start - _TOLERANCE) if start == lo else math.floor(start + _TOLERANCE) + 1
+    last = math.floor(end + _TOLERANCE) if end == hi else math.ceil(end - _TOLERANCE) - 1
+    return float(max(first, math.ceil(lo - _TOLERANCE))), float(min(last, math.floor(hi + _TOLERANCE)))
+
+
+def _middle(name: str, first: float, last: float) -> float:
+    return float((first + last) // 2) if name in INTEGER_SYMBOLS else (first + last) / 2
 
 
 def _names(paths: list[str]) -> list[str]:

@@ -305,6 +305,7 @@ def _price(
     hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
     tied = tied_sync_time(costs.tied_bytes, where.p2p_bandwidth, where.p2p_latency)  # embedding group
     costs = dataclasses.replace(costs, p2p_seconds=hop, tied_sync=tied)
+    _enough_layers(request.schedules, degree, costs.layers)
     best: StageSplit | None = None
     refused: list[str] = []
     for schedule in request.schedules:
@@ -329,6 +330,20 @@ def _price(
             )
         return None
     return Candidate(best.step_seconds, where, count, built, solution, captured, best, opts.recompute)
+
+
+def _enough_layers(schedules: tuple[Schedule, ...], degree: int, layers: int) -> None:
+    """PipelineError when no asked schedule can lay ``layers`` layers on ``degree`` stages: an interleaved
+    schedule runs at least 2 chunks per stage, each of a layer or more (it read "no schedule and cut fits the
+    memory" for LLaMA-tiny's 2 layers on 2 stages with zb_v, where gpipe fit easily)."""
+    if any(virtual_stage_options(s, degree, layers) for s in schedules):
+        return
+    names = ", ".join(s.value for s in schedules)
+    raise PipelineError(
+        f"schedule {names} cannot run {degree} stages x 2 chunks on {layers} layers (each chunk needs a layer, "
+        f"so at least {2 * degree}): use fewer stages (at most {layers // 2}; 1 is no pipeline), a "
+        "non-interleaved schedule (--schedule gpipe or 1f1b) or a model with more layers"
+    )
 
 
 def compute_floor(built: BuiltProblem, degree: int) -> float:

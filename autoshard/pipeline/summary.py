@@ -43,6 +43,8 @@ def headline(plan: Plan) -> str:
             text += f" ({name}, v={v})" if v > 1 else f" ({name})"
         if kind == "cp" and plan.context_axis is not None:
             text += f" ({plan.context_layout})"  # the ring axis's sequence layout (zigzag: load-balanced)
+        if kind == "fsdp":  # how many parameters, counted as the DP note and the body count them
+            text += _fsdp_note(plan)
         if kind == "dp":  # some weights FSDP-sharded on a DP axis: say so (report.axes.dp_weights_note)
             text += _dp_note(plan)
         if kind == "ep":  # what every axis does to the experts (report.axes.experts_note)
@@ -70,4 +72,12 @@ def _dp_note(plan: Plan) -> str:
     from autoshard.report.groups import PlanView
 
     note = dp_weights_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
+    return f" ({note})" if note else ""
+
+
+def _fsdp_note(plan: Plan) -> str:
+    from autoshard.report.axes import fsdp_note
+    from autoshard.report.groups import PlanView
+
+    note = fsdp_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
     return f" ({note})" if note else ""

@@ -21,10 +21,12 @@ kind                    when
 ``pp``                  the axis the pipeline stages are laid along
 ``ep``                  the compute is split by experts
 ``tp``                  the compute uses weights split (Megatron column→row, heads, vocabulary)
-``cp``                  the compute is split by sequence and attention itself is (ring attention)
+``cp``                  the axis runs ring attention (K/V hops around it: ``Plan.ring_transfers`` or
+                        ``Plan.context_axis``), whatever else it splits; or the compute is split by
+                        sequence and attention itself is
 ``sp``                  the compute is split by sequence, attention is not (Ulysses, norms only)
 ``fsdp``                the compute is split by batch and at least half the parameters are stored split
-                        and gathered before use
+                        and gathered before use (:func:`autoshard.report.roles.fsdp_params`)
 ``dp``                  the compute is split by batch, parameters mostly replicated
 (none)                  nothing is split on the axis: every device of it computes the same
 ======================  ================================================================================
@@ -42,9 +44,9 @@ from dataclasses import dataclass
 
 from autoshard.report.groups import OpRow, PlanView
 from autoshard.report.labels import shard_dim
-from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_axes
+from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_params
 
-__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note", "experts_note"]
+__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note", "experts_note", "fsdp_note"]
 
 KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
 _FAMILY = {
@@ -87,8 +89,12 @@ class AxisUse:
             return head + "PP: pipeline stages"
         if self.kind is None:
             return head + "nothing split: every device of this axis computes the same"
-        what = _SAYS[self.compute]
-        if self.compute == "sequence":
+        what = _SAYS[self.compute] if self.compute else ""
+        if (
+            self.kind == "cp" and self.compute != "sequence"
+        ):  # a ring on an axis that mostly splits other work
+            what = "attention split by sequence (ring K/V)" + (f", {what}" if what else "")
+        elif self.compute == "sequence":
             what += ", attention too (ring)" if self.attention_by_sequence else ", attention not by sequence"
         stored = f"{self.params_split} of {self.params} parameters stored split"
         if self.gathered:
@@ -100,17 +106,22 @@ class AxisUse:
 def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]:
     """One record per mesh axis of size > 1."""
     placements = view.plan.param_placements
-    gathered = fsdp_axes(view)
+    gathered = fsdp_params(view)
+    plan = view.plan
+    rings = {r.mesh_axis for r in plan.ring_transfers} | ({plan.context_axis} - {None})
     out = []
     for axis, size in enumerate(view.plan.mesh_shape):
         if size == 1:
             continue
         split = sum(1 for spec in placements.values() if axis < len(spec) and spec[axis].startswith("S("))
         family, share, ring = _compute(view, axis)
-        kind = (
-            "pp" if axis == pipeline_axis else _kind(family, ring, split, len(placements), axis in gathered)
-        )
-        fsdp = len(gathered.get(axis, []))
+        fsdp = len(gathered.get(axis, ()))
+        if axis == pipeline_axis:
+            kind: str | None = "pp"
+        elif axis in rings:  # K/V hops around this axis: context parallel, whatever else it splits
+            kind, ring = "cp", True
+        else:
+            kind = _kind(family, ring, fsdp, len(placements))
         out.append(AxisUse(axis, size, kind, family, share, ring, split, len(placements), fsdp > 0, fsdp))
     return out
 
@@ -129,21 +140,20 @@ def dp_weights_note(view: PlanView, pipeline_axis: int | None = None) -> str:
     data-parallel axis, yet too few of them for the axis to count as FSDP: ``"ZeRO-3/FSDP on 1 of 148
     parameters"``; ``""`` when the DP axes shard no parameter."""
     uses = [u for u in axis_uses(view, pipeline_axis) if u.kind == "dp"]
-    gathered = fsdp_axes(view)
-    if not any(gathered.get(u.axis) for u in uses):
-        return ""
-    # Counted from the placements, which name every parameter: the gathers are recorded once per captured
-    # block, so counting them counted per-layer templates ("1 of 291" where 32 were stored split).
-    placements = view.plan.param_placements
-    names = {
-        fqn
-        for u in uses
-        for fqn, spec in placements.items()
-        if u.axis < len(spec) and spec[u.axis].startswith("S(")
-    } | {fqn for u in uses for fqn in gathered.get(u.axis, [])}
+    gathered = fsdp_params(view)  # every parameter by its own name, as the axis lines and patterns count
+    names = {fqn for u in uses for fqn in gathered.get(u.axis, ())}
     if not names:
         return ""
     return f"ZeRO-3/FSDP on {len(names)} of {len(view.plan.param_placements)} parameters"
+
+
+def fsdp_note(view: PlanView, pipeline_axis: int | None = None) -> str:
+    """What the headline adds to ``FSDP n``: how many parameters the FSDP axes shard (stored split and gathered
+    before use, :func:`autoshard.report.roles.fsdp_params`, as the "mesh axes" lines and the patterns count
+    them): ``"224 of 291 parameters"``, so that it reads beside the DP note's count of the DP axes."""
+    gathered = fsdp_params(view)
+    names = {f for u in axis_uses(view, pipeline_axis) if u.kind == "fsdp" for f in gathered.get(u.axis, ())}
+    return f"{len(names)} of {len(view.plan.param_placements)} parameters" if names else ""
 
 
 def experts_note(view: PlanView, pipeline_axis: int | None = None) -> str:
@@ -218,7 +228,7 @@ def _compute(view: PlanView, axis: int) -> tuple[str, float, bool]:
     return family, (seconds[family] / total if total else 0.0), ring
 
 
-def _kind(family: str, ring: bool, split: int, params: int, gathered: bool) -> str | None:
+def _kind(family: str, ring: bool, gathered: int, params: int) -> str | None:
     if family == "experts":
         return "ep"
     if family == "features":
@@ -226,5 +236,5 @@ def _kind(family: str, ring: bool, split: int, params: int, gathered: bool) -> s
     if family == "sequence":
         return "cp" if ring else "sp"
     if family == "batch":
-        return "fsdp" if gathered and 2 * split >= params else "dp"
+        return "fsdp" if gathered and 2 * gathered >= params else "dp"
     return None

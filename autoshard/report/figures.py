@@ -95,9 +95,10 @@ def figure_lines(plan: Plan, baseline: Baseline | None, width: int, budget: floa
 
 def _price(plan: Plan, width: int) -> list[str]:
     """The price of what the user pinned (``Plan.pinned``: annotations, forbidden kinds), named as given:
-    the pinned plan's step time beside the unpinned optimum's."""
+    the pinned plan's step time beside the unpinned optimum's.  Nothing when nothing was pinned, even where a
+    wider problem was priced (``cp_layout="auto"`` compares layouts, not pins: new-user trial)."""
     free = plan.unpinned_step_time
-    if free is None:
+    if free is None or not plan.pinned:
         return []
     extra = plan.predicted_step_time / free - 1 if free else 0.0
     cost = f"{extra:+.1%}" if extra >= 0.0005 else "no extra cost"
@@ -105,7 +106,7 @@ def _price(plan: Plan, width: int) -> list[str]:
     named = ["your annotations"] * ("annotations" in plan.pinned) + [f"forbidding {', '.join(kinds)}"] * bool(
         kinds
     )
-    what = " and ".join(named) or "the plan's pins"  # a file written before Plan.pinned
+    what = " and ".join(named) or "the plan's pins"  # a pin kind this report does not name yet
     text = (
         f"price of {what}: {fmt_seconds(plan.predicted_step_time)} pinned vs {fmt_seconds(free)} unpinned "
         f"optimum ({cost})"

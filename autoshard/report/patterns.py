@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from autoshard.report.describe import describe_group
 from autoshard.report.groups import Group, OpRow, PlanView
 from autoshard.report.labels import axes_text, fmt_bytes
-from autoshard.report.roles import all_to_all_axes, axis_role
+from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_params
 
 __all__ = ["Pattern", "axis_role", "describe_group", "recognise"]
 
@@ -109,7 +109,7 @@ def _fsdp(view: PlanView, axis: int) -> Pattern | None:
     if not gathers:
         return None
     moved = sum(c.nbytes for c in gathers)
-    count = len({(c.tensor, c.layer) for c in gathers})
+    count = len(fsdp_params(view).get(axis, ()))  # as the headline and the "mesh axes" lines count
     evidence = (
         f"{count} parameter{'s' * (count != 1)} stored split, all-gathered before use "
         f"({fmt_bytes(moved)} per step), gradients reduce-scattered"

@@ -149,14 +149,14 @@ def verify_pipeline_plan(plan: Plan, spec: str, *, float64: bool = False) -> Ver
         raise AutoshardError(
             f"a pipelined plan is verified as deployed, one gloo rank per device and its own layers: this one "
             f"needs {plan.num_devices} ranks for input {shape}; plan a small copy with the same --pp and "
-            "--schedule on at most 8 devices (e.g. --model llama-tiny --mesh 2x2) and verify that"
+            "--schedule on at most 8 devices (e.g. --profile cpu --model llama-tiny --mesh 2x2) and verify that"
         )
     torch.manual_seed(0)
     case = zoo.build(spec, batch=int(shape[0]), seq=int(shape[1]))
     if any(p.device.type == "meta" for p in case.model.parameters()):
         raise AutoshardError(
             f"{spec} builds on the meta device: a pipelined plan is verified at its own size; plan a tiny "
-            "model (e.g. --model llama-tiny) with the same --pp and --schedule and verify that"
+            "model (e.g. --profile cpu --model llama-tiny) with the same --pp and --schedule and verify that"
         )
     model = case.model.to(torch.float64) if float64 else case.model
     return verify_pipelined(plan, model, case.args[0], name=spec)

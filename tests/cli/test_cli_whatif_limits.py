@@ -66,9 +66,16 @@ def test_a_crossover_where_one_plan_cannot_run_is_dropped(tmp_path) -> None:
     )
     assert result.code == 0, result.err
     lines = result.out.splitlines()
-    assert "  dp cannot run at batch 1..8 (at batch 1: batch 1 < DP 8)" in lines
+    # integer bounds: the gap ends before batch 8, which DP 8 runs (new-user trial: "batch 1..8")
+    assert "  dp cannot run at batch 1..7 (at batch 1: batch 1 < DP 8)" in lines
     (over,) = [x for x in lines if x.startswith("  tp cannot run at batch ")]
     assert over.endswith("GiB over)") and "(at batch 1024: does not fit: " in over
+    # the memory edge is fractional (trial: "batch 499.639..1024"): the gap starts at the first whole batch
+    # over it, and the batch just below runs
+    (edge,) = [b for a, b in plan_cost(small, "tp").spans("batch", 1, 1024)]
+    assert edge != int(edge)
+    assert over.startswith(f"  tp cannot run at batch {int(edge) + 1}..1024 (")
+    assert plan_cost(small, "tp").why_not(batch=int(edge)) is None
     assert "batch = " not in result.out
     (both,) = [x for x in lines if "throughout" in x]  # the lead is read where both run only
     assert both.startswith("  tp is faster than dp throughout batch 8..")  # below the crossover: tp

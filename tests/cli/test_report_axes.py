@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 import autoshard
 from autoshard import zoo
 from autoshard.pipeline.summary import degrees_of, headline
-from autoshard.plans import Plan
+from autoshard.plans import Plan, RingTransfer
 from autoshard.report.table import render
 from autoshard.runtime.verify import cluster_for
 
@@ -55,6 +56,27 @@ def test_context_parallel_axis_is_cp_not_fsdp() -> None:
     assert "attention by sequence (context parallel) on axis 1" in report  # the body says the same
     assert "axis 1 (8): CP: activations split by sequence, attention too (ring)" in report
     assert degrees_of(plan) == {"cp": 8, "dp": 4}
+
+
+def test_an_axis_that_runs_the_ring_is_cp_whatever_else_it_splits() -> None:
+    """GPT-2 on 2 x 2 x 2 with ``--forbid dp`` was headed ``TP 8`` while axis 1 ran zigzag ring attention (36
+    K/V hops per device): weights split on axis 1 took most of the compute, so the axis read as TP."""
+    qkv = "(S(1), S(2))"  # (B, H, S, D): heads on axis 0, sequence on axis 1 (the ring)
+    ops = [
+        ("linear", "attn.q", LINEAR, "(R, R), (S(0), S(0)) -> (S(2), S(2))"),
+        ("sdpa", "attn", SDPA, f"{qkv}, {qkv}, {qkv} -> {qkv}"),
+        ("linear_1", "mlp.fc", LINEAR, "(R, R), (S(0), S(0)) -> (S(2), S(2))"),
+    ]
+    params = {"attn.q.weight": ("S(0)", "S(0)"), "mlp.fc.weight": ("S(0)", "S(0)")}
+    plan = cases.make_plan((2, 2), params, ops)
+    assert headline(plan) == "TP 4, 1 microbatch"  # no ring: both axes split weights
+    hops = (RingTransfer("forward", 1, 3, 2**20, "sdpa", "attn", 1e-4),)
+    ring = dataclasses.replace(plan, context_axis=1, context_layout="zigzag", ring_transfers=hops)
+    report = render(ring)
+    assert report.splitlines()[0] == "TP 2 × CP 2 (zigzag), 1 microbatch"
+    assert degrees_of(ring) == {"tp": 2, "cp": 2}
+    assert "axis 1 (2): CP: attention split by sequence (ring K/V), weights used split" in report
+    assert _headline_kinds(report.splitlines()[0]) == _axes_section(report) == ["TP", "CP"]
 
 
 @pytest.mark.parametrize(
@@ -138,21 +160,43 @@ def test_dp_headline_says_when_some_weights_are_fsdp_sharded() -> None:
     assert headline(plain) == "DP 8, 1 microbatch"
 
 
-def test_the_dp_weights_note_counts_parameters_not_captured_blocks() -> None:
-    """The gathers are recorded once per captured block, so the note counted per-layer templates: LLaMA-3-8B on
-    2 x 8 printed "ZeRO-3/FSDP on 1 of 291 parameters" over a body listing 32 stored split on that axis."""
-    import autoshard.report.axes as axes
+def _stack_with_fsdp(per_layer: bool) -> Plan:
+    """LLaMA-3-8B on 2 x 8 in miniature: a 4-layer stack, ``w`` and ``v`` stored split on both axes, only ``w``
+    all-gathered before use (on axis 0 once for the captured block, on axis 1 once per layer when
+    ``per_layer``), and a head stored split on axis 1 and used split there (not gathered)."""
+    ops = [
+        ("linear", "layers.0.w", LINEAR, "(S(0), S(0)), (R, R) -> (S(0), S(0))"),
+        ("linear_1", "layers.0.v", LINEAR, "(S(0), S(0)), (R, R) -> (S(0), S(0))"),
+        ("linear_2", "head", LINEAR, "(S(0), R), (R, S(0)) -> (S(0), S(1))"),
+    ]
+    params = {"layers.0.w.weight": ("S(0)", "S(0)"), "layers.0.v.weight": ("S(0)", "S(0)")}
+    params |= {"head.weight": ("R", "S(0)")}
+    w = cases.param_node("layers.0.w.weight")
+    comms = [cases.collective("all_gather", "forward", w, "linear", "layers.0.w", axis=0)]
+    layers = range(4) if per_layer else [None]
+    comms += [
+        cases.collective("all_gather", "forward", w, "linear", "layers.0.w", 1, layer=i) for i in layers
+    ]
+    return cases.make_plan((2, 8), params, ops, comms, layers=4, inputs={"x": ("S(0)", "S(0)")})
 
-    class View:
-        class plan:
-            param_placements = {f"layers.{i}.w": ("S(0)", "R") for i in range(4)} | {"head": ("R", "R")}
 
-    uses = [axes.AxisUse(0, 2, "dp", "linear", 0.9, False, 4, 5, True, 1)]
-    gathered = {0: ["layers.0.w"]}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(axes, "axis_uses", lambda view, pipeline_axis=None: uses)
-        mp.setattr(axes, "fsdp_axes", lambda view: gathered)
-        assert axes.dp_weights_note(View()) == "ZeRO-3/FSDP on 4 of 5 parameters"  # type: ignore[arg-type]
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_fsdp_counts_agree_in_headline_axis_lines_and_patterns(per_layer: bool) -> None:
+    """One definition: a parameter stored split on an axis and all-gathered before use there is FSDP on that
+    axis, counted by its own name.  LLaMA-3-8B on 2 x 8 was headed "ZeRO-3/FSDP on 32 of 291 parameters" over
+    an FSDP axis line "226 of 291 stored split, 7 gathered before use" (per-layer templates) and a patterns
+    line of 224; ``--forbid tp`` said "3 gathered" on the axis line, 96 in the patterns (new-user trial)."""
+    report = render(_stack_with_fsdp(per_layer))
+    assert report.splitlines()[0] == "DP 16 (ZeRO-3/FSDP on 4 of 9 parameters), 1 microbatch"
+    axes = " ".join(report.split("mesh axes")[1].split("\n\n")[0].split())
+    assert "axis 0 (2): DP: activations split by batch (100% of the weighted compute); 8 of 9" in axes
+    assert axes.count("parameters stored split, 4 gathered before use") == 2  # both axes: w's 4 layers
+    patterns = " ".join(report.split("patterns recognised")[1].split("\n\n")[0].split())
+    fsdp = render(cases.data_parallel_and_fsdp())  # an FSDP axis: the headline counts it the same way
+    assert fsdp.splitlines()[0] == "FSDP 8 (1 of 1 parameters) × DP 2, 1 microbatch"
+    assert "1 of 1 parameters stored split, gathered before use" in " ".join(fsdp.split())
+    counts = re.findall(r"FSDP / ZeRO-3 on ax[ie]s ([\d, ]+) \((\d+) parameters stored split", patterns)
+    assert {n for _, n in counts} == {"4"} and "1" in "".join(a for a, _ in counts)  # axis 1 said 4 too
 
 
 @pytest.mark.parametrize(

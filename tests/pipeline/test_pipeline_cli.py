@@ -38,6 +38,12 @@ def test_search_with_stages_prints_the_headline_first(tmp_path) -> None:
         (("--microbatches", "3"), ["microbatches=3", "does not divide the global batch"]),
         (("--pp", "2", "--schedule", "zigzag"), ["schedule='zigzag'", "gpipe, 1f1b"]),
         (("--annotate", "model.layers.1.mlp=stage", "--pp", "2"), ["cut inside a layer"]),
+        # 2 layers cannot make 2 stages x 2 chunks: it read "no schedule and cut fits the memory" (new-user trial)
+        (
+            ("--pp", "2", "--batch", "8", "--schedule", "zb_v"),
+            ["zb_v cannot run 2 stages x 2 chunks on 2 layers"],
+        ),
+        (("--pp", "2", "--batch", "8", "--schedule", "interleaved_1f1b"), ["at least 4", "gpipe or 1f1b"]),
     ],
 )
 def test_bad_pipeline_values_exit_2_with_one_line(extra, words) -> None:

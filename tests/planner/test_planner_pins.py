@@ -50,6 +50,18 @@ def test_column_row_pins_megatron_computation_with_its_price(small_mlp, cluster)
     assert "price of your annotations and forbidding fsdp: " in both.summary()
 
 
+def test_no_price_line_when_nothing_was_pinned(small_mlp, cluster) -> None:
+    """A wider problem priced beside the plan is not a pin (new-user trial: a ``cp_layout="auto"`` plan,
+    ``pinned == ()``, printed "price of the plan's pins: ... (no extra cost)")."""
+    import dataclasses
+
+    free = _plan(small_mlp, cluster)
+    priced = dataclasses.replace(free, unpinned_step_time=free.predicted_step_time)
+    assert priced.pinned == () and "price of" not in priced.summary()
+    kinds = dataclasses.replace(priced, pinned=("no tp",))
+    assert "price of forbidding tp: " in kinds.summary() and "(no extra cost)" in kinds.summary()
+
+
 def test_pinned_plan_keeps_its_price_through_json(small_mlp, cluster, tmp_path) -> None:
     import dataclasses
 

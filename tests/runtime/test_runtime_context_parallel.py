@@ -133,7 +133,8 @@ def test_an_hf_mask_proven_causal_prices_both_layouts_and_keeps_the_cheaper() ->
     (searched,) = [n for n in plan.notes if "layout searched" in n]
     prices = dict(re.findall(r"(zigzag on axis 0|contiguous) ([0-9.e-]+) s", searched))
     assert set(prices) == {"zigzag on axis 0", "contiguous"}
-    assert plan.context_layout == "contiguous" and float(prices["contiguous"]) < float(
+    # (printed to 4 digits: once attention is priced at its triangle the two round alike)
+    assert plan.context_layout == "contiguous" and float(prices["contiguous"]) <= float(
         prices["zigzag on axis 0"]
     )
 
