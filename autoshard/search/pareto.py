@@ -49,7 +49,7 @@ import numpy as np
 from autoshard.search.order import greedy_order
 from autoshard.search.problem import SearchProblem, evaluate, memory_of, pairwise_form
 
-__all__ = ["MAX_ENTRIES", "MAX_TOTAL_WORK", "MAX_WORK", "pareto_plan"]
+__all__ = ["MAX_ENTRIES", "MAX_TOTAL_WORK", "MAX_WORK", "pareto_below", "pareto_plan"]
 
 #: Entries of one combined table (separator x eliminated strategies x the points of every factor) above
 #: which the elimination gives up and CP-SAT takes the problem (~0.2 s of numpy at this size).
@@ -103,11 +103,22 @@ def pareto_plan(problem: SearchProblem, *, upper: float, lam: float = 0.0) -> tu
 
     ``lam >= 0`` (a Lagrange multiplier of the budget, e.g. the sweep's) sharpens the prune; any value is
     exact, a good one prunes most."""
+    return pareto_below(problem, upper=upper, lam=lam)[0]
+
+
+def pareto_below(
+    problem: SearchProblem, *, upper: float, lam: float = 0.0
+) -> tuple[tuple[int, ...] | None, bool]:
+    """:func:`pareto_plan` telling its two Nones apart: ``(plan, True)``; ``(None, True)`` when no plan fits
+    at a cost of at most ``upper`` (proven: every prune is exact, so an empty final set is a proof, which
+    reparametrised fixing uses as a bound); ``(None, False)`` when a table would pass the caps, or float
+    rounding let through a plan that the exact sums reject.  The memory prune allows the budget a relative
+    :data:`_SLACK`, so rounding in the fractional (re-weighted) memories never drops a plan that fits."""
     assert problem.memory is not None and problem.memory_limit is not None
     form = pairwise_form(problem)
     sizes = [u.size for u in form.unary]
     if not sizes:  # reductions folded every node: the empty plan (a budget is never negative)
-        return ()
+        return (), True
     factors = [
         _Factor((i,), np.asarray(m, dtype=np.float64)[:, None], u[:, None], -1)
         for i, (u, m) in enumerate(zip(form.unary, problem.memory, strict=True))
@@ -125,17 +136,17 @@ def pareto_plan(problem: SearchProblem, *, upper: float, lam: float = 0.0) -> tu
     try:
         steps = [(s.var, s.rest) for s in order]
         records, final = _eliminate(
-            factors, steps, sizes, _Bounds(0.0, 0.0, 0.0, limit, ceiling, max(lam, 0.0))
+            factors, steps, sizes, _Bounds(0.0, 0.0, 0.0, limit + _SLACK * abs(limit), ceiling, max(lam, 0.0))
         )
     except _TooLarge:
-        return None
+        return None, False
     best = int(np.argmin(final.cost))
     if not math.isfinite(float(final.cost[best])):
-        return None
+        return None, True
     choice = _read_back(records, best, sizes)
     if memory_of(problem, choice) > limit or not evaluate(problem, choice) <= ceiling:
-        return None  # float rounding let through a plan the exact sums reject: let CP-SAT decide
-    return choice
+        return None, False  # float rounding let through a plan the exact sums reject: let CP-SAT decide
+    return choice, True
 
 
 def _least(f: _Factor, lam: float) -> tuple[float, float, float]:

@@ -41,7 +41,7 @@ from typing import Literal
 import numpy as np
 
 from autoshard.search.budget import Lagrange, Relaxed, dual_search
-from autoshard.search.diffusion import exact_below, reparametrise
+from autoshard.search.diffusion import Reparametrised, exact_below, reparametrise
 from autoshard.search.exact import ExactSolver, FactorCapExceeded, min_memory_plan
 from autoshard.search.neighbourhood import improve
 from autoshard.search.peak import at_threshold, thresholds
@@ -67,10 +67,15 @@ __all__ = ["CPSAT_MAX_PAIRS", "least_memory", "trivial_lower_bound", "with_budge
 #: 405B-shaped LLaMA's problems (650k pairs on 128 x 16 x 8: 18 s of model building, no plan in 60 s).
 CPSAT_MAX_PAIRS = 200_000
 
-#: With peak terms, fixing is first tried for plans up to this share of the gap above the best plan without
-#: its peak: fitting with the peak usually costs a little more (the 405B stage: 0.005 s of a 0.28 s gap),
-#: and each share of the gap widens what fixing keeps (the whole gap: 971 strategies, too many to solve).
-_EARLY_ROOM = 0.1
+#: With peak terms, fixing is first tried for plans up to these shares of the gap above the best plan without
+#: its peak, one after another: fitting with the peak usually costs a little more (the 405B stage: 0.005 s
+#: of a 0.28 s gap), and each share widens what fixing keeps (the whole gap: 971 strategies, too many to
+#: solve).  A share that proves no fitting plan below it raises the bound to there, and the next is tried;
+#: the first that is not proven ends the ladder.  The 405B stage (PP 16, selective, causal pricing), CPU
+#: after the one diffusion (1.1 s): 0.1, 0.3 and 0.45 of its 1.07 s gap proven empty in 0.14, 0.16 and
+#: 0.31 s (bound 236.51 -> 237.19 s, gap 0.45 -> 0.17 %); 0.6 as well but in 0.93 s (gap 0.14 %); 1.0 not
+#: (666 strategies left, over the Pareto elimination's caps).
+_EARLY_ROOMS = (0.1, 0.3, 0.45)
 
 
 def trivial_lower_bound(problem: SearchProblem) -> float:
@@ -158,7 +163,8 @@ def with_budget_by_reduction(
             if fixed is not None and evaluate(rp, fixed) < lag.cost:
                 lag.plan, lag.cost = fixed, evaluate(rp, fixed)
     best = run.expand(lag.plan)
-    early: tuple[tuple[int, ...], bool] | None = None
+    early: tuple[tuple[int, ...] | None, bool] | None = None
+    below = -math.inf  # fixing proved that no plan fitting with its peak costs less (reduced space)
     refined = tried = False  # the dual refined, fixing tried (once each: a second go costs, rarely proves)
     if peak is not None and lag.over and not lag.closed():
         refined = True
@@ -170,12 +176,18 @@ def with_budget_by_reduction(
         )  # fmt: skip
         run.prune(lag.bound + run.offset())
         best = run.expand(lag.plan)
-        room = _EARLY_ROOM * (lag.cost - lag.bound)  # a tenth of the gap above the plan
-        if lag.lam > 0.0 and room > 0.0:
+        gap = lag.cost - lag.bound
+        rep = reparametrise(run.problem, lag.lam) if lag.lam > 0.0 and gap > 0.0 else None
+        for share in _EARLY_ROOMS if rep is not None else ():  # one diffusion serves every share
             tried = True
-            early = _close_by_fixing(run, lag.lam, best, peak, upper=lag.cost + run.offset() + room)
-    if early is not None and early[1]:
-        best, lag.cost = early[0], evaluate(run.problem, early[0]) - run.offset()
+            upper = lag.cost + share * gap
+            early = _close_by_fixing(run, lag.lam, best, peak, upper=upper + run.offset(), rep=rep)
+            if early is None or early[0] is not None:
+                break  # not proven, or the cheapest fitting plan found and proven
+            below = upper  # proven: nothing that fits with its peak costs less than ``upper``
+    if early is not None and early[1] and early[0] is not None:
+        best = early[0]
+        lag.cost = evaluate(run.problem, best) - run.offset()
     elif peak is not None:
         best = _fit_peak(run, peak, [run.expand(x) for x in starts], best)
         lag.cost = evaluate(run.problem, best) - run.offset()
@@ -188,16 +200,18 @@ def with_budget_by_reduction(
         if peak is None and lag.cost + run.offset() < evaluate(run.problem, best):
             best = run.expand(lag.plan)  # a probe's minimiser fit and beat it (with peak terms: kept out)
         lag.cost = evaluate(run.problem, best) - run.offset()
-    proven = early is not None and early[1]
+    proven = early is not None and early[1] and early[0] is not None
     if proven:
         lag.bound = lag.cost  # fixing proved it: no plan that fits with its peak is cheaper
     elif not tried and not lag.closed() and lag.lam > 0.0:
         found = _close_by_fixing(run, lag.lam, best, peak)
-        if found is not None:
-            best, proven = found
+        if found is not None and found[0] is not None:
+            best, proven = found[0], found[1]
             lag.cost = evaluate(run.problem, best) - run.offset()
             if proven:  # no fitting plan is cheaper (with peak terms: fitting with its own peak)
                 lag.bound = lag.cost
+    if lag.bound < below <= lag.cost:  # (a plan below it does not fit with its peak: the bound says nothing)
+        lag.bound = below
     bound = lag.bound + run.offset()
     run.log.append(
         f"lagrangian by reduction: {lag.solves} relaxed solves"
@@ -250,12 +264,13 @@ def _close_by_fixing(
     best: tuple[int, ...],
     peak: tuple[np.ndarray, ...] | None,
     upper: float | None = None,
-) -> tuple[tuple[int, ...], bool] | None:
+    rep: Reparametrised | None = None,
+) -> tuple[tuple[int, ...] | None, bool] | None:
     """The duality gap closed where it can be (:mod:`~autoshard.search.diffusion`): the cheapest plan on
     the original nodes that fits (with its own peak, when there are peak terms) and whether that is proven;
     None when ``best`` does not fit with its peak (fixing needs a fitting plan's cost as its threshold).
-    ``upper`` instead of ``best``'s cost: only plans below it are looked for (``best`` need not fit), and
-    None when none is found.
+    ``upper`` instead of ``best``'s cost: only plans below it are looked for (``best`` need not fit):
+    ``(None, True)`` when none is, proven (``upper`` is then a lower bound), None when not proven.
 
     With peak terms, by thresholds as :mod:`~autoshard.search.peak` does: every plan fits ``P(t)`` for ``t``
     its own peak, so the optimum is the least of :func:`exact_below` over the thresholds; each ``P(t)``'s
@@ -276,7 +291,8 @@ def _close_by_fixing(
             for t in thresholds(full, floor)
             if full.memory_limit - t >= least
         ]
-    rep = reparametrise(plain, lam)  # once: each P(t) masks strategies and lowers the budget by t - floor
+    if rep is None:  # once: each P(t) masks strategies and lowers the budget by t - floor
+        rep = reparametrise(plain, lam)
     known = upper is None  # ``best`` fits: it is the answer unless something cheaper is found
     upper = evaluate(plain, best) if upper is None else upper
     run.log.append(
@@ -293,10 +309,14 @@ def _close_by_fixing(
             proven = False
             break
     run.log.append(
-        f"reparametrised fixing: {'optimal' if proven and known else 'not proven'} at {upper:.6g} s"
+        "reparametrised fixing: "
+        + ("optimal" if proven and known else "nothing fits below" if proven else "not proven")
+        + f" at {upper:.6g} s"
         + (f" over {len(subs)} peak thresholds" if peak is not None else "")
     )
-    return (best, proven) if known else None
+    if not known:
+        return (None, True) if proven else None
+    return best, proven
 
 
 def least_memory(problem: SearchProblem, max_factor: float) -> tuple[tuple[int, ...], float]:

@@ -122,3 +122,44 @@ def test_the_wide_path_proves_the_optimum_the_dual_alone_leaves_open(monkeypatch
     with_fixing = proven()
     monkeypatch.setattr(wide, "_close_by_fixing", lambda *args: None)
     assert proven() < with_fixing == 60
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fixing_below_a_threshold_proves_a_bound_with_peak_terms(seed: int) -> None:
+    """The wide path's ladder (search/wide.py): ``(None, True)`` from fixing below ``upper`` means no plan
+    that fits with its own peak costs less than ``upper`` (it becomes the bound), against brute force."""
+    import dataclasses
+    import time
+
+    from autoshard.search.problem import peak_floor
+    from autoshard.search.reduce import reduce_problem
+    from autoshard.search.run import Run
+    from autoshard.search.wide import _close_by_fixing
+
+    base = random_problem(seed + 300, max_nodes=6, memory=True)
+    rng = np.random.default_rng(seed)
+    assert base.memory_limit is not None
+    peak = tuple(rng.integers(0, 30, s).astype(float) for s in base.sizes)
+    full = dataclasses.replace(base, peak=peak, memory_limit=base.memory_limit + 15.0)
+    try:
+        best = brute_force(full).objective
+    except InfeasibleError:
+        return
+    plain = dataclasses.replace(base, memory_limit=base.memory_limit + 15.0 - peak_floor(full))
+    run = Run(plain, [reduce_problem(plain)], time.perf_counter(), 60.0)
+    anyone = tuple(0 for _ in plain.sizes)
+    seen = 0
+    for upper in (best * 0.97, best * (1 - 1e-6), best * 1.05 + 1e-3):
+        got = _close_by_fixing(run, 0.01 * (seed % 5), anyone, peak, upper=upper)
+        if got is None:
+            continue  # not proven: nothing claimed
+        found, proven = got
+        assert proven or found is not None
+        if found is None:
+            assert best >= upper * (1 - 1e-9)  # the claimed bound holds
+            seen += 1
+        else:
+            assert memory_of(full, found) <= full.memory_limit  # type: ignore[operator]
+            assert evaluate(full, found) >= best * (1 - 1e-9)
+            assert not proven or evaluate(full, found) == pytest.approx(best, rel=1e-9)
+    assert seen >= 1 or best == 0.0

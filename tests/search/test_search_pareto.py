@@ -91,3 +91,20 @@ def test_sliced_steps_equal_whole_ones(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_empty_problem_is_the_empty_plan() -> None:
     empty = SearchProblem((), (), (), memory=(), memory_limit=0.0)
     assert pareto_plan(empty, upper=0.0) == ()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pareto_below_tells_nothing_fits_from_too_large(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``(None, True)`` is a proof (reparametrised fixing turns it into a bound): no plan fits at most
+    ``upper``; the caps give ``(None, False)``."""
+    problem = random_problem(seed, max_nodes=7, memory=True, inf_fraction=0.1 * (seed % 2))
+    try:
+        best = brute_force(problem).objective
+    except Exception:
+        assert pareto_mod.pareto_below(problem, upper=math.inf) == (None, True)
+        return
+    found, proven = pareto_mod.pareto_below(problem, upper=best)
+    assert proven and found is not None and close(evaluate(problem, found), best, rel=1e-12)
+    assert pareto_mod.pareto_below(problem, upper=best * (1 - 1e-6) - 1e-6) == (None, True)
+    monkeypatch.setattr(pareto_mod, "MAX_TOTAL_WORK", 1)
+    assert pareto_mod.pareto_below(problem, upper=best) == (None, False)
