@@ -36,7 +36,6 @@ Example::
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -90,7 +89,6 @@ def lagrangian_sweep(
     problem: SearchProblem,
     lag: Lagrange,
     lam0: float,
-    deadline: float = math.inf,
     seeds: Sequence[tuple[int, ...]] = (),
     ceiling: float = math.inf,
     first: float | None = None,
@@ -107,7 +105,7 @@ def lagrangian_sweep(
             return known[lam]
         return ex.solve([c + lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)])  # type: ignore[arg-type]
 
-    return dual_search(relaxed, problem, lag, lam0, deadline, seeds, tolerance, ceiling=ceiling, first=first)
+    return dual_search(relaxed, problem, lag, lam0, seeds, tolerance, ceiling=ceiling, first=first)
 
 
 def dual_search(
@@ -115,7 +113,6 @@ def dual_search(
     problem: SearchProblem,
     lag: Lagrange,
     lam0: float,
-    deadline: float = math.inf,
     seeds: Sequence[tuple[int, ...]] = (),
     tolerance: float = 0.0,
     descend: bool = False,
@@ -144,8 +141,8 @@ def dual_search(
     ``first``: a multiplier probed before the cutting planes (a similar problem's best, e.g. the uniform
     recomputation policy's for the per-block search's intervals): with a ceiling, one probe there often
     proves the bound; without, its line cuts the search short.  Only the number of probes depends on it.
-    ``deadline`` (a ``time.perf_counter`` value) only guards pathological graphs: the probe count, not the
-    clock, ends a normal search.
+    The probe count (``MAX_SOLVES``), never the clock, ends the search: the same problem gives the same plan
+    and bound on any machine load.
     """
     assert problem.memory is not None and problem.memory_limit is not None
     limit = problem.memory_limit
@@ -179,7 +176,7 @@ def dual_search(
             keep(lam0, (cost, mem), mem <= limit)
     down = [lam0 / 4.0**k for k in range(_DESCENT)] if descend else []
     for lam in [*down, 0.0]:  # a minimiser over the budget: a rising line
-        if lines[False] is not None or time.perf_counter() >= deadline:
+        if lines[False] is not None:
             break
         got = probe(lam)
         if got is not None:
@@ -187,7 +184,7 @@ def dual_search(
     lam = lam0
 
     def going() -> bool:
-        return lag.solves < MAX_SOLVES and time.perf_counter() < deadline and lag.bound < ceiling
+        return lag.solves < MAX_SOLVES and lag.bound < ceiling
 
     while lines[True] is None and going():
         got = probe(lam)

@@ -221,7 +221,7 @@ def _sweep(
     ceiling = run.ceiling - run.offset()
     tolerance = 0.0 if math.isfinite(ceiling) else _DUAL_TOLERANCE  # a ceiling wants the highest bound
     # no clock: the probe count (budget.MAX_SOLVES) ends the sweep, so the plan does not depend on machine load
-    lagrangian_sweep(ex, rp, lag, lam0, math.inf, (plan,), ceiling, first, tolerance, known)
+    lagrangian_sweep(ex, rp, lag, lam0, (plan,), ceiling, first, tolerance, known)
     run.log.append(
         f"lagrangian: {lag.solves} exact solves, best fitting plan {lag.cost:.6g} s, bound {lag.bound:.6g} s "
         f"(reduced problem)"
