@@ -68,8 +68,8 @@ def _tokens(step: int, batch: int, seq: int, vocab: int) -> torch.Tensor:
 def cmd_init(args: argparse.Namespace) -> None:
     """Write ``config.json`` and the model's own init (seeded per module) as safetensors, shard by shard."""
     import transformers
-    from safetensors.torch import save_file
 
+    from autoshard.runtime.checkpoint import save_safetensors
     from autoshard.runtime.materialize import InitWeights
 
     config = transformers.LlamaConfig(**PRESETS[args.preset], tie_word_embeddings=False, use_cache=False)
@@ -84,12 +84,12 @@ def cmd_init(args: argparse.Namespace) -> None:
     for name in names:
         tensor = source.full(name).clone()
         if shards[-1] and size + tensor.numel() * tensor.element_size() > args.shard_bytes:
-            save_file(shards[-1], str(out / f"part-{len(shards)}.safetensors"))
+            save_safetensors(shards[-1], out / f"part-{len(shards)}.safetensors")
             shards[-1], size = {n: torch.empty(0) for n in shards[-1]}, 0
             shards.append({})
         shards[-1][name] = tensor
         size += tensor.numel() * tensor.element_size()
-    save_file(shards[-1], str(out / f"part-{len(shards)}.safetensors"))
+    save_safetensors(shards[-1], out / f"part-{len(shards)}.safetensors")
     weight_map = {n: f"part-{k + 1}.safetensors" for k, shard in enumerate(shards) for n in shard}
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     params = sum(p.numel() for p in model.parameters())
