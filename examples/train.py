@@ -197,7 +197,10 @@ def check_run(args: argparse.Namespace, world: int | None = None) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
     mesh = "x".join(map(str, plan.mesh_shape))
     problem = ""
-    if plan.num_devices != world:
+    nproc = getattr(args, "nproc", 0)
+    if started == "torchrun started" and nproc and nproc != world:
+        problem = f"--nproc {nproc} under torchrun, which started {world} ranks: leave --nproc out (torchrun decides)"
+    elif plan.num_devices != world:
         use = "--nproc_per_node" if started == "torchrun started" else "--nproc"
         problem = (
             f"the plan {args.plan} needs {plan.num_devices} ranks (mesh {mesh}), {started} {world}: use "

@@ -59,6 +59,17 @@ def test_wrong_world_size_is_one_line_on_rank_0(plans, monkeypatch, capsys) -> N
     assert _check(plans["tp-dp"], 1, 2, 1, monkeypatch, capsys) == (2, "")  # the other ranks stay quiet
 
 
+def test_nproc_under_torchrun_must_agree_with_it(plans, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as stop:
+        _train().check_run(argparse.Namespace(plan=str(plans["tp-dp"]), zero=1, nproc=2))
+    err = capsys.readouterr().err
+    assert (
+        stop.value.code == 2 and "--nproc 2 under torchrun, which started 4 ranks: leave --nproc out" in err
+    )
+
+
 def test_zero_3_needs_a_plan_that_gathers_weights(plans, monkeypatch, capsys) -> None:
     code, err = _check(plans["tp-dp"], 3, 4, 0, monkeypatch, capsys)
     assert code == 2 and err.count("\n") == 1 and "--zero 3 frees weights gathered before use (FSDP)" in err
