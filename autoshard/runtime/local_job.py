@@ -10,7 +10,8 @@ turns a failure into one line and an exit code:
 - a worker that ended through :func:`fail` wrote its message to torch's per-worker error file
   (``TORCHELASTIC_ERROR_FILE``) and exited 2: the first such message, exit 2;
 - any other failure: ``rank R (pid P) exited with code C`` (the rank's own output is above it), and that code
-  (128 + the signal for a rank killed by one).
+  (128 + the signal for a rank killed by one); the launcher interrupted (Ctrl-C, SIGTERM): one line, 128 + the
+  signal.
 
 Under plain ``torchrun`` (several nodes), :func:`fail` prints its line on rank 0 and torchrun's failure table
 shows it as the root cause, below torch's own traceback.
@@ -60,6 +61,7 @@ def fail(message: str) -> NoReturn:
 
 def run_local(nproc: int, argv: Sequence[str]) -> int:
     """Run ``python argv...`` on ``nproc`` local ranks as ``torchrun --standalone`` would; the exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args
     from torch.distributed.run import run as torchrun
@@ -83,6 +85,9 @@ def run_local(nproc: int, argv: Sequence[str]) -> int:
         cause = f": {text}" if text else " (its output is above)"
         print(f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}{cause}", file=sys.stderr)
         return code
+    except SignalException as e:  # Ctrl-C or a kill: the agent has stopped the ranks
+        print(f"interrupted ({e.sigval.name}): the ranks were stopped", file=sys.stderr)
+        return 128 + int(e.sigval)
     finally:
         os.environ.pop(LAUNCHED, None)
     return 0

@@ -5,8 +5,10 @@ in torch's per-worker error file, which plain ``torchrun`` shows as the root cau
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # A 2-rank gloo job: both ranks all-reduce (the count proves the group ran), then rank 1 meets "bad input".
 WORKER = """
 import sys
+import time
 from pathlib import Path
 import torch, torch.distributed as dist
 from autoshard.runtime import init_from_env
@@ -25,6 +28,8 @@ init_from_env()
 total = torch.ones(1)
 dist.all_reduce(total)
 Path(sys.argv[1], f"rank{dist.get_rank()}").write_text(str(int(total.item())))
+if sys.argv[2] == "sleep":
+    time.sleep(120)
 if dist.get_rank() == 1:
     if sys.argv[2] == "fail":
         fail("worker.py: error: rank 1 met bad input; pass good input")
@@ -39,11 +44,14 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def _launch(tmp_path: Path, how: str) -> subprocess.CompletedProcess[str]:
+def _argv(tmp_path: Path, how: str) -> list[str]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    argv = [sys.executable, "-c", LAUNCH, str(script), str(tmp_path), how]
-    return subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=240)
+    return [sys.executable, "-c", LAUNCH, str(script), str(tmp_path), how]
+
+
+def _launch(tmp_path: Path, how: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_argv(tmp_path, how), env=_env(), capture_output=True, text=True, timeout=240)
 
 
 @pytest.mark.slow
@@ -61,6 +69,22 @@ def test_a_rank_that_exits_otherwise_is_named_with_its_code(tmp_path: Path) -> N
     assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("rank 1 (pid ")
     assert done.stderr.strip().endswith("exited with code 3 (its output is above)")
+
+
+@pytest.mark.slow
+def test_an_interrupted_launch_is_one_line(tmp_path: Path) -> None:
+    """SIGINT to the launcher while both ranks run: torch's agent stops them (passing the signal on: each rank's
+    own KeyboardInterrupt is its script's to report); the launcher adds one line, not torch's traceback, and
+    exits 130."""
+    job = subprocess.Popen(_argv(tmp_path, "sleep"), env=_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 130, err
+    assert err.endswith("\ninterrupted (SIGINT): the ranks were stopped\n")
+    assert "SignalException" not in err and "torch/distributed/" not in err
 
 
 def test_fail_records_the_line_for_torch_and_prints_it_on_rank_0(tmp_path, monkeypatch, capsys) -> None:
