@@ -15,26 +15,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A 2-rank gloo job: both ranks all-reduce (the count proves the group ran), then rank 1 meets "bad input".
+# A 2-rank job.  "fail": a gloo group all-reduces (the count proves the ranks ran together), then rank 1 meets
+# bad input.  Otherwise no torch in the ranks (faster): they note they started, then sleep, or rank 1 exits.
 WORKER = """
+import os
 import sys
 import time
 from pathlib import Path
-import torch, torch.distributed as dist
-from autoshard.runtime import init_from_env
-from autoshard.runtime.local_job import fail
 
-init_from_env()
-total = torch.ones(1)
-dist.all_reduce(total)
-Path(sys.argv[1], f"rank{dist.get_rank()}").write_text(str(int(total.item())))
-if sys.argv[2] == "sleep":
-    time.sleep(120)
-if dist.get_rank() == 1:
-    if sys.argv[2] == "fail":
+out, how = Path(sys.argv[1]), sys.argv[2]
+if how == "fail":
+    import torch, torch.distributed as dist
+    from autoshard.runtime import init_from_env
+    from autoshard.runtime.local_job import fail
+
+    init_from_env()
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    (out / f"rank{dist.get_rank()}").write_text(str(int(total.item())))
+    if dist.get_rank() == 1:
         fail("worker.py: error: rank 1 met bad input; pass good input")
-    raise SystemExit(int(sys.argv[2]))
-dist.destroy_process_group()
+    dist.destroy_process_group()
+    raise SystemExit(0)
+rank = int(os.environ["RANK"])
+(out / f"rank{rank}").write_text("started")
+if how == "sleep":
+    time.sleep(120)
+if rank == 1:
+    raise SystemExit(int(how))
 """
 
 LAUNCH = "import sys; from autoshard.runtime.local_job import run_local; sys.exit(run_local(2, sys.argv[1:]))"
