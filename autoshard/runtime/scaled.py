@@ -6,7 +6,9 @@ has two repeated layers, and makes every dim a plan may split divisible by 8 (th
 the CPU with real weights, in float32 unless asked otherwise (bfloat16 for Mixtral, whose float32 graph
 differs).  :func:`build_scaled` builds the zoo's architectures; :func:`scale_hf` rebuilds a user's Hugging
 Face model (built on meta from its config) the same way: its own class, from a copy of its config with those
-sizes.  A plain ``nn.Module`` on meta has no config to rebuild from: the user returns a small copy instead.
+sizes and its dropout (and router jitter) off: a sharded attention cannot draw the single-device model's
+dropout mask, so a check with it on would compare different draws.  A plain ``nn.Module`` on meta has no
+config to rebuild from: the user returns a small copy instead.
 
 Example::
 
@@ -113,8 +115,16 @@ def scale_hf(
         kv, int
     ):  # multi-head stays multi-head, multi-query stays multi-query, grouped stays grouped
         small.num_key_value_heads = heads if kv == _config_heads(config) else 1 if kv == 1 else heads // 2
-    if isinstance(getattr(small, "head_dim", None), int):
-        small.head_dim = 128 // heads
+    for name in ("head_dim", "d_kv"):  # where the config states the head size (else hidden / heads)
+        if isinstance(getattr(small, name, None), int):
+            setattr(small, name, 128 // heads)
+    for name, value in small.to_dict().items():  # random draws off, as in the zoo's copies (module doc)
+        if (
+            isinstance(value, float)
+            and value > 0
+            and ("dropout" in name or "pdrop" in name or "jitter" in name)
+        ):
+            setattr(small, name, 0.0)
     experts = any(isinstance(getattr(small, n, None), int) for n in _SIZES[-1][0])
     chosen = dtype or (torch.bfloat16 if experts else torch.float32)
     args, kwargs = _token_inputs(case, batch, seq)

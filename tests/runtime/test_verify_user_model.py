@@ -40,7 +40,7 @@ def plain():
 
 def _meta_llama(kv: int) -> LlamaForCausalLM:
     config = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=8,
-                         num_key_value_heads=kv, vocab_size=4096, use_cache=False)  # fmt: skip
+                         num_key_value_heads=kv, vocab_size=4096, use_cache=False, attention_dropout=0.1)  # fmt: skip
     with torch.device("meta"):
         return LlamaForCausalLM(config)
 
@@ -53,7 +53,7 @@ def test_a_hf_model_is_rebuilt_small_from_its_config(kv: int, small_kv: int) -> 
     config = case.model.config
     assert type(case.model) is LlamaForCausalLM and config.num_hidden_layers == 2
     assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (128, 16, small_kv)
-    assert config.head_dim == 8 and config.vocab_size == 512
+    assert config.head_dim == 8 and config.vocab_size == 512 and config.attention_dropout == 0.0
     assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in case.model.parameters())
     assert case.args[0].shape == case.kwargs["labels"].shape == (8, 16)
 
