@@ -162,10 +162,11 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     import torch.distributed as dist
 
+    import autoshard
     from autoshard.runtime.local_job import run_local
 
     if "LOCAL_RANK" not in os.environ:  # started with python: check once, then start the ranks (module doc)
-        world = args.nproc or _plan(args.plan).num_devices
+        world = args.nproc or autoshard.load_plan(args.plan).num_devices
         check_run(args, world)
         raise SystemExit(run_local(world, [__file__, *args.argv]))
     check_run(args)
@@ -175,24 +176,20 @@ def cmd_run(args: argparse.Namespace) -> None:
     gc.collect()
 
 
-def _plan(path: str) -> Any:
-    import autoshard
-
-    return autoshard.load_plan(path)
-
-
 def check_run(args: argparse.Namespace, world: int | None = None) -> None:
     """Refuse, in one line and exit code 2, what ``run`` cannot do as asked, before any process group: a plan
     for another number of ranks than the job has (``world``: ``--nproc`` in the launcher, else torchrun's
     ``WORLD_SIZE``), and ``--zero 3`` (free gathered weights, ZeRO-3 / FSDP) with a plan that stores no weight
-    split and gathered (a TP x DP plan: ZeRO-1/2 apply)."""
+    split and gathered (a TP x DP plan: ZeRO-1/2 apply); and a plan without token ids to train on."""
     import os
 
+    import autoshard
     from autoshard.report.groups import PlanView
     from autoshard.report.roles import fsdp_axes
     from autoshard.runtime.local_job import fail
 
-    plan = _plan(args.plan)
+    plan = autoshard.load_plan(args.plan)
+    plan_batch(plan)
     started = "torchrun started" if world is None else "--nproc asks for"
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
     mesh = "x".join(map(str, plan.mesh_shape))
