@@ -102,6 +102,8 @@ def seeded_sdpa(
     """``scaled_dot_product_attention`` with dropout through ATen's math path and this rank's piece of the
     global attention-probability mask ``(B, H, S, L)``; ``spec`` places that mask (q's dims 0-2, k's dim 2)."""
     attn_shape = (*q.shape[:-1], k.shape[-2])
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # the math op adds its mask as given
+        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(q.dtype)
     keep = (
         _global_mask(attn_shape, dropout_p, _spec(spec), mesh, coord, zigzag_axis).to(device=q.device).bool()
     )
