@@ -29,3 +29,34 @@ def test_dropout_models_verify_in_training_mode(name: str) -> None:
     report = autoshard.verify(model, args, kwargs, nproc=4, annotations=PINS[name])
     assert report.ok, str(report)
     assert "all_reduce" in str(report)  # the Megatron pair's all-reduces ran
+
+
+BATCH_SPLIT = ((1,), (2, 1), (1, 1))  # GPT-2's Conv1D addmm(bias, x, W): the rows of x (batch x sequence) split
+GPT2_PLANS: dict[str, dict[str, object] | None] = {
+    "replicated": None,
+    "batch split": {"*.c_attn": BATCH_SPLIT, "*.c_proj": BATCH_SPLIT, "*.c_fc": BATCH_SPLIT},
+}
+
+
+@pytest.mark.parametrize("pins", list(GPT2_PLANS))
+def test_gpt2_with_attention_dropout_verifies(pins: str) -> None:
+    """HF GPT-2 in training mode, attention dropout 0.1 (its default): its attention gets a boolean causal mask
+    under export, which the seeded attention handed to ATen's math op as given (added as 0/1): MISMATCH even on a
+    replicated plan.  The batch-split plan cuts the attention and its dropout mask by batch."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from autoshard.runtime.verify import cluster_for
+
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64, n_positions=16, use_cache=False)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).train()
+    assert config.attn_pdrop == 0.1
+    ids = torch.zeros(4, 8, dtype=torch.long)
+    plan = autoshard.plan(model, cluster_for("cpu", 2), (ids,), annotations=GPT2_PLANS[pins])
+    attention = next(n.strategy for n in plan.nodes if n.target == "aten.scaled_dot_product_attention.default")
+    report = autoshard.verify(model, (ids,), plan=plan, allow_replicated=pins == "replicated")
+    assert report.ok, str(report)
+    if pins == "batch split":
+        assert attention == "S(0), S(0), S(0), S(0) -> S(0)"
+        assert report.emitted.get("backward all_reduce", 0) > 0  # the batch split's gradient all-reduces ran
