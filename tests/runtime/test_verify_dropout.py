@@ -31,7 +31,8 @@ def test_dropout_models_verify_in_training_mode(name: str) -> None:
     assert "all_reduce" in str(report)  # the Megatron pair's all-reduces ran
 
 
-BATCH_SPLIT = ((1,), (2, 1), (1, 1))  # GPT-2's Conv1D addmm(bias, x, W): the rows of x (batch x sequence) split
+# GPT-2's Conv1D runs addmm(bias, x, W): split the rows of x (batch x sequence)
+BATCH_SPLIT = ((1,), (2, 1), (1, 1))
 GPT2_PLANS: dict[str, dict[str, object] | None] = {
     "replicated": None,
     "batch split": {"*.c_attn": BATCH_SPLIT, "*.c_proj": BATCH_SPLIT, "*.c_fc": BATCH_SPLIT},
@@ -54,7 +55,9 @@ def test_gpt2_with_attention_dropout_verifies(pins: str) -> None:
     assert config.attn_pdrop == 0.1
     ids = torch.zeros(4, 8, dtype=torch.long)
     plan = autoshard.plan(model, cluster_for("cpu", 2), (ids,), annotations=GPT2_PLANS[pins])
-    attention = next(n.strategy for n in plan.nodes if n.target == "aten.scaled_dot_product_attention.default")
+    attention = next(
+        n.strategy for n in plan.nodes if n.target == "aten.scaled_dot_product_attention.default"
+    )
     report = autoshard.verify(model, (ids,), plan=plan, allow_replicated=pins == "replicated")
     assert report.ok, str(report)
     if pins == "batch split":
