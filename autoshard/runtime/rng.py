@@ -32,9 +32,15 @@ from torch import fx
 from autoshard.codegen.shard import local_piece
 from autoshard.placement import ShardingSpec
 from autoshard.strategies import OpStrategy
-from autoshard.strategies.local import shard_range
+from autoshard.strategies.local import bind, shard_range
 
-__all__ = ["reproducible_randomness", "seeded_dropout", "seeded_sdpa"]
+__all__ = [
+    "reproducible_randomness",
+    "seeded_dropout",
+    "seeded_native_dropout",
+    "seeded_sdpa",
+    "unreproduced",
+]
 
 aten = torch.ops.aten
 
@@ -84,6 +90,21 @@ def seeded_dropout(
     return x * noise.div_(1 - p)
 
 
+def seeded_native_dropout(
+    x: torch.Tensor,
+    p: float,
+    train: bool | None,
+    spec: str,
+    mesh: tuple[int, ...],
+    coord: tuple[int, ...],
+    zigzag_axis: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``native_dropout(x, p, train)`` (train not False, ``0 < p``) on this rank's piece: ``(x * keep * scale,
+    keep)`` as ATen computes it, ``keep`` this rank's piece of the global mask."""
+    keep = _global_mask(x.shape, p, _spec(spec), mesh, coord, zigzag_axis).to(device=x.device).bool()
+    return x.mul(keep).mul_(0.0 if p == 1 else 1 / (1 - p)), keep
+
+
 def seeded_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -111,6 +132,29 @@ def seeded_sdpa(
         q, k, v, attn_mask, dropout_p, is_causal, keep, scale=scale, enable_gqa=enable_gqa
     )
     return out
+
+
+_REPRODUCED = (aten.dropout.default, aten.native_dropout.default, aten.scaled_dot_product_attention.default)
+
+
+def unreproduced(graph: fx.Graph, strategies: Mapping[str, OpStrategy]) -> tuple[str, ...]:
+    """The random ops of ``graph`` whose pieces cannot be the single-device draws: each rank would draw its
+    piece's shape from the same generator state.  Those other than dropout and attention dropout
+    (:func:`reproducible_randomness`) whose strategy splits an output, as ``"name (op, strategy)"``."""
+    found = []
+    for node in graph.nodes:
+        strategy = strategies.get(node.name)
+        target = node.target
+        if node.op != "call_function" or strategy is None or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if target in _REPRODUCED or torch.Tag.nondeterministic_seeded not in target.tags:
+            continue
+        bound = bind(target, node.args, node.kwargs)
+        if bound.get("train", bound.get("training")) is False or bound.get("p") == 0:
+            continue
+        if any(s is not None and not s.is_replicated() for s in strategy.outputs):
+            found.append(f"{node.name} ({target}, {strategy})")
+    return tuple(found)
 
 
 def _mask_spec_of_sdpa(strategy: OpStrategy) -> ShardingSpec:
@@ -142,16 +186,21 @@ def reproducible_randomness(
         strategy = strategies.get(node.name)
         if node.op != "call_function" or strategy is None:
             continue
-        if node.target is aten.dropout.default:
+        if node.target is aten.dropout.default or node.target is aten.native_dropout.default:
             x = node.args[0]
             p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p")
             train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
-            if not train or not p:
+            native = node.target is aten.native_dropout.default
+            if train is False or not p or not (train or native):  # native_dropout's train=None trains
                 continue
             out = strategy.outputs[0]
             assert out is not None
             args = (x, p, train, str(out), mesh, coord, zigzag_axis)
-            node.target, node.args, node.kwargs = seeded_dropout, args, {}
+            node.target, node.args, node.kwargs = (
+                seeded_native_dropout if native else seeded_dropout,
+                args,
+                {},
+            )
             count += 1
         elif node.target is aten.scaled_dot_product_attention.default:
             names = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")

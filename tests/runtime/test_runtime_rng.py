@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
@@ -156,3 +157,39 @@ def test_seeded_sdpa_matches_eager_attention_dropout(mask: str) -> None:
     for want, *got in zip(eager, *halves, strict=True):
         torch.testing.assert_close(torch.cat(got), want, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(eager[0], torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs))
+
+
+class _Noisy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.fc(x)
+        return h * torch.rand_like(h), torch.native_dropout(h, 0.5, True)[0]
+
+
+@pytest.mark.filterwarnings("ignore:.*rand_like")
+def test_native_dropout_is_reproduced_and_other_split_randomness_named() -> None:
+    """``native_dropout`` is rewritten like ``dropout``; a random op without that rewrite is named once a
+    strategy splits it (verify then refuses in one line instead of a MISMATCH), not while it runs replicated."""
+    from autoshard.codegen.assign import assign_strategies
+    from autoshard.placement import ShardingSpec
+    from autoshard.runtime.rng import reproducible_randomness, unreproduced
+    from autoshard.strategies import OpStrategy
+
+    model, x = _Noisy().double().train(), torch.randn(4, 8, dtype=torch.float64)
+    plan = autoshard.plan(model, cluster_for("cpu", 2), (x,), annotations={"fc": "column"})
+    cap = capture(model, (x,), blocks="full")
+    strategies = assign_strategies(cap, plan)
+    graph = cap.graph_module.graph
+    assert (
+        unreproduced(graph, strategies) == ()
+    )  # rand_like has no rule: it runs replicated, drawing it whole
+    split = ShardingSpec.parse("(S(1),)")
+    strategies["rand_like"] = OpStrategy((split,), (split,), (None,), 2)
+    assert unreproduced(graph, strategies) == (
+        f"rand_like (aten.rand_like.default, {strategies['rand_like']})",
+    )
+    lowered = copy.deepcopy(graph)
+    assert reproducible_randomness(lowered, strategies, (2,), (0,)) == 1  # native_dropout, not rand_like

@@ -63,3 +63,26 @@ def test_gpt2_with_attention_dropout_verifies(pins: str) -> None:
     if pins == "batch split":
         assert attention == "S(0), S(0), S(0), S(0) -> S(0)"
         assert report.emitted.get("backward all_reduce", 0) > 0  # the batch split's gradient all-reduces ran
+
+
+def test_native_dropout_verifies_under_a_megatron_pair() -> None:
+    """``native_dropout`` between a column and a row linear draws its piece of the single-device mask (before: a
+    per-rank draw, MISMATCH); the pair's all-reduces ran."""
+    import torch
+    from torch import nn
+
+    from autoshard.runtime.verify import cluster_for
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(torch.native_dropout(self.fc1(x), 0.5, True)[0])
+
+    model, x = Pair().double().train(), torch.randn(4, 8, dtype=torch.float64)
+    plan = autoshard.plan(model, cluster_for("cpu", 2), (x,), annotations={"fc1": "column", "fc2": "row"})
+    report = autoshard.verify(model, (x,), plan=plan)
+    assert report.ok, str(report)
+    assert report.emitted.get("forward all_reduce", 0) > 0
