@@ -1,9 +1,12 @@
 """Randomness of an emitted module equal to the single-device model's: dropout masks cut from the global mask.
 
 Input: a lowered graph (:func:`~autoshard.codegen.lower.lower_graph`), the plan's strategy per node and this
-rank's mesh coordinate.  Output: the same graph, where every training-mode ``aten.dropout`` and every
-``aten.scaled_dot_product_attention`` with ``dropout_p > 0`` call :func:`seeded_dropout` /
-:func:`seeded_sdpa` instead (:func:`reproducible_randomness`, run by ``autoshard.parallelize``).
+rank's mesh coordinate.  Output: the same graph, where every training-mode ``aten.dropout`` /
+``aten.native_dropout`` and every ``aten.scaled_dot_product_attention`` with ``dropout_p > 0`` call
+:func:`seeded_dropout` / :func:`seeded_native_dropout` / :func:`seeded_sdpa` instead
+(:func:`reproducible_randomness`, run by ``autoshard.parallelize``).  Any other random op runs as captured:
+exact while its strategy is replicated (every rank draws it whole), not once split;
+:func:`unreproduced` names those, and ``verify`` refuses them in one line rather than report a MISMATCH.
 
 How: the single-device model draws each dropout mask from the default CPU generator, in graph order, as
 ``empty_like(x).bernoulli_(1 - p)`` (ATen's ``_dropout``; the CPU SDPA takes its math path when
@@ -12,6 +15,9 @@ mask the same way, in the same order, and keeps its own piece: in sharded region
 single-device ones, in replicated regions every rank holds the same mask, and the generator advances
 identically on every rank, so later random ops stay in step.  The cost is one global mask per dropout,
 transiently (CPU generators have no counter offset to jump to a piece, as CUDA's Philox does for DTensor).
+The attention runs ATen's math op with that mask; a boolean ``attn_mask`` (Hugging Face GPT-2 and LLaMA
+under export) is first made ``0 / -inf`` as ``scaled_dot_product_attention`` does, since the math op adds its
+mask as given.
 Condition: every rank seeds alike (``torch.manual_seed(s)`` before the step, as the single-device run).
 The inputs are assumed contiguous (``empty_like`` keeps strides; a transposed input would draw in another
 order) -- the outputs of linear, softmax and attention are.
