@@ -143,12 +143,13 @@ def test_seeded_sdpa_matches_eager_attention_dropout(mask: str) -> None:
     def run(piece: int | None) -> tuple[torch.Tensor, ...]:
         rows = slice(None) if piece is None else slice(piece * _B // 2, (piece + 1) * _B // 2)
         leaves = [t[rows].clone().requires_grad_() for t in (q, k, v)]
-        local = {n: m[rows] if isinstance(m, torch.Tensor) else m for n, m in kwargs.items()}
+        local: dict[str, Any] = {n: m[rows] if isinstance(m, torch.Tensor) else m for n, m in kwargs.items()}
+        lq, lk, lv = leaves
         torch.manual_seed(SEED)
         if piece is None:
-            out = torch.nn.functional.scaled_dot_product_attention(*leaves, dropout_p=0.5, **local)
+            out = torch.nn.functional.scaled_dot_product_attention(lq, lk, lv, dropout_p=0.5, **local)
         else:
-            out = seeded_sdpa(*leaves, dropout_p=0.5, spec="(S(0),)", mesh=(2,), coord=(piece,), **local)
+            out = seeded_sdpa(lq, lk, lv, dropout_p=0.5, spec="(S(0),)", mesh=(2,), coord=(piece,), **local)
         out.backward(grad[rows])
         return (out.detach(), *(t.grad for t in leaves if t.grad is not None))
 
