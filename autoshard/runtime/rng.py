@@ -15,9 +15,9 @@ mask the same way, in the same order, and keeps its own piece: in sharded region
 single-device ones, in replicated regions every rank holds the same mask, and the generator advances
 identically on every rank, so later random ops stay in step.  The cost is one global mask per dropout,
 transiently (CPU generators have no counter offset to jump to a piece, as CUDA's Philox does for DTensor).
-The attention runs ATen's math op with that mask; a boolean ``attn_mask`` (Hugging Face GPT-2 and LLaMA
-under export) is first made ``0 / -inf`` as ``scaled_dot_product_attention`` does, since the math op adds its
-mask as given.
+The attention takes its probabilities from ATen's math op and applies the mask as the math path's dropout
+does (bitwise eager's); a boolean ``attn_mask`` (Hugging Face GPT-2 and LLaMA under export) is first made
+``0 / -inf`` as ``scaled_dot_product_attention`` does, since the math op adds its mask as given.
 Condition: every rank seeds alike (``torch.manual_seed(s)`` before the step, as the single-device run).
 The inputs are assumed contiguous (``empty_like`` keeps strides; a transposed input would draw in another
 order) -- the outputs of linear, softmax and attention are.
@@ -126,18 +126,20 @@ def seeded_sdpa(
     coord: tuple[int, ...],
     zigzag_axis: int | None = None,
 ) -> torch.Tensor:
-    """``scaled_dot_product_attention`` with dropout through ATen's math path and this rank's piece of the
-    global attention-probability mask ``(B, H, S, L)``; ``spec`` places that mask (q's dims 0-2, k's dim 2)."""
-    attn_shape = (*q.shape[:-1], k.shape[-2])
+    """``scaled_dot_product_attention`` with dropout as the CPU math path computes it (the attention
+    probabilities times the mask scaled by ``1 / (1 - p)``, then times ``v``), with this rank's piece of the
+    global probability mask ``(B, H, S, L)``; ``spec`` places that mask (q's dims 0-2, k's dim 2)."""
     if attn_mask is not None and attn_mask.dtype == torch.bool:  # the math op adds its mask as given
         attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(q.dtype)
-    keep = (
-        _global_mask(attn_shape, dropout_p, _spec(spec), mesh, coord, zigzag_axis).to(device=q.device).bool()
-    )
-    out, _ = aten._scaled_dot_product_attention_math(
-        q, k, v, attn_mask, dropout_p, is_causal, keep, scale=scale, enable_gqa=enable_gqa
-    )
-    return out
+    _, probs = aten._scaled_dot_product_attention_math(
+        q, k, v, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa
+    )  # (B, H, S, L); its output, without dropout, is not used
+    if enable_gqa and v.shape[-3] != probs.shape[-3]:  # the math path repeats each key/value head
+        v = v.repeat_interleave(probs.shape[-3] // v.shape[-3], dim=-3)
+    if dropout_p == 1:  # ATen's dropout draws nothing then
+        return torch.matmul(probs * 0.0, v)
+    noise = _global_mask(probs.shape, dropout_p, _spec(spec), mesh, coord, zigzag_axis)
+    return torch.matmul(probs * noise.to(dtype=probs.dtype, device=probs.device).div_(1 - dropout_p), v)
 
 
 _REPRODUCED = (aten.dropout.default, aten.native_dropout.default, aten.scaled_dot_product_attention.default)
