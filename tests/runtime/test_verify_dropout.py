@@ -86,3 +86,26 @@ def test_native_dropout_verifies_under_a_megatron_pair() -> None:
     report = autoshard.verify(model, (x,), plan=plan)
     assert report.ok, str(report)
     assert report.emitted.get("forward all_reduce", 0) > 0
+
+
+def test_llama_head_split_with_attention_dropout_verifies() -> None:
+    """HF LLaMA (grouped kv heads, boolean causal mask, attention dropout 0.1) under Megatron pins: the attention
+    splits heads (its dropout mask cut on dim 1) and the pair's all-reduces ran."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autoshard.runtime.verify import cluster_for
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=64, use_cache=False, attention_dropout=0.1)  # fmt: skip
+    torch.manual_seed(0)
+    model, ids = LlamaForCausalLM(config).train(), torch.zeros(4, 8, dtype=torch.long)
+    pins = {"*.q_proj": "column", "*.k_proj": "column", "*.v_proj": "column", "*.o_proj": "row"}
+    plan = autoshard.plan(model, cluster_for("cpu", 2), (ids,), annotations=pins)
+    attention = next(
+        n.strategy for n in plan.nodes if n.target.endswith("scaled_dot_product_attention.default")
+    )
+    assert attention.endswith("-> S(1)")
+    report = autoshard.verify(model, (ids,), plan=plan)
+    assert report.ok, str(report)
+    assert report.emitted.get("forward all_reduce", 0) > 0
