@@ -47,5 +47,5 @@ def test_pruning_keeps_the_best_mesh_and_its_plan(mlp: tuple[zoo.ModelCase, Capt
         assert c.bound is not None and c.best is not None
         assert c.bound >= c.best >= pruned.plan.predicted_step_time  # it could not beat the best ...
         assert c.bound <= unpruned[c.mesh_shape].step_seconds  # type: ignore[operator]  # ... and is a true bound
-        assert f"pruned: bound {c.bound:.4g} s >= best" in str(c)
+        assert "pruned: bound " in str(c) and " s >= best " in str(c)
     assert any("pruned by a lower bound" in note for note in pruned.plan.notes)
