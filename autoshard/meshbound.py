@@ -150,7 +150,7 @@ def prove_above(floor: MeshFloor, ceiling: float) -> tuple[float, tuple[str, ...
     bounds: list[float] = []
     lines: list[str] = []
     fits = False
-    for part in floor.parts:
+    for part in sorted(floor.parts, key=lambda p: p.free):  # the likeliest to fail first: fail fast
         if part.free >= ceiling:
             bound, how = part.free, "without the budget"
             fits = True  # unknown: a plan of it may fit; the bound holds either way

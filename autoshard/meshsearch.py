@@ -246,7 +246,7 @@ def search_mesh(
     )
     if not planned:
         raise errors[min(errors)]  # the earliest mesh's in the given order (the 1-D mesh's)
-    cut = tuple(c for c, p in results.values() if p is None and c.pruned)
+    cut = tuple(sorted((c for c, p in results.values() if p is None and c.pruned), key=lambda c: c.bound or 0.0))
     ranked = (*(c for c, _ in planned), *cut, *(c for c, p in results.values() if p is None and not c.pruned))
     chosen = planned[0][1]
     assert chosen is not None
