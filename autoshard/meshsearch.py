@@ -72,6 +72,7 @@ class MeshCandidate:
     timings: Mapping[str, float] = field(default_factory=dict)  # planned: its Plan.timings (stages)
     floor: float | None = None  # a lower bound on its step proven before planning (ordering key), if any
     proof: tuple[str, ...] = ()  # pruned before planning: each part's bound (autoshard.meshbound)
+    cpu_seconds: float = 0.0  # CPU time of this candidate (bounding and planning), for benchmarks
 
     @property
     def pruned(self) -> bool:
@@ -193,20 +194,16 @@ def search_mesh(
     best: tuple[float, int, Plan] | None = None  # step, index in shapes, plan
     with deferred_prices() as later:  # only the winner's unpinned price is shown: only it is solved
         for i in order:
-            shape = shapes[i]
-            t0 = time.perf_counter() - spent.get(i, 0.0)
+            shape, floor = shapes[i], floors.get(i)
+            record = _Recorder(shape, floor, *spent.get(i, (0.0, 0.0)))
             # ties keep the earlier mesh: one before the best must be strictly slower to lose
             ceiling = math.inf if best is None or not prune else best[0]
             if best is not None and i < best[1]:
                 ceiling = math.nextafter(ceiling, math.inf)
-            floor = floors.get(i)
             proven = prove_above(floor, ceiling) if floor is not None and math.isfinite(ceiling) else None
             if proven is not None:
                 assert best is not None
-                results[i] = (
-                    MeshCandidate(shape, None, None, time.perf_counter() - t0, bound=proven[0], best=best[0],
-                                  floor=floor.floor if floor else None, proof=proven[1]), None,
-                )  # fmt: skip
+                results[i] = (record(bound=proven[0], best=best[0], proof=proven[1]), None)
                 continue
             if progress is not None:
                 progress(f"mesh {'x'.join(map(str, shape))}")
@@ -217,26 +214,16 @@ def search_mesh(
                 )
             except BoundExceeded as e:
                 assert best is not None
-                pruned = MeshCandidate(
-                    shape, None, None, time.perf_counter() - t0, bound=e.bound, best=best[0],
-                    floor=floor.floor if floor else None,
-                )  # fmt: skip
-                results[i] = (pruned, None)
+                results[i] = (record(bound=e.bound, best=best[0]), None)
                 continue
             except AutoshardError as e:
                 errors[i] = e
-                seconds = time.perf_counter() - t0
-                what = " ".join(str(e).split()).partition(" Fix: ")[
-                    0
-                ]  # whole (never cut mid-clause), less the fix
-                results[i] = (MeshCandidate(shape, None, None, seconds, what), None)
+                # the whole message (never cut mid-clause), less the fix
+                what = " ".join(str(e).split()).partition(" Fix: ")[0]
+                results[i] = (record(error=what), None)
                 continue
-            seconds = time.perf_counter() - t0
             step = plan.predicted_step_time
-            results[i] = (
-                MeshCandidate(shape, step, plan.memory_per_device, seconds, timings=plan.timings,
-                              floor=floor.floor if floor else None), plan,
-            )  # fmt: skip
+            results[i] = (record(step, plan.memory_per_device, timings=plan.timings), plan)
             if best is None or (step, i) < best[:2]:
                 best = (step, i, plan)
             later.keep_only(best[2])  # the others' unpinned problems are freed
@@ -246,7 +233,9 @@ def search_mesh(
     )
     if not planned:
         raise errors[min(errors)]  # the earliest mesh's in the given order (the 1-D mesh's)
-    cut = tuple(sorted((c for c, p in results.values() if p is None and c.pruned), key=lambda c: c.bound or 0.0))
+    cut = tuple(
+        sorted((c for c, p in results.values() if p is None and c.pruned), key=lambda c: c.bound or 0.0)
+    )
     ranked = (*(c for c, _ in planned), *cut, *(c for c, p in results.values() if p is None and not c.pruned))
     chosen = planned[0][1]
     assert chosen is not None
@@ -257,6 +246,20 @@ def search_mesh(
     return MeshSearch(_with_notes(chosen, tuple(lines)), ranked)
 
 
+class _Recorder:
+    """Makes a candidate's record, timed (wall and CPU) from construction plus what its floor took earlier."""
+
+    def __init__(self, shape: tuple[int, ...], floor: MeshFloor | None, wall: float, cpu: float) -> None:
+        self.shape, self.floor = shape, None if floor is None else floor.floor
+        self._wall, self._cpu = time.perf_counter() - wall, time.process_time() - cpu
+
+    def __call__(
+        self, step: float | None = None, memory: float | None = None, **fields: Any
+    ) -> MeshCandidate:
+        wall, cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
+        return MeshCandidate(self.shape, step, memory, wall, floor=self.floor, cpu_seconds=cpu, **fields)
+
+
 def _floors(
     captured: Captured,
     base: Cluster,
@@ -264,19 +267,20 @@ def _floors(
     shapes: list[tuple[int, ...]],
     options: Mapping[str, Any],
     progress: Callable[[str], None] | None,
-) -> tuple[dict[int, MeshFloor], dict[int, float]]:
-    """Each candidate's floor (:mod:`autoshard.meshbound`) where one is known, and the seconds it took."""
+) -> tuple[dict[int, MeshFloor], dict[int, tuple[float, float]]]:
+    """Each candidate's floor (:mod:`autoshard.meshbound`) where one is known, and the seconds it took (wall,
+    CPU)."""
     floors: dict[int, MeshFloor] = {}
-    spent: dict[int, float] = {}
+    spent: dict[int, tuple[float, float]] = {}
     for i, shape in enumerate(shapes):
         if progress is not None:
             progress(f"bounding mesh {'x'.join(map(str, shape))}")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             found = mesh_floor(captured, Cluster(base.profile, nodes, shape), options)
         except AutoshardError:
             found = None  # planning the mesh reports it
-        spent[i] = time.perf_counter() - t0
+        spent[i] = (time.perf_counter() - t0, time.process_time() - c0)
         if found is not None:
             floors[i] = found
     return floors, spent

@@ -152,7 +152,8 @@ def forbid() -> None:
     for c in _candidates():
         floor = "none" if c.floor is None else f"{c.floor:.6f} s"
         what = f"pruned, bound {c.bound:.6f} s" if c.pruned else f"solved, step {c.step_seconds:.6f} s"
-        print(f"      {'x'.join(map(str, c.mesh_shape)):6s} floor {floor}; {what}; {c.seconds:.2f} s wall")
+        mesh = "x".join(map(str, c.mesh_shape))
+        print(f"      {mesh:6s} floor {floor}; {what}; {c.cpu_seconds:.2f} s CPU {c.seconds:.2f} s wall")
         for line in c.proof:
             print(f"        {line}")
 
