@@ -20,6 +20,9 @@ budget whose optimum bounds every plan of that part:
   lower-bound terms are ``max(affine, 0)``, so monotone in the share either way, and the elementwise
   minimum of the two ends ``a`` and ``N`` is below every ``k`` between, for costs and memory alike.
 
+Each part is built with the asked ``cp_layout``: ``"auto"`` prices rings balanced, below every sequence
+layout the planner's layout search may pick (:mod:`autoshard.planner_layout`), so the part bounds those too.
+
 A part's bound is its optimum without the budget (one exact solve; the ordering key, :attr:`MeshFloor.floor`)
 or, where that is below the ceiling, a Lagrangian bound under the budget (``solve(ceiling=)`` stops at the
 first multiplier whose dual value reaches it: any ``lambda >= 0`` gives ``min cost + lambda (memory -
