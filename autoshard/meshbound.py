@@ -23,7 +23,8 @@ budget whose optimum bounds every plan of that part:
 Each part is built with the asked ``cp_layout``: ``"auto"`` prices rings balanced, below every sequence
 layout the planner's layout search may pick (:mod:`autoshard.planner_layout`), so the part bounds those too.
 
-A part's bound is its optimum without the budget (one exact solve; the ordering key, :attr:`MeshFloor.floor`)
+A part's bound is its optimum without the budget (one exact solve; the first part's is the ordering key,
+:attr:`MeshFloor.floor`)
 or, where that is below the ceiling, a Lagrangian bound under the budget (``solve(ceiling=)`` stops at the
 first multiplier whose dual value reaches it: any ``lambda >= 0`` gives ``min cost + lambda (memory -
 budget) <= OPT``).  A part where nothing fits bounds nothing (``inf``).  The floor of a mesh holds for its
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -85,24 +86,45 @@ _OPTIONS = {
 @dataclasses.dataclass(frozen=True, slots=True)
 class Part:
     """One part of a mesh's plan space: ``name`` (e.g. ``"selective, 16..32 of 32 blocks"``), the lower-bound
-    problem under the budget that relaxes it, and that problem's optimum without the budget."""
+    problem under the budget that relaxes it, and a lower bound on that problem's optimum without the budget
+    (its optimum, or the first part's where every term of it is at least the first part's)."""
 
     name: str
     problem: SearchProblem
     free: float
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class MeshFloor:
-    """Every plan a mesh could return lies in one of ``parts``; ``floor``: the least of their optima without
-    the budget, a lower bound on every such plan's reported step."""
+    """Every plan a mesh could return lies in one of :attr:`parts` (one per recomputation policy in play),
+    each built and solved without the budget on first use: a mesh that is planned anyway never pays for
+    more than its first part.  :attr:`floor` is the first part's optimum without the budget (policy none,
+    or the pinned policy): the key the mesh search orders candidates by."""
 
-    parts: tuple[Part, ...]
-    time_limit: float
+    def __init__(
+        self, policies: list[Recompute], make: Callable[[Recompute], Part | None], time_limit: float
+    ):
+        self.policies, self.time_limit = tuple(policies), time_limit
+        self._make = make
+        self._built: dict[Recompute, Part | None] = {}
+
+    def part(self, policy: Recompute) -> Part | None:
+        """The part of ``policy`` (None when it has no sound bound: then the mesh cannot be pruned)."""
+        if policy not in self._built:
+            try:
+                self._built[policy] = self._make(policy)
+            except AutoshardError:
+                self._built[policy] = None  # the planner raises it again, with its own context
+        return self._built[policy]
+
+    @property
+    def parts(self) -> tuple[Part | None, ...]:
+        return tuple(self.part(p) for p in self.policies)
 
     @property
     def floor(self) -> float:
-        return min((p.free for p in self.parts), default=math.inf)
+        first = self.part(self.policies[0])
+        assert first is not None  # mesh_floor checked it
+        return first.free
 
 
 def mesh_floor(captured: Captured, cluster: Cluster, options: Mapping[str, Any]) -> MeshFloor | None:
@@ -123,27 +145,25 @@ def mesh_floor(captured: Captured, cluster: Cluster, options: Mapping[str, Any])
         )
         return build(captured, cluster, costs, opts["annotations"], limit, {}, kinds)[1]
 
-    try:
-        if not training:
-            policies = [Recompute.NONE]
-        else:
-            policies = list(Recompute) if recompute == "auto" else [Recompute(recompute)]
-        relaxed: list[tuple[str, SearchProblem]] = []
-        for policy in policies:
-            whole = pinned(policy)
-            if unsound_reason(whole) is not None:
-                return None
-            mixed = recompute == "auto" and policy is not Recompute.NONE and whole.num_blocks >= 2
-            found = (
-                _blocks(pinned(policy, 0.0), whole) if mixed else (policy.value, lower_bound_problem(whole))
-            )
-            if found[1] is None:
-                return None
-            relaxed.append((found[0], found[1]))
-        parts = tuple(Part(name, p, _free(p, opts["search"], opts["time_limit"])) for name, p in relaxed)
-    except AutoshardError:
-        return None  # the planner raises it again, with its own context
-    return MeshFloor(parts, float(opts["time_limit"]))
+    def make(policy: Recompute) -> Part | None:
+        whole = pinned(policy)
+        if unsound_reason(whole) is not None:
+            return None
+        mixed = recompute == "auto" and policy is not Recompute.NONE and whole.num_blocks >= 2
+        name, problem = (
+            _blocks(pinned(policy, 0.0), whole) if mixed else (policy.value, lower_bound_problem(whole))
+        )
+        if problem is None:
+            return None
+        first = found.part(policies[0]) if policy is not policies[0] else None
+        if first is not None and _above(problem, first.problem):  # recomputation only added cost here
+            return Part(name, problem, first.free)
+        return Part(name, problem, _free(problem, opts["search"], opts["time_limit"]))
+
+    policies = list(Recompute) if recompute == "auto" else [Recompute(recompute)]
+    policies = policies if training else [Recompute.NONE]
+    found = MeshFloor(policies, make, float(opts["time_limit"]))
+    return found if found.part(policies[0]) is not None else None
 
 
 def prove_above(floor: MeshFloor, ceiling: float) -> tuple[float, tuple[str, ...]] | None:
@@ -153,7 +173,10 @@ def prove_above(floor: MeshFloor, ceiling: float) -> tuple[float, tuple[str, ...
     bounds: list[float] = []
     lines: list[str] = []
     fits = False
-    for part in sorted(floor.parts, key=lambda p: p.free):  # the likeliest to fail first: fail fast
+    for policy in floor.policies:  # none first: the part most likely to hold a plan under the ceiling
+        part = floor.part(policy)
+        if part is None:
+            return None
         if part.free >= ceiling:
             bound, how = part.free, "without the budget"
             fits = True  # unknown: a plan of it may fit; the bound holds either way
@@ -192,6 +215,20 @@ def _free(problem: SearchProblem, method: str, time_limit: float) -> float:
     """The optimum of ``problem`` without its budget: a lower bound on it under the budget."""
     plain = dataclasses.replace(problem, memory_limit=None, peak=None)
     return solve(plain, method=method, time_limit=time_limit).lower_bound  # type: ignore[arg-type]
+
+
+def _above(problem: SearchProblem, other: SearchProblem) -> bool:
+    """Every node and edge cost of ``problem`` at least ``other``'s, term by term (same shape): then every
+    plan costs at least as much, and ``other``'s optimum without the budget bounds ``problem``'s."""
+    if problem.sizes != other.sizes or [(e.u, e.v) for e in problem.edges] != [
+        (e.u, e.v) for e in other.edges
+    ]:
+        return False
+    pairs = [
+        *zip(problem.node_costs, other.node_costs, strict=True),
+        *((e.cost, f.cost) for e, f in zip(problem.edges, other.edges, strict=True)),
+    ]
+    return all(bool(np.all(a >= b)) for a, b in pairs)
 
 
 def _blocks(zero: BuiltProblem, whole: BuiltProblem) -> tuple[str, SearchProblem | None]:

@@ -20,15 +20,16 @@ is shown for the best plan only, so it is solved for that one only
 (:class:`~autoshard.planner_steps.DeferredPrices`).
 
 Pruning (``prune=True``, the default).  Before any candidate is planned, each gets a *floor*
-(:mod:`autoshard.meshbound`): the parts its plan space splits into (one per recomputation policy, and ``k`` of
-``N`` blocks recomputed), each relaxed to a lower-bound problem on the reported step, and their least
-optimum without the budget.  Candidates are planned in order of that floor, most promising first (ties and
-candidates without a floor in the given order).  Before planning one, the best step so far is the ceiling:
-when every part's bound -- its optimum without the budget, else its Lagrangian bound under the budget,
-stopped at the first multiplier that reaches the ceiling -- reaches it, the candidate cannot beat the best and
-is listed as ``pruned: bound X s >= best Y s`` without being planned.  Otherwise it is planned with that
-ceiling (:func:`autoshard.plan`'s ``ceiling``: its solver stops at a bound that reaches it, confirmed by the
-lower-bound problem without the budget, :func:`autoshard.planner_rerank.by_step`).
+(:mod:`autoshard.meshbound`): the parts its plan space splits into (one per recomputation policy, and ``k``
+of ``N`` blocks recomputed), each relaxed to a lower-bound problem on the reported step, built on first use.
+Candidates are planned in order of the first part's optimum without the budget (policy none's), most
+promising first (ties, and candidates without a floor first, in the given order).  Before planning one, the
+best step so far is the ceiling: when every part's bound -- its optimum without the budget, else its
+Lagrangian bound under the budget, stopped at the first multiplier that reaches the ceiling -- reaches it,
+the candidate cannot beat the best and is listed as ``pruned: bound X s >= best Y s`` without being
+planned.  Otherwise it is planned with that ceiling (:func:`autoshard.plan`'s ``ceiling``: its solver stops
+at a bound that reaches it, confirmed by the lower-bound problem without the budget,
+:func:`autoshard.planner_rerank.by_step`).
 
 Ties keep the earlier mesh in the given order either way: a candidate before the best one is pruned only
 when its bound is strictly above the best step, one after it when the bound reaches it.  So pruning never
@@ -70,7 +71,7 @@ class MeshCandidate:
     bound: float | None = None  # pruned: a proven lower bound on its step time, at least ``best``
     best: float | None = None  # pruned: the best step time when it was pruned
     timings: Mapping[str, float] = field(default_factory=dict)  # planned: its Plan.timings (stages)
-    floor: float | None = None  # a lower bound on its step proven before planning (ordering key), if any
+    floor: float | None = None  # ordering key: its first part's lower-bound optimum without the budget
     proof: tuple[str, ...] = ()  # pruned before planning: each part's bound (autoshard.meshbound)
     cpu_seconds: float = 0.0  # CPU time of this candidate (bounding and planning), for benchmarks
 
