@@ -153,6 +153,7 @@ def _capture_cut(
             with (
                 cut_blocks(model, candidate, CUT_BLOCKS + 1),
                 cut_runs(model, runs, found, CUT_BLOCKS) as out,
+                _no_stack_traces(),  # this graph is only compared, never planned or emitted
             ):
                 big = _export(model, args, kwargs)
             _prepare(big, model, [], fuse_experts)
@@ -204,6 +205,20 @@ def _quiet_torch() -> Iterator[None]:
         yield
     finally:
         logger.disabled = before
+
+
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Export without recording each node's Python stack (``node.meta["stack_trace"]``): a fifth of an
+    export's time (LLaMA-3-70B cut to 3 blocks: 0.37 -> 0.30 s CPU).  Only for the check export, whose
+    graph is compared by op, tensor metadata and argument structure (:func:`check_extension`), none of
+    which the stacks change; the planned graph keeps them (emitted code prints them as ``# File:`` lines)."""
+    before = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        torch.fx.config.do_not_emit_stack_traces = before
 
 
 def _export(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Traced:
