@@ -60,7 +60,9 @@ class Case:
 # published configs: GPT-2 small (Radford et al. 2019 / HF "gpt2"), Llama-3.2-1B (HF meta-llama/Llama-3.2-1B
 # config.json: 2048 hidden, 16 layers, 32 heads, 8 kv heads, FFN 8192, vocab 128256, tied embeddings),
 # BERT-base (Devlin et al. 2019 / HF "bert-base-uncased")
-MODELS = ("gpt2", "llama-1b", "bert-base")
+# Qwen2-0.5B (HF Qwen/Qwen2-0.5B config.json: 896 hidden, 24 layers, 14 heads, 2 kv heads, FFN 4864, vocab
+# 151936, q/k/v biases, tied embeddings): a second held-out model, measured 2026-11-24 (second GPU session)
+MODELS = ("gpt2", "llama-1b", "bert-base", "qwen-0.5b")
 CASES: tuple[Case, ...] = (
     Case("gpt2", 8, 1024, "none"),
     Case("gpt2", 8, 1024, "full"),
@@ -70,9 +72,15 @@ CASES: tuple[Case, ...] = (
     Case("llama-1b", 8, 2048, "full"),
     Case("bert-base", 32, 512, "none"),
     Case("bert-base", 32, 512, "full"),
+    Case("qwen-0.5b", 8, 1024, "none"),
+    Case("qwen-0.5b", 8, 2048, "none"),
+    Case("qwen-0.5b", 8, 2048, "full"),
 )
 PROFILES = ("h100x8", "h100_measured")  # bundled: the DGX H100 datasheet one, and the one measured here
-OPS_CASES = (Case("llama-1b", 4, 2048, "none"), Case("gpt2", 8, 1024, "none"))  # recorded op by op
+OPS_CASES = (  # recorded op by op (both recipes)
+    Case("llama-1b", 4, 2048, "none"), Case("gpt2", 8, 1024, "none"), Case("bert-base", 32, 512, "none"),
+    Case("qwen-0.5b", 8, 2048, "none"),
+)  # fmt: skip
 
 
 def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[Any, Any]:
@@ -101,6 +109,14 @@ def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[An
             vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common,
         )  # fmt: skip
         cls = transformers.BertForMaskedLM
+    elif model == "qwen-0.5b":
+        cfg = transformers.Qwen2Config(
+            hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+            num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+            bos_token_id=0, eos_token_id=151643, **common,
+        )  # fmt: skip
+        cls = transformers.Qwen2ForCausalLM
     else:
         raise ValueError(f"unknown model {model!r}; one of {MODELS}")
     torch.manual_seed(0)
@@ -279,7 +295,7 @@ def _profile_ops(step: Any, path: str) -> dict[str, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         step()
@@ -298,9 +314,15 @@ def _profile_ops(step: Any, path: str) -> dict[str, float]:
     table = prof.key_averages().table(
         sort_by="self_device_time_total", row_limit=80, max_name_column_width=70
     )
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:80]
-    lines = [f"{sum(v) / 1e3:10.3f} ms {len(v):6d} x {kernel_class(k):14s} {k[:150]}" for k, v in top]
-    Path(path).write_text(table + "\n\nkernels by total device time\n" + "\n".join(lines) + "\n")
+    shapes = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="self_device_time_total", row_limit=200, max_name_column_width=40, max_shapes_column_width=110
+    )
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:120]
+    lines = [f"{sum(v) / 1e3:10.3f} ms {len(v):6d} x {kernel_class(k):14s} {k[:300]}" for k, v in top]
+    Path(path).write_text(
+        table + "\n\nkernels by total device time\n" + "\n".join(lines) + "\n\naten ops by input shapes\n"
+        + shapes + "\n"
+    )
     return classes
 
 
@@ -311,10 +333,12 @@ def measure(out: Path, steps: int, only: str | None, recipes: tuple[str, ...]) -
     results: dict[str, Any] = {}
     for recipe in recipes:
         for case in CASES:
-            if only and only not in case.key:
+            if only and not any(o in case.key for o in only.split(",")):
                 continue
             ops = (
-                str(out / f"gpu_step_ops_{case.model}.txt") if case in OPS_CASES and recipe == "bf16" else ""
+                str(out / f"gpu_step_ops_{case.model}{'' if recipe == 'bf16' else '_' + recipe}.txt")
+                if case in OPS_CASES
+                else ""
             )
             kwargs = {**asdict(case), "steps": steps, "recipe": recipe, "ops": ops}
             r = run_isolated("benchmarks.gpu_step:measure_case", kwargs, timeout=600)
@@ -330,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recipes", default="bf16", help=f"comma-separated, of {RECIPES}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--only", default=None, help="cases whose key contains this")
+    parser.add_argument("--only", default=None, help="cases whose key contains one of these (comma-separated)")
     args = parser.parse_args(argv)
     if args.what == "predict":
         predict(tuple(args.profiles.split(",")))
