@@ -77,9 +77,7 @@ for name, (make, fn) in cases.items():
     for n in (2**16, 2**20, 2**22, 2**24, 2**26):
         sets = [make(n), make(n)]
         t = bench(fn, sets, 50 if n <= 2**22 else 20)
-        res["kernels"].append(
-            {"kernel": name, "elements": n, "seconds": t, "bytes_per_element": t * bw / n}
-        )
+        res["kernels"].append({"kernel": name, "elements": n, "seconds": t, "bytes_per_element": t * bw / n})
         del sets
 launch = bench(lambda a: a.add_(1), [(torch.empty(1, device=dev),)], 200)
 res["launch_floor_s"] = launch
@@ -91,14 +89,16 @@ for total, count in ((124_000_000, 150), (500_000_000, 150)):
         p.grad = torch.randn_like(p)
     for kind in ("foreach", "fused"):
         opt = torch.optim.AdamW(params, lr=1e-4, **{kind: True})
-        t = bench(lambda: opt.step(), [()], 5)
+        t = bench(lambda opt=opt: opt.step(), [()], 5)
         res["kernels"].append(
             {"kernel": f"AdamW {kind} fp32", "elements": total, "tensors": count, "seconds": t,
              "bytes_per_element": t * bw / total}
         )  # fmt: skip
     del params, opt
 for r in res["kernels"]:
-    print(f"{r['kernel']:30s} {r['elements']:>11d} {r['seconds'] * 1e6:10.1f} us {r['bytes_per_element']:7.2f} B/el")
+    print(
+        f"{r['kernel']:30s} {r['elements']:>11d} {r['seconds'] * 1e6:10.1f} us {r['bytes_per_element']:7.2f} B/el"
+    )
 print(f"copy {bw / 1e12:.3f} TB/s, launch floor {launch * 1e6:.1f} us")
 out = os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results"))
 os.makedirs(out, exist_ok=True)

@@ -65,10 +65,8 @@ def predicted_ops(model: str, batch: int, seq: int, recompute: str, recipe: str 
     net, ids = build(model, batch, seq, "meta", torch.bfloat16)
     net.train()
     cluster = cluster_for("h100x8", 1)
-    kwargs = {"precision": recipe} if recipe != "bf16" else {}
-    plan = autoshard.plan(
-        net, cluster, (ids,), recompute=recompute, memory_limit=float("inf"), **kwargs  # type: ignore[arg-type]
-    )
+    how: Any = {"recompute": recompute, "precision": recipe}  # the planner's Literal keywords
+    plan = autoshard.plan(net, cluster, (ids,), memory_limit=float("inf"), **how)
     ops: dict[str, float] = {}
     for row in plan.nodes:
         parts = row.target.split(".")
@@ -102,7 +100,9 @@ def main(argv: list[str]) -> None:
         print(f"{'class':32s} {'priced ms':>10s} {'measured':>10s}")
         for name, (p, m) in sorted(classes.items(), key=lambda kv: -kv[1][1]):
             print(f"{name:32s} {p:10.2f} {m:10.2f}")
-        print(f"{'sum':32s} {sum(v[0] for v in classes.values()):10.2f} {sum(v[1] for v in classes.values()):10.2f}")
+        print(
+            f"{'sum':32s} {sum(v[0] for v in classes.values()):10.2f} {sum(v[1] for v in classes.values()):10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -131,8 +131,11 @@ def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[An
 
 
 # -- prediction (CPU) ---------------------------------------------------------------------------------------------
-def predict_case(model: str, batch: int, seq: int, recompute: str, profile: str = "h100x8") -> dict[str, Any]:
-    """autoshard's plan of one case for one device of ``profile`` (runs in a child process)."""
+def predict_case(
+    model: str, batch: int, seq: int, recompute: str, profile: str = "h100x8", recipe: str = "bf16"
+) -> dict[str, Any]:
+    """autoshard's plan of one case for one device of ``profile`` under ``recipe`` (the planner's
+    ``precision``; runs in a child process)."""
     import time
 
     import torch
@@ -145,7 +148,7 @@ def predict_case(model: str, batch: int, seq: int, recompute: str, profile: str 
     start = time.perf_counter()
     plan = autoshard.plan(
         net, cluster_for(profile, 1), (ids,), recompute=recompute,  # type: ignore[arg-type]
-        memory_limit=float("inf"),
+        memory_limit=float("inf"), precision=recipe,  # type: ignore[arg-type]
     )  # fmt: skip
     return {
         "step_ms": plan.predicted_step_time * 1e3,
@@ -159,17 +162,19 @@ def predict_case(model: str, batch: int, seq: int, recompute: str, profile: str 
     }
 
 
-def predict(profiles: tuple[str, ...]) -> None:
+def predict(profiles: tuple[str, ...], recipes: tuple[str, ...]) -> None:
+    """Every case under each profile and recipe; stored under ``profile`` (bf16) or ``"profile recipe"``."""
     from benchmarks.isolate import run_isolated
 
     out: dict[str, Any] = {}
-    for profile in profiles:
-        for case in CASES:
-            r = run_isolated(
-                "benchmarks.gpu_step:predict_case", {**asdict(case), "profile": profile}, timeout=1200
-            )
-            out.setdefault(profile, {})[case.key] = r
-            print(profile, case.key, {k: r[k] for k in ("step_ms", "memory_gib", "plan_s") if k in r} or r)
+    for recipe in recipes:
+        for profile in profiles:
+            key = profile if recipe == "bf16" else f"{profile} {recipe}"
+            for case in CASES:
+                kwargs = {**asdict(case), "profile": profile, "recipe": recipe}
+                r = run_isolated("benchmarks.gpu_step:predict_case", kwargs, timeout=1200)
+                out.setdefault(key, {})[case.key] = r
+                print(key, case.key, {k: r[k] for k in ("step_ms", "memory_gib", "plan_s") if k in r} or r)
     PREDICTED.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {PREDICTED}")
 
@@ -320,8 +325,12 @@ def _profile_ops(step: Any, path: str) -> dict[str, float]:
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:120]
     lines = [f"{sum(v) / 1e3:10.3f} ms {len(v):6d} x {kernel_class(k):14s} {k[:300]}" for k, v in top]
     Path(path).write_text(
-        table + "\n\nkernels by total device time\n" + "\n".join(lines) + "\n\naten ops by input shapes\n"
-        + shapes + "\n"
+        table
+        + "\n\nkernels by total device time\n"
+        + "\n".join(lines)
+        + "\n\naten ops by input shapes\n"
+        + shapes
+        + "\n"
     )
     return classes
 
@@ -351,15 +360,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=("predict", "measure"))
     parser.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated, for predict")
-    parser.add_argument("--recipes", default="bf16", help=f"comma-separated, of {RECIPES}")
+    parser.add_argument("--recipes", default=None, help=f"comma-separated, of {RECIPES} (measure: bf16)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--only", default=None, help="cases whose key contains one of these (comma-separated)")
+    parser.add_argument(
+        "--only", default=None, help="cases whose key contains one of these (comma-separated)"
+    )
     args = parser.parse_args(argv)
     if args.what == "predict":
-        predict(tuple(args.profiles.split(",")))
+        predict(tuple(args.profiles.split(",")), tuple((args.recipes or ",".join(RECIPES)).split(",")))
     elif args.what == "measure":
-        measure(args.out, args.steps, args.only, tuple(args.recipes.split(",")))
+        measure(args.out, args.steps, args.only, tuple((args.recipes or "bf16").split(",")))
 
 
 if __name__ == "__main__":

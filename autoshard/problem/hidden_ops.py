@@ -20,8 +20,11 @@ achieved bandwidth (:meth:`Cluster.compute_time` with no FLOPs).
 
 from __future__ import annotations
 
-from autoshard.cluster import Cluster
-from autoshard.problem.graph import NodeInfo
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # graph.py reads problem/autocast.py, which reads this module
+    from autoshard.cluster import Cluster
+    from autoshard.problem.graph import NodeInfo
 
 __all__ = ["GRAD_FILL_BYTES", "LOG_SOFTMAX_BYTES", "UPCAST_BYTES", "hidden_seconds"]
 
