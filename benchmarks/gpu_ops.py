@@ -58,7 +58,7 @@ def predicted_ops(model: str, batch: int, seq: int, recompute: str, recipe: str 
     import torch
 
     import autoshard
-    from autoshard.problem.hidden_ops import LOG_SOFTMAX_BYTES
+    from autoshard.problem.hidden_ops import GRAD_FILL_BYTES, LOG_SOFTMAX_BYTES, UPCAST_BYTES
     from autoshard.runtime.verify import cluster_for
     from benchmarks.gpu_step import build
 
@@ -73,7 +73,11 @@ def predicted_ops(model: str, batch: int, seq: int, recompute: str, recipe: str 
         op = "optimizer" if row.target == "placeholder" else parts[1] if len(parts) > 2 else parts[-1]
         ops[op] = ops.get(op, 0.0) + row.compute_seconds * 1e3
     logits = batch * seq * net.config.vocab_size
-    loss = 2 * cluster.compute_time(0.0, logits * (2 + 4 + LOG_SOFTMAX_BYTES), "float32") * 1e3
+    forward = logits * (UPCAST_BYTES + LOG_SOFTMAX_BYTES)  # as hidden_ops prices the loss of bf16 logits
+    backward = logits * (2 + 4 + GRAD_FILL_BYTES + LOG_SOFTMAX_BYTES)
+    loss = (
+        cluster.compute_time(0.0, forward, "float32") + cluster.compute_time(0.0, backward, "float32")
+    ) * 1e3
     ops["linear" if "linear" in ops else "mm"] -= loss
     ops["loss"] = loss
     return {"ops": ops, "step_ms": plan.predicted_step_time * 1e3}
