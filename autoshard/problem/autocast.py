@@ -39,7 +39,15 @@ if TYPE_CHECKING:  # graph.py reads this module
     from autoshard.problem.graph import NodeInfo
     from cost_models.memory import PrecisionPolicy
 
-__all__ = ["LOWER", "UPPER", "autocast_dtype", "autocast_scale", "autocast_seconds", "uses_autocast"]
+__all__ = [
+    "LOWER",
+    "UPPER",
+    "autocast_dtype",
+    "autocast_scale",
+    "autocast_seconds",
+    "uses_autocast",
+    "weight_bytes",
+]
 
 LOWER = frozenset(
     {"linear", "mm", "addmm", "matmul", "bmm", "baddbmm", "conv1d", "conv2d", "convolution",
@@ -77,6 +85,12 @@ def autocast_dtype(op: str, kind: str, dtype: str | None, inputs: Sequence[str],
 def uses_autocast(policy: PrecisionPolicy | None) -> bool:
     """Whether ``policy`` (``CostOptions.precision``) is an autocast recipe."""
     return policy is not None and policy.autocast is not None
+
+
+def weight_bytes(itemsize: int, policy: PrecisionPolicy | None) -> int:
+    """Weight bytes per parameter element: the precision policy's (amp: fp32 and the bf16 copy autocast keeps
+    for backward), else the parameter's own ``itemsize``."""
+    return itemsize if policy is None else policy.recipe().weights
 
 
 def _amp_bytes(meta: object, amp: str) -> float:

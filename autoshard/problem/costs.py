@@ -50,7 +50,7 @@ import numpy as np
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.attention import causal_attention
-from autoshard.problem.autocast import autocast_scale, autocast_seconds, uses_autocast
+from autoshard.problem.autocast import autocast_scale, autocast_seconds, uses_autocast, weight_bytes
 from autoshard.problem.context import ring_seconds
 from autoshard.problem.elementwise import autocast_update_seconds, extra_seconds, master_cast_seconds, recipe
 from autoshard.problem.graph import NodeInfo
@@ -154,10 +154,6 @@ class CostOptions:
         if self.precision is not None:
             return self.precision.recipe().optimizer
         return 12 if itemsize <= 2 else 8
-
-    def weight_bytes(self, itemsize: int) -> int:
-        """Weight bytes per element: the precision policy's (amp: fp32 + kept autocast copy), else itemsize."""
-        return itemsize if self.precision is None else self.precision.recipe().weights
 
     def grad_bytes(self, itemsize: int) -> int:
         """Gradient bytes per element: the precision policy's, else the parameter's own itemsize."""
@@ -368,7 +364,7 @@ def node_memory(
             return local
         grads = local * opts.grad_bytes(meta.itemsize) / meta.itemsize
         return (
-            local * opts.weight_bytes(meta.itemsize) / meta.itemsize
+            local * weight_bytes(meta.itemsize, opts.precision) / meta.itemsize
             + grads
             + _optimizer_elements(meta.numel, spec, cluster, opts) * opts.adam_bytes(meta.itemsize)
         )
