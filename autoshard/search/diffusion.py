@@ -180,13 +180,15 @@ def fix_by_diffusion(problem: SearchProblem, lam: float, upper: float) -> Fixed:
 
 def exact_below(
     problem: SearchProblem, lam: float, upper: float, log: list[str], rep: Reparametrised | None = None,
-    lift: float = 0.0,
+    lift: float = 0.0, work: float = 0.0, hint: Sequence[int] | None = None,
 ) -> tuple[tuple[int, ...] | None, bool]:  # fmt: skip
     """The cheapest plan of ``problem`` (a budget, no peak terms) that fits and costs less than ``upper``,
     and whether that is proven: ``(None, True)`` when none does.  Rounds of fixing and reduction (each
     reduction folds what fixing freed and makes the pairs the next diffusion fixes by), then enumeration
     or elimination over (memory, cost) Pareto sets.  ``rep``/``lift``: a reparametrisation made already
-    (of a relaxation of ``problem``, lifted as :func:`fix` says)."""
+    (of a relaxation of ``problem``, lifted as :func:`fix` says).  ``work > 0``: what is left too wide for
+    the Pareto elimination goes to CP-SAT, one worker, at most ``work`` of its deterministic time units
+    (:func:`_by_cpsat`), warm-started from ``hint`` (a plan of ``problem``) where fixing kept it."""
     stages: list[Reduction] = []
     current, offset = problem, 0.0
     for _ in range(_ROUNDS):
@@ -213,14 +215,59 @@ def exact_below(
             choice: tuple[int, ...] = brute_force(current, max_assignments=_ENUMERATE).choice
         except InfeasibleError:
             return None, True
-    elif sum(current.sizes) > _MAX_STRATEGIES:
-        log.append(f"reparametrised fixing: {sum(current.sizes)} strategies left, too many to eliminate")
-        return None, False
     else:
-        found, proven = pareto_below(current, upper=upper - offset, lam=lam)
+        left = sum(current.sizes)
+        found, proven = (
+            pareto_below(current, upper=upper - offset, lam=lam) if left <= _MAX_STRATEGIES else (None, False)
+        )
+        if found is None and not proven and work > 0.0:
+            start: list[int | None] | None = None
+            if hint is not None:
+                start = list(hint)
+                for red in stages:
+                    start = red.restrict(start)
+            found, proven = _by_cpsat(current, upper - offset, work, log, start)
+        elif found is None and not proven:
+            log.append(f"reparametrised fixing: {left} strategies left, too many to eliminate")
         if found is None:  # nothing at most ``upper`` fits (proven), or too large (not)
             return None, proven
         choice = found
     for red in reversed(stages):
         choice = red.expand(choice)
     return choice, True
+
+
+def _by_cpsat(
+    problem: SearchProblem, upper: float, work: float, log: list[str], hint: Sequence[int | None] | None
+) -> tuple[tuple[int, ...] | None, bool]:
+    """What fixing left, too wide for the Pareto elimination, by CP-SAT (search/ilp.py): one worker, no clock,
+    at most ``work`` deterministic time units, so the answer does not depend on the machine's load.  Its
+    optimum is proven to its integer resolution (ilp.py (f)): the bound it reports is the integer bound less
+    the worst rounding of every term, which the log gives; a plan is returned as optimal only when it costs
+    at most ``upper``, "nothing below" only when that bound is above ``upper``, else nothing is claimed."""
+    from autoshard.search.ilp import solve_ilp  # lazy: ortools' import costs ~0.5 s
+
+    try:
+        res = solve_ilp(
+            problem, time_limit=math.inf, num_workers=1, hint=hint, work_limit=work, residual=True
+        )
+    except InfeasibleError:
+        log.append(
+            f"reparametrised fixing: cp-sat proved that nothing left fits ({sum(problem.sizes)} strategies)"
+        )
+        return None, True
+    log.extend(res.log)
+    allowance = _SLACK * abs(upper)
+    if not res.optimal:
+        log.append(f"reparametrised fixing: cp-sat stopped at {work:g} work units ({res.status}), not proven")
+        return None, False
+    assert res.choice is not None
+    log.append(
+        f"reparametrised fixing: cp-sat optimum of the {sum(problem.sizes)} strategies left "
+        f"{res.objective:.9g} s (proven to {res.objective - res.lower_bound:.2g} s, its integer rounding)"
+    )
+    if res.lower_bound > upper + allowance:
+        return None, True  # nothing left costs at most ``upper``
+    if res.objective <= upper + allowance:
+        return res.choice, True
+    return None, False  # the optimum lies within the rounding of ``upper``: nothing claimed

@@ -60,7 +60,13 @@ from autoshard.search.reduce import reduce_problem
 from autoshard.search.repair import repair
 from autoshard.search.run import Run, run_ilp
 
-__all__ = ["CPSAT_MAX_PAIRS", "least_memory", "trivial_lower_bound", "with_budget_by_reduction"]
+__all__ = [
+    "CPSAT_MAX_PAIRS",
+    "RESIDUAL_WORK",
+    "least_memory",
+    "trivial_lower_bound",
+    "with_budget_by_reduction",
+]
 
 #: Edge-pair variables above which CP-SAT is not tried after the Lagrangian path: its model alone (one
 #: boolean per pair) takes tens of seconds to build there and it did not improve the bound of the
@@ -76,6 +82,11 @@ CPSAT_MAX_PAIRS = 200_000
 #: 0.31 s (bound 236.51 -> 237.19 s, gap 0.45 -> 0.17 %); 0.6 as well but in 0.93 s (gap 0.14 %); 1.0 not
 #: (666 strategies left, over the Pareto elimination's caps).
 _EARLY_ROOMS = (0.1, 0.3, 0.45)
+
+#: CP-SAT's deterministic time units (search/ilp.py, one worker) at most per peak threshold for what fixing at
+#: the whole gap leaves too wide for the Pareto elimination.  A work count, not the clock: the same problem
+#: gives the same answer under any load.  The 405B stage (PP 16, selective): TODO.
+RESIDUAL_WORK = 20.0
 
 
 def trivial_lower_bound(problem: SearchProblem) -> float:
@@ -165,7 +176,8 @@ def with_budget_by_reduction(
     best = run.expand(lag.plan)
     early: tuple[tuple[int, ...] | None, bool] | None = None
     below = -math.inf  # fixing proved that no plan fitting with its peak costs less (reduced space)
-    refined = tried = False  # the dual refined, fixing tried (once each: a second go costs, rarely proves)
+    refined = False  # the dual refined (once: a second go costs, rarely proves)
+    rep: Reparametrised | None = None
     if peak is not None and lag.over and not lag.closed():
         refined = True
         # the dual refined on the plan without its peak, then fixing just above that plan's cost: where a
@@ -179,7 +191,6 @@ def with_budget_by_reduction(
         gap = lag.cost - lag.bound
         rep = reparametrise(run.problem, lag.lam) if lag.lam > 0.0 and gap > 0.0 else None
         for share in _EARLY_ROOMS if rep is not None else ():  # one diffusion serves every share
-            tried = True
             upper = lag.cost + share * gap
             early = _close_by_fixing(run, lag.lam, best, peak, upper=upper + run.offset(), rep=rep)
             if early is None or early[0] is not None:
@@ -203,8 +214,9 @@ def with_budget_by_reduction(
     proven = early is not None and early[1] and early[0] is not None
     if proven:
         lag.bound = lag.cost  # fixing proved it: no plan that fits with its peak is cheaper
-    elif not tried and not lag.closed() and lag.lam > 0.0:
-        found = _close_by_fixing(run, lag.lam, best, peak)
+    elif not lag.closed() and lag.lam > 0.0:
+        # at the whole gap, what fixing leaves too wide for the Pareto elimination goes to CP-SAT
+        found = _close_by_fixing(run, lag.lam, best, peak, rep=rep, work=RESIDUAL_WORK)
         if found is not None and found[0] is not None:
             best, proven = found[0], found[1]
             lag.cost = evaluate(run.problem, best) - run.offset()
@@ -265,6 +277,7 @@ def _close_by_fixing(
     peak: tuple[np.ndarray, ...] | None,
     upper: float | None = None,
     rep: Reparametrised | None = None,
+    work: float = 0.0,
 ) -> tuple[tuple[int, ...] | None, bool] | None:
     """The duality gap closed where it can be (:mod:`~autoshard.search.diffusion`): the cheapest plan on
     the original nodes that fits (with its own peak, when there are peak terms) and whether that is proven;
@@ -302,7 +315,7 @@ def _close_by_fixing(
     for sub, lift in subs:
         if sub is None:
             continue  # a node has no strategy under this threshold
-        found, done = exact_below(sub, lam, upper, run.log, rep, lift)
+        found, done = exact_below(sub, lam, upper, run.log, rep, lift, work, best)
         if found is not None and evaluate(plain, found) < upper:
             best, upper, known = found, evaluate(plain, found), True
         if not done:  # one threshold left open leaves the whole open: the rest would cost without proving

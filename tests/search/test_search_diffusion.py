@@ -123,7 +123,7 @@ def test_the_wide_path_proves_the_optimum_the_dual_alone_leaves_open(monkeypatch
         return count
 
     with_fixing = proven()
-    monkeypatch.setattr(wide, "_close_by_fixing", lambda *args: None)
+    monkeypatch.setattr(wide, "_close_by_fixing", lambda *args, **kwargs: None)
     assert proven() < with_fixing == 60
 
 
