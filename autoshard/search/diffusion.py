@@ -71,8 +71,11 @@ _ROUNDS = 3
 #: Plans left that are enumerated outright rather than eliminated over Pareto sets.
 _ENUMERATE = 20_000
 
-#: Strategies left above which the Pareto elimination is not tried: it gives up at its table caps after
-#: seconds (the 405B stage under full recomputation: 1,612 left at a 0.94 % gap; solved at 469 at 0.09 %).
+#: Strategies left above which neither the Pareto elimination nor CP-SAT is tried: the elimination gives up
+#: at its table caps after seconds (the 405B stage under full recomputation: 1,612 left at a 0.94 % gap;
+#: solved at 469 at 0.09 %); CP-SAT's model takes seconds to build and solve there (the same stage at its
+#: whole gap: 1,209-1,717 strategies on each of 13 peak thresholds, 1-3 s CPU each, 28 s in all, where the
+#: selective stage's one residual of 818 strategies took 0.65 s).
 _MAX_STRATEGIES = 1_000
 
 
@@ -220,7 +223,7 @@ def exact_below(
         found, proven = (
             pareto_below(current, upper=upper - offset, lam=lam) if left <= _MAX_STRATEGIES else (None, False)
         )
-        if found is None and not proven and work > 0.0:
+        if found is None and not proven and work > 0.0 and left <= _MAX_STRATEGIES:
             start: list[int | None] | None = None
             if hint is not None:
                 start = list(hint)
@@ -245,8 +248,10 @@ def _by_cpsat(
     optimum is proven to its integer resolution (ilp.py (f)): the bound it reports is the integer bound less
     the worst rounding of every term, which the log gives; a plan is returned as optimal only when it costs
     at most ``upper``, "nothing below" only when that bound is above ``upper``, else nothing is claimed."""
-    from autoshard.search.ilp import solve_ilp  # lazy: ortools' import costs ~0.5 s
+    from autoshard.search.ilp import solve_ilp  # lazy: ortools' import costs ~0.3 s
 
+    if not problem.sizes:  # reductions folded every node: the empty plan (as pareto_below)
+        return (), True
     try:
         res = solve_ilp(
             problem, time_limit=math.inf, num_workers=1, hint=hint, work_limit=work, residual=True

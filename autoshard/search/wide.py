@@ -178,6 +178,7 @@ def with_budget_by_reduction(
     below = -math.inf  # fixing proved that no plan fitting with its peak costs less (reduced space)
     refined = False  # the dual refined (once: a second go costs, rarely proves)
     rep: Reparametrised | None = None
+    rungs: list[float] = []  # the early fixing's thresholds (:data:`_EARLY_ROOMS`)
     if peak is not None and lag.over and not lag.closed():
         refined = True
         # the dual refined on the plan without its peak, then fixing just above that plan's cost: where a
@@ -190,12 +191,8 @@ def with_budget_by_reduction(
         best = run.expand(lag.plan)
         gap = lag.cost - lag.bound
         rep = reparametrise(run.problem, lag.lam) if lag.lam > 0.0 and gap > 0.0 else None
-        for share in _EARLY_ROOMS if rep is not None else ():  # one diffusion serves every share
-            upper = lag.cost + share * gap
-            early = _close_by_fixing(run, lag.lam, best, peak, upper=upper + run.offset(), rep=rep)
-            if early is None or early[0] is not None:
-                break  # not proven, or the cheapest fitting plan found and proven
-            below = upper  # proven: nothing that fits with its peak costs less than ``upper``
+        rungs = [lag.cost + share * gap for share in _EARLY_ROOMS] if rep is not None else []
+        early, below = _ladder(run, lag.lam, best, peak, rep, rungs[:1], below, RESIDUAL_WORK)
     if early is not None and early[1] and early[0] is not None:
         best = early[0]
         lag.cost = evaluate(run.problem, best) - run.offset()
@@ -214,14 +211,20 @@ def with_budget_by_reduction(
     proven = early is not None and early[1] and early[0] is not None
     if proven:
         lag.bound = lag.cost  # fixing proved it: no plan that fits with its peak is cheaper
-    elif not lag.closed() and lag.lam > 0.0:
-        # at the whole gap, what fixing leaves too wide for the Pareto elimination goes to CP-SAT
+    elif not lag.closed() and lag.lam > 0.0 and not (rungs and early is None and rungs[0] >= lag.cost):
+        # (skipped when the first rung, above this plan, was left too wide for CP-SAT: this keeps as much)
+        # at the whole gap; what fixing leaves too wide for the Pareto elimination goes to CP-SAT
         found = _close_by_fixing(run, lag.lam, best, peak, rep=rep, work=RESIDUAL_WORK)
         if found is not None and found[0] is not None:
             best, proven = found[0], found[1]
             lag.cost = evaluate(run.problem, best) - run.offset()
             if proven:  # no fitting plan is cheaper (with peak terms: fitting with its own peak)
                 lag.bound = lag.cost
+    if not proven and early is not None and len(rungs) > 1:  # the rest of the ladder, for its bounds
+        early, below = _ladder(run, lag.lam, best, peak, rep, rungs[1:], below)
+        if early is not None and early[1] and early[0] is not None:
+            best, proven = early[0], True
+            lag.cost = lag.bound = evaluate(run.problem, best) - run.offset()
     if lag.bound < below <= lag.cost:  # (a plan below it does not fit with its peak: the bound says nothing)
         lag.bound = below
     bound = lag.bound + run.offset()
@@ -268,6 +271,29 @@ def _fit_peak(
         if plan is not None:
             found, upper = plan, evaluate(full, plan)
     return found if found is not None else best
+
+
+def _ladder(
+    run: Run,
+    lam: float,
+    best: tuple[int, ...],
+    peak: tuple[np.ndarray, ...] | None,
+    rep: Reparametrised | None,
+    rungs: Sequence[float],
+    below: float,
+    work: float = 0.0,
+) -> tuple[tuple[tuple[int, ...] | None, bool] | None, float]:
+    """Fixing below each of ``rungs`` (reduced-space costs, rising) in turn, on one diffusion ``rep``:
+    ``(the last rung's answer, the highest rung proven empty)`` (``below`` when none is); it stops at a
+    rung not proven (answer None) or one that finds and proves the cheapest fitting plan.  ``work``: as
+    :func:`_close_by_fixing`'s."""
+    early: tuple[tuple[int, ...] | None, bool] | None = None
+    for upper in rungs:
+        early = _close_by_fixing(run, lam, best, peak, upper=upper + run.offset(), rep=rep, work=work)
+        if early is None or early[0] is not None:
+            break  # not proven, or the cheapest fitting plan found and proven
+        below = upper  # proven: nothing that fits with its peak costs less than ``upper``
+    return early, below
 
 
 def _close_by_fixing(
