@@ -4,7 +4,9 @@ Input: a :class:`~autoshard.search.problem.SearchProblem` with a memory budget `
 with its memory terms), a multiplier ``lam >= 0`` and a plan known to fit, of cost ``U``.
 Output: a :class:`Fixed` record — the problem with every strategy and strategy pair that no fitting plan
 cheaper than ``U`` can use forbidden, and the bound that proved it — which the full solver then solves
-exactly (it is small: the 405B-shaped LLaMA's stage problem keeps 1 in 5 strategies and 1 in 80 pairs).
+exactly (it is small: the 405B-shaped LLaMA's stage problem keeps 1 in 5 strategies and 1 in 80 pairs):
+enumerated, eliminated over (memory, cost) Pareto sets, or, past those tables' caps, by CP-SAT with one
+worker and a deterministic work limit (:func:`exact_below`'s ``work``).
 
 Why.  The dual bound ``g(lam) = min_x [cost(x) + lam * mem(x)] - lam * L`` can sit below the optimum (the
 plans' memory moves in steps of gigabytes: a duality gap).  Fixing strategies by their min-marginals would
