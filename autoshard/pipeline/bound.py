@@ -1,0 +1,154 @@
+"""A lower bound on a pipelined step from the busiest device's layers, proven by a dual solve of one layer's time.
+
+Input: the :class:`~autoshard.problem.build.BuiltProblem` of one (degree, microbatches, recomputation)
+candidate, its stage search problem (memory re-weighted and budgeted as the pipeline search solves it), the
+(schedule, chunks per device) pairs the search may pick, and the best step so far.
+Output: :class:`~autoshard.search.BoundExceeded` when no plan that fits the stage problem can beat that
+step under any of those schedules (the candidate is then named, not solved), else None.
+
+Why it holds.  Let ``ℓ(s)`` be one repeated layer's per-microbatch forward + backward on a device under
+plan ``s``, as :func:`~autoshard.pipeline.layers.part_costs` prices it (``StageCosts.layer``: its nodes'
+compute, recomputation included, plus the tensor-parallel and resharding moves it exposes, plus what FSDP
+prefetch leaves exposed).  ``L`` layers over ``p`` devices leave some device ``d`` at least
+``K = ceil(L / p)`` layers (interleaving sums a device's chunks), and every other term of its per-microbatch
+time (``pre``, ``post``, p2p sends, a chunk's first gather) is non-negative, so ``t* >= t_d >= K ℓ(s)``;
+``Σ_d t_d >= L ℓ(s)``.  Every schedule's step (:func:`~autoshard.pipeline.schedules.step_time`, plus the
+non-negative once-per-step tail) is then at least
+
+    zero-bubble (zb_v, interleaved_zb):   m t* + (p − 1) gap / v           >=  m K ℓ(s)
+    the others (v chunks per device):     Σ_d t_d / v + (m − 1/v) t*       >=  (L / v + (m − 1/v) K) ℓ(s)
+
+so ``step(s) >= F ℓ(s)`` with ``F`` the least of these factors over the schedules the search may pick.
+``L ℓ(s) >= B(s)``, the objective of :func:`layer_problem`: each layer node's least-free compute (the same
+:func:`~autoshard.problem.costs.node_compute` figure, times its copies) plus the per-microbatch moves of
+every activation between two layer nodes (forward and backward; a tensor read by ``k`` consumers whose move
+may be shared counts ``1/k`` of each, the least a shared move costs); parameter edges (FSDP gathers, which
+prefetch may hide, and gradient syncs, paid once per step) and the moves recomputation re-issues are left
+out.  ``B`` keeps the stage problem's memory, budget, pins and impossible pairs, so a proven lower bound
+``β`` on its optimum under the budget bounds ``B(s)`` for every plan the stage solve could return, and
+``F β / L`` bounds their steps.  A solve with ``ceiling = best × L / F`` stops at the first such ``β``.
+
+Where it pays: LLaMA-3 405B on PP 16 × (8, 16, 8), 16 microbatches: full recomputation's stage solve (8 of
+the ~15 s) is replaced by a bound-only solve against selective recomputation's step (results/plan_scale.txt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from autoshard.pipeline.schedules import Schedule
+from autoshard.problem.arrays import edge_matrix
+from autoshard.problem.build import BuiltProblem
+from autoshard.problem.costs import node_compute
+from autoshard.problem.fanout import split_uses
+from autoshard.problem.recompute import recompute_blocks, reissued
+from autoshard.search import BoundExceeded, Edge, SearchProblem, memory_of, solve
+
+__all__ = ["layer_problem", "schedule_factor", "step_bound"]
+
+#: Relative slack on the budgeted solve's ceiling: ``F β / L`` and the step sum the same figures in another
+#: order (the caller prunes with its own slack).
+_ROUNDING = 1e-9
+
+
+def schedule_factor(schedule: Schedule, virtual: int, degree: int, layers: int, microbatches: int) -> float:
+    """``F``: the step of every plan on this schedule is at least ``F`` times one layer's per-microbatch time
+    (module docstring)."""
+    most = math.ceil(layers / degree)  # the busiest device's layers
+    if schedule.zero_bubble:
+        return microbatches * most
+    return layers / virtual + (microbatches - 1.0 / virtual) * most
+
+
+def layer_problem(built: BuiltProblem, problem: SearchProblem) -> SearchProblem:
+    """``problem`` (the stage's, built from ``built``) with ``B(s)`` as its objective: the repeated layers'
+    compute and activation moves of one microbatch, summed over the ``L`` layers (module docstring).  Its
+    memory, budget, masks and infinite (impossible) entries are ``problem``'s."""
+    opts, cluster, infos = built.options, built.cluster, built.infos
+    costs: list[np.ndarray] = []
+    for i, base in enumerate(problem.node_costs):
+        cost = np.zeros_like(base)
+        name = built.variables[i] if i < len(built.variables) else None
+        info = infos[name] if name is not None else None
+        if name is not None and info is not None and info.kind == "op" and info.block is not None:
+            inputs = tuple(infos[s] for s in info.inputs)
+            cost = np.array(
+                [sum(node_compute(info, s, cluster, opts, inputs)) for s in built.strategies[name]]
+            )
+            cost = cost * built.multiplicity[name]
+        costs.append(np.where(np.isfinite(base), cost, np.inf))
+    edges = [Edge(e.u, e.v, np.where(np.isfinite(e.cost), 0.0, np.inf)) for e in problem.edges]
+    edges = [e for e in edges if not np.all(np.isfinite(e.cost))]  # only what forbids pairs stays
+    edges += _activation_edges(built)
+    return dataclasses.replace(problem, node_costs=tuple(costs), edges=tuple(edges))
+
+
+def _activation_edges(built: BuiltProblem) -> list[Edge]:
+    """One microbatch's moves of activations between two layer nodes, every copy: forward and backward, and
+    the forward moves backward re-issues in the layers it recomputes (exposed as forward moves are)."""
+    infos, index, n = built.infos, {v: k for k, v in enumerate(built.variables)}, built.num_blocks
+    one = dataclasses.replace(built.options, microbatches=1)  # per microbatch
+    again = dataclasses.replace(one, training=False)  # forward moves only
+    recomputed = recompute_blocks(one, n)
+    sharing = split_uses(built.edges, infos, built.template, n, built.runs)
+    # (producer, consumer, output, input position, copies, uses that may share the move)
+    uses = [(tu, tv, which, pos, weight, 1) for (tu, tv, which, pos), weight in sharing.single.items()]
+    for g in sharing.groups:
+        uses += [(g.producer, tv, g.which, pos, g.weight, len(g.entries)) for tv, pos in g.entries]
+    edges = []
+    for tu, tv, which, pos, copies, sharers in uses:
+        producer, consumer = infos[tu], infos[tv]
+        if producer.kind != "op" or producer.block is None or consumer.block is None or tu == tv:
+            continue  # parameters (gathers, gradient syncs), reads into the layers, a copy's own output
+        src, dst = built.strategies[tu], built.strategies[tv]
+        moves = edge_matrix(producer, which, src, dst, pos, one, built.cache)
+        if reissued(producer, consumer, one):  # copies of layers >= k are not recomputed: the fewest that are
+            rerun = copies if recomputed is None else max(0, recomputed - (n - copies))
+            moves = moves + edge_matrix(producer, which, src, dst, pos, again, built.cache) * (rerun / copies)
+        # a shared move costs at least its dearest use, so at least the mean of its uses
+        edges.append(Edge(index[tu], index[tv], moves * (copies / sharers)))
+    return edges
+
+
+def step_bound(
+    built: BuiltProblem,
+    problem: SearchProblem,
+    shapes: Sequence[tuple[Schedule, int]],
+    degree: int,
+    best_step: float,
+    time_limit: float,
+    max_factor_size: float,
+) -> float:
+    """A lower bound on the step of every plan fitting ``problem`` on any of ``shapes`` ((schedule, chunks per
+    device) pairs the search may pick): ``F β / L`` (module docstring); 0 when there is none.
+
+    ``B``'s optimum without the budget comes first (one exact solve of a problem with few costly edges);
+    when it fits, it is ``B``'s optimum under the budget too.  Otherwise the budgeted solve runs with
+    ``ceiling = best_step × L / F`` and stops at the first bound that reaches it."""
+    layers, m = built.num_blocks, built.options.microbatches
+    if not shapes or layers < degree:
+        return 0.0
+    factor = min(schedule_factor(s, v, degree, layers, m) for s, v in shapes)
+    lower = layer_problem(built, problem)
+    free = solve(
+        dataclasses.replace(lower, memory_limit=None, peak=None), method="exact", time_limit=time_limit
+    )
+    limit = problem.memory_limit
+    if (
+        free.lower_bound * factor / layers >= best_step
+        or limit is None
+        or memory_of(problem, free.choice) <= limit
+    ):
+        return free.lower_bound * factor / layers
+    ceiling = best_step * layers / factor * (1 + _ROUNDING)
+    try:
+        found = solve(
+            lower, method="exact", time_limit=time_limit, ceiling=ceiling, max_factor_size=max_factor_size
+        )
+    except BoundExceeded as e:
+        return e.bound * factor / layers
+    return max(found.lower_bound, free.lower_bound) * factor / layers
