@@ -54,6 +54,11 @@ __all__ = ["layer_problem", "schedule_factor", "step_bound"]
 #: order (the caller prunes with its own slack).
 _ROUNDING = 1e-9
 
+#: Seconds the budget's first multiplier may cost the bound (``λ × limit``): far below any step, it breaks
+#: ties towards less memory; then ``λ × limit`` is these shares of the first bound.
+_TIE = 1e-6
+_GROWTH = (1e-3, 1e-2)
+
 
 def schedule_factor(schedule: Schedule, virtual: int, degree: int, layers: int, microbatches: int) -> float:
     """``F``: the step of every plan on this schedule is at least ``F`` times one layer's per-microbatch time
@@ -126,24 +131,33 @@ def step_bound(
     """A lower bound on the step of every plan fitting ``problem`` on any of ``shapes`` ((schedule, chunks per
     device) pairs the search may pick): ``F β / L`` (module docstring); 0 when there is none.
 
-    ``B``'s optimum without the budget comes first (one exact solve of a problem with few costly edges);
-    when it fits, it is ``B``'s optimum under the budget too.  Otherwise the budgeted solve runs with
-    ``ceiling = best_step × L / F`` and stops at the first bound that reaches it."""
+    First ``B`` without the budget, plus ``λ (memory − limit)`` (the Lagrangian of the budget: at most ``B``
+    on every fitting plan, so its optimum is a bound) for a few growing ``λ``, each one exact solve of a
+    problem with few costly edges; the first ``λ`` is tiny and picks the least memory among ties (the parts
+    outside the layers, which ``B`` leaves free).  Once the relaxed optimum fits with its peak, the budgeted
+    optimum is within ``λ × (limit − its memory)`` of the bound: done.  Otherwise the budgeted solve runs
+    with ``ceiling = best_step × L / F`` and stops at the first bound that reaches it."""
     layers, m = built.num_blocks, built.options.microbatches
     if not shapes or layers < degree:
         return 0.0
     factor = min(schedule_factor(s, v, degree, layers, m) for s, v in shapes)
     lower = layer_problem(built, problem)
-    free = solve(
-        dataclasses.replace(lower, memory_limit=None, peak=None), method="exact", time_limit=time_limit
-    )
     limit = problem.memory_limit
-    if (
-        free.lower_bound * factor / layers >= best_step
-        or limit is None
-        or memory_of(problem, free.choice) <= limit
-    ):
+    if limit is None or lower.memory is None:
+        free = solve(dataclasses.replace(lower, peak=None), method="exact", time_limit=time_limit)
         return free.lower_bound * factor / layers
+    costs = _too_large(lower, limit)
+    bound, scales = -math.inf, [_TIE]
+    for scale in scales:  # multipliers growing until the relaxed optimum fits
+        lam = scale / max(limit, 1.0)  # seconds per byte
+        tied = tuple(c + lam * mem for c, mem in zip(costs, lower.memory, strict=True))
+        relaxed = dataclasses.replace(lower, node_costs=tied, memory_limit=None, peak=None)
+        free = solve(relaxed, method="exact", time_limit=time_limit)
+        bound = max(bound, free.lower_bound - lam * limit)
+        if bound * factor / layers >= best_step or memory_of(problem, free.choice) <= limit:
+            return bound * factor / layers
+        if len(scales) == 1:
+            scales += [share * abs(free.lower_bound) for share in _GROWTH]
     ceiling = best_step * layers / factor * (1 + _ROUNDING)
     try:
         found = solve(
@@ -151,4 +165,22 @@ def step_bound(
         )
     except BoundExceeded as e:
         return e.bound * factor / layers
-    return max(found.lower_bound, free.lower_bound) * factor / layers
+    return max(found.lower_bound, bound) * factor / layers
+
+
+def _too_large(problem: SearchProblem, limit: float) -> list[np.ndarray]:
+    """Node costs with ``inf`` on every strategy no fitting plan can pick: its memory (or peak) with every
+    other node at its least memory (and the least peak any plan has) is over ``limit``.  Dropping the
+    budget drops the peak term, so without this a relaxed plan may hold a temporary larger than the device."""
+    assert problem.memory is not None
+    least = [float(np.min(m)) for m in problem.memory]
+    total = math.fsum(least)
+    peaks = problem.peak or ()
+    floor = max((float(np.min(p)) for p in peaks), default=0.0)
+    costs = []
+    for i, (cost, mem) in enumerate(zip(problem.node_costs, problem.memory, strict=True)):
+        over = mem + (total - least[i]) + floor > limit
+        if i < len(peaks):
+            over |= peaks[i] + total > limit
+        costs.append(np.where(over, np.inf, cost))
+    return costs
