@@ -3,8 +3,8 @@
 Input: the :class:`~autoshard.problem.build.BuiltProblem` of one (degree, microbatches, recomputation)
 candidate, its stage search problem (memory re-weighted and budgeted as the pipeline search solves it), the
 (schedule, chunks per device) pairs the search may pick, and the best step so far.
-Output: :class:`~autoshard.search.BoundExceeded` when no plan that fits the stage problem can beat that
-step under any of those schedules (the candidate is then named, not solved), else None.
+Output: a lower bound on the step of every plan that fits the stage problem, under any of those schedules
+(:func:`step_bound`); the pipeline search names a candidate whose bound reaches the best step, unsolved.
 
 Why it holds.  Let ``ℓ(s)`` be one repeated layer's per-microbatch forward + backward on a device under
 plan ``s``, as :func:`~autoshard.pipeline.layers.part_costs` prices it (``StageCosts.layer``: its nodes'
@@ -19,17 +19,21 @@ non-negative once-per-step tail) is then at least
     the others (v chunks per device):     Σ_d t_d / v + (m − 1/v) t*       >=  (L / v + (m − 1/v) K) ℓ(s)
 
 so ``step(s) >= F ℓ(s)`` with ``F`` the least of these factors over the schedules the search may pick.
-``L ℓ(s) >= B(s)``, the objective of :func:`layer_problem`: each layer node's least-free compute (the same
+``L ℓ(s) >= B(s)``, the objective of :func:`layer_problem`: each layer node's compute (the same
 :func:`~autoshard.problem.costs.node_compute` figure, times its copies) plus the per-microbatch moves of
-every activation between two layer nodes (forward and backward; a tensor read by ``k`` consumers whose move
-may be shared counts ``1/k`` of each, the least a shared move costs); parameter edges (FSDP gathers, which
-prefetch may hide, and gradient syncs, paid once per step) and the moves recomputation re-issues are left
-out.  ``B`` keeps the stage problem's memory, budget, pins and impossible pairs, so a proven lower bound
-``β`` on its optimum under the budget bounds ``B(s)`` for every plan the stage solve could return, and
-``F β / L`` bounds their steps.  A solve with ``ceiling = best × L / F`` stops at the first such ``β``.
+every activation between two layer nodes (forward, backward, and forward again in the layers backward
+recomputes; a tensor read by ``k`` consumers whose move may be shared counts ``1/k`` of each, the least a
+shared move costs); parameter edges (FSDP gathers, which prefetch may hide, and gradient syncs, paid once
+per step) are left out.  ``B`` keeps the stage problem's memory, budget, pins and impossible pairs, so a
+proven lower bound ``β`` on its optimum under the budget bounds ``B(s)`` for every plan the stage solve could
+return, and ``F β / L`` bounds their steps (``β``: the Lagrangian of the budget, :func:`step_bound`).
 
-Where it pays: LLaMA-3 405B on PP 16 × (8, 16, 8), 16 microbatches: full recomputation's stage solve (8 of
-the ~15 s) is replaced by a bound-only solve against selective recomputation's step (results/plan_scale.txt).
+What it cannot see: FSDP gathers of the layers' weights (prefetch hides a layer's gather under the previous
+layer's forward, so ``ℓ`` pays ``max(f, g)``, not linear in the plan) and gradient syncs are left out, so a
+plan that shards every weight and moves no activations has a low ``B`` however long its gathers are.
+LLaMA-3 405B on PP 16 × (8, 16, 8), 16 microbatches, full recomputation: ``F β / L`` = 14.419 s (0.3 s
+CPU) against selective recomputation's 14.688 s, so it is still solved; its own plan's ``F B(s) / L`` is
+14.788 s, but ``B``'s optimum is such an all-FSDP plan (its real layer time 0.148 s, not 0.113 s).
 """
 
 from __future__ import annotations
