@@ -49,7 +49,7 @@ from autoshard.problem.arrays import edge_matrix
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import node_compute
 from autoshard.problem.fanout import split_uses
-from autoshard.problem.recompute import recompute_blocks, reissued
+from autoshard.problem.recompute import recompute_blocks, reissued, rerun_share
 from autoshard.search import BoundExceeded, Edge, SearchProblem, memory_of, solve
 
 __all__ = ["layer_problem", "schedule_factor", "step_bound"]
@@ -64,6 +64,15 @@ _TIE = 1e-6
 _GROWTH = (1e-3, 1e-2)
 
 
+def gather_weight(schedule: Schedule, virtual: int, degree: int, layers: int, microbatches: int) -> float:
+    """``r``: the step of every plan on this schedule is at least ``F / L × (B(s) + r G(s))`` (module
+    docstring: each of a device's ``v`` chunks exposes its first gather, at least ``min(f, g)``)."""
+    most, v, m = math.ceil(layers / degree), virtual, microbatches
+    if schedule.zero_bubble:
+        return v / most
+    return (degree + m * v - 1) / (layers / v + (m - 1.0 / v) * most)
+
+
 def schedule_factor(schedule: Schedule, virtual: int, degree: int, layers: int, microbatches: int) -> float:
     """``F``: the step of every plan on this schedule is at least ``F`` times one layer's per-microbatch time
     (module docstring)."""
@@ -73,10 +82,11 @@ def schedule_factor(schedule: Schedule, virtual: int, degree: int, layers: int, 
     return layers / virtual + (microbatches - 1.0 / virtual) * most
 
 
-def layer_problem(built: BuiltProblem, problem: SearchProblem) -> SearchProblem:
-    """``problem`` (the stage's, built from ``built``) with ``B(s)`` as its objective: the repeated layers'
-    compute and activation moves of one microbatch, summed over the ``L`` layers (module docstring).  Its
-    memory, budget, masks and infinite (impossible) entries are ``problem``'s."""
+def layer_problem(built: BuiltProblem, problem: SearchProblem, gathers: float = 0.0) -> SearchProblem:
+    """``problem`` (the stage's, built from ``built``) with ``B(s) + gathers × G(s)`` as its objective: the
+    repeated layers' compute and activation moves of one microbatch, summed over the ``L`` layers, and their
+    weights' forward moves (module docstring).  Its memory, budget, masks and infinite (impossible) entries
+    are ``problem``'s."""
     opts, cluster, infos = built.options, built.cluster, built.infos
     costs: list[np.ndarray] = []
     for i, base in enumerate(problem.node_costs):
@@ -92,13 +102,14 @@ def layer_problem(built: BuiltProblem, problem: SearchProblem) -> SearchProblem:
         costs.append(np.where(np.isfinite(base), cost, np.inf))
     edges = [Edge(e.u, e.v, np.where(np.isfinite(e.cost), 0.0, np.inf)) for e in problem.edges]
     edges = [e for e in edges if not np.all(np.isfinite(e.cost))]  # only what forbids pairs stays
-    edges += _activation_edges(built)
+    edges += _activation_edges(built, gathers)
     return dataclasses.replace(problem, node_costs=tuple(costs), edges=tuple(edges))
 
 
-def _activation_edges(built: BuiltProblem) -> list[Edge]:
+def _activation_edges(built: BuiltProblem, gathers: float) -> list[Edge]:
     """One microbatch's moves of activations between two layer nodes, every copy: forward and backward, and
-    the forward moves backward re-issues in the layers it recomputes (exposed as forward moves are)."""
+    the forward moves backward re-issues in the layers it recomputes (exposed as forward moves are); and,
+    times ``gathers``, a layer weight's forward moves (FSDP gathers) with those backward runs again."""
     infos, index, n = built.infos, {v: k for k, v in enumerate(built.variables)}, built.num_blocks
     one = dataclasses.replace(built.options, microbatches=1)  # per microbatch
     again = dataclasses.replace(one, training=False)  # forward moves only
@@ -111,9 +122,24 @@ def _activation_edges(built: BuiltProblem) -> list[Edge]:
     edges = []
     for tu, tv, which, pos, copies, sharers in uses:
         producer, consumer = infos[tu], infos[tv]
-        if producer.kind != "op" or producer.block is None or consumer.block is None or tu == tv:
-            continue  # parameters (gathers, gradient syncs), reads into the layers, a copy's own output
+        if producer.block is None or consumer.block is None or tu == tv:
+            continue  # reads into the layers, a copy's own output
         src, dst = built.strategies[tu], built.strategies[tv]
+        if producer.kind == "parameter":  # its forward moves (gradient syncs are once a step: left out)
+            if gathers > 0.0:
+                share = rerun_share(producer, consumer, one)  # backward gathers again (recomputes, reshards)
+                if share <= 0.0:
+                    rerun = 0
+                elif share >= 1.0 or recomputed is None:
+                    rerun = copies
+                else:  # the first k layers recompute: the fewest of these copies that are among them
+                    rerun = max(0, recomputed - (n - copies))
+                runs = copies + rerun
+                moves = edge_matrix(producer, which, src, dst, pos, again, built.cache)
+                edges.append(Edge(index[tu], index[tv], moves * (runs * gathers / sharers)))
+            continue
+        if producer.kind != "op":
+            continue
         moves = edge_matrix(producer, which, src, dst, pos, one, built.cache)
         if reissued(producer, consumer, one):  # copies of layers >= k are not recomputed: the fewest that are
             rerun = copies if recomputed is None else max(0, recomputed - (n - copies))
@@ -133,23 +159,57 @@ def step_bound(
     max_factor_size: float,
 ) -> float:
     """A lower bound on the step of every plan fitting ``problem`` on any of ``shapes`` ((schedule, chunks per
-    device) pairs the search may pick): ``F β / L`` (module docstring); 0 when there is none.
-
-    First ``B`` without the budget, plus ``λ (memory − limit)`` (the Lagrangian of the budget: at most ``B``
-    on every fitting plan, so its optimum is a bound) for a few growing ``λ``, each one exact solve of a
-    problem with few costly edges; the first ``λ`` is tiny and picks the least memory among ties (the parts
-    outside the layers, which ``B`` leaves free).  Once the relaxed optimum fits with its peak, the budgeted
-    optimum is within ``λ × (limit − its memory)`` of the bound: done.  Otherwise the budgeted solve runs
-    with ``ceiling = best_step × L / F`` and stops at the first bound that reaches it."""
+    device) pairs the search may pick): the least over them of ``F / L × β(r)``, ``β(r)`` a lower bound on
+    ``B + r G`` over the fitting plans (:func:`_least`); 0 when there is none.  Shapes are taken by
+    increasing ``F``; one whose ``F / L × β(0)`` cannot lower the least so far is not solved, and the search
+    stops at the first bound under ``best_step`` (then no candidate is pruned)."""
     layers, m = built.num_blocks, built.options.microbatches
     if not shapes or layers < degree:
         return 0.0
-    factor = min(schedule_factor(s, v, degree, layers, m) for s, v in shapes)
-    lower = layer_problem(built, problem)
+    weights = sorted(
+        {
+            (schedule_factor(s, v, degree, layers, m), gather_weight(s, v, degree, layers, m))
+            for s, v in shapes
+        }
+    )
+    found: dict[float, float] = {}
+
+    def least(r: float, factor: float) -> float:
+        if r not in found:
+            found[r] = _least(built, problem, r, best_step * layers / factor, time_limit, max_factor_size)
+        return found[r]
+
+    plain = least(0.0, weights[0][0])
+    bound = math.inf
+    for k, (factor, r) in enumerate(weights):
+        if factor * plain / layers >= bound:
+            continue
+        bound = min(bound, factor * least(r, factor) / layers)
+        if bound < best_step:  # no prune: the rest only by what the plain bound says of them
+            return min([bound] + [f * plain / layers for f, _ in weights[k + 1 :]])
+    return bound
+
+
+def _least(
+    built: BuiltProblem,
+    problem: SearchProblem,
+    gathers: float,
+    ceiling: float,
+    time_limit: float,
+    max_factor_size: float,
+) -> float:
+    """A lower bound on ``B + gathers × G`` over the plans fitting ``problem``.
+
+    First without the budget, plus ``λ (memory − limit)`` (the Lagrangian of the budget: at most the
+    objective on every fitting plan, so its optimum is a bound) for a few growing ``λ``, each one exact solve
+    of a problem with few costly edges; the first ``λ`` is tiny and picks the least memory among ties (the
+    parts outside the layers, which ``B`` leaves free).  Once the relaxed optimum fits with its peak, the
+    budgeted optimum is within ``λ × (limit − its memory)`` of the bound: done.  Otherwise the budgeted
+    solve runs with ``ceiling`` and stops at the first bound that reaches it."""  # fmt: skip
+    lower = layer_problem(built, problem, gathers)
     limit = problem.memory_limit
     if limit is None or lower.memory is None:
-        free = solve(dataclasses.replace(lower, peak=None), method="exact", time_limit=time_limit)
-        return free.lower_bound * factor / layers
+        return solve(dataclasses.replace(lower, peak=None), method="exact", time_limit=time_limit).lower_bound
     costs = _too_large(lower, limit)
     bound, scales = -math.inf, [_TIE]
     for scale in scales:  # multipliers growing until the relaxed optimum fits
@@ -158,18 +218,18 @@ def step_bound(
         relaxed = dataclasses.replace(lower, node_costs=tied, memory_limit=None, peak=None)
         free = solve(relaxed, method="exact", time_limit=time_limit)
         bound = max(bound, free.lower_bound - lam * limit)
-        if bound * factor / layers >= best_step or memory_of(problem, free.choice) <= limit:
-            return bound * factor / layers
+        if bound >= ceiling or memory_of(problem, free.choice) <= limit:
+            return bound
         if len(scales) == 1:
             scales += [share * abs(free.lower_bound) for share in _GROWTH]
-    ceiling = best_step * layers / factor * (1 + _ROUNDING)
     try:
         found = solve(
-            lower, method="exact", time_limit=time_limit, ceiling=ceiling, max_factor_size=max_factor_size
-        )
+            lower, method="exact", time_limit=time_limit, ceiling=ceiling * (1 + _ROUNDING),
+            max_factor_size=max_factor_size,
+        )  # fmt: skip
     except BoundExceeded as e:
-        return e.bound * factor / layers
-    return max(found.lower_bound, bound) * factor / layers
+        return e.bound
+    return max(found.lower_bound, bound)
 
 
 def _too_large(problem: SearchProblem, limit: float) -> list[np.ndarray]:

@@ -2,7 +2,8 @@
 
 - ``B(s) / L`` (:func:`layer_problem`'s objective) is at most one layer's per-microbatch time of ``s``, as
   :func:`~autoshard.pipeline.layers.part_costs` prices it, for the optimum and random plans;
-- every split the stage DP prices steps at least ``F × B(s) / L`` (:func:`schedule_factor`, its schedule);
+- every split the stage DP prices steps at least ``F / L × (B(s) + r G(s))`` (:func:`schedule_factor` and
+  :func:`gather_weight` of its schedule; ``G``: the layers' weight gathers, each chunk exposes its first);
 - :func:`step_bound` is at most the step of every plan that fits, under every schedule it was given.
 """
 
@@ -15,7 +16,7 @@ import pytest
 
 import autoshard
 from autoshard.capture import capture
-from autoshard.pipeline.bound import layer_problem, schedule_factor, step_bound
+from autoshard.pipeline.bound import gather_weight, layer_problem, schedule_factor, step_bound
 from autoshard.pipeline.layers import boundary_bytes, part_costs, stage_memory_problem
 from autoshard.pipeline.schedules import Schedule, in_flight, p2p_time, torch_refuses, virtual_stage_options
 from autoshard.pipeline.stages import best_split
@@ -54,6 +55,10 @@ def test_layer_bound_is_below_every_priced_step(odd, policy: Recompute) -> None:
     lower = layer_problem(built, problem)
     layers, shapes = built.num_blocks, _shapes(built.num_blocks)
     assert layers == 5 and shapes
+    weighted = {
+        r: layer_problem(built, problem, r)
+        for r in {gather_weight(s, v, DEGREE, layers, MICROBATCHES) for s, v in shapes}
+    }
     best = solve(problem, method="exact")
     rng = random.Random(len(policy.value))
     plans = [best]
@@ -63,7 +68,7 @@ def test_layer_bound_is_below_every_priced_step(odd, policy: Recompute) -> None:
         )
         if evaluate(problem, choice) < float("inf"):
             plans.append(dataclasses.replace(best, choice=tuple(choice)))
-    steps = []
+    steps, gathered = [], 0
     for solution in plans:
         b = evaluate(lower, solution.choice)
         costs = part_costs(built, solution)
@@ -74,8 +79,13 @@ def test_layer_bound_is_below_every_priced_step(odd, policy: Recompute) -> None:
             split = best_split(costs, schedule, DEGREE, v, MICROBATCHES)
             assert split is not None
             factor = schedule_factor(schedule, v, DEGREE, layers, MICROBATCHES)
-            assert split.step_seconds >= factor * b / layers * (1 - 1e-9)
+            r = gather_weight(schedule, v, DEGREE, layers, MICROBATCHES)
+            with_gathers = evaluate(weighted[r], solution.choice)
+            assert with_gathers >= b  # weights' moves are never negative
+            gathered += with_gathers > b
+            assert split.step_seconds >= factor * with_gathers / layers * (1 - 1e-9)
             steps.append((split.step_seconds, memory_of(problem, solution.choice)))
+    assert gathered  # some plans gather their weights (FSDP): the gather term is exercised
     # the bound over every plan that fits: under the least memory any of these plans needs, and without
     tight = min(mem for _, mem in steps)
     for limit in (tight, None):
@@ -91,3 +101,5 @@ def test_factor_prices_the_bubble() -> None:
     assert schedule_factor(Schedule.ZB_V, 2, 16, 126, 16) == 16 * 8
     assert schedule_factor(Schedule.ONE_F_ONE_B, 1, 16, 126, 16) == 126 + 15 * 8
     assert schedule_factor(Schedule.INTERLEAVED_1F1B, 4, 16, 126, 16) == 126 / 4 + (16 - 0.25) * 8
+    # each of a device's v chunks exposes its first gather; the busiest device holds 8 layers
+    assert gather_weight(Schedule.ZB_V, 2, 16, 126, 16) == 2 / 8
