@@ -238,7 +238,7 @@ def search_pipeline(
                 continue
             except BoundExceeded as e:  # a lower bound on its step reaches the best plan's: not solved
                 priced.append(
-                    f"pp {degree} × {count} microbatches ({policy.value} recompute): at least {e.bound:.4g} s "
+                    f"pp {degree} × {count} microbatches ({policy.value} recompute): at least {e.bound:.5g} s "
                     "(a proven lower bound), not solved"
                 )
                 continue
