@@ -7,33 +7,42 @@ Output: a lower bound on the step of every plan that fits the stage problem, und
 (:func:`step_bound`); the pipeline search names a candidate whose bound reaches the best step, unsolved.
 
 Why it holds.  Let ``ℓ(s)`` be one repeated layer's per-microbatch forward + backward on a device under
-plan ``s``, as :func:`~autoshard.pipeline.layers.part_costs` prices it (``StageCosts.layer``: its nodes'
-compute, recomputation included, plus the tensor-parallel and resharding moves it exposes, plus what FSDP
-prefetch leaves exposed).  ``L`` layers over ``p`` devices leave some device ``d`` at least
-``K = ceil(L / p)`` layers (interleaving sums a device's chunks), and every other term of its per-microbatch
-time (``pre``, ``post``, p2p sends, a chunk's first gather) is non-negative, so ``t* >= t_d >= K ℓ(s)``;
-``Σ_d t_d >= L ℓ(s)``.  Every schedule's step (:func:`~autoshard.pipeline.schedules.step_time`, plus the
-non-negative once-per-step tail) is then at least
+plan ``s``, as :func:`~autoshard.pipeline.layers.part_costs` prices it (``StageCosts.layer``): its compute
+``f + b`` (recomputation included), the moves it exposes ``E`` (tensor parallel, resharding, a weight's
+moves other than gathers), and what prefetch leaves of its weights' gathers ``g`` (forward) and re-gathers
+``r`` (backward): ``max(0, g − f) + max(0, r − b)``; each chunk holding layers adds its first gather,
+``min(g, f) + min(r, b)`` (``StageCosts.gather_head``).  ``L`` layers over ``p`` devices leave some device
+``d`` at least ``K = ceil(L / p)`` layers (interleaving sums a device's chunks) in its ``v`` chunks of one
+layer or more, so ``k_d >= K >= v`` and, every other term (``pre``, ``post``, p2p sends) being
+non-negative,
 
-    zero-bubble (zb_v, interleaved_zb):   m t* + (p − 1) gap / v           >=  m K ℓ(s)
-    the others (v chunks per device):     Σ_d t_d / v + (m − 1/v) t*       >=  (L / v + (m − 1/v) K) ℓ(s)
+    t_d >= k_d (f + b + E) + k_d max(0, g − f) + v min(g, f) + (the same in r, b)
+        >= K (f + b + E) + v (g + r)          (k_d max(0, x − y) + v min(x, y) >= v x when k_d >= v)
 
-so ``step(s) >= F ℓ(s)`` with ``F`` the least of these factors over the schedules the search may pick.
-``L ℓ(s) >= B(s)``, the objective of :func:`layer_problem`: each layer node's compute (the same
-:func:`~autoshard.problem.costs.node_compute` figure, times its copies) plus the per-microbatch moves of
-every activation between two layer nodes (forward, backward, and forward again in the layers backward
-recomputes; a tensor read by ``k`` consumers whose move may be shared counts ``1/k`` of each, the least a
-shared move costs); parameter edges (FSDP gathers, which prefetch may hide, and gradient syncs, paid once
-per step) are left out.  ``B`` keeps the stage problem's memory, budget, pins and impossible pairs, so a
-proven lower bound ``β`` on its optimum under the budget bounds ``B(s)`` for every plan the stage solve could
-return, and ``F β / L`` bounds their steps (``β``: the Lagrangian of the budget, :func:`step_bound`).
+and ``Σ_d t_d >= L (f + b + E) + p v (g + r)``.  Every schedule's step
+(:func:`~autoshard.pipeline.schedules.step_time`, plus the non-negative once-per-step tail) is at least
 
-What it cannot see: FSDP gathers of the layers' weights (prefetch hides a layer's gather under the previous
-layer's forward, so ``ℓ`` pays ``max(f, g)``, not linear in the plan) and gradient syncs are left out, so a
-plan that shards every weight and moves no activations has a low ``B`` however long its gathers are.
-LLaMA-3 405B on PP 16 × (8, 16, 8), 16 microbatches, full recomputation: ``F β / L`` = 14.419 s (0.3 s
-CPU) against selective recomputation's 14.688 s, so it is still solved; its own plan's ``F B(s) / L`` is
-14.788 s, but ``B``'s optimum is such an all-FSDP plan (its real layer time 0.148 s, not 0.113 s).
+    zero-bubble (zb_v, interleaved_zb):   m t* + (p − 1) gap / v       >=  m t*
+    the others (v chunks per device):     Σ_d t_d / v + (m − 1/v) t*
+
+so, with ``B(s) <= L (f + b + E)`` and ``G(s) <= L (g + r + the weights' other forward moves)``,
+``step(s) >= F / L × (B(s) + ρ G(s))``: ``F = m K`` and ``ρ = v / K`` for the zero-bubble schedules,
+``F = L / v + (m − 1/v) K`` and ``ρ = (p + m v − 1) / F`` for the others (:func:`schedule_factor`,
+:func:`gather_weight`).  ``B`` and ``G`` are the objective of :func:`layer_problem`: ``B``, each layer
+node's compute (the same :func:`~autoshard.problem.costs.node_compute` figure, times its copies) plus the
+per-microbatch moves of every activation between two layer nodes (forward, backward, and forward again in
+the layers backward recomputes); ``G``, every forward move of a layer's weight, once per copy and again in
+the copies backward gathers again (recomputation, FSDP's reshard after forward); a tensor read by ``k``
+consumers whose move may be shared counts ``1/k`` of each, the least a shared move costs; gradient syncs
+(once per step) are left out.  The problem keeps the stage problem's memory, budget, pins and impossible
+pairs, so a lower bound ``β`` on its optimum under the budget (the budget's Lagrangian, :func:`_least`)
+bounds every plan the stage solve could return, and ``F β / L`` bounds their steps; the least over the
+(schedule, v) pairs the search may price is :func:`step_bound`.
+
+Where it pays: LLaMA-3 405B on PP 16 × (8, 16, 8), 16 microbatches, every schedule: full recomputation's
+bound is 14.695 s (ZB-V, ρ = 2/8; ~3 s CPU), above selective recomputation's step 14.688 s, so its stage
+solve (~10 s CPU) is skipped.  Without ``G`` the bound was 14.419 s: ``B``'s optimum shards every weight
+and moves no activations, its gathers unseen (real layer time 0.148 s, 0.113 s in ``B``).
 """
 
 from __future__ import annotations
