@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_pruned_policy_gives_the_plan_of_pricing_every_policy(
     floor is above the best step, so it is named and not solved; the same plan (step, strategies, schedule,
     cuts) as with pruning switched off.  The busiest device's bound (pipeline/bound.py) alone prunes it too."""
     model, ids = _llama(layers=4, hidden=512, batch=32, seq=512)
-    pins = {"pipeline": 2, "microbatches": 4}
+    pins: dict[str, Any] = {"pipeline": 2, "microbatches": 4}
     none = autoshard.plan(model, fast_links, (ids,), recompute="none", **pins)
 
     def priced(plan: autoshard.Plan) -> str:
