@@ -37,7 +37,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["dominated_mask", "edge_bound"]
+__all__ = ["Certificates", "dominated_mask", "dominators", "edge_bound", "recheck"]
+
+#: Dominance removals, each ``(node, strategies, dominators)`` in original indices, in the order made.
+Certificates = tuple[tuple[int, np.ndarray, np.ndarray], ...]
 
 #: Entries of one ``(pairs, S_j)`` difference block, bounding the scratch memory (32 MB of float64).
 _BLOCK_ENTRIES = 4_000_000
@@ -116,7 +119,52 @@ def dominated_mask(
     memory: np.ndarray | None = None,
     bounds: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Keep mask over one node's strategies: False where a kept strategy dominates (see the module docstring).
+    """Keep mask over one node's strategies: False where a kept strategy dominates (see the module docstring;
+    :func:`dominators` says which)."""
+    return dominators(unary, rows, memory, bounds) < 0
+
+
+def recheck(
+    domain: np.ndarray,
+    unary: np.ndarray,
+    rows: Sequence[np.ndarray],
+    memory: np.ndarray | None,
+    s: np.ndarray,
+    t: np.ndarray,
+) -> np.ndarray:
+    """:func:`dominators` from a list of candidates: ``t[i]`` dominated ``s[i]`` on a similar problem (both
+    indices into the node's original strategies; ``domain`` lists those still here, ascending).  Each pair
+    with both still here is checked here (``D[s, t] >= 0``, and no more memory when ``memory`` is given),
+    one row difference per pair and edge, where finding it costs all pairs; in order, ``s`` goes when ``t``
+    is still kept.  Returns per local strategy -1 (kept) or its dominator."""
+    by = np.full(domain.size, -1, dtype=np.int64)
+    ls, lt = np.searchsorted(domain, s), np.searchsorted(domain, t)
+    live = (ls < domain.size) & (lt < domain.size)
+    live[live] &= (domain[ls[live]] == s[live]) & (domain[lt[live]] == t[live])
+    ls, lt = ls[live], lt[live]
+    if not ls.size:
+        return by
+    with np.errstate(invalid="ignore"):
+        gain = unary[ls] - unary[lt]  # summed in the order dominators() sums
+        for mat in rows:
+            gain = gain + _pair_differences(mat, ls, lt)
+    ok = gain >= 0  # NaN (from -inf + inf) compares False
+    if memory is not None:
+        ok &= memory[lt] <= memory[ls]
+    for a, b in zip(ls[ok].tolist(), lt[ok].tolist(), strict=True):
+        if by[a] < 0 and by[b] < 0 and a != b:  # b still kept: it can stand in for a
+            by[a] = b
+    return by
+
+
+def dominators(
+    unary: np.ndarray,
+    rows: Sequence[np.ndarray],
+    memory: np.ndarray | None = None,
+    bounds: Sequence[np.ndarray] | None = None,
+) -> np.ndarray:
+    """Per strategy, -1 where it is kept, else a kept strategy that dominates it (the keep mask of
+    :func:`dominated_mask` is where this is -1).
 
     ``rows[k]`` is the ``[S, S_j]`` cost matrix of the ``k``-th incident edge; ``memory`` (bytes) is given
     only under a memory budget, where a dominating strategy must not need more memory.
@@ -132,7 +180,7 @@ def dominated_mask(
     size = unary.size
     keep = np.ones(size, dtype=bool)
     if size <= 1:
-        return keep
+        return np.full(size, -1, dtype=np.int64)
     with np.errstate(invalid="ignore"):
         bounds = [edge_bound(mat) for mat in rows] if bounds is None else bounds
         bound = unary[:, None] - unary[None, :]  # (S, S): u[s] - u[t]
@@ -156,7 +204,9 @@ def dominated_mask(
     beats[s, t] = gain >= 0  # beats[s, t]: t can replace s; NaN (from -inf + inf) compares False, so s stays
     later = np.arange(size)[None, :] < np.arange(size)[:, None]  # later[s, t]: t has the smaller index
     wins = beats & (~beats.T | later)  # t dominates s strictly, or they tie and t comes first
+    by = np.full(size, -1, dtype=np.int64)
     for s_ in np.flatnonzero(wins.any(axis=1)):  # in index order; a row with no win keeps its strategy
-        if (wins[s_] & keep).any():
-            keep[s_] = False
-    return keep
+        hit = np.flatnonzero(wins[s_] & keep)
+        if hit.size:
+            keep[s_], by[s_] = False, hit[0]
+    return by

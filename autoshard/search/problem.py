@@ -236,6 +236,9 @@ class Solution:
     # the Lagrange multiplier of the budget at the best bound of a budgeted solve (cost per byte): where a
     # similar problem's sweep starts (``solve(multiplier=)``); None without a Lagrangian sweep
     multiplier: float | None = None
+    # the dominance removals of the solve's first reduction (``reduce.Certificates``): a hint that spares a
+    # similar problem's reduction most of its dominance search (``solve(dominated=)``)
+    dominated: tuple[tuple[int, np.ndarray, np.ndarray], ...] = field(default=(), compare=False, repr=False)
 
 
 def relative_gap(objective: float, lower_bound: float) -> float:

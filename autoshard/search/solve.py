@@ -66,7 +66,7 @@ from autoshard.search.problem import (
     relative_gap,
 )
 from autoshard.search.propagate import propagate
-from autoshard.search.reduce import reduce_problem
+from autoshard.search.reduce import Certificates, reduce_problem
 from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, run_ilp
 from autoshard.search.wide import trivial_lower_bound, with_budget_by_reduction
 
@@ -291,6 +291,7 @@ def solve(
     ceiling: float = math.inf,
     peak: tuple[np.ndarray, ...] | None = None,
     multiplier: float | None = None,
+    dominated: Certificates = (),
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
@@ -301,6 +302,9 @@ def solve(
     ``multiplier``: a Lagrange multiplier of the budget to probe first (a similar problem's
     :attr:`Solution.multiplier`); only the number of exact solves depends on it.  With a ``ceiling`` its
     bound is tried first, so BoundExceeded may come where no plan fits at all (the caller drops both alike).
+
+    ``dominated``: a similar problem's :attr:`Solution.dominated` (same nodes and strategies, other costs),
+    checked and applied before the reduction's own dominance search; only its speed depends on it.
 
     ``peak``: the peak terms of the problem this one relaxes (:mod:`~autoshard.search.peak` lowered the
     budget by their floor and dropped them); the neighbourhood search then looks for plans that fit with
@@ -313,7 +317,12 @@ def solve(
         from autoshard.search.peak import solve_with_peak
 
         kwargs = dict(
-            method=method, time_limit=time_limit, num_workers=num_workers, hint=hint, multiplier=multiplier
+            method=method,
+            time_limit=time_limit,
+            num_workers=num_workers,
+            hint=hint,
+            multiplier=multiplier,
+            dominated=dominated,
         )
         return solve_with_peak(problem, solve, max_factor_size=max_factor_size, ceiling=ceiling, **kwargs)
     start = time.perf_counter()
@@ -333,7 +342,7 @@ def solve(
                 raise BoundExceeded(cheapest, ceiling)
     # Folding free nodes creates the pair matrices on which dominance prunes most (the LLaMA problems
     # reduce to nothing), and it shrinks the CP-SAT model.
-    red = reduce_problem(problem)
+    red = reduce_problem(problem, hint=dominated)
     run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
     if method == "propagate":
         run.log.insert(0, "propagate: the plan has inf cost or breaks the budget; solving exactly instead")
