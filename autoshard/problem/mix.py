@@ -46,7 +46,6 @@ from autoshard.errors import InfeasibleError
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import Recompute
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution
-from autoshard.search.problem import pairwise_form, peak_floor
 
 __all__ = [
     "MAX_INTERVALS",
@@ -119,9 +118,15 @@ def least_fitting(p0: SearchProblem, p1: SearchProblem, n: int) -> int:
         return 1  # a strategy that holds more when recomputed: the bound need not fall with k
     # memory_lower_bound at share k, from arrays built once: which strategies are finite (the same at every
     # share), the least peak (share-independent), and each node's memory at 0 and its change to 1
-    probe = _shared(p0, p1, 0.5)
-    finite = [np.isfinite(u) for u in pairwise_form(probe).unary]
-    floor = peak_floor(probe)
+    # finite at every share where finite at both ends (_between), and allowed
+    masks = p1.allowed or (None,) * len(p1.node_costs)
+    finite = [
+        np.isfinite(a) & np.isfinite(b) & (True if m is None else m)
+        for a, b, m in zip(p0.node_costs, p1.node_costs, masks, strict=True)
+    ]
+    peaks = p1.peak if p1.peak is not None else ()
+    least = (float(p[f].min(initial=math.inf)) for p, f in zip(peaks, finite if peaks else (), strict=True))
+    floor = max((x for x in least if math.isfinite(x)), default=0.0)  # as peak_floor
     low = [a[f] for a, f in zip(p0.memory, finite, strict=True)]
     step = [(b - a)[f] for a, b, f in zip(p0.memory, p1.memory, finite, strict=True)]
 

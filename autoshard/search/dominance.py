@@ -43,7 +43,7 @@ __all__ = ["Certificates", "dominated_mask", "dominators", "edge_bound", "rechec
 Certificates = tuple[tuple[int, np.ndarray, np.ndarray], ...]
 
 #: Entries of one ``(pairs, S_j)`` difference block, bounding the scratch memory (32 MB of float64).
-_BLOCK_ENTRIES = 4_000_000
+_BLOCK_ENTRIES = 65_536
 #: Columns per edge, the same for every pair, for the cheap upper bound that rules out most (s, t) pairs
 #: before the exact pass (two more are chosen per pair, :func:`_targeted`).  On LLaMA-3-8B on 2x4x8 the two
 #: per-pair columns leave 89k of 5.9M pairs (16 shared columns alone left 595k); 4 shared ones cost little.
