@@ -73,25 +73,26 @@ def _skip_forbidden_min(diff: np.ndarray) -> np.ndarray:
     return np.fmin.reduce(diff, axis=-1, initial=np.inf)
 
 
-def _sample_columns(mat: np.ndarray, finite: np.ndarray | None) -> np.ndarray:
+def _sample_columns(mat: np.ndarray, dense: bool = False) -> np.ndarray:
     """A few columns likely to separate rows: the ones with the widest spread (forbidden entries first);
-    ``finite``: where ``mat`` is finite, None when it is everywhere (the same columns, fewer passes)."""
+    ``dense``: ``mat`` has no ``inf`` (the same columns, fewer passes)."""
     if mat.shape[1] <= _SAMPLE:
         return mat
-    if finite is None:
+    if dense:
         spread = mat.max(axis=0) - mat.min(axis=0)
     else:
+        finite = np.isfinite(mat)
         spread = np.where(finite, mat, -np.inf).max(axis=0) - np.where(finite, mat, np.inf).min(axis=0)
         spread = np.where((~finite).any(axis=0), np.inf, np.nan_to_num(spread, nan=0.0, neginf=0.0))
     return mat[:, np.argsort(-spread, kind="stable")[:_SAMPLE]]
 
 
-def _targeted(mat: np.ndarray, finite: np.ndarray | None) -> np.ndarray:
+def _targeted(mat: np.ndarray, dense: bool = False) -> np.ndarray:
     """An upper bound of ``min_c (F[s, c] - F[t, c])`` from two columns chosen per pair: ``t``'s dearest
     finite column (where ``t`` is likely to lose to ``s``) and ``s``'s cheapest one.  Each is one term of
     the minimum (or ``+inf``/NaN where ``F[s, c]`` is forbidden, which the minimum skips)."""
     rows = np.arange(mat.shape[0])
-    dearest = (mat if finite is None else np.where(finite, mat, -np.inf)).argmax(axis=1)  # per t
+    dearest = (mat if dense else np.where(np.isfinite(mat), mat, -np.inf)).argmax(axis=1)  # per t
     cheapest = mat.argmin(axis=1)  # per s
     with np.errstate(invalid="ignore"):
         by_t = mat[:, dearest] - mat[rows, dearest][None, :]  # [s, t]: F[s, c_t] - F[t, c_t]
@@ -113,10 +114,9 @@ def _pair_differences(mat: np.ndarray, s: np.ndarray, t: np.ndarray) -> np.ndarr
 def edge_bound(mat: np.ndarray) -> np.ndarray:
     """``(S, S)`` upper bound of ``min_c (F[s, c] - F[t, c])`` for one edge's ``F`` (see :func:`dominated_mask`);
     a function of ``F`` alone, so a caller may keep it while ``F`` does not change."""
-    finite = np.isfinite(mat)
-    where = None if finite.all() else finite
+    dense = bool(np.isfinite(mat).all())
     with np.errstate(invalid="ignore"):
-        return np.fmin(_min_row_differences(_sample_columns(mat, where)), _targeted(mat, where))
+        return np.fmin(_min_row_differences(_sample_columns(mat, dense)), _targeted(mat, dense))
 
 
 def dominated_mask(

@@ -180,3 +180,13 @@ def test_a_hint_spares_the_search_but_not_the_check() -> None:
     flipped = tuple((v, t, s) for v, s, t in red.dominated)  # each pair the wrong way round
     swapped = reduce_problem(p, hint=flipped)
     assert close(_brute(swapped.problem) + swapped.cost_offset, _brute(red.problem) + red.cost_offset)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_bounds_of_a_matrix_without_inf_skip_masking_and_agree(seed: int) -> None:
+    """edge_bound's shortcut for matrices with no forbidden entry gives the masked passes' values."""
+    from autoshard.search.dominance import _sample_columns, _targeted
+
+    mat = np.random.default_rng(seed).integers(0, 5, size=(9, 14)).astype(float)
+    assert (_sample_columns(mat, dense=True) == _sample_columns(mat)).all()
+    assert (_targeted(mat, dense=True) == _targeted(mat)).all()
