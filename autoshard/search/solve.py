@@ -15,10 +15,10 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
    Lagrangian sweep (:mod:`~autoshard.search.budget`: exact solves of ``cost + lambda * memory``) gives a
    fitting plan and a lower bound, Lagrangian fixing drops the strategies no plan cheaper than that one can
    use (first no plan within a tenth of the gap above the bound, then three tenths: :func:`_climb`, whose
-   Pareto elimination is then small), the problem is reduced again, and its exact optimum is returned if it fits; otherwise elimination
-   over (memory, cost) Pareto sets (:mod:`~autoshard.search.pareto`) solves what is left exactly, and only
-   when its tables grow too large does CP-SAT, warm-started from the Lagrangian plan and told its bound,
-   close the gap within the time limit.
+   Pareto elimination is then small), the problem is reduced again, and its exact optimum is returned if it
+   fits; otherwise elimination over (memory, cost) Pareto sets (:mod:`~autoshard.search.pareto`) solves
+   what is left exactly, and only when its tables grow too large does CP-SAT, warm-started from the
+   Lagrangian plan and told its bound, close the gap within the time limit.
 4. Budget, and the budgeted problem too wide to eliminate (its memory terms keep nodes from folding: the
    405B-shaped LLaMA's pipeline stage on 8 x 16 x 8): the same Lagrangian dual with each relaxed problem
    ``cost + lambda * memory`` reduced and eliminated on its own (no budget, so it folds); proven optimal
