@@ -148,7 +148,7 @@ def _budgeted(
         raise memory_infeasible_error(run.problem, memory_lower_bound(run.problem), least_mem + off)
     best = run.expand(least)  # the best fitting plan so far, on the original nodes
     bound = -math.inf  # a proven lower bound on the original objective
-    for stages_before in range(_FIXING_ROUNDS):
+    for round_ in range(_FIXING_ROUNDS):
         lag = _sweep(run, ex, best, max_factor, first, known)
         known = {}  # the next round sweeps another reduction
         if run.offset() + lag.cost < evaluate(run.problem, best):
@@ -161,7 +161,7 @@ def _budgeted(
         if upper - bound <= 1e-9 * abs(upper):
             return run.finish_original(best, bound, True, "exact:lagrangian")
         marginals = relaxed_marginals(ex, run.current, lag)
-        if not stages_before:  # first round: is the optimum near the bound? (_RUNGS)
+        if round_ == 0:  # is the optimum near the bound? (_RUNGS)
             climbed = _climb(run, lag, marginals, bound, upper)
             if isinstance(climbed, Solution):
                 return climbed
@@ -213,22 +213,24 @@ def _climb(
     for share in _RUNGS:
         rung = bound + share * (upper - bound)
         keep = below_masks(marginals, rp, lag.lam, rung - run.offset())
+        if rp.allowed is not None:
+            keep = [k if a is None else k & a for k, a in zip(keep, rp.allowed, strict=True)]
         try:
             red = reduce_problem(dataclasses.replace(rp, allowed=tuple(keep)))
-        except InfeasibleError:  # a node with no strategy left, or what is left cannot fit
-            bound = rung
-            continue
-        run.stages.append(red)
-        top = rung - run.offset()
-        plan, proven = pareto_below(run.current, upper=top, lam=lag.lam)
-        if plan is not None and evaluate(run.current, plan) <= top:
-            run.log.extend(red.log)
-            run.log.append(
-                f"exact: the optimum lies within {share:g} of the Lagrangian gap: fixing kept "
-                f"{sum(int(k.sum()) for k in keep)} strategies, Pareto sets (search/pareto.py) found it"
-            )
-            return run.finish(plan, rung, True, "exact:pareto")
-        run.stages.pop()
+        except InfeasibleError:  # a node with no strategy left, or what is left cannot fit: none that cheap
+            plan, proven = None, True
+        else:
+            run.stages.append(red)
+            top = rung - run.offset()
+            plan, proven = pareto_below(run.current, upper=top, lam=lag.lam)
+            if plan is not None and evaluate(run.current, plan) <= top:
+                run.log.extend(red.log)
+                run.log.append(
+                    f"exact: the optimum lies within {share:g} of the Lagrangian gap: fixing kept "
+                    f"{sum(int(k.sum()) for k in keep)} strategies, Pareto sets (search/pareto.py) found it"
+                )
+                return run.finish(plan, rung, True, "exact:pareto")
+            run.stages.pop()
         if not proven or plan is not None:
             break  # over the tables' caps, or rounding: the whole gap decides
         bound = rung
