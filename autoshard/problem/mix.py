@@ -21,7 +21,7 @@ reaching down there has costs too low to bound anything).  An interval whose rel
 bound (:mod:`autoshard.search.budget`) reaches the best plan found (or the incumbent, the best uniform
 policy's) is dropped (the solver is given it as ``ceiling`` and stops at the first bound that reaches
 it), one where nothing fits is dropped, the rest are halved; a single ``k`` is solved exactly.  No better
-plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per policy, ~0.8 s CPU for both
+plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per policy, ~0.45 s CPU for both
 (the best uniform policy's multiplier is probed first, ``solve(multiplier=)``: selective's interval is
 dropped after its reduction and that one exact solve; full's needs the sweep), where the halving from
 ``1..N-1`` took 8 full solves and 16 s.  Each interval's reduction is most of it: dominance depends on the
