@@ -118,12 +118,18 @@ def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
 
 
 def _with_budget(
-    run: Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float, first: float | None
+    run: Run,
+    ex: ExactSolver,
+    method: Method,
+    num_workers: int,
+    max_factor: float,
+    first: float | None,
+    incumbent: Sequence[int] | None = None,
 ) -> Solution:
     """Unconstrained optimum if it fits; else rounds of Lagrangian sweep, fixing and reduction, then
     enumeration or CP-SAT on what is left; the multiplier of the best bound goes with the answer."""
     lam: list[float] = []  # the multiplier of the best bound so far
-    found = _budgeted(run, ex, method, num_workers, max_factor, first, lam)
+    found = _budgeted(run, ex, method, num_workers, max_factor, first, lam, incumbent)
     return dataclasses.replace(found, multiplier=lam[-1]) if lam else found
 
 
@@ -135,6 +141,7 @@ def _budgeted(
     max_factor: float,
     first: float | None,
     lam: list[float],
+    incumbent: Sequence[int] | None = None,
 ) -> Solution:
     known = _probe_first(run, ex, first) if first is not None else {}
     done = _fits_unconstrained(run, ex)
@@ -146,7 +153,7 @@ def _budgeted(
     if not least_mem <= rp.memory_limit:
         off = math.fsum(r.memory_offset for r in run.stages)
         raise memory_infeasible_error(run.problem, memory_lower_bound(run.problem), least_mem + off)
-    best = run.expand(least)  # the best fitting plan so far, on the original nodes
+    best = _start(run, run.expand(least), incumbent)  # the best fitting plan so far, on the original nodes
     bound = -math.inf  # a proven lower bound on the original objective
     for round_ in range(_FIXING_ROUNDS):
         lag = _sweep(run, ex, best, max_factor, first, known)
@@ -197,6 +204,18 @@ def _budgeted(
     if method == "exact":
         return run.finish_original(best, bound, False, "exact:lagrangian")
     return run_ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
+
+
+def _start(run: Run, least: tuple[int, ...], incumbent: Sequence[int] | None) -> tuple[int, ...]:
+    """The fitting plan the sweep starts from: ``incumbent`` (a similar problem's optimum) when it fits and
+    costs less than the least-memory plan, whose falling line is usually far from the optimum's."""
+    if incumbent is None or len(incumbent) != run.problem.num_nodes:
+        return least
+    plan = tuple(int(s) for s in incumbent)
+    limit = run.problem.memory_limit
+    if limit is None or memory_of(run.problem, plan) > limit:
+        return least
+    return plan if evaluate(run.problem, plan) < evaluate(run.problem, least) else least
 
 
 def _climb(
@@ -296,6 +315,7 @@ def solve(
     peak: tuple[np.ndarray, ...] | None = None,
     multiplier: float | None = None,
     dominated: Certificates = (),
+    incumbent: Sequence[int] | None = None,
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
@@ -327,6 +347,7 @@ def solve(
             hint=hint,
             multiplier=multiplier,
             dominated=dominated,
+            incumbent=incumbent,
         )
         return solve_with_peak(problem, solve, max_factor_size=max_factor_size, ceiling=ceiling, **kwargs)
     start = time.perf_counter()
@@ -366,7 +387,7 @@ def solve(
         return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
     run.log.append(f"exact: {ex.describe()}")
     if red.problem.memory_limit is not None:
-        return _with_budget(run, ex, method, num_workers, max_factor_size, multiplier)
+        return _with_budget(run, ex, method, num_workers, max_factor_size, multiplier, incumbent)
     plan, value = ex.solve()
     return run.finish(plan, value + red.cost_offset, True, exact_label(ex))
 
