@@ -68,7 +68,7 @@ from autoshard.search.problem import (
 )
 from autoshard.search.propagate import propagate
 from autoshard.search.reduce import Certificates, reduce_problem
-from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, run_ilp
+from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, probe_first, run_ilp
 from autoshard.search.wide import trivial_lower_bound, with_budget_by_reduction
 
 __all__ = ["BoundExceeded", "Method", "solve", "trivial_lower_bound"]
@@ -97,15 +97,6 @@ _DUAL_TOLERANCE = 0.1
 #: step of 3e6 entries (0.5 s CPU); at 0.1 of it, 685 strategies and a Pareto elimination of milliseconds
 #: (the selective solve 1.0 -> 0.83 s CPU).  A rung proven empty raises the bound to it.
 _RUNGS = (0.1, 0.3)
-
-#: Factor from the probed multiplier to the second probe (:func:`_probe_first`) when the first did not reach
-#: the ceiling: ``g`` is concave with supergradient ``memory(x) - L`` at the minimiser ``x``, so a minimiser
-#: that fits says the maximum lies at a smaller multiplier (x 1/4), one over the budget at a larger (x 4), the
-#: step :func:`~autoshard.search.budget.dual_search` grows by.  LLaMA-3-70B on 16 x 8 x 8: full
-#: recomputation's interval of the per-block search at selective's multiplier bounds 11.40 < 12.1359 (the
-#: ceiling), at a quarter of it 12.39: pruned after two solves instead of three (the optimum without the
-#: budget, then the sweep's first probe) and the least-memory plan (0.27 -> 0.22 s CPU).
-_TOWARD = 0.25
 
 
 def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
@@ -152,7 +143,7 @@ def _budgeted(
     lam: list[float],
     incumbent: Sequence[int] | None = None,
 ) -> Solution:
-    known = _probe_first(run, ex, first) if first is not None else {}
+    known = probe_first(run, ex, first) if first is not None else {}
     done = _fits_unconstrained(run, ex)
     if done is not None:
         return done
@@ -162,7 +153,7 @@ def _budgeted(
     if not least_mem <= rp.memory_limit:
         off = math.fsum(r.memory_offset for r in run.stages)
         raise memory_infeasible_error(run.problem, memory_lower_bound(run.problem), least_mem + off)
-    best = _start(run, run.expand(least), incumbent)  # the best fitting plan so far, on the original nodes
+    best = run.start_plan(run.expand(least), incumbent)  # the best fitting plan so far (original nodes)
     bound = -math.inf  # a proven lower bound on the original objective
     for round_ in range(_FIXING_ROUNDS):
         lag = _sweep(run, ex, best, max_factor, first, known)
@@ -215,18 +206,6 @@ def _budgeted(
     return run_ilp(run, run.restrict(best), num_workers, floor=bound - run.offset(), fallback=best)
 
 
-def _start(run: Run, least: tuple[int, ...], incumbent: Sequence[int] | None) -> tuple[int, ...]:
-    """The fitting plan the sweep starts from: ``incumbent`` (a similar problem's optimum) when it fits and
-    costs less than the least-memory plan, whose falling line is usually far from the optimum's."""
-    if incumbent is None or len(incumbent) != run.problem.num_nodes:
-        return least
-    plan = tuple(int(s) for s in incumbent)
-    limit = run.problem.memory_limit
-    if limit is None or memory_of(run.problem, plan) > limit:
-        return least
-    return plan if evaluate(run.problem, plan) < evaluate(run.problem, least) else least
-
-
 def _climb(
     run: Run, lag: Lagrange, marginals: list[np.ndarray], bound: float, upper: float
 ) -> Solution | float:
@@ -265,26 +244,6 @@ def _climb(
         run.log.append(f"exact: no fitting plan costs at most {rung:.6g} s (fixing below it, Pareto sets)")
         run.prune(bound)
     return bound
-
-
-def _probe_first(run: Run, ex: ExactSolver, lam: float) -> dict[float, tuple[tuple[int, ...], float]]:
-    """With a ceiling, the Lagrangian bound at a similar problem's multiplier before anything else: one exact
-    solve of ``cost + lam * memory`` that, when its bound reaches the ceiling, spares the optimum without the
-    budget, the least-memory plan and the sweep (the per-block recomputation search's intervals: one solve
-    each); short of it, a second probe on the side where the bound rises (:data:`_TOWARD`).  The bound holds
-    for every fitting plan; when none fits it is vacuous, and BoundExceeded (not InfeasibleError) is the
-    answer.  Returns those solves by multiplier, for the sweep not to repeat them."""
-    rp = run.current
-    if not (math.isfinite(run.ceiling) and lam > 0.0 and math.isfinite(lam)) or rp.memory is None:
-        return {}
-    assert rp.memory_limit is not None
-    known: dict[float, tuple[tuple[int, ...], float]] = {}
-    for _ in range(2):
-        plan, value = ex.solve([c + lam * m for c, m in zip(ex.form.unary, rp.memory, strict=True)])
-        known[lam] = (plan, value)
-        run.prune(value - lam * rp.memory_limit + run.offset())
-        lam *= _TOWARD if memory_of(rp, plan) <= rp.memory_limit else 1.0 / _TOWARD
-    return known
 
 
 def _sweep(
@@ -344,10 +303,8 @@ def solve(
     ``dominated``: a similar problem's :attr:`Solution.dominated` (same nodes and strategies, other costs),
     checked and applied before the reduction's own dominance search; only its speed depends on it.
 
-    ``incumbent``: a plan of this problem on its original nodes (a similar problem's optimum: the rank's
-    lower-bound problem gets the objective's); under a binding budget, when it fits and costs less than the
-    least-memory plan, the Lagrangian sweep starts from it (its falling line is nearer the optimum: one
-    probe fewer on LLaMA-3-70B's rank).  Only the work depends on it.
+    ``incumbent``: a plan of this problem (a similar one's optimum); under a binding budget the Lagrangian
+    sweep starts from it when it fits (:meth:`Run.start_plan`).  Only the work depends on it.
 
     ``peak``: the peak terms of the problem this one relaxes (:mod:`~autoshard.search.peak` lowered the
     budget by their floor and dropped them); the neighbourhood search then looks for plans that fit with
