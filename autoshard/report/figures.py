@@ -20,7 +20,7 @@ from autoshard.report.labels import fmt_bytes, fmt_seconds, wrap
 from cost_models.memory import RECIPES, itemsize
 from cost_models.profile import canonical_dtype
 
-__all__ = ["Baseline", "figure_lines", "param_memory", "recipe_text"]
+__all__ = ["Baseline", "figure_lines", "param_memory", "recipe_note", "recipe_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +155,17 @@ def recipe_text(name: str, training: bool = True) -> str:
     kind = "fused" if policy.fused_optimizer else "foreach"
     grads = "fp32" if recipe.gradients == 4 else _short(policy.grad_dtype)
     return f"{weights}, {grads} grads, {kind} AdamW ({master}fp32 moments) sharded"
+
+
+def recipe_note(plan: Plan, runner: str, runs: str) -> str:
+    """One line, newline-ended, when ``runner`` runs ``plan`` under another recipe than it was priced for
+    (``runs``: what it runs instead); "" for the bf16 recipe (the captured dtypes, which runners keep)."""
+    if plan.precision == "bf16":
+        return ""
+    return (
+        f"note: the plan was priced for {recipe_text(plan.precision)}; {runner} runs {runs}, not that "
+        "recipe\n"
+    )
 
 
 def _short(dtype: str) -> str:
