@@ -67,11 +67,6 @@ def run(args: argparse.Namespace) -> int:
         options["allow_replicated"] = True
     if args.nodes is not None:
         options["nodes"] = args.nodes
-    if args.plan is not None:  # a plan priced under amp: say verify checks its splits, not the recipe
-        from autoshard.plans import load_plan
-
-        runs = "the model in its own dtype (float64 with --float64) without autocast"
-        print(load_plan(args.plan).recipe_note("verify", runs), end="")
     report = run(args.model, args.nproc, args.mesh, args.profile, **options)
     print(report)
     return 0 if getattr(report, "ok", False) else 1
