@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from autoshard.problem.attention import kv_stride
 from autoshard.strategies.local import zigzag_chunks
 
 __all__ = [
@@ -301,6 +302,7 @@ def context_sdpa(
     comm: Any,
     scale: float | None = None,
     is_causal: bool = False,
+    kv_repeats: int = 1,
 ) -> torch.Tensor:
     """What an emitted module runs for ``scaled_dot_product_attention`` under a ring strategy on ``axis``.
 
@@ -308,6 +310,11 @@ def context_sdpa(
     plan's ``context_layout``), else contiguous; ``attn_mask`` holds this rank's query rows (in that layout)
     over every key (in global order).  Without a mask and without ``is_causal`` every key is visible.
     ``comm`` is the emitted module's :class:`~autoshard.codegen.collectives.MeshComm`.
+
+    ``kv_repeats``: ``k`` and ``v`` are grouped-query copies, each K/V head repeated that many times in a row
+    (``META_KV_REPEATS``).  The ring then rotates every :func:`~autoshard.problem.attention.kv_stride`-th
+    local head and copies it back per hop -- the bytes the plan prices (``Plan.ring_transfers``).  Autograd
+    sends the gradient of the copies to the heads read, and the graph's own copy (``expand``) sums it back.
     """
     if attn_mask is None and not is_causal:
         attn_mask = torch.ones(
@@ -316,6 +323,9 @@ def context_sdpa(
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise TypeError(f"ring attention takes a boolean mask, got {attn_mask.dtype}")
     layout: Layout = "zigzag" if comm.zigzag_axis == axis else "contiguous"
+    if kv_repeats > 1:
+        k = k[:, :: kv_stride(kv_repeats, k.shape[1])]
+        v = v[:, :: kv_stride(kv_repeats, v.shape[1])]
     return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale)
 
 

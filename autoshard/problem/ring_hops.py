@@ -5,7 +5,8 @@ Output: one :class:`~autoshard.plans.RingTransfer` per ring-attention node and p
 the terms :func:`autoshard.problem.context.ring_seconds` prices them:
 
 - forward: ``n - 1`` hops per device of its local K and V blocks on an axis of ``n`` devices, together the
-  time of a ring all-gather of ``n`` such blocks;
+  time of a ring all-gather of ``n`` such blocks; grouped-query K/V copies travel as one head per run of
+  copies (:func:`autoshard.problem.attention.ring_block_bytes`, the rule the emitted ring follows);
 - backward: ``n`` hops of K, V, dK and dV (the last brings the gradients home), ``n / (n - 1)`` times the
   all-gather of ``2n`` blocks.
 
@@ -23,9 +24,10 @@ from collections.abc import Iterable, Mapping
 
 from autoshard.cluster import Cluster
 from autoshard.plans import RingTransfer
+from autoshard.problem.attention import ring_block_bytes
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.context import ring_axis_of
-from autoshard.problem.costs import _local_bytes, repeats
+from autoshard.problem.costs import repeats
 from autoshard.strategies import OpStrategy
 
 __all__ = ["ring_transfers"]
@@ -46,10 +48,7 @@ def ring_transfers(
         k, v = (built.infos[info.inputs[i]].outputs[info.input_outputs[i]] for i in (1, 2))
         if k is None or v is None:
             continue
-        mesh = cluster.mesh_shape
-        block = _local_bytes(k.nbytes, strategy.inputs[1], mesh) + _local_bytes(
-            v.nbytes, strategy.inputs[2], mesh
-        )
+        block = ring_block_bytes(info, (k, v), (strategy.inputs[1], strategy.inputs[2]), cluster.mesh_shape)
         copies = (1 if name in built.runs else built.multiplicity[name]) * repeats(
             built.options, parameter=False, backward=False
         )
