@@ -21,11 +21,13 @@ Shapes: ``q (B, H, L, E)``, ``k (B, Hkv, L, E)``, ``v (B, Hkv, L, Ev)`` with ``L
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
+from autoshard.codegen.collectives import RingHop
 from autoshard.problem.attention import kv_stride
 from autoshard.strategies.local import zigzag_chunks
 
@@ -142,6 +144,14 @@ def _peers(group: Any) -> tuple[int, int, int, int]:
     return rank, size, nxt, prv
 
 
+HopLog = Callable[[str, int], None]  # (phase, bytes this rank sends in one hop)
+
+
+def _note(hops: HopLog | None, phase: str, tensors: list[torch.Tensor]) -> None:
+    if hops is not None:
+        hops(phase, sum(t.numel() * t.element_size() for t in tensors))
+
+
 def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list[torch.Tensor]:
     """Send each tensor to the next rank, receive the previous rank's (one ring hop).  Both buffers are
     contiguous whatever the strides of ``tensors`` (a transposed K, or ``zeros_like`` of one): gloo sends and
@@ -165,6 +175,7 @@ class _Ring(torch.autograd.Function):
         layout: Layout,
         mask: torch.Tensor | None,
         scale: float | None,
+        hops: HopLog | None,
     ) -> torch.Tensor:
         rank, size, nxt, prv = _peers(group)
         scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -186,9 +197,10 @@ class _Ring(torch.autograd.Function):
                 out[:, :, qs] = out[:, :, qs] * rescale + weights @ ve[:, :, ks]
                 lse[:, :, qs] = new
             if step + 1 < size:
+                _note(hops, "forward", kv)
                 kv = _rotate(kv, nxt, prv, group)
         ctx.save_for_backward(q, k, v, out, lse, mask)
-        ctx.group, ctx.layout, ctx.scale = group, layout, scale
+        ctx.group, ctx.layout, ctx.scale, ctx.hops = group, layout, scale, hops
         return out
 
     @staticmethod
@@ -214,8 +226,9 @@ class _Ring(torch.autograd.Function):
                 dscores = probs * (g @ ve[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
                 dq[:, :, qs] += (dscores @ ke[:, :, ks]) * scale
                 dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ q[:, :, qs]) * scale, kv_heads)
+            _note(ctx.hops, "backward", [kk, vv, dk, dv])
             travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)  # the last hop brings dK, dV home
-        return dq, travelling[2], travelling[3], None, None, None, None
+        return dq, travelling[2], travelling[3], None, None, None, None, None
 
 
 def ring_attention(
@@ -226,13 +239,15 @@ def ring_attention(
     layout: Layout = "zigzag",
     mask: torch.Tensor | None = None,
     scale: float | None = None,
+    hops: HopLog | None = None,
 ) -> torch.Tensor:
     """Attention of this rank's sequence piece (``layout``) against the whole sequence, by a K/V ring.
 
     Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
     order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
+    ``hops``: called ``(phase, bytes sent)`` before every hop (verify counts them, :class:`RingHop`).
     """
-    return _Ring.apply(q, k, v, group, layout, mask, scale)
+    return _Ring.apply(q, k, v, group, layout, mask, scale, hops)
 
 
 def _local_attention(
@@ -326,7 +341,9 @@ def context_sdpa(
     if kv_repeats > 1:
         k = k[:, :: kv_stride(kv_repeats, k.shape[1])]
         v = v[:, :: kv_stride(kv_repeats, v.shape[1])]
-    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale)
+    hops = comm.hops
+    note = None if hops is None else lambda phase, nbytes: hops.append(RingHop(phase, axis, nbytes))
+    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, note)
 
 
 context_sdpa.takes_comm = True  # type: ignore[attr-defined]  # codegen passes the module's MeshComm
