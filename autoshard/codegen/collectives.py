@@ -77,6 +77,7 @@ class RingHop(NamedTuple):
     phase: str  # "forward" | "backward"
     mesh_axis: int
     nbytes: int  # what this rank sent: its K and V (and, backward, their gradients)
+    sends: int  # its point-to-point sends (one per tensor)
 
 
 class MeshComm:

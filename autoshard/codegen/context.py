@@ -144,12 +144,12 @@ def _peers(group: Any) -> tuple[int, int, int, int]:
     return rank, size, nxt, prv
 
 
-HopLog = Callable[[str, int], None]  # (phase, bytes this rank sends in one hop)
+HopLog = Callable[[str, int, int], None]  # (phase, bytes this rank sends in one hop, its sends)
 
 
 def _note(hops: HopLog | None, phase: str, tensors: list[torch.Tensor]) -> None:
     if hops is not None:
-        hops(phase, sum(t.numel() * t.element_size() for t in tensors))
+        hops(phase, sum(t.numel() * t.element_size() for t in tensors), len(tensors))
 
 
 def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list[torch.Tensor]:
@@ -245,7 +245,7 @@ def ring_attention(
 
     Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
     order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
-    ``hops``: called ``(phase, bytes sent)`` before every hop (verify counts them, :class:`RingHop`).
+    ``hops``: called ``(phase, bytes sent, sends)`` before every hop (verify counts them, :class:`RingHop`).
     """
     return _Ring.apply(q, k, v, group, layout, mask, scale, hops)
 
@@ -342,7 +342,7 @@ def context_sdpa(
         k = k[:, :: kv_stride(kv_repeats, k.shape[1])]
         v = v[:, :: kv_stride(kv_repeats, v.shape[1])]
     hops = comm.hops
-    note = None if hops is None else lambda phase, nbytes: hops.append(RingHop(phase, axis, nbytes))
+    note = None if hops is None else lambda phase, size, sends: hops.append(RingHop(phase, axis, size, sends))
     return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, note)
 
 
