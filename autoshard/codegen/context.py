@@ -36,6 +36,7 @@ __all__ = [
     "allgather_kv_attention",
     "chunk_ids",
     "ring_attention",
+    "ring_op",
     "shard_sequence",
     "unshard_sequence",
 ]
@@ -164,71 +165,105 @@ def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list
     return received
 
 
-class _Ring(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        group: Any,
-        layout: Layout,
-        mask: torch.Tensor | None,
-        scale: float | None,
-        hops: HopLog | None,
-    ) -> torch.Tensor:
-        rank, size, nxt, prv = _peers(group)
-        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        ids = chunk_ids(rank, size, layout)
-        chunk = q.shape[2] // len(ids)
-        heads = q.shape[1]
-        lse = torch.full(q.shape[:3], -math.inf, dtype=q.dtype, device=q.device)  # (B, H, L)
-        out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
-        kv = [k, v]
-        for step in range(size):
-            owner = (rank - step) % size
-            ke, ve = _expand_kv(kv[0], heads), _expand_kv(kv[1], heads)
-            for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
-                scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
-                old = lse[:, :, qs]
-                new = torch.logaddexp(old, torch.logsumexp(scores, dim=-1))
-                weights = torch.exp(scores - new[..., None]).nan_to_num(0.0)
-                rescale = torch.exp(old - new).nan_to_num(0.0)[..., None]
-                out[:, :, qs] = out[:, :, qs] * rescale + weights @ ve[:, :, ks]
-                lse[:, :, qs] = new
-            if step + 1 < size:
-                _note(hops, "forward", kv)
-                kv = _rotate(kv, nxt, prv, group)
-        ctx.save_for_backward(q, k, v, out, lse, mask)
-        ctx.group, ctx.layout, ctx.scale, ctx.hops = group, layout, scale, hops
-        return out
+_RINGS: dict[int, tuple[Any, HopLog | None]] = {}  # the ring op's non-tensor arguments, by key
+_KEYS: dict[tuple[int, int], int] = {}
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse, mask = ctx.saved_tensors
-        group, layout, scale = ctx.group, ctx.layout, ctx.scale
-        rank, size, nxt, prv = _peers(group)
-        ids = chunk_ids(rank, size, layout)
-        chunk = q.shape[2] // len(ids)
-        heads, kv_heads = q.shape[1], k.shape[1]
-        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
-        dq = torch.zeros_like(q)
-        travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
-        for step in range(size):
-            owner = (rank - step) % size
-            kk, vv, dk, dv = travelling
-            ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
-            for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
-                scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
-                probs = torch.exp(scores - lse[:, :, qs, None]).nan_to_num(0.0)
-                g = grad_out[:, :, qs]
-                dv[:, :, ks] += _fold_kv(probs.transpose(-1, -2) @ g, kv_heads)
-                dscores = probs * (g @ ve[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
-                dq[:, :, qs] += (dscores @ ke[:, :, ks]) * scale
-                dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ q[:, :, qs]) * scale, kv_heads)
-            _note(ctx.hops, "backward", [kk, vv, dk, dv])
-            travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)  # the last hop brings dK, dV home
-        return dq, travelling[2], travelling[3], None, None, None, None, None
+
+def _ring_key(group: Any, hops: HopLog | None) -> int:
+    """A stable int naming (process group, hop log) for the op's schema (both stay referenced here)."""
+    ident = (id(group), id(hops))
+    if ident not in _KEYS:
+        _KEYS[ident] = len(_RINGS)
+        _RINGS[len(_RINGS)] = (group, hops)
+    return _KEYS[ident]
+
+
+@torch.library.custom_op("autoshard::ring_attention", mutates_args=())
+def _ring_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    ring: int,
+    layout: str,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of this rank's queries against every K/V block, the blocks travelling around the ring.  An
+    op of its own, so that selective recomputation keeps its output (``codegen/recompute.SAVED_OPS``) as it
+    keeps a fused attention's, rather than running the ring again in backward."""
+    group, hops = _RINGS[ring]
+    rank, size, nxt, prv = _peers(group)
+    ids = chunk_ids(rank, size, layout)  # type: ignore[arg-type]
+    chunk = q.shape[2] // len(ids)
+    heads = q.shape[1]
+    lse = torch.full(q.shape[:3], -math.inf, dtype=q.dtype, device=q.device)  # (B, H, L)
+    out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
+    kv = [k, v]
+    for step in range(size):
+        owner = (rank - step) % size
+        ke, ve = _expand_kv(kv[0], heads), _expand_kv(kv[1], heads)
+        for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):  # type: ignore[arg-type]
+            scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
+            old = lse[:, :, qs]
+            new = torch.logaddexp(old, torch.logsumexp(scores, dim=-1))
+            weights = torch.exp(scores - new[..., None]).nan_to_num(0.0)
+            rescale = torch.exp(old - new).nan_to_num(0.0)[..., None]
+            out[:, :, qs] = out[:, :, qs] * rescale + weights @ ve[:, :, ks]
+            lse[:, :, qs] = new
+        if step + 1 < size:
+            _note(hops, "forward", kv)
+            kv = _rotate(kv, nxt, prv, group)
+    return out, lse
+
+
+@_ring_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(*q.shape[:3], v.shape[-1]), q.new_empty(q.shape[:3])
+
+
+def _save(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    q, k, v, mask, ring, layout, scale = inputs
+    ctx.save_for_backward(q, k, v, *output, mask)
+    ctx.ring, ctx.layout, ctx.scale = ring, layout, scale
+
+
+def _ring_backward(
+    ctx: Any, grad_out: torch.Tensor, _: torch.Tensor | None
+) -> tuple[torch.Tensor | None, ...]:
+    """The ring again: K, V and their gradients travel; the last hop brings dK, dV home."""
+    q, k, v, out, lse, mask = ctx.saved_tensors
+    layout, scale = ctx.layout, ctx.scale
+    group, hops = _RINGS[ctx.ring]
+    rank, size, nxt, prv = _peers(group)
+    ids = chunk_ids(rank, size, layout)
+    chunk = q.shape[2] // len(ids)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
+    dq = torch.zeros_like(q)
+    travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
+    for step in range(size):
+        owner = (rank - step) % size
+        kk, vv, dk, dv = travelling
+        ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
+        for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
+            scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
+            probs = torch.exp(scores - lse[:, :, qs, None]).nan_to_num(0.0)
+            g = grad_out[:, :, qs]
+            dv[:, :, ks] += _fold_kv(probs.transpose(-1, -2) @ g, kv_heads)
+            dscores = probs * (g @ ve[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
+            dq[:, :, qs] += (dscores @ ke[:, :, ks]) * scale
+            dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ q[:, :, qs]) * scale, kv_heads)
+        _note(hops, "backward", [kk, vv, dk, dv])
+        travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)
+    return dq, travelling[2], travelling[3], None, None, None, None
+
+
+_ring_op.register_autograd(_ring_backward, setup_context=_save)
+
+
+def ring_op() -> Any:
+    """The ring's op overload (``torch.ops.autoshard.ring_attention.default``), for recomputation policies."""
+    return torch.ops.autoshard.ring_attention.default
 
 
 def ring_attention(
@@ -245,9 +280,11 @@ def ring_attention(
 
     Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
     order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
-    ``hops``: called ``(phase, bytes sent, sends)`` before every hop (verify counts them, :class:`RingHop`).
+    ``hops``: called ``(phase, bytes sent, sends)`` before every hop (verify counts them, :class:`RingHop`);
+    pass the same callable for every call on one ring (it keys the op's arguments).
     """
-    return _Ring.apply(q, k, v, group, layout, mask, scale, hops)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return _ring_op(q, k, v, mask, _ring_key(group, hops), layout, float(scale))[0]
 
 
 def _local_attention(
@@ -341,9 +378,22 @@ def context_sdpa(
     if kv_repeats > 1:
         k = k[:, :: kv_stride(kv_repeats, k.shape[1])]
         v = v[:, :: kv_stride(kv_repeats, v.shape[1])]
+    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
+
+
+_LOGS: dict[tuple[int, int], HopLog] = {}
+
+
+def _hop_log(comm: Any, axis: int) -> HopLog | None:
+    """One callable per (comm's hop list, axis) appending a :class:`RingHop` per hop, or None unrecorded."""
     hops = comm.hops
-    note = None if hops is None else lambda phase, size, sends: hops.append(RingHop(phase, axis, size, sends))
-    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, note)
+    if hops is None:
+        return None
+
+    def note(phase: str, nbytes: int, sends: int) -> None:
+        hops.append(RingHop(phase, axis, nbytes, sends))
+
+    return _LOGS.setdefault((id(hops), axis), note)
 
 
 context_sdpa.takes_comm = True  # type: ignore[attr-defined]  # codegen passes the module's MeshComm

@@ -106,3 +106,19 @@ def test_a_listing_of_the_expanded_copies_is_caught_per_rank(
     old = tuple(dataclasses.replace(r, nbytes=r.nbytes * HEADS // KV) for r in plan.ring_transfers)
     with pytest.raises(VerifyError, match=r"rank 0 sent 8 ring K/V hops of backward 2.0 KiB .* plan lists 0"):
         check_ring_hops(dataclasses.replace(plan, ring_transfers=old), [ran] * RANKS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recompute", "runs"), [("selective", 1), ("full", 2)])
+def test_recomputation_runs_the_ring_as_priced_and_listed(recompute: str, runs: int) -> None:
+    """Selective recomputation keeps the ring's output (a matmul-like op: priced kept); full recomputation
+    runs its forward hops again in backward, priced and listed.  verify counts them either way."""
+    model, ids = _gqa_llama()
+    pins = {"model.layers.*.self_attn": "ring", "input_ids": ("S(1)",)}
+    cluster = cluster_for("cpu", 2)
+    plan = autoshard.plan(model, cluster, (ids,), annotations=pins, cp_layout="zigzag", recompute=recompute)  # type: ignore[arg-type]
+    assert plan.recompute == recompute
+    report = autoshard.verify(model, (ids,), plan=plan)
+    assert report.ok, str(report)
+    forward = [r for r in plan.ring_transfers if r.phase == "forward"]
+    assert sum(r.hops for r in forward) == 2 * 1 * runs  # 2 layers x 1 hop on 2 ranks, once or twice
