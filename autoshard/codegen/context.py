@@ -1,13 +1,17 @@
 """Context parallelism: causal attention with the sequence split over one mesh axis's process group.
 
 torch's ``context_parallel`` fails on CPU (ARCHITECTURE.md), so the two variants are written here with plain
-``torch.distributed`` point-to-point and collective calls, as autograd functions:
+``torch.distributed`` point-to-point and collective calls:
 
 - :func:`ring_attention`: K/V chunks travel around the ring (``isend``/``irecv`` to the next rank) while each
   rank attends its queries to the chunk it holds; partial results merge by log-sum-exp.  Backward runs the ring
-  again, the K/V gradients travelling with their chunks and arriving home after one extra hop.
-- :func:`allgather_kv_attention`: K and V are all-gathered once; backward all-reduces their gradients and keeps
-  the local chunks (gloo has no reduce-scatter).
+  again, the K/V gradients travelling with their chunks and arriving home after one extra hop.  It is an op
+  of its own (``torch.ops.autoshard.ring_attention``, with its autograd formula), so that selective
+  recomputation saves its output as it saves a fused attention's (:mod:`autoshard.codegen.recompute`), and
+  every hop can be logged (``MeshComm.hops``, counted by verify against ``Plan.ring_transfers``).
+  Grouped-query K/V copies (HF's ``repeat_kv``) travel as one head per run of copies (:func:`context_sdpa`).
+- :func:`autoshard.codegen.context_gather.allgather_kv_attention`: K and V are all-gathered once; backward
+  all-reduces their gradients and keeps the local chunks (gloo has no reduce-scatter).
 
 Sequence layout.  With ``layout="zigzag"`` (the load-balanced one) the sequence is cut into ``2n`` chunks and
 rank ``r`` holds chunks ``r`` and ``2n-1-r``: under a causal mask every rank then does the same work.  With
@@ -33,7 +37,6 @@ from autoshard.strategies.local import zigzag_chunks
 
 __all__ = [
     "Layout",
-    "allgather_kv_attention",
     "chunk_ids",
     "ring_attention",
     "ring_op",
@@ -285,63 +288,6 @@ def ring_attention(
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return _ring_op(q, k, v, mask, _ring_key(group, hops), layout, float(scale))[0]
-
-
-def _local_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
-) -> torch.Tensor:
-    heads = q.shape[1]
-    return torch.nn.functional.scaled_dot_product_attention(
-        q, _expand_kv(k, heads), _expand_kv(v, heads), attn_mask=visible
-    )
-
-
-class _Gathered(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, layout: Layout
-    ) -> torch.Tensor:
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        ids = chunk_ids(rank, size, layout)
-        chunk = q.shape[2] // len(ids)
-        whole_k, whole_v = (_all_gather_sequence(t, group, layout) for t in (k, v))
-        visible = _mask(ids, tuple(range(_chunks(size, layout))), chunk, q.device, None)
-        ctx.save_for_backward(q, whole_k, whole_v, visible)
-        ctx.group, ctx.layout = group, layout
-        return _local_attention(q, whole_k, whole_v, visible)
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, whole_k, whole_v, visible = ctx.saved_tensors
-        group, layout = ctx.group, ctx.layout
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(True) for t in (q, whole_k, whole_v)]
-            out = _local_attention(leaves[0], leaves[1], leaves[2], visible)
-            dq, dk, dv = torch.autograd.grad(out, leaves, grad_out)
-        for grad in (dk, dv):  # every rank's queries read every key: sum, then keep this rank's piece
-            dist.all_reduce(grad, group=group)
-        dim = 2
-        return (
-            dq,
-            shard_sequence(dk, dim, rank, size, layout),
-            shard_sequence(dv, dim, rank, size, layout),
-            None,
-            None,
-        )
-
-
-def _all_gather_sequence(t: torch.Tensor, group: Any, layout: Layout) -> torch.Tensor:
-    pieces = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(pieces, t.contiguous(), group=group)
-    return unshard_sequence(pieces, 2, layout)
-
-
-def allgather_kv_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, layout: Layout = "zigzag"
-) -> torch.Tensor:
-    """Causal attention of this rank's sequence piece against the whole sequence, K/V all-gathered once."""
-    return _Gathered.apply(q, k, v, group, layout)
 
 
 def context_sdpa(

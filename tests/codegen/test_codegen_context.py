@@ -15,13 +15,13 @@ from autoshard.capture.meta import TensorMeta
 from autoshard.codegen.collectives import MeshComm
 from autoshard.codegen.context import (
     _blocks,
-    allgather_kv_attention,
     chunk_ids,
     context_sdpa,
     ring_attention,
     shard_sequence,
     unshard_sequence,
 )
+from autoshard.codegen.context_gather import allgather_kv_attention
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.attention import kv_stride, ring_block_bytes
 from autoshard.problem.graph import NodeInfo
