@@ -122,3 +122,23 @@ def test_recomputation_runs_the_ring_as_priced_and_listed(recompute: str, runs: 
     assert report.ok, str(report)
     forward = [r for r in plan.ring_transfers if r.phase == "forward"]
     assert sum(r.hops for r in forward) == 2 * 1 * runs  # 2 layers x 1 hop on 2 ranks, once or twice
+
+
+@pytest.mark.slow
+def test_a_pipelined_ring_verifies_as_deployed_with_its_hops_counted() -> None:
+    """2 stages x CP 2 through torch.distributed.pipelining: the ring's own sends are not the stages' p2p
+    (they were counted as such, and the check failed), and all ranks together sent the plan's hops per stage."""
+    from autoshard.runtime.verify_pipeline import verify_pipelined
+
+    model, ids = _gqa_llama()
+    ids = torch.cat([ids, ids.roll(1, 1)])  # 2 microbatches of 1
+    pins = {"model.layers.*.self_attn": "ring"}
+    plan = autoshard.plan(
+        model, cluster_for("cpu", 4), (ids,), annotations=pins, pipeline=2, microbatches=2, schedule="1f1b"
+    )
+    assert plan.degrees == {"pp": 2, "cp": 2}
+    report = verify_pipelined(plan, model, ids)
+    assert report.ok, str(report)
+    assert report.emitted["p2p send"] == report.planned["p2p send"] == 2 * 2 * 1 * 2
+    # per CP rank of one stage row: 2 layers x 2 microbatches x (1 hop forward, 2 backward)
+    assert report.ring_hops == {"backward 4.0 KiB": 8, "forward 2.0 KiB": 4}  # 16 tokens of 2 K/V heads
