@@ -154,7 +154,7 @@ BLOCKS = 4  # the heads split 4 ways on another mesh axis (TP 4): 2 local heads,
 
 
 def _gqa_rank() -> dict[str, Any]:
-    """Every head block of a TP-4 split in turn, on a ring of 2: the block's K/V copies come from the
+    """Every head block of a TP-4 split in turn, on a ring of 4: the block's K/V copies come from the
     un-expanded K/V as HF's ``repeat_kv`` makes them, the ring sends one head per run of copies and the
     gradients flow back through the copy.  Each hop's bytes are counted where gloo gets them."""
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -209,16 +209,16 @@ def test_grouped_query_copies_travel_un_expanded_and_match_one_device() -> None:
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     out.backward(grad)
-    ranks = launch(_gqa_rank, 2)
+    ranks = launch(_gqa_rank, 4)
     for name, want in (("out", out.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
         whole = unshard_sequence([r[name] for r in ranks], 2)
         torch.testing.assert_close(whole, want, rtol=1e-12, atol=1e-12)
     # 2 local heads of copies in runs of 4: kv_stride 2, one head of K and one of V per hop, not two
     stride = kv_stride(R, HEADS // BLOCKS)
     assert stride == 2
-    head = B * (L // 2) * E * 8  # one head of this rank's sequence piece, float64
-    for r in ranks:  # per head block: 1 hop forward (K, V), 2 backward (K, V, dK, dV)
-        assert r["sent"] == [2 * head, 4 * head, 4 * head] * BLOCKS
+    head = B * (L // 4) * E * 8  # one head of this rank's sequence piece, float64
+    for r in ranks:  # per head block: 3 hops forward (K, V), 4 backward (K, V, dK, dV)
+        assert r["sent"] == ([2 * head] * 3 + [4 * head] * 4) * BLOCKS
         assert [h.nbytes for h in r["hops"]] == r["sent"]
     # the price reads the same rule: the plan's K/V block of one hop under this split
     kv = TensorMeta((B, HEADS, L, E), "float64", 8)
@@ -226,5 +226,5 @@ def test_grouped_query_copies_travel_un_expanded_and_match_one_device() -> None:
     info = NodeInfo(
         "sdpa", "scaled_dot_product_attention", "", "op", "", "", (), (), (), 0, True, None, False
     )
-    assert ring_block_bytes(replace(info, kv_repeats=R), (kv, kv), (spec, spec), (2, BLOCKS)) == 2 * head
-    assert ring_block_bytes(info, (kv, kv), (spec, spec), (2, BLOCKS)) == 2 * stride * head  # copies: 2x
+    assert ring_block_bytes(replace(info, kv_repeats=R), (kv, kv), (spec, spec), (4, BLOCKS)) == 2 * head
+    assert ring_block_bytes(info, (kv, kv), (spec, spec), (4, BLOCKS)) == 2 * stride * head  # copies: 2x
