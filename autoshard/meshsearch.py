@@ -19,16 +19,23 @@ price of the pins (a solve of the problem without them, :attr:`~autoshard.plans.
 is shown for the best plan only, so it is solved for that one only
 (:class:`~autoshard.planner_steps.DeferredPrices`).
 
-Pruning (``prune=True``, the default).  Candidates are planned fewest axes first, and each is handed the
-best predicted step time so far as a ceiling (:func:`autoshard.plan`'s ``ceiling``).  Where the memory
-budget binds, the candidate's optimum without the budget is a proven lower bound on its optimum under it,
-and recomputation only adds time, so that bound holds for every recomputation policy; a plan's predicted
-step time is at least the objective of its lower-bound problem (:mod:`autoshard.planner_rerank`, which
-prunes by that bound).  When the bound reaches the
-ceiling the candidate cannot beat the best, and its budgeted solve and recomputation retries are skipped; it
-is listed as ``pruned: bound X s >= best Y s``.  Ties keep the earlier mesh either way, so pruning never
-changes the plan returned (``tests/test_meshsearch_prune.py`` compares it with the unpruned search).  Where
-the budget does not bind, the exact optimum is as cheap as any bound and nothing is pruned.
+Pruning (``prune=True``, the default).  Before any candidate is planned, each gets a *floor*
+(:mod:`autoshard.meshbound`): the parts its plan space splits into (one per recomputation policy, and ``k``
+of ``N`` blocks recomputed), each relaxed to a lower-bound problem on the reported step, built on first use.
+Candidates are planned in order of the first part's optimum without the budget (policy none's), most
+promising first (ties, and candidates without a floor first, in the given order).  Before planning one, the
+best step so far is the ceiling: when every part's bound -- its optimum without the budget, else its
+Lagrangian bound under the budget, stopped at the first multiplier that reaches the ceiling -- reaches it,
+the candidate cannot beat the best and is listed as ``pruned: bound X s >= best Y s`` without being
+planned.  Otherwise it is planned with that ceiling (:func:`autoshard.plan`'s ``ceiling``: its solver stops
+at a bound that reaches it, confirmed by the lower-bound problem without the budget,
+:func:`autoshard.planner_rerank.by_step`).
+
+Ties keep the earlier mesh in the given order either way: a candidate before the best one is pruned only
+when its bound is strictly above the best step, one after it when the bound reaches it.  So pruning never
+changes the plan returned nor its claim (``tests/test_meshsearch_prune.py`` compares it with the unpruned
+search, mesh by mesh).  LLaMA-3-8B ``--forbid tp`` on one 8 x A100 node: 4x2 and 2x2x2 are pruned by
+their floors under the budget (``python -m benchmarks.rank_step --case forbid``).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import torch
 from autoshard.capture import Captured, capture
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AutoshardError, MeshError
+from autoshard.meshbound import MeshFloor, mesh_floor, prove_above
 from autoshard.planner_steps import deferred_prices
 from autoshard.plans import Plan
 from autoshard.search import BoundExceeded
@@ -63,6 +71,9 @@ class MeshCandidate:
     bound: float | None = None  # pruned: a proven lower bound on its step time, at least ``best``
     best: float | None = None  # pruned: the best step time when it was pruned
     timings: Mapping[str, float] = field(default_factory=dict)  # planned: its Plan.timings (stages)
+    floor: float | None = None  # ordering key: its first part's lower-bound optimum without the budget
+    proof: tuple[str, ...] = ()  # pruned before planning: each part's bound (autoshard.meshbound)
+    cpu_seconds: float = 0.0  # CPU time of this candidate (bounding and planning), for benchmarks
 
     @property
     def pruned(self) -> bool:
@@ -71,10 +82,19 @@ class MeshCandidate:
     def __str__(self) -> str:
         mesh = "x".join(map(str, self.mesh_shape))
         if self.bound is not None:
-            return f"{mesh}: pruned: bound {self.bound:.4g} s >= best {self.best:.4g} s"
+            bound, best = _apart(self.bound, self.best or 0.0)
+            return f"{mesh}: pruned: bound {bound} s >= best {best} s"
         if self.step_seconds is None:
             return f"{mesh}: {self.error}"
         return f"{mesh}: {self.step_seconds:.4g} s/step, {self.memory_bytes / 2**30:.1f} GiB/device"  # type: ignore[operator]
+
+
+def _apart(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` with 4 significant digits, or as many more (up to 10) as tell them apart."""
+    for digits in range(4, 11):
+        if f"{a:.{digits}g}" != f"{b:.{digits}g}":
+            break
+    return f"{a:.{digits}g}", f"{b:.{digits}g}"
 
 
 @dataclass(frozen=True)
@@ -168,59 +188,56 @@ def search_mesh(
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     if captured is None:
         captured = capture(model, args, dict(example_kwargs or {}), blocks=plan_options.get("blocks", "auto"))
-    results: list[tuple[MeshCandidate, Plan | None]] = []
-    first_error: AutoshardError | None = None
-    best = math.inf
-    best_plan_step = math.inf
+    results: dict[int, tuple[MeshCandidate, Plan | None]] = {}
+    errors: dict[int, AutoshardError] = {}
+    floors, spent = _floors(captured, base, nodes, shapes, plan_options, progress) if prune else ({}, {})
+    order = sorted(range(len(shapes)), key=lambda i: (_key(floors.get(i)), i))
+    best: tuple[float, int, Plan] | None = None  # step, index in shapes, plan
     with deferred_prices() as later:  # only the winner's unpinned price is shown: only it is solved
-        for shape in shapes:
+        for i in order:
+            shape, floor = shapes[i], floors.get(i)
+            record = _Recorder(shape, floor, *spent.get(i, (0.0, 0.0)))
+            # ties keep the earlier mesh: one before the best must be strictly slower to lose
+            ceiling = math.inf if best is None or not prune else best[0]
+            if best is not None and i < best[1]:
+                ceiling = math.nextafter(ceiling, math.inf)
+            proven = prove_above(floor, ceiling) if floor is not None and math.isfinite(ceiling) else None
+            if proven is not None:
+                assert best is not None
+                results[i] = (record(bound=proven[0], best=best[0], proof=proven[1]), None)
+                continue
             if progress is not None:
                 progress(f"mesh {'x'.join(map(str, shape))}")
-            t0 = time.perf_counter()
             try:
                 cluster = Cluster(base.profile, nodes, shape)
                 plan = plan_one(
-                    model,
-                    cluster,
-                    args,
-                    example_kwargs,
-                    captured=captured,
-                    ceiling=best if prune else math.inf,
-                    **plan_options,
+                    model, cluster, args, example_kwargs, captured=captured, ceiling=ceiling, **plan_options
                 )
             except BoundExceeded as e:
-                pruned = MeshCandidate(
-                    shape, None, None, time.perf_counter() - t0, bound=e.bound, best=e.ceiling
-                )
-                results.append((pruned, None))
+                assert best is not None
+                results[i] = (record(bound=e.bound, best=best[0]), None)
                 continue
             except AutoshardError as e:
-                first_error = first_error or e
-                seconds = time.perf_counter() - t0
-                what = " ".join(str(e).split()).partition(" Fix: ")[
-                    0
-                ]  # whole (never cut mid-clause), less the fix
-                results.append((MeshCandidate(shape, None, None, seconds, what), None))
+                errors[i] = e
+                # the whole message (never cut mid-clause), less the fix
+                what = " ".join(str(e).split()).partition(" Fix: ")[0]
+                results[i] = (record(error=what), None)
                 continue
-            seconds = time.perf_counter() - t0
-            results.append(
-                (
-                    MeshCandidate(
-                        shape, plan.predicted_step_time, plan.memory_per_device, seconds, timings=plan.timings
-                    ),
-                    plan,
-                )
-            )
-            best = min(best, plan.predicted_step_time)
-            if plan.predicted_step_time < best_plan_step:
-                best_plan_step = plan.predicted_step_time
-                later.keep_only(plan)  # ties keep the earlier mesh, as the ranking below
-    planned = sorted((r for r in results if r[1] is not None), key=lambda r: r[0].step_seconds or 0.0)
+            step = plan.predicted_step_time
+            results[i] = (record(step, plan.memory_per_device, timings=plan.timings), plan)
+            if best is None or (step, i) < best[:2]:
+                best = (step, i, plan)
+            later.keep_only(best[2])  # the others' unpinned problems are freed
+    results = {i: results[i] for i in sorted(results)}  # the given order: ties keep the earlier mesh
+    planned = sorted(
+        (r for r in results.values() if r[1] is not None), key=lambda r: r[0].step_seconds or 0.0
+    )
     if not planned:
-        assert first_error is not None
-        raise first_error
-    cut = tuple(c for c, p in results if p is None and c.pruned)
-    ranked = (*(c for c, _ in planned), *cut, *(c for c, p in results if p is None and not c.pruned))
+        raise errors[min(errors)]  # the earliest mesh's in the given order (the 1-D mesh's)
+    cut = tuple(
+        sorted((c for c, p in results.values() if p is None and c.pruned), key=lambda c: c.bound or 0.0)
+    )
+    ranked = (*(c for c, _ in planned), *cut, *(c for c, p in results.values() if p is None and not c.pruned))
     chosen = planned[0][1]
     assert chosen is not None
     chosen = later.price(chosen)
@@ -228,6 +245,51 @@ def search_mesh(
     lines = [f"mesh search: {tried}; best {ranked[0]}"]
     lines += [f"  runner-up {c}" for c in ranked[1:6]]
     return MeshSearch(_with_notes(chosen, tuple(lines)), ranked)
+
+
+class _Recorder:
+    """Makes a candidate's record, timed (wall and CPU) from construction plus what its floor took earlier."""
+
+    def __init__(self, shape: tuple[int, ...], floor: MeshFloor | None, wall: float, cpu: float) -> None:
+        self.shape, self.floor = shape, None if floor is None else floor.floor
+        self._wall, self._cpu = time.perf_counter() - wall, time.process_time() - cpu
+
+    def __call__(
+        self, step: float | None = None, memory: float | None = None, **fields: Any
+    ) -> MeshCandidate:
+        wall, cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
+        return MeshCandidate(self.shape, step, memory, wall, floor=self.floor, cpu_seconds=cpu, **fields)
+
+
+def _floors(
+    captured: Captured,
+    base: Cluster,
+    nodes: int,
+    shapes: list[tuple[int, ...]],
+    options: Mapping[str, Any],
+    progress: Callable[[str], None] | None,
+) -> tuple[dict[int, MeshFloor], dict[int, tuple[float, float]]]:
+    """Each candidate's floor (:mod:`autoshard.meshbound`) where one is known, and the seconds it took (wall,
+    CPU)."""
+    floors: dict[int, MeshFloor] = {}
+    spent: dict[int, tuple[float, float]] = {}
+    for i, shape in enumerate(shapes):
+        if progress is not None:
+            progress(f"bounding mesh {'x'.join(map(str, shape))}")
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            found = mesh_floor(captured, Cluster(base.profile, nodes, shape), options)
+        except AutoshardError:
+            found = None  # planning the mesh reports it
+        spent[i] = (time.perf_counter() - t0, time.process_time() - c0)
+        if found is not None:
+            floors[i] = found
+    return floors, spent
+
+
+def _key(floor: MeshFloor | None) -> float:
+    """Most promising first; a mesh without a floor is planned first (its plan may set the ceiling)."""
+    return -math.inf if floor is None else floor.floor
 
 
 def _with_notes(plan: Plan, lines: tuple[str, ...]) -> Plan:

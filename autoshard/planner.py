@@ -69,7 +69,7 @@ from autoshard.planner_steps import (
 )
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.costs import CostOptions, Recompute, StepCache
+from autoshard.problem.costs import CostOptions, PrecisionPolicy, Recompute, StepCache, recipe
 from autoshard.problem.extract import extract_plan
 from autoshard.search import BoundExceeded, Solution
 from autoshard.steering import budget_refusal, check_stages
@@ -100,6 +100,7 @@ def plan(
     captured: Captured | None = None,
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
     ceiling: float = float("inf"),
+    precision: Literal["bf16", "amp"] = "bf16",
 ) -> Plan:
     """Plan how ``model`` is split over ``cluster``.
 
@@ -140,6 +141,7 @@ def plan(
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
             stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too,
             with the fused plan's step, or this if lower, as its ceiling).
+        precision: the training recipe priced: ``"bf16"`` or ``"amp"`` (``cost_models.memory.RECIPES``).
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
@@ -152,7 +154,8 @@ def plan(
             _plan_pipelined, model, cluster, example_args, example_kwargs, annotations=annotations,
             training=training, memory_limit=memory_limit, recompute=recompute, search=search,
             time_limit=time_limit, blocks=blocks, progress=progress, pipeline=pipeline, schedule=schedule,
-            kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout), microbatches)  # fmt: skip
+            kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout, precision=recipe(precision)),
+        microbatches)  # fmt: skip
     timings: dict[str, float] = {}
     start = time.perf_counter()
     say = progress or (lambda stage: None)
@@ -168,7 +171,7 @@ def plan(
     solve_one = functools.partial(
         _plan_captured, model, cluster, annotations=annotations, training=training, limit=limit,
         recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds, cp_layout=cp_layout,
-        ceiling=float("inf") if fuses else ceiling,
+        ceiling=float("inf") if fuses else ceiling, precision=recipe(precision),
     )  # fmt: skip
     fused: Plan | AutoshardError
     try:
@@ -218,6 +221,7 @@ def _plan_captured(
     kinds: frozenset[str],
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
     ceiling: float = float("inf"),
+    precision: PrecisionPolicy | None = None,
 ) -> Plan:
     """Strategies, costs, pins, the recomputation search and the solve (and CP layout) on one capture."""
     start = time.perf_counter()
@@ -232,7 +236,7 @@ def _plan_captured(
     idle, skipped = False, list[str]()
     again = lambda cl, o: build(captured, cl, o, annotations, limit, {}, kinds)  # noqa: E731
     for policy in policies:
-        opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout)
+        opts = CostOptions(training=training, recompute=policy, cp_layout=cp_layout, precision=precision)
         say("strategies" if policy is policies[0] else "recompute")
         free, built = build(captured, cluster, opts, annotations, limit, timings, kinds)
         try:
@@ -320,6 +324,7 @@ def _plan_pipelined(
     schedule: str,
     kinds: frozenset[str] = frozenset(),
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
+    precision: PrecisionPolicy | None = None,
 ) -> Plan:
     """Stages and microbatches searched jointly with the intra-op plan (:mod:`autoshard.pipeline`)."""
     timings: dict[str, float] = {}
@@ -354,7 +359,7 @@ def _plan_pipelined(
     caches: dict[Cluster, StepCache] = {}  # redistribution times are shared by builds on one sub-mesh
 
     def build_stage(captured: Captured, sub: Cluster, opts: CostOptions, budget: float) -> BuiltProblem:
-        opts = dataclasses.replace(opts, cp_layout=cp_layout)  # CP layout: picked on the winner
+        opts = dataclasses.replace(opts, cp_layout=cp_layout, precision=precision)  # CP: on the winner
         cache = caches.setdefault(sub, StepCache(sub))
         return build(captured, sub, opts, rest, budget, timings, kinds, cache)[1]  # with the user's pins
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Everything measured on a lent GPU, in one go (results under $OUT, logs in $OUT/run.log):
-#   OUT=/tmp/out bash benchmarks/gpu_run.sh [profile] [steps] [emitted] [probe]     (default: all four)
+#   OUT=/tmp/out bash benchmarks/gpu_run.sh [profile] [steps] [emitted] [probe] [kernels]   (default: the first four)
 # Needs torch + transformers with CUDA; ortools (the emitted-vs-eager cases plan on the machine).
 # Predictions are computed elsewhere on the CPU: python -m benchmarks.gpu_step predict.
 set -u
@@ -24,6 +24,7 @@ for part in $parts; do
 import json; from benchmarks.isolate import run_isolated
 print(json.dumps(run_isolated('benchmarks.runtime:eager_case', {'hidden': 2048, 'layers': 8, 'batch': 8, 'seq': 1024, 'steps': 20}, timeout=140)))" ;;
     probe) OUT=$OUT timeout 60 python3 benchmarks/gpu_probe.py >/dev/null ;;
+    kernels) OUT=$OUT timeout ${KERNEL_TIMEOUT:-120} python3 benchmarks/gpu_kernels.py ;;
   esac >>"$log" 2>&1
 done
 echo "== done" >>"$log"; date -u >>"$log"

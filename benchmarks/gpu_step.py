@@ -60,7 +60,9 @@ class Case:
 # published configs: GPT-2 small (Radford et al. 2019 / HF "gpt2"), Llama-3.2-1B (HF meta-llama/Llama-3.2-1B
 # config.json: 2048 hidden, 16 layers, 32 heads, 8 kv heads, FFN 8192, vocab 128256, tied embeddings),
 # BERT-base (Devlin et al. 2019 / HF "bert-base-uncased")
-MODELS = ("gpt2", "llama-1b", "bert-base")
+# Qwen2-0.5B (HF Qwen/Qwen2-0.5B config.json: 896 hidden, 24 layers, 14 heads, 2 kv heads, FFN 4864, vocab
+# 151936, q/k/v biases, tied embeddings): a second held-out model, measured 2026-11-24 (second GPU session)
+MODELS = ("gpt2", "llama-1b", "bert-base", "qwen-0.5b")
 CASES: tuple[Case, ...] = (
     Case("gpt2", 8, 1024, "none"),
     Case("gpt2", 8, 1024, "full"),
@@ -70,9 +72,15 @@ CASES: tuple[Case, ...] = (
     Case("llama-1b", 8, 2048, "full"),
     Case("bert-base", 32, 512, "none"),
     Case("bert-base", 32, 512, "full"),
+    Case("qwen-0.5b", 8, 1024, "none"),
+    Case("qwen-0.5b", 8, 2048, "none"),
+    Case("qwen-0.5b", 8, 2048, "full"),
 )
 PROFILES = ("h100x8", "h100_measured")  # bundled: the DGX H100 datasheet one, and the one measured here
-OPS_CASES = (Case("llama-1b", 4, 2048, "none"), Case("gpt2", 8, 1024, "none"))  # recorded op by op
+OPS_CASES = (  # recorded op by op (both recipes)
+    Case("llama-1b", 4, 2048, "none"), Case("gpt2", 8, 1024, "none"), Case("bert-base", 32, 512, "none"),
+    Case("qwen-0.5b", 8, 2048, "none"),
+)  # fmt: skip
 
 
 def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[Any, Any]:
@@ -101,6 +109,14 @@ def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[An
             vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common,
         )  # fmt: skip
         cls = transformers.BertForMaskedLM
+    elif model == "qwen-0.5b":
+        cfg = transformers.Qwen2Config(
+            hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+            num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+            bos_token_id=0, eos_token_id=151643, **common,
+        )  # fmt: skip
+        cls = transformers.Qwen2ForCausalLM
     else:
         raise ValueError(f"unknown model {model!r}; one of {MODELS}")
     torch.manual_seed(0)
@@ -115,8 +131,11 @@ def build(model: str, batch: int, seq: int, device: str, dtype: Any) -> tuple[An
 
 
 # -- prediction (CPU) ---------------------------------------------------------------------------------------------
-def predict_case(model: str, batch: int, seq: int, recompute: str, profile: str = "h100x8") -> dict[str, Any]:
-    """autoshard's plan of one case for one device of ``profile`` (runs in a child process)."""
+def predict_case(
+    model: str, batch: int, seq: int, recompute: str, profile: str = "h100x8", recipe: str = "bf16"
+) -> dict[str, Any]:
+    """autoshard's plan of one case for one device of ``profile`` under ``recipe`` (the planner's
+    ``precision``; runs in a child process)."""
     import time
 
     import torch
@@ -129,7 +148,7 @@ def predict_case(model: str, batch: int, seq: int, recompute: str, profile: str 
     start = time.perf_counter()
     plan = autoshard.plan(
         net, cluster_for(profile, 1), (ids,), recompute=recompute,  # type: ignore[arg-type]
-        memory_limit=float("inf"),
+        memory_limit=float("inf"), precision=recipe,  # type: ignore[arg-type]
     )  # fmt: skip
     return {
         "step_ms": plan.predicted_step_time * 1e3,
@@ -143,17 +162,19 @@ def predict_case(model: str, batch: int, seq: int, recompute: str, profile: str 
     }
 
 
-def predict(profiles: tuple[str, ...]) -> None:
+def predict(profiles: tuple[str, ...], recipes: tuple[str, ...]) -> None:
+    """Every case under each profile and recipe; stored under ``profile`` (bf16) or ``"profile recipe"``."""
     from benchmarks.isolate import run_isolated
 
     out: dict[str, Any] = {}
-    for profile in profiles:
-        for case in CASES:
-            r = run_isolated(
-                "benchmarks.gpu_step:predict_case", {**asdict(case), "profile": profile}, timeout=1200
-            )
-            out.setdefault(profile, {})[case.key] = r
-            print(profile, case.key, {k: r[k] for k in ("step_ms", "memory_gib", "plan_s") if k in r} or r)
+    for recipe in recipes:
+        for profile in profiles:
+            key = profile if recipe == "bf16" else f"{profile} {recipe}"
+            for case in CASES:
+                kwargs = {**asdict(case), "profile": profile, "recipe": recipe}
+                r = run_isolated("benchmarks.gpu_step:predict_case", kwargs, timeout=1200)
+                out.setdefault(key, {})[case.key] = r
+                print(key, case.key, {k: r[k] for k in ("step_ms", "memory_gib", "plan_s") if k in r} or r)
     PREDICTED.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {PREDICTED}")
 
@@ -279,7 +300,7 @@ def _profile_ops(step: Any, path: str) -> dict[str, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         step()
@@ -298,9 +319,19 @@ def _profile_ops(step: Any, path: str) -> dict[str, float]:
     table = prof.key_averages().table(
         sort_by="self_device_time_total", row_limit=80, max_name_column_width=70
     )
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:80]
-    lines = [f"{sum(v) / 1e3:10.3f} ms {len(v):6d} x {kernel_class(k):14s} {k[:150]}" for k, v in top]
-    Path(path).write_text(table + "\n\nkernels by total device time\n" + "\n".join(lines) + "\n")
+    shapes = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="self_device_time_total", row_limit=200, max_name_column_width=40, max_shapes_column_width=110
+    )
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:120]
+    lines = [f"{sum(v) / 1e3:10.3f} ms {len(v):6d} x {kernel_class(k):14s} {k[:300]}" for k, v in top]
+    Path(path).write_text(
+        table
+        + "\n\nkernels by total device time\n"
+        + "\n".join(lines)
+        + "\n\naten ops by input shapes\n"
+        + shapes
+        + "\n"
+    )
     return classes
 
 
@@ -311,10 +342,12 @@ def measure(out: Path, steps: int, only: str | None, recipes: tuple[str, ...]) -
     results: dict[str, Any] = {}
     for recipe in recipes:
         for case in CASES:
-            if only and only not in case.key:
+            if only and not any(o in case.key for o in only.split(",")):
                 continue
             ops = (
-                str(out / f"gpu_step_ops_{case.model}.txt") if case in OPS_CASES and recipe == "bf16" else ""
+                str(out / f"gpu_step_ops_{case.model}{'' if recipe == 'bf16' else '_' + recipe}.txt")
+                if case in OPS_CASES
+                else ""
             )
             kwargs = {**asdict(case), "steps": steps, "recipe": recipe, "ops": ops}
             r = run_isolated("benchmarks.gpu_step:measure_case", kwargs, timeout=600)
@@ -327,15 +360,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=("predict", "measure"))
     parser.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated, for predict")
-    parser.add_argument("--recipes", default="bf16", help=f"comma-separated, of {RECIPES}")
+    parser.add_argument("--recipes", default=None, help=f"comma-separated, of {RECIPES} (measure: bf16)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--only", default=None, help="cases whose key contains this")
+    parser.add_argument(
+        "--only", default=None, help="cases whose key contains one of these (comma-separated)"
+    )
     args = parser.parse_args(argv)
     if args.what == "predict":
-        predict(tuple(args.profiles.split(",")))
+        predict(tuple(args.profiles.split(",")), tuple((args.recipes or ",".join(RECIPES)).split(",")))
     elif args.what == "measure":
-        measure(args.out, args.steps, args.only, tuple(args.recipes.split(",")))
+        measure(args.out, args.steps, args.only, tuple((args.recipes or "bf16").split(",")))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from cost_models.memory import itemsize
 from cost_models.profile import HardwareProfile
 
 __all__ = [
+    "ALIGN1_BYTES",
     "Bound",
     "aligned",
     "attention_time",
@@ -66,6 +67,7 @@ __all__ = [
     "gemm_efficiency",
     "matmul_time",
     "ridge_intensity",
+    "row_alignment",
 ]
 
 Bound = Literal["compute", "memory", "launch"]
@@ -143,8 +145,26 @@ def gemm_efficiency(
         for tn in (tile, tile // 2 or 1):
             best = max(best, _tiled(m, n, k, batch, tm, tn, sms))
     if c.unaligned_gemm_efficiency is not None and itemsize and not aligned(n, k, itemsize):
-        return best * c.unaligned_gemm_efficiency
+        return best * min(1.0, c.unaligned_gemm_efficiency * row_alignment(n, k, itemsize) / ALIGN1_BYTES)
     return best
+
+
+ALIGN1_BYTES = 2
+"""Row alignment (bytes) at which ``compute.unaligned_gemm_efficiency`` was measured: an odd count of 16-bit
+elements (N = 50257, 4097, K = 4097: cuBLAS's ``align1`` kernels).  A row aligned to ``a`` bytes loads
+``a / 2`` elements per vector, so the rate scales by ``a / ALIGN1_BYTES`` up to the aligned rate: N = 30522
+(4-byte rows) ran 0.334 x the padded rate against 0.164 x 2 = 0.328 priced (benchmarks/results/
+h100_gpu_probe_2026-11-24.json, linear_fwd_bwd; 8-byte rows were not measured and are interpolated)."""
+
+
+def row_alignment(n: float, k: float, itemsize: int) -> int:
+    """The largest power of two up to 16 that divides both the N and the K row of ``itemsize``-byte
+    elements, in bytes (16: the fast kernels' vector width)."""
+    rows = (int(n * itemsize), int(k * itemsize))
+    align = 16
+    while align > 1 and any(r % align for r in rows):
+        align //= 2
+    return align
 
 
 def aligned(n: float, k: float, itemsize: int) -> bool:

@@ -31,9 +31,12 @@ from dataclasses import dataclass
 from cost_models.profile import canonical_dtype
 
 __all__ = [
+    "AMP_BF16",
+    "FOREACH_ADAMW_BYTES",
     "FP32_ADAM",
     "ITEMSIZE",
     "MIXED_PRECISION_ADAM",
+    "RECIPES",
     "PrecisionPolicy",
     "StateBytes",
     "StateRecipe",
@@ -160,6 +163,12 @@ class PrecisionPolicy:
             bf16 and ``--accumulate-allreduce-grads-in-fp32``): gradients cost 4 bytes per parameter.
         master_weights: keep an fp32 master copy for the optimizer when ``param_dtype`` is narrower.
         optimizer_states: fp32 moments per parameter (Adam: 2, SGD with momentum: 1, SGD: 0).
+        autocast: the dtype ``torch.autocast`` computes matrix products in (None: no autocast): each weight
+            is cast to it once per forward and the cast is kept for backward (its bytes count as weights),
+            and each weight's gradient is cast back up.
+        fused_optimizer: torch's fused AdamW (one kernel over many tensors) rather than the ``foreach``
+            default, which reads and writes the state in several passes (``cost_models.memory`` users price
+            the update; :data:`FOREACH_ADAMW_BYTES`).
     """
 
     param_dtype: str = "bfloat16"
@@ -167,6 +176,8 @@ class PrecisionPolicy:
     fp32_grad_accumulation: bool = False
     master_weights: bool = True
     optimizer_states: int = 2
+    autocast: str | None = None
+    fused_optimizer: bool = True
 
     def recipe(self) -> StateRecipe:
         """Bytes per parameter of weights, gradients and optimizer state under this policy."""
@@ -174,6 +185,9 @@ class PrecisionPolicy:
         grads = 4 if self.fp32_grad_accumulation else itemsize(self.grad_dtype)
         master = 4 if self.master_weights and weights < 4 else 0
         name = f"{canonical_dtype(self.param_dtype)} weights, {grads}-byte grads, {self.optimizer_states} fp32 moments"
+        if self.autocast is not None:
+            name += f", autocast to {canonical_dtype(self.autocast)}"
+            weights += itemsize(self.autocast)  # the per-forward cast, kept by backward
         return StateRecipe(
             name, weights=weights, gradients=grads, optimizer=master + 4 * self.optimizer_states
         )
@@ -183,6 +197,26 @@ class PrecisionPolicy:
         r = self.recipe()
         return f"{r.name} ({r.total} B/param before sharding)"
 
+
+AMP_BF16 = PrecisionPolicy(
+    param_dtype="float32",
+    grad_dtype="float32",
+    master_weights=False,
+    autocast="bfloat16",
+    fused_optimizer=False,
+)
+"""torch's default mixed precision: fp32 weights, gradients and Adam moments, ``torch.autocast(bfloat16)``
+around the forward, ``torch.optim.AdamW`` (foreach).  18 bytes per parameter with the kept casts."""
+
+RECIPES: dict[str, PrecisionPolicy | None] = {"bf16": None, "amp": AMP_BF16}
+"""Precision recipes a plan can be priced for, by name: ``bf16`` (the model's own dtypes; 16-bit weights get
+an fp32 master copy and torch's fused AdamW) and ``amp`` (:data:`AMP_BF16`)."""
+
+FOREACH_ADAMW_BYTES = 94.0
+"""Bytes of achieved HBM bandwidth per fp32 parameter one step of ``torch.optim.AdamW`` (foreach, the
+default) costs: measured on an H100 80GB (benchmarks/results/gpu_kernels.json, 2026-11-24 second session):
+500 M parameters in 150 tensors 15.7 ms, 124 M 4.18 ms (94.1 and 100.9 bytes per element at the copy's
+2.994 TB/s; fused AdamW on the same lists: 36.0 and 39.0)."""
 
 Recomputation = str  # "none" | "selective" | "full"
 

@@ -4,7 +4,7 @@ Four steps, each a subcommand (README, "From a plan to a training run")::
 
     python examples/train.py init  --model ckpt --preset llama-tiny             # config.json + model.safetensors
     python examples/train.py plan  --model ckpt --nproc 4 --mesh 2x2 --layout tp-dp --out plan.json
-    torchrun --nproc_per_node 4 examples/train.py run --model ckpt --plan plan.json --steps 5 --save dcp
+    python examples/train.py run --nproc 4 --model ckpt --plan plan.json --steps 5 --save dcp   # 4 local ranks
     torchrun --nproc_per_node 2 examples/train.py run --model ckpt --plan plan2.json --resume dcp --steps 1
     python examples/train.py reference --model ckpt --steps 5                   # one process, same losses
 
@@ -13,7 +13,11 @@ only its slices of the safetensors files (``SafetensorsWeights``), trains with A
 the plan priced (``ZeroOptimizer``: ZeRO-1 by default, ``--zero 2``; ``--zero 3`` with an FSDP plan also frees
 gathered weights after use), on synthetic tokens (the same on every rank, seeded per step), prints the loss
 and tokens/s of every step and the peak memory of every rank, and saves / resumes DCP checkpoints (any plan,
-any world size).  ``--metrics FILE`` writes the same figures as JSON.  Under NCCL (CUDA) the same commands
+any world size).  ``--metrics FILE`` writes the same figures as JSON.  Started with ``python``, ``run`` checks
+its input once and starts ``--nproc`` local ranks (default: as many as the plan needs) through torch's own
+launcher (:func:`autoshard.runtime.local_job.run_local`, ``torchrun --standalone``), so bad input ends in one
+line and exit code 2 before any rank starts, and a failed rank in one line; under ``torchrun`` (several nodes)
+each rank checks the same, and torchrun adds its own failure report.  Under NCCL (CUDA) the same commands
 run on GPUs; on CPU they use gloo.
 
 Layouts (``plan --layout``) for LLaMA-style models (``q_proj`` ... ``down_proj``): ``tp-dp`` (Megatron
@@ -64,8 +68,8 @@ def _tokens(step: int, batch: int, seq: int, vocab: int) -> torch.Tensor:
 def cmd_init(args: argparse.Namespace) -> None:
     """Write ``config.json`` and the model's own init (seeded per module) as safetensors, shard by shard."""
     import transformers
-    from safetensors.torch import save_file
 
+    from autoshard.runtime.checkpoint import save_safetensors
     from autoshard.runtime.materialize import InitWeights
 
     config = transformers.LlamaConfig(**PRESETS[args.preset], tie_word_embeddings=False, use_cache=False)
@@ -80,12 +84,12 @@ def cmd_init(args: argparse.Namespace) -> None:
     for name in names:
         tensor = source.full(name).clone()
         if shards[-1] and size + tensor.numel() * tensor.element_size() > args.shard_bytes:
-            save_file(shards[-1], str(out / f"part-{len(shards)}.safetensors"))
+            save_safetensors(shards[-1], out / f"part-{len(shards)}.safetensors")
             shards[-1], size = {n: torch.empty(0) for n in shards[-1]}, 0
             shards.append({})
         shards[-1][name] = tensor
         size += tensor.numel() * tensor.element_size()
-    save_file(shards[-1], str(out / f"part-{len(shards)}.safetensors"))
+    save_safetensors(shards[-1], out / f"part-{len(shards)}.safetensors")
     weight_map = {n: f"part-{k + 1}.safetensors" for k, shard in enumerate(shards) for n in shard}
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     params = sum(p.numel() for p in model.parameters())
@@ -154,9 +158,17 @@ def cmd_run(args: argparse.Namespace) -> None:
     groups are destroyed here and their workers joined while the interpreter is whole.
     """
     import gc
+    import os
 
     import torch.distributed as dist
 
+    import autoshard
+    from autoshard.runtime.local_job import run_local
+
+    if "LOCAL_RANK" not in os.environ:  # started with python: check once, then start the ranks (module doc)
+        world = args.nproc or autoshard.load_plan(args.plan).num_devices
+        check_run(args, world)
+        raise SystemExit(run_local(world, [__file__, *args.argv]))
     check_run(args)
     _train(args)
     gc.collect()  # reference cycles (fx modules) that still hold a group
@@ -164,24 +176,32 @@ def cmd_run(args: argparse.Namespace) -> None:
     gc.collect()
 
 
-def check_run(args: argparse.Namespace) -> None:
-    """Refuse, in one line on rank 0 and exit code 2, what ``run`` cannot do as asked, before any process
-    group: a plan for another number of ranks than torchrun started, and ``--zero 3`` (free gathered weights,
-    ZeRO-3 / FSDP) with a plan that stores no weight split and gathered (a TP x DP plan: ZeRO-1/2 apply)."""
+def check_run(args: argparse.Namespace, world: int | None = None) -> None:
+    """Refuse, in one line and exit code 2, what ``run`` cannot do as asked, before any process group: a plan
+    for another number of ranks than the job has (``world``: ``--nproc`` in the launcher, else torchrun's
+    ``WORLD_SIZE``), and ``--zero 3`` (free gathered weights, ZeRO-3 / FSDP) with a plan that stores no weight
+    split and gathered (a TP x DP plan: ZeRO-1/2 apply); and a plan without token ids to train on."""
     import os
 
     import autoshard
     from autoshard.report.groups import PlanView
     from autoshard.report.roles import fsdp_axes
+    from autoshard.runtime.local_job import fail
 
     plan = autoshard.load_plan(args.plan)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan_batch(plan)
+    started = "torchrun started" if world is None else "--nproc asks for"
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
     mesh = "x".join(map(str, plan.mesh_shape))
     problem = ""
-    if plan.num_devices != world:
+    nproc = getattr(args, "nproc", 0)
+    if started == "torchrun started" and nproc and nproc != world:
+        problem = f"--nproc {nproc} under torchrun, which started {world} ranks: leave --nproc out (torchrun decides)"
+    elif plan.num_devices != world:
+        use = "--nproc_per_node" if started == "torchrun started" else "--nproc"
         problem = (
-            f"the plan {args.plan} needs {plan.num_devices} ranks (mesh {mesh}), torchrun started {world}: use "
-            f"--nproc_per_node {plan.num_devices}, or re-plan with `train.py plan --nproc {world}`"
+            f"the plan {args.plan} needs {plan.num_devices} ranks (mesh {mesh}), {started} {world}: use "
+            f"{use} {plan.num_devices}, or re-plan with `train.py plan --nproc {world}`"
         )
     elif args.zero == 3 and not fsdp_axes(PlanView.of(plan)):
         problem = (
@@ -190,9 +210,7 @@ def check_run(args: argparse.Namespace) -> None:
             "data axes), or plan with --layout fsdp"
         )
     if problem:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"train.py run: error: {problem}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
+        fail(f"train.py run: error: {problem}")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -278,8 +296,11 @@ FIELDS = ("peak_rss", "params", "optimizer", "built_rss", "start_rss")
 def plan_batch(plan: Any) -> tuple[int, int]:
     """The (batch, sequence) the plan was made for: shapes are baked into the graph."""
     if "input_ids" not in plan.input_shapes:
-        raise SystemExit(
-            f"the plan has no input_ids input ({list(plan.input_shapes)}): plan a causal LM with train.py plan"
+        from autoshard.runtime.local_job import fail
+
+        fail(
+            f"train.py run: error: the plan has no input_ids input ({list(plan.input_shapes)}): plan a causal "
+            "LM with train.py plan"
         )
     shape = plan.input_shapes["input_ids"][0]
     return int(shape[0]), int(shape[1])
@@ -325,6 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     plan.add_argument("--out", default="plan.json")
     run = sub.add_parser("run", help="train under torchrun with a saved plan")
     run.add_argument("--plan", required=True)
+    run.add_argument(
+        "--nproc", type=int, default=0, help="local ranks to start (default: the plan's); not under torchrun"
+    )
     run.add_argument("--zero", type=int, choices=[1, 2, 3], default=1)
     run.add_argument("--save", default="")
     run.add_argument("--resume", default="")
@@ -341,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--lr", type=float, default=1e-3)
         p.add_argument("--metrics", default="", help="write the figures as JSON")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what `run` hands the ranks it starts
     command = {"init": cmd_init, "plan": cmd_plan, "run": cmd_run, "reference": cmd_reference}[args.command]
     from autoshard.errors import AutoshardError
 
@@ -348,11 +373,9 @@ def main(argv: list[str] | None = None) -> None:
         _check_paths(args)
         command(args)
     except AutoshardError as e:  # bad input (plan file, mesh, model): one line, exit 2, no traceback
-        import os
+        from autoshard.runtime.local_job import fail
 
-        if os.environ.get("RANK", "0") == "0":
-            print(f"train.py {args.command}: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        fail(f"train.py {args.command}: error: {e}")
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -365,10 +388,11 @@ def _check_paths(args: argparse.Namespace) -> None:
             f"--model {args.model}: no config.json there; write one with `train.py init --model {args.model}`"
         )
     resume = getattr(args, "resume", "")
-    if resume and not (Path(resume) / "autoshard-step.json").is_file():
-        raise AutoshardError(
-            f"--resume {resume}: not a checkpoint written by `train.py run --save` (no autoshard-step.json)"
-        )
+    for name in ("autoshard-step.json", ".metadata"):  # ours, and torch.distributed.checkpoint's
+        if resume and not (Path(resume) / name).is_file():
+            raise AutoshardError(
+                f"--resume {resume}: not a checkpoint written by `train.py run --save` (no {name})"
+            )
 
 
 if __name__ == "__main__":

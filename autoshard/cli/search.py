@@ -99,6 +99,12 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         help="pipeline schedule: auto, gpipe, 1f1b, interleaved_1f1b, zb_v, interleaved_zb",
     )
     s.add_argument("--inference", action="store_true", help="plan the forward pass only")
+    s.add_argument(
+        "--precision",
+        choices=("bf16", "amp"),
+        default="bf16",
+        help="training recipe priced: bf16 (the model's dtypes, fp32 master) or amp (fp32 weights, autocast)",
+    )
     s.add_argument("--time-limit", type=amount, default=60.0, metavar="SECONDS", help="solver time limit")
     s.add_argument("--no-baseline", action="store_true", help="skip the pure data-parallel comparison")
     s.add_argument("--out", default=None, metavar="PLAN.json", help="save the plan as JSON")
@@ -242,6 +248,8 @@ def _plan_auto(
         "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
         "time_limit": args.time_limit,
     }
+    if getattr(args, "precision", "bf16") != "bf16":  # the amp recipe (cost_models.memory.RECIPES)
+        options["precision"] = args.precision
     if args.allow or args.forbid:
         options |= {"allow": args.allow, "forbid": args.forbid}
     options |= staged  # pipeline stages, microbatches, schedule: planned on every candidate mesh
@@ -258,7 +266,9 @@ def _plan_auto(
         **options,
     )
     tried = [
-        with_parts(Phase(f"mesh {'x'.join(map(str, c.mesh_shape))}", c.seconds), c.timings, False)
+        Phase(f"mesh {'x'.join(map(str, c.mesh_shape))}", c.seconds, (("bounded, pruned", c.seconds),))
+        if c.pruned and not c.timings  # bounded before it was planned (autoshard.meshbound)
+        else with_parts(Phase(f"mesh {'x'.join(map(str, c.mesh_shape))}", c.seconds), c.timings, False)
         for c in found.candidates
     ]
     return (
@@ -289,6 +299,8 @@ def _plan(
         "memory_limit": args.memory_limit * 2**30 if args.memory_limit is not None else None,
         "time_limit": args.time_limit,
     }
+    if getattr(args, "precision", "bf16") != "bf16":  # the amp recipe (cost_models.memory.RECIPES)
+        options["precision"] = args.precision
     if steer and (args.allow or args.forbid):  # not for the baseline: it pins every tensor itself
         options |= {"allow": args.allow, "forbid": args.forbid}
     if captured is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.cluster import Cluster
+from autoshard.problem.autocast import uses_autocast
 from autoshard.problem.context import ring_free, ring_seconds
 from autoshard.problem.costs import (
     MEMORY_TIE_BREAK,
@@ -86,7 +87,9 @@ def node_parts(
         sizes = operand_bytes(info, inputs)
         for strat in strategies:
             fwd, hidden = (
-                compute_parts(info, strat, cluster, opts.training, inputs, sizes)
+                compute_parts(
+                    info, strat, cluster, opts.training, inputs, sizes, uses_autocast(opts.precision)
+                )
                 if info.kind == "op"
                 else (0.0, (0.0, 0.0))
             )

@@ -50,8 +50,9 @@ import numpy as np
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.attention import causal_attention
+from autoshard.problem.autocast import autocast_scale, autocast_seconds, uses_autocast, weight_bytes
 from autoshard.problem.context import ring_seconds
-from autoshard.problem.elementwise import extra_seconds, master_cast_seconds
+from autoshard.problem.elementwise import autocast_update_seconds, extra_seconds, master_cast_seconds, recipe
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.hidden_ops import hidden_seconds
 
@@ -85,6 +86,7 @@ __all__ = [
     "node_memory",
     "operand_bytes",
     "output_fix_steps",
+    "recipe",
     "recomputed",
     "repeats",
     "steps_time",
@@ -187,7 +189,9 @@ def node_compute(
     """(forward seconds, backward seconds) of ``info`` under ``strategy`` on one device."""
     if info.kind != "op":
         return 0.0, 0.0
-    fwd, hidden = compute_parts(info, strategy, cluster, opts.training, inputs)
+    fwd, hidden = compute_parts(
+        info, strategy, cluster, opts.training, inputs, autocast=uses_autocast(opts.precision)
+    )
 
     def ring(f: float, b: float) -> tuple[float, float]:
         return ring_seconds(info, strategy, cluster, inputs, f, b, opts.cp_layout)
@@ -203,6 +207,7 @@ def compute_parts(
     training: bool,
     inputs: tuple[NodeInfo, ...],
     sizes: tuple[int | None, ...] | None = None,
+    autocast: bool = False,
 ) -> tuple[float, tuple[float, float]]:
     """What :func:`node_compute` prices before recomputation and context parallelism (an op's node only):
     the op's forward seconds (0 for a view) and the hidden casts / loss (``hidden_seconds``).  The builder
@@ -222,6 +227,8 @@ def compute_parts(
     local = _local_bytes(outs[0], strategy.outputs[0], mesh) if outs[0] is not None else 0.0
     hidden = hidden_seconds(info, inputs, moved, local, cluster, training)  # casts, the loss
     hidden = _plus(hidden, extra_seconds(info, inputs, moved, local, cluster, training))  # strided, sums
+    if autocast:  # the amp recipe: fp32 activations, autocast's casts (problem/autocast.py)
+        hidden = _plus(hidden, autocast_seconds(info, inputs, moved, local, cluster, training))
     if info.is_view:
         return 0.0, hidden
     # shape-aware rate (cost_models.compute): tile/wave quantisation of the local GEMM, fused attention's own
@@ -358,7 +365,7 @@ def node_memory(
             return local
         grads = local * opts.grad_bytes(meta.itemsize) / meta.itemsize
         return (
-            local
+            local * weight_bytes(meta.itemsize, opts.precision) / meta.itemsize
             + grads
             + _optimizer_elements(meta.numel, spec, cluster, opts) * opts.adam_bytes(meta.itemsize)
         )
@@ -369,7 +376,7 @@ def node_memory(
         # the loss upcasts a returned float tensor (logits) to fp32 and keeps it and its gradient
         held += 8 * local / meta.itemsize
     if opts.training and keeps and info.requires_grad and not info.is_view:
-        return held + local
+        return held + local * autocast_scale(info, opts.precision)
     return held
 
 
@@ -379,6 +386,8 @@ def optimizer_time(info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts:
         return 0.0
     meta = info.outputs[0]
     numel = _optimizer_elements(meta.numel, strategy.outputs[0], cluster, opts)
+    if uses_autocast(opts.precision):  # amp: fp32 weights, autocast
+        return autocast_update_seconds(numel, opts.precision, cluster)
     state = numel * (opts.adam_bytes(meta.itemsize) + 2 * meta.itemsize)  # read and write state, param, grad
     casts = master_cast_seconds(numel, meta.itemsize, opts.adam_bytes(meta.itemsize), cluster)
     return cluster.compute_time(numel * 10, 2 * state, "float32") + casts

@@ -26,6 +26,8 @@ Each term is a kernel torch runs that the graph shows only indirectly, measured 
   fp32 master copy cast each gradient up and each master back down, ``MASTER_CAST_BYTES`` per element;
 * **a linear layer's bias gradient**: the output gradient summed over the rows, one more read of it
   (GPT-2's ``addmm``: 49 bf16 ``sum`` reductions measured);
+* **layer norms**: torch's fused ``layer_norm`` kernels run at ``LAYER_NORM_BYTES`` per element forward and
+  backward, above the roofline's bytes;
 * **copies behind view-like ops**: ``contiguous`` of a transposed / permuted / sliced tensor and ``clone``
   copy it (read and write) and their backward copies the gradient back into the strided layout.
 
@@ -39,15 +41,35 @@ from __future__ import annotations
 import math
 
 from autoshard.cluster import Cluster
+from autoshard.errors import ProfileError
 from autoshard.problem.graph import NodeInfo
+from autoshard.problem.hidden_ops import UPCAST_BYTES
+from cost_models.memory import FOREACH_ADAMW_BYTES, RECIPES, PrecisionPolicy, itemsize
 
-__all__ = ["MASTER_CAST_BYTES", "STRIDED_BYTES_PER_ELEMENT", "extra_seconds", "master_cast_seconds"]
+__all__ = [
+    "LAYER_NORM_BYTES",
+    "MASTER_CAST_BYTES",
+    "STRIDED_BYTES_PER_ELEMENT",
+    "autocast_update_seconds",
+    "extra_seconds",
+    "master_cast_seconds",
+    "recipe",
+]
 
-MASTER_CAST_BYTES = 12
+MASTER_CAST_BYTES = UPCAST_BYTES + 6
 """Bytes per parameter element a step with an fp32 master copy of 16-bit weights casts: the gradient up to
-fp32 (2 read + 4 written) and the updated master back into the weight (4 read + 2 written).  Measured on an
-H100 (benchmarks/results/gpu_step_ops_llama-1b.txt: the ``direct_copy`` / ``bfloat16_copy`` kernels of the
-master recipe, about 5 ms for 1.24 B parameters = 12.2 bytes each at 3.015 TB/s)."""
+fp32 (a widening cast, ``UPCAST_BYTES``) and the updated master back into the weight (4 read + 2 written, at
+the roofline).  Measured on an H100 (benchmarks/results/gpu_step_ops_llama-1b.txt, second session: the
+``copy_`` calls of parameter shapes, 6.97 ms for 1.24 B parameters = 17.0 bytes each at 3.015 TB/s, small
+tensors at the launch floor included; the first session's 12 came from a profile that mixed in the norms'
+casts)."""
+
+LAYER_NORM_BYTES = (9.2, 23.8)
+"""Bytes of achieved HBM bandwidth per element of torch's fused ``native_layer_norm`` (forward) and
+``native_layer_norm_backward`` (dx, and the weight and bias gradients' column sums), 16-bit input: fitted on
+GPT-2 (benchmarks/results/gpu_step_ops_gpt2.txt, H100, 2026-11-24 second session: 25 calls of 8 x 1024 x 768,
+0.480 ms forward, 1.240 ms backward, at the h100x8 profile's 3.015 TB/s); BERT-base, held out, ran 8.9 and
+26.7 (gpu_step_ops_bert-base.txt).  The roofline counts 4 forward (read, write) and 6 backward."""
 
 STRIDED_BYTES_PER_ELEMENT = 9.8
 """Least bytes of achieved HBM bandwidth a non-vectorised (broadcast or strided operand) binary elementwise
@@ -61,6 +83,7 @@ bytes per element, where the roofline counts 4 (bf16) and 8 (fp32)."""
 _BINARY = frozenset({"mul", "div", "add", "sub"})
 _STRIDED_VIEWS = frozenset({"transpose", "permute", "t", "slice", "narrow", "select", "expand", "as_strided"})
 _COPIES = frozenset({"contiguous", "clone"})
+_LAYER_NORMS = frozenset({"layer_norm", "native_layer_norm"})
 _BIASED = {"linear": 2, "addmm": 0}  # where the bias is among the inputs
 
 
@@ -86,6 +109,11 @@ def extra_seconds(
         bwd += fwd if backward else 0.0
     if backward and info.op in _BIASED and len(inputs) == 3 and inputs[_BIASED[info.op]].requires_grad:
         bwd += cluster.compute_time(0.0, local, out.dtype)  # the bias gradient's row sum
+    if info.op in _LAYER_NORMS:  # the fused kernels' excess over the roofline (forward, and backward's)
+        elements, base = local / out.itemsize, cluster.compute_time(0.0, moved, out.dtype)
+        fwd += max(0.0, cluster.compute_time(0.0, elements * LAYER_NORM_BYTES[0], out.dtype) - base)
+        if backward:
+            bwd += max(0.0, cluster.compute_time(0.0, elements * LAYER_NORM_BYTES[1], out.dtype) - base)
     if info.op in _BINARY and len(inputs) >= 2:
         f, b = _strided(info, inputs, moved, local, cluster)
         fwd += f
@@ -129,3 +157,32 @@ def master_cast_seconds(numel: float, itemsize: int, state_bytes: int, cluster: 
     if itemsize > 2 or state_bytes < 12 or numel <= 0:
         return 0.0
     return 2 * cluster.compute_time(0.0, numel * MASTER_CAST_BYTES / 2, "float32")  # two kernels each way
+
+
+def autocast_update_seconds(numel: float, policy: PrecisionPolicy | None, cluster: Cluster) -> float:
+    """Seconds per step of ``numel`` fp32 parameter elements under an autocast recipe (``policy.autocast``
+    set, :data:`cost_models.memory.AMP_BF16`): the update (foreach AdamW, ``FOREACH_ADAMW_BYTES`` per
+    element; fused: state, weight and gradient read and written) and the weight casts autocast runs, each
+    weight down to ``policy.autocast`` once per forward (4 read, 2 written) and its gradient back up
+    (``UPCAST_BYTES``).  Measured (gpu_step_ops_llama-1b_amp.txt): ``_foreach_*`` kernels 36.2 ms for 1.24 B
+    parameters (88 bytes each at 3.015 TB/s).  A recomputed forward casts again; not priced."""
+    if numel <= 0 or policy is None or policy.autocast is None:
+        return 0.0
+    low = itemsize(policy.autocast)
+    state = 4 * policy.optimizer_states + 2 * itemsize(policy.param_dtype)
+    update = (
+        cluster.compute_time(numel * 10, 2 * numel * state, "float32")
+        if policy.fused_optimizer
+        else cluster.compute_time(numel * 10, numel * FOREACH_ADAMW_BYTES, "float32")
+    )
+    down = cluster.compute_time(0.0, numel * (4 + low), policy.autocast)
+    return update + down + cluster.compute_time(0.0, numel * UPCAST_BYTES, "float32")
+
+
+def recipe(name: str) -> PrecisionPolicy | None:
+    """The precision policy of the planner's ``precision`` keyword (``cost_models.memory.RECIPES``)."""
+    if name not in RECIPES:
+        raise ProfileError(
+            f"precision={name!r} is not a priced training recipe; use one of {', '.join(sorted(RECIPES))}"
+        )
+    return RECIPES[name]

@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from autoshard.capture import meta as cmeta
+from autoshard.problem.autocast import autocast_dtype
 
 __all__ = ["NodeInfo", "describe"]
 
@@ -58,6 +59,7 @@ class NodeInfo:
     causal_mask: bool = False  # attention whose explicit mask is proven causal (capture/causal.py)
     grad_users: int = 0  # consumers needing its gradient (autograd sums theirs: problem/elementwise.py)
     kv_repeats: int = 1  # attention reading grouped-query K/V copies: heads per K/V head (capture/gqa.py)
+    autocast_dtype: str = ""  # its output's dtype under the amp recipe (problem/autocast.py)
 
     @property
     def is_view(self) -> bool:
@@ -127,17 +129,25 @@ def describe(gm: fx.GraphModule) -> tuple[NodeInfo, ...]:
         if node.op == "output":
             returned.update(n.name for n in node.all_input_nodes)
     infos: list[NodeInfo] = []
+    amp: dict[str, str] = {}  # each node's dtype under autocast (problem/autocast.py)
+    model = next((t.dtype for n in gm.graph.nodes if n.meta.get(cmeta.META_KIND) == "parameter"
+                  for t in _outputs(n) if t is not None and t.itemsize == 2), "bfloat16")  # fmt: skip
     for node in gm.graph.nodes:
         if node.op not in ("placeholder", "call_function"):
             continue
         op, target = _short_op(node)
         ins = tuple(node.all_input_nodes)
+        first = _outputs(node)[0]
+        kind = node.meta.get(cmeta.META_KIND, "op") if node.op == "placeholder" else "op"
+        amp[node.name] = autocast_dtype(
+            op, kind, first.dtype if first is not None else None, [amp.get(n.name, "") for n in ins], model
+        )
         infos.append(
             NodeInfo(
                 name=node.name,
                 op=op,
                 target=target,
-                kind=node.meta.get(cmeta.META_KIND, "op") if node.op == "placeholder" else "op",
+                kind=kind,
                 fqn=node.meta.get(cmeta.META_FQN, "") or "",
                 module=node.meta.get(cmeta.META_MODULE, "") or "",
                 inputs=tuple(n.name for n in ins),
@@ -150,6 +160,7 @@ def describe(gm: fx.GraphModule) -> tuple[NodeInfo, ...]:
                 causal_mask=bool(node.meta.get(cmeta.META_CAUSAL_MASK, False)),
                 grad_users=_grad_users(node),
                 kv_repeats=int(node.meta.get(cmeta.META_KV_REPEATS, 1)),
+                autocast_dtype=amp[node.name],
             )
         )
     return tuple(infos)

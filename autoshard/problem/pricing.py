@@ -15,6 +15,13 @@ Exactness: Bellman-Ford computes ``D[s, v] = min(D[s, v], D[s, u] + w(u, v))``, 
 sums the Dijkstra search accumulates along a path, and both return the minimum over all paths of that sum;
 ``tests/problem/test_pricing.py`` checks bit-for-bit equality with :func:`redistribute_time`.
 
+Dim order: a layout graph depends on the tensor's dims only through their sizes (which moves divide, and
+the bytes each moves), so the graphs of two shapes that order the same sizes differently are one graph with
+its dims renamed, and so are their shortest paths.  Each shape is priced on its dims sorted by size
+(``(B, H, S, D)`` and ``(B, S, H, D)`` share one graph): LLaMA-3-70B on 16 x 8 x 8 builds 36 graphs instead
+of 42, among them the two largest twice.  Path sums are the same floats whatever the move order
+(``_bellman_ford``), so the tables are too.
+
 Special cases follow :meth:`autoshard.problem.costs.StepCache.time`: ``None`` on either side costs 0, equal
 specs cost 0, a spec that does not fit the tensor or a non-sum ``Partial`` makes the pair impossible (inf).
 """
@@ -101,6 +108,9 @@ class PriceTable:
         table = np.zeros((len(src), len(dst)))
         starts = [self._start(s, shape) for s in src]
         goals = [self._start(d, shape) for d in dst]
+        # one layout graph per shape up to the order of its dims (module docstring: "Dim order")
+        canon, perm = _canonical(shape)
+        starts, goals = [_relabel(s, perm) for s in starts], [_relabel(g, perm) for g in goals]
         by_mask: dict[tuple[bool, ...], list[int]] = {}
         for j, g in enumerate(goals):
             if isinstance(g, tuple):
@@ -113,10 +123,10 @@ class PriceTable:
         live = [i for i, s in enumerate(starts) if isinstance(s, tuple)]
         if not live or not by_mask:
             return self._keep(key, self._fix_equal(table, src, dst, starts))
-        graph = self._graph(shape, itemsize)
+        graph = self._graph(canon, itemsize)
         start_idx = [graph.index[starts[i]] for i in live]  # type: ignore[index]
         for mask, cols in by_mask.items():
-            rows, dist = self._distances(shape, itemsize, mask, graph, start_idx)
+            rows, dist = self._distances(canon, itemsize, mask, graph, start_idx)
             goal_idx = [graph.index[goals[j]] for j in cols]  # type: ignore[index]
             sub = dist[np.ix_([rows[s] for s in start_idx], goal_idx)]
             table[np.ix_(live, cols)] = sub
@@ -242,6 +252,22 @@ def pairwise_ids(
         [cache.spec(int(a)) for a in us], [cache.spec(int(b)) for b in ud], tuple(shape), int(itemsize)
     )
     return table[si][:, di]
+
+
+def _canonical(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``shape`` with its dims sorted by size (ties by position), and where each dim goes: ``perm[d]``."""
+    order = sorted(range(len(shape)), key=lambda d: (shape[d], d))
+    perm = [0] * len(shape)
+    for new, d in enumerate(order):
+        perm[d] = new
+    return tuple(shape[d] for d in order), tuple(perm)
+
+
+def _relabel(layout: tuple[int, ...] | str, perm: tuple[int, ...]) -> tuple[int, ...] | str:
+    """An encoded layout with each sharded dim ``d`` renamed ``perm[d]`` (``R``/``P`` codes are negative)."""
+    if isinstance(layout, str):
+        return layout
+    return tuple(perm[p] if p >= 0 else p for p in layout)
 
 
 def _fits(layout: tuple[int, ...], shape: tuple[int, ...], mesh: tuple[int, ...]) -> bool:

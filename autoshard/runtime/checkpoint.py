@@ -31,7 +31,9 @@ Example (every rank)::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -47,7 +49,14 @@ from autoshard.codegen.shard import gather_full
 from autoshard.errors import AutoshardError
 from autoshard.runtime.zero import ZeroOptimizer
 
-__all__ = ["CheckpointError", "check_checkpoint", "export_safetensors", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "check_checkpoint",
+    "export_safetensors",
+    "load_checkpoint",
+    "save_checkpoint",
+    "save_safetensors",
+]
 
 OPTIM = "optim."
 
@@ -236,8 +245,6 @@ def export_safetensors(
     ``config``: what ``config.json`` is written from (anything with ``save_pretrained``); default the config
     of the model :func:`autoshard.parallelize` was given (``model.config`` of a Hugging Face model).  A model
     without one gets the weights only, and ``from_pretrained`` needs the config written beside them."""
-    from safetensors.torch import save_file
-
     info = parallel_info(module)
     config = info.config if config is None else config
     if config is not None and not callable(getattr(config, "save_pretrained", None)):
@@ -264,13 +271,13 @@ def export_safetensors(
             for name in (attr.fqn, *attr.aliases):
                 nbytes = whole.numel() * whole.element_size()
                 if shards[-1] and size + nbytes > max_shard_bytes:
-                    _write_shard(tmp, shards, save_file)
+                    _write_shard(tmp, shards)
                     shards.append({})
                     size = 0
                 shards[-1][name] = whole.clone() if name != attr.fqn else whole
                 size += nbytes
         if rank == 0:
-            _write_shard(tmp, shards, save_file)
+            _write_shard(tmp, shards)
             _name_shards(tmp, len(shards))
             if config is not None:
                 config.save_pretrained(tmp)  # config.json: from_pretrained(directory) loads the export
@@ -278,9 +285,33 @@ def export_safetensors(
     return _atomic(Path(directory), write)
 
 
-def _write_shard(tmp: Path, shards: list[dict[str, torch.Tensor]], save_file: Callable[..., None]) -> None:
-    save_file(shards[-1], str(tmp / f"shard-{len(shards):05d}.safetensors"), metadata={"format": "pt"})
+def _write_shard(tmp: Path, shards: list[dict[str, torch.Tensor]]) -> None:
+    save_safetensors(shards[-1], tmp / f"shard-{len(shards):05d}.safetensors", metadata={"format": "pt"})
     shards[-1] = {name: torch.empty(0) for name in shards[-1]}  # keep the names for the index, free the data
+
+
+def save_safetensors(
+    tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
+    """``safetensors.torch.save_file``, leaving the file readable as the user's umask says (0644 under 022).
+
+    safetensors 0.8 writes through a temporary file that is created 0600 and renamed into place
+    (safetensors/safetensors#782), so a checkpoint would be private where ``config.json`` beside it is not."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (``/proc``: ``os.umask`` can only read it by setting it)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o077)  # no /proc: set a strict mask for the instant it takes to read the real one
+    os.umask(mask)
+    return mask
 
 
 def _name_shards(tmp: Path, count: int) -> None:

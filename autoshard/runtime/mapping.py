@@ -200,11 +200,12 @@ def verify_plan(
     axis shrunk to at most 2 (:mod:`autoshard.runtime.mapping`), run on gloo against one device.
 
     ``spec``: the zoo name or ``path/to/file.py:function`` to rebuild; default the plan's ``source``.  A zoo
-    model is rebuilt by :func:`~autoshard.runtime.scaled.build_scaled`; a file is called as it is (return a
-    small copy of your model from it).
+    model is rebuilt by :func:`~autoshard.runtime.scaled.build_scaled`; a file is called as it is, and a model
+    it builds on meta is rebuilt small from its Hugging Face config (:func:`~autoshard.runtime.scaled.scale_hf`;
+    a plain ``nn.Module`` on meta is refused: return a small copy of it from the file).
     """
     from autoshard import zoo
-    from autoshard.runtime.scaled import build_scaled, scalable
+    from autoshard.runtime.scaled import build_scaled, scalable, scale_hf
     from autoshard.runtime.verify import cluster_for, verify
 
     recorded = str(plan.source.get("spec") or "")
@@ -225,10 +226,8 @@ def verify_plan(
         return verify_pipeline_plan(plan, spec, float64=float64)
     dtype = torch.float64 if float64 else None
     case = build_scaled(spec, dtype=dtype) if scalable(spec) else zoo.load_spec(spec)
-    if any(p.device.type == "meta" for p in case.model.parameters()):
-        raise AutoshardError(
-            f"{spec} builds on the meta device: return a small copy with real weights from it"
-        )
+    if any(p.device.type == "meta" for p in case.model.parameters()):  # a user's model at real size
+        case = scale_hf(case, dtype=dtype)
     if type(case.model).__name__ != plan.model:
         raise AutoshardError(
             f"the plan was made for a {plan.model}, but {spec} builds a {type(case.model).__name__}: pass --model "

@@ -9,5 +9,6 @@ def test_mesh_auto_reports_the_best_mesh_and_the_runners_up(cli) -> None:
         "--max-axes", "2", "--no-baseline",
     )  # fmt: skip
     assert r.code == 0, r.err
-    assert "mesh search: 2 meshes tried; best 2x8:" in r.out
+    # the 16-wide mesh is planned, or pruned by a bound above the 2x8 plan (autoshard/meshbound.py)
+    assert "mesh search: 2 meshes tried" in r.out and "; best 2x8:" in r.out
     assert "runner-up 16:" in r.out

@@ -85,9 +85,9 @@ def test_contiguous_of_a_transpose_copies_each_way_and_the_bias_gradient_is_a_ro
 
 def test_master_weight_casts_only_for_16_bit_weights_with_an_fp32_master() -> None:
     cluster = cluster_for("h100x8", 1)
-    numel = 1.24e9  # llama-1b: measured about 5 ms of cast kernels on the H100
+    numel = 1.24e9  # llama-1b: measured 6.97 ms of master-cast kernels on the H100 (second session)
     assert master_cast_seconds(numel, 2, 12, cluster) == pytest.approx(numel * MASTER_CAST_BYTES / BW)
-    assert 4e-3 < master_cast_seconds(numel, 2, 12, cluster) < 6e-3
+    assert 6e-3 < master_cast_seconds(numel, 2, 12, cluster) < 7.5e-3
     assert master_cast_seconds(numel, 4, 8, cluster) == 0.0  # fp32 weights: no master copy
     small = master_cast_seconds(1000, 2, 12, cluster)  # two launch-bound kernels
     assert small == pytest.approx(2 * cluster.profile.compute.launch_floor)

@@ -38,6 +38,20 @@ def test_table_equals_the_search_for_every_pair(
     assert same.all(), [(str(specs[i]), str(specs[j])) for i, j in zip(*np.nonzero(~same), strict=True)][:5]
 
 
+def test_shapes_that_order_the_same_sizes_share_one_graph_and_keep_their_prices() -> None:
+    cluster = autoshard.load_cluster("a100x8", mesh=(2, 2, 2))
+    specs: list[ShardingSpec | None] = [*_all_specs(3, 3)[::7], None]
+    cache = StepCache(cluster)
+    ids = [cache.intern(s) for s in specs]
+    for shape in ((4, 8, 6), (8, 6, 4)):
+        table = cache.prices.pairwise(specs, specs, shape, 2)
+        expected = np.array([[cache.time(a, b, shape, 2) for b in ids] for a in ids])
+        same = (table == expected) | (np.isinf(table) & np.isinf(expected))
+        assert same.all(), shape
+    graphs = cache.prices._graphs  # one graph, on the dims sorted by size (the table is shared per cluster)
+    assert ((4, 6, 8), 2) in graphs and ((4, 8, 6), 2) not in graphs and ((8, 6, 4), 2) not in graphs
+
+
 def test_table_rows_grow_lazily_and_stay_consistent() -> None:
     cluster = autoshard.load_cluster("a100x8", nodes=2, mesh=(2, 2, 4))
     shape = (8, 16)

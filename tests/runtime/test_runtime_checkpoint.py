@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from autoshard.runtime.checkpoint import (
     export_safetensors,
     load_checkpoint,
     save_checkpoint,
+    save_safetensors,
 )
 from autoshard.runtime.launch import launch
 from autoshard.runtime.zero import ZeroOptimizer
@@ -130,8 +133,14 @@ def test_exported_directory_loads_with_from_pretrained(tmp_path: Path) -> None:
     # the export writes the model's config.json: Hugging Face loads the directory alone (new-user trial)
     from transformers import AutoModelForCausalLM
 
-    state = launch(_export, 2, tmp_path / "hf")[0]
+    mask = os.umask(0o022)  # the ranks are forked: they inherit it
+    try:
+        state = launch(_export, 2, tmp_path / "hf")[0]
+    finally:
+        os.umask(mask)
     assert (tmp_path / "hf" / "config.json").exists()
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "hf").iterdir()}
+    assert len(modes) > 3 and set(modes.values()) == {0o644}, modes  # safetensors too (new-user trial: 0600)
     original = model("llama")  # float64 weights: compared exactly
     dtype = next(original.model.parameters()).dtype
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=dtype)
@@ -141,6 +150,17 @@ def test_exported_directory_loads_with_from_pretrained(tmp_path: Path) -> None:
         assert value.dtype == dtype and torch.equal(value, state[name]), name
     with torch.no_grad():
         assert torch.equal(loaded(*original.args).logits, original.model(*original.args).logits)
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_safetensors_files_follow_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    previous = os.umask(umask)
+    try:
+        save_safetensors({"w": torch.ones(2)}, tmp_path / "w.safetensors")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == mode
+    assert torch.equal(load_file(str(tmp_path / "w.safetensors"))["w"], torch.ones(2))
 
 
 def _save_small(directory: Path) -> None:

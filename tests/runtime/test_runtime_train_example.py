@@ -52,7 +52,7 @@ def test_readme_training_commands(tmp_path: Path) -> None:
         "python",
         "python",
         "python",
-        "torchrun",
+        "python",  # run: 4 local ranks through torch's launcher
         "torchrun",
         "python",
     ]

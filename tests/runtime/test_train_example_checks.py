@@ -1,13 +1,17 @@
 """``examples/train.py run`` refuses what it cannot do as asked, in one line and exit code 2, before any process
 group: a plan for another number of ranks than torchrun started (was a MeshError traceback from every rank),
 and ``--zero 3`` with a TP x DP plan, which stores no weight split and gathered (was accepted silently: it ran
-ZeRO-2).  Checked in-process with torchrun's environment variables; the plans are made by ``train.py plan``."""
+ZeRO-2).  Checked in-process with torchrun's environment variables; the plans are made by ``train.py plan``.
+Started with python, ``run`` checks before starting any rank; under plain torchrun the line is torch's root cause."""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -55,6 +59,17 @@ def test_wrong_world_size_is_one_line_on_rank_0(plans, monkeypatch, capsys) -> N
     assert _check(plans["tp-dp"], 1, 2, 1, monkeypatch, capsys) == (2, "")  # the other ranks stay quiet
 
 
+def test_nproc_under_torchrun_must_agree_with_it(plans, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as stop:
+        _train().check_run(argparse.Namespace(plan=str(plans["tp-dp"]), zero=1, nproc=2))
+    err = capsys.readouterr().err
+    assert (
+        stop.value.code == 2 and "--nproc 2 under torchrun, which started 4 ranks: leave --nproc out" in err
+    )
+
+
 def test_zero_3_needs_a_plan_that_gathers_weights(plans, monkeypatch, capsys) -> None:
     code, err = _check(plans["tp-dp"], 3, 4, 0, monkeypatch, capsys)
     assert code == 2 and err.count("\n") == 1 and "--zero 3 frees weights gathered before use (FSDP)" in err
@@ -86,3 +101,37 @@ def test_bad_input_is_one_line_and_exit_2(plans, tmp_path, monkeypatch, capsys, 
         _train().main([a.format(**names) for a in argv] + model)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err and expected in err
+
+
+def _subprocess(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    (cwd / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(TRAIN.parents[1]), "OMP_NUM_THREADS": "1"}
+    env["TMPDIR"] = str(cwd / "tmp")
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_run_refuses_a_plan_for_another_world_before_any_rank_starts(plans, tmp_path) -> None:
+    """``python train.py run --nproc 4`` with a 2-rank plan: one line, exit 2, and no rank ever started (torch's
+    launcher would have made its own rendezvous directory under TMPDIR)."""
+    argv = [sys.executable, str(TRAIN), "run", "--nproc", "4", "--plan", str(plans["fsdp"]), "--model"]
+    done = _subprocess([*argv, str(plans["fsdp"].parent / "ckpt")], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert not list((tmp_path / "tmp").glob("torchelastic_*"))
+    assert done.stderr.endswith("needs 2 ranks (mesh 2), --nproc asks for 4: use --nproc 2, or re-plan with "
+                                "`train.py plan --nproc 4`\n") and done.stderr.count("\n") == 1  # fmt: skip
+
+
+@pytest.mark.slow
+def test_plain_torchrun_names_our_line_as_the_root_cause(plans, tmp_path) -> None:
+    """Under plain torchrun (2 gloo ranks) torch's own traceback and failure table follow any failed worker (a
+    worker cannot prevent that, ``autoshard.runtime.local_job``); the line comes first and is the root cause."""
+    model = str(plans["tp-dp"].parent / "ckpt")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = _subprocess(
+        [*torchrun, str(TRAIN), "run", "--plan", str(plans["tp-dp"]), "--model", model], tmp_path
+    )
+    line = f"train.py run: error: the plan {plans['tp-dp']} needs 4 ranks (mesh 2x2), torchrun started 2"
+    assert done.returncode == 1 and done.stderr.startswith(line)
+    root = done.stderr.split("Root Cause (first observed failure):", 1)[1]
+    assert "exitcode  : 2" in root and f"traceback : {line}" in root
+    assert list((tmp_path / "tmp").glob("torchelastic_*"))  # what the test above sees absent: ranks started

@@ -1,0 +1,150 @@
+"""The amp recipe's activations: what ``torch.autocast`` changes in a graph captured in the 16-bit dtype.
+
+Input: per node, its op, kind and captured output dtype and its inputs' autocast dtypes (:func:`autocast_dtype`,
+called by :func:`autoshard.problem.graph.describe` in graph order); per priced node, its
+:class:`~autoshard.problem.graph.NodeInfo`, inputs and bytes (:func:`autocast_seconds`, :func:`autocast_scale`).
+Output: each node's dtype under amp (``NodeInfo.autocast_dtype``); seconds to add to a node's compute and the
+factor on the activation bytes it keeps, when the plan prices ``precision="amp"``
+(:data:`cost_models.memory.AMP_BF16`).
+
+The planner captures the model in its 16-bit dtype; under amp the weights are fp32 and autocast decides each
+op's dtype (torch's CUDA autocast op lists):
+
+* matrix products and fused attention (:data:`LOWER`) run in the 16-bit dtype and cast every fp32 operand
+  down first, an activation once per use (weights once per forward: the optimizer's
+  :func:`~autoshard.problem.elementwise.autocast_update_seconds`), its gradient back up in backward;
+* ops of autocast's fp32 list (:data:`UPPER`: norms, ``pow``, ``rsqrt``, softmax, sums) run in fp32;
+* every other op runs in the promoted dtype of its float inputs: fp32 as soon as one is (an embedding of fp32
+  weights, the residual stream added to a product's 16-bit output, a 16-bit tensor times fp32 ``cos``);
+* a cast to the model's dtype (HF's ``.to(input_dtype)``) casts to fp32, the model's dtype under amp: a cast
+  whose source already has its target dtype runs nothing.
+
+Priced (:func:`autocast_seconds`): an op's bytes at its operands' amp dtypes instead of the captured ones
+(forward, and backward once per gradient it yields), the activation casts in front of matrix products, and
+the casts that no longer run taken back out.  Not priced: the elementwise extras of
+:mod:`autoshard.problem.elementwise` stay at the captured dtype; a sharded operand's bytes are scaled by the
+output's shard (exact on one device).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from autoshard.problem.hidden_ops import UPCAST_BYTES, hidden_seconds
+
+if TYPE_CHECKING:  # graph.py reads this module
+    from autoshard.cluster import Cluster
+    from autoshard.problem.graph import NodeInfo
+    from cost_models.memory import PrecisionPolicy
+
+__all__ = [
+    "LOWER",
+    "UPPER",
+    "autocast_dtype",
+    "autocast_scale",
+    "autocast_seconds",
+    "uses_autocast",
+    "weight_bytes",
+]
+
+LOWER = frozenset(
+    {"linear", "mm", "addmm", "matmul", "bmm", "baddbmm", "conv1d", "conv2d", "convolution",
+     "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"}
+)  # fmt: skip
+UPPER = frozenset(
+    {"layer_norm", "native_layer_norm", "group_norm", "pow", "rsqrt", "exp", "log", "softmax", "log_softmax",
+     "_softmax", "_log_softmax", "sum", "cumsum", "prod", "norm", "logsumexp", "reciprocal"}
+)  # fmt: skip
+_CASTS = frozenset({"_to_copy", "to", "type_as"})
+_FLOATS = ("float", "bfloat")
+
+
+def autocast_dtype(op: str, kind: str, dtype: str | None, inputs: Sequence[str], model_dtype: str) -> str:
+    """A node's output dtype under amp (module doc): ``dtype`` captured, ``inputs`` its float inputs' amp
+    dtypes, ``model_dtype`` the captured parameters' 16-bit dtype; "" for a node without a tensor output."""
+    if dtype is None:
+        return ""
+    if not dtype.startswith(_FLOATS):
+        return dtype
+    if kind in ("parameter", "buffer", "constant"):
+        return "float32" if dtype == model_dtype else dtype
+    if kind != "op":
+        return dtype
+    if op in LOWER:
+        return model_dtype
+    if op in UPPER:
+        return "float32"
+    if op in _CASTS:
+        return "float32" if dtype == model_dtype else dtype
+    return "float32" if "float32" in inputs else dtype
+
+
+def uses_autocast(policy: PrecisionPolicy | None) -> bool:
+    """Whether ``policy`` (``CostOptions.precision``) is an autocast recipe."""
+    return policy is not None and policy.autocast is not None
+
+
+def weight_bytes(itemsize: int, policy: PrecisionPolicy | None) -> int:
+    """Weight bytes per parameter element: the precision policy's (amp: fp32 and the bf16 copy autocast keeps
+    for backward), else the parameter's own ``itemsize``."""
+    return itemsize if policy is None else policy.recipe().weights
+
+
+def _amp_bytes(meta: object, amp: str) -> float:
+    nbytes = float(getattr(meta, "nbytes", 0))
+    size = getattr(meta, "itemsize", 0)
+    return nbytes * (4 if amp == "float32" else 2) / size if size and amp.startswith(_FLOATS) else nbytes
+
+
+def autocast_scale(info: NodeInfo, policy: PrecisionPolicy | None) -> float:
+    """Factor on the bytes of an op's output under ``policy`` (1 without autocast): fp32 activations kept
+    for backward take twice their captured 16-bit bytes."""
+    out = info.outputs[0] if info.outputs else None
+    if not uses_autocast(policy) or out is None or info.kind != "op" or not out.nbytes:
+        return 1.0
+    return _amp_bytes(out, info.autocast_dtype) / out.nbytes
+
+
+def autocast_seconds(
+    info: NodeInfo, inputs: tuple[NodeInfo, ...], moved: float, local: float, cluster: Cluster, training: bool
+) -> tuple[float, float]:
+    """(forward, backward) seconds amp adds to ``info``'s captured price (negative where a cast no longer
+    runs); ``moved``: the bytes it reads and writes, ``local``: its output's bytes, both on this device."""
+    out = info.outputs[0] if info.outputs else None
+    if out is None or info.kind != "op" or not out.nbytes:
+        return 0.0, 0.0
+    backward = training and info.requires_grad
+    metas = [
+        src.outputs[w] if w < len(src.outputs) else None
+        for src, w in zip(inputs, info.input_outputs, strict=True)
+    ]
+    if info.op in _CASTS:
+        source = inputs[0].autocast_dtype if inputs else ""
+        if source == info.autocast_dtype:  # the cast runs nothing under amp
+            f, b = hidden_seconds(info, inputs, moved, local, cluster, training)
+            return -f, -b
+        return 0.0, 0.0
+    shard = local / out.nbytes  # this device's share of the output (and, approximately, of each operand)
+    if info.op in LOWER:  # autocast's casts of fp32 activations, one per use
+        fwd = bwd = 0.0
+        for src, meta in zip(inputs, metas, strict=True):
+            if meta is None or src.kind != "op" or src.autocast_dtype != "float32":
+                continue
+            elements = math.prod(meta.shape) * shard
+            fwd += cluster.compute_time(0.0, elements * 6, info.autocast_dtype)
+            if backward and src.requires_grad:
+                bwd += cluster.compute_time(0.0, elements * UPCAST_BYTES, "float32")
+        return fwd, bwd
+    if info.is_view:
+        return 0.0, 0.0
+    captured = sum(float(m.nbytes) for m in metas if m is not None) + out.nbytes
+    amp = sum(_amp_bytes(m, s.autocast_dtype) for s, m in zip(inputs, metas, strict=True) if m is not None)
+    ratio = (amp + _amp_bytes(out, info.autocast_dtype)) / captured
+    if ratio == 1.0:
+        return 0.0, 0.0
+    delta = cluster.compute_time(0.0, moved * ratio, "float32") - cluster.compute_time(0.0, moved, "float32")
+    grads = sum(1 for s in inputs if s.requires_grad) if info.op in ("mul", "div") else 1
+    return delta, delta * max(1, grads) if backward else 0.0

@@ -1,0 +1,117 @@
+"""Start a script on N local ranks through torch's own launcher, and end a failed job in one line.
+
+``torchrun`` ends every job whose worker exits non-zero by raising ``ChildFailedError`` out of its entry point
+(``torch.distributed.launcher.api.launch_agent``; ``@record`` only copies the worker's error file into the
+failure table it prints), so a Python traceback and that table follow even a worker's own one-line exit 2,
+and torchrun exits 1.  No worker can change that: the launcher has to.  :func:`run_local` runs the launch
+``torchrun --standalone --nproc_per_node N`` runs (torch's argument parser, rendezvous and elastic agent) and
+turns a failure into one line and an exit code:
+
+- a worker that ended through :func:`fail` wrote its message to torch's per-worker error file
+  (``TORCHELASTIC_ERROR_FILE``) and exited 2: the first such message, exit 2;
+- any other failure: ``rank R (pid P) exited with code C`` (the rank's own output is above it), and that code
+  (128 + the signal for a rank killed by one); the launcher interrupted (Ctrl-C, SIGTERM): one line, 128 + the
+  signal.
+
+Under plain ``torchrun`` (several nodes), :func:`fail` prints its line on rank 0 and torchrun's failure table
+shows it as the root cause, below torch's own traceback.
+
+Example (``examples/train.py run``)::
+
+    if "LOCAL_RANK" not in os.environ:          # the launcher: check the input once, then start the ranks
+        check(args)                             # -> fail("...") before any worker starts
+        sys.exit(run_local(4, [__file__, *sys.argv[1:]]))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
+
+__all__ = ["LAUNCHED", "fail", "run_local"]
+
+ONE_LINE = "autoshard_one_line"
+"""Marks an error record written by :func:`fail`: its message is the whole story, no traceback behind it."""
+
+LAUNCHED = "AUTOSHARD_LOCAL_JOB"
+"""Set in the workers :func:`run_local` starts: the launcher prints a failed worker's line, the worker does not."""
+
+
+def fail(message: str) -> NoReturn:
+    """End this process with exit code 2 after reporting ``message`` (one line) once for the whole job.
+
+    The message goes to torch's error file for this worker when a torch launcher set one, so the launcher can
+    name the cause.  It is printed on stderr here only when no :func:`run_local` launcher will print it, and
+    then by rank 0 alone (every rank usually meets the same bad input)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    if path:  # the record torch's @record writes, our line in place of its traceback
+        info = {"py_callstack": message, "timestamp": str(int(time.time())), ONE_LINE: True}
+        with open(path, "w") as file:
+            json.dump({"message": {"message": message, "extraInfo": info}}, file)
+    if LAUNCHED not in os.environ and os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def run_local(nproc: int, argv: Sequence[str]) -> int:
+    """Run ``python argv...`` on ``nproc`` local ranks as ``torchrun --standalone`` would; the exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args
+    from torch.distributed.run import run as torchrun
+
+    # "--": the script's own options are never read as torchrun's (argparse would take --nproc for a prefix)
+    args = parse_args(["--standalone", f"--nproc_per_node={nproc}", "--", *argv])
+    os.environ[LAUNCHED] = "1"  # inherited by the workers
+    try:
+        with _agent_quiet():
+            torchrun(args)
+    except ChildFailedError as e:
+        said = [f for f in e.failures.values() if f.exitcode == 2 and _one_line(f.error_file_data)]
+        if said:  # a rank ended through fail(); its peers may have been stopped by torch first
+            first = min(said, key=lambda f: f.timestamp)
+            print(_one_line(first.error_file_data), file=sys.stderr, flush=True)
+            return 2
+        rank, failure = e.get_first_failure()
+        message: Any = failure.message
+        code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+        text = message.get("message", "") if isinstance(message, dict) else ""  # torch's @record format
+        cause = f": {text}" if text else " (its output is above)"
+        print(f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}{cause}", file=sys.stderr)
+        return code
+    except SignalException as e:  # Ctrl-C or a kill: the agent has stopped the ranks
+        print(f"interrupted ({e.sigval.name}): the ranks were stopped", file=sys.stderr)
+        return 128 + int(e.sigval)
+    finally:
+        os.environ.pop(LAUNCHED, None)
+    return 0
+
+
+def _one_line(error_file_data: dict[str, Any]) -> str:
+    """The line :func:`fail` recorded in a worker's error file ("" for any other record)."""
+    message = error_file_data.get("message")
+    if isinstance(message, dict) and message.get("extraInfo", {}).get(ONE_LINE):
+        return str(message.get("message", ""))
+    return ""
+
+
+@contextlib.contextmanager
+def _agent_quiet() -> Iterator[None]:
+    """Hide the elastic agent's own log lines (ranks it stops, the failure it saw): the caller reports the failure
+    in one line.  torch sets each of its loggers' level itself, so each is raised, and restored after."""
+    agent = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
+    loggers = [logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict) if n.startswith(agent)]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
