@@ -111,6 +111,7 @@ def verify(
     captured = captured or capture(
         model, args, kwargs, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes)
     )
+    _refuse_unreproduced(captured, plan, name or type(model).__name__)
     reference, ref_grads, out_grads = _reference(model, args, kwargs, seed)
     values = graph_inputs(captured, model, args, kwargs)
     user = tuple(
@@ -123,6 +124,21 @@ def verify(
     ran = [r[:3] for r in results]  # outputs, gradients, collectives
     report = report_of(name or type(model).__name__, model, plan, (reference, ref_grads), ran, start, floor)
     return dataclasses.replace(report, allow_replicated=allow_replicated, ring_hops=ring)
+
+
+def _refuse_unreproduced(captured: Captured, plan: Plan, name: str) -> None:
+    """A random op the plan splits, other than dropout, cannot draw the single-device values: say so, not a
+    MISMATCH (:func:`~autoshard.runtime.rng.unreproduced`)."""
+    from autoshard.codegen.assign import assign_strategies
+    from autoshard.runtime.rng import unreproduced
+
+    odd = unreproduced(captured.graph_module.graph, assign_strategies(captured, plan))
+    if odd:
+        raise AutoshardError(
+            f"verify cannot compare {name}'s training step exactly: {', '.join(odd)} draws random numbers and the "
+            "plan splits it, so each rank draws its own piece (only dropout and attention dropout draw the "
+            "single-device values); verify in eval mode (model.eval()) or with that randomness off"
+        )
 
 
 def _least_precise(captured: Captured) -> torch.dtype | None:
