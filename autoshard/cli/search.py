@@ -266,7 +266,9 @@ def _plan_auto(
         **options,
     )
     tried = [
-        with_parts(Phase(f"mesh {'x'.join(map(str, c.mesh_shape))}", c.seconds), c.timings, False)
+        Phase(f"mesh {'x'.join(map(str, c.mesh_shape))}", c.seconds, (("bounded, pruned", c.seconds),))
+        if c.pruned and not c.timings  # bounded before it was planned (autoshard.meshbound)
+        else with_parts(Phase(f"mesh {'x'.join(map(str, c.mesh_shape))}", c.seconds), c.timings, False)
         for c in found.candidates
     ]
     return (

@@ -4,7 +4,9 @@ Input: a model with real weights (or a zoo name / ``path/to/file.py:function`` s
 inputs, a plan (or a cluster to plan on; default the ``cpu`` profile with a one-axis mesh over ``nproc``).
 Output: a :class:`VerifyReport` -- the largest difference of every output and every parameter gradient
 against the single-device model, whether every rank issued the same collectives in the same order, and
-whether the emitted collectives are the plan's (per kind, forward and backward).  ``report.ok`` says whether
+whether the emitted collectives are the plan's (per kind, forward and backward).  Context parallelism's K/V
+hops are counted per rank and step against ``Plan.ring_transfers`` (:mod:`autoshard.runtime.ring_check`): a
+difference raises :class:`~autoshard.errors.VerifyError`.  ``report.ok`` says whether
 all of it holds; ``str(report)`` prints the worst differences.
 
 How: inputs are drawn at random (floats normal; integer ids below the smallest embedding table, else kept),
@@ -47,6 +49,7 @@ from autoshard.codegen.shard import local_piece
 from autoshard.errors import AutoshardError, MeshError
 from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
+from autoshard.runtime.ring_check import check_ring_hops
 from autoshard.runtime.verdict import Difference, VerifyReport, report_of
 
 __all__ = ["Difference", "VerifyReport", "cluster_for", "main", "run_verify", "verify"]
@@ -108,6 +111,7 @@ def verify(
     captured = captured or capture(
         model, args, kwargs, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes)
     )
+    _refuse_unreproduced(captured, plan, name or type(model).__name__)
     reference, ref_grads, out_grads = _reference(model, args, kwargs, seed)
     values = graph_inputs(captured, model, args, kwargs)
     user = tuple(
@@ -115,11 +119,26 @@ def verify(
     )
     job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads, fault, rng_seed=seed + 2)
     results = launch(_rank_work, plan.num_devices, job, timeout=timeout)
+    ring = check_ring_hops(plan, [r[3] for r in results])  # the K/V hops each rank sent, or VerifyError
     floor = _least_precise(captured)
-    report = report_of(
-        name or type(model).__name__, model, plan, (reference, ref_grads), results, start, floor
-    )
-    return dataclasses.replace(report, allow_replicated=allow_replicated)
+    ran = [r[:3] for r in results]  # outputs, gradients, collectives
+    report = report_of(name or type(model).__name__, model, plan, (reference, ref_grads), ran, start, floor)
+    return dataclasses.replace(report, allow_replicated=allow_replicated, ring_hops=ring)
+
+
+def _refuse_unreproduced(captured: Captured, plan: Plan, name: str) -> None:
+    """A random op the plan splits, other than dropout, cannot draw the single-device values: say so, not a
+    MISMATCH (:func:`~autoshard.runtime.rng.unreproduced`)."""
+    from autoshard.codegen.assign import assign_strategies
+    from autoshard.runtime.rng import unreproduced
+
+    odd = unreproduced(captured.graph_module.graph, assign_strategies(captured, plan))
+    if odd:
+        raise AutoshardError(
+            f"verify cannot compare {name}'s training step exactly: {', '.join(odd)} draws random numbers and the "
+            "plan splits it, so each rank draws its own piece (only dropout and attention dropout draw the "
+            "single-device values); verify in eval mode (model.eval()) or with that randomness off"
+        )
 
 
 def _least_precise(captured: Captured) -> torch.dtype | None:
@@ -178,7 +197,7 @@ def _break(kind: str) -> None:
     collectives._RUNNERS[kind] = lambda x, step, comm: (x.clone(), x.numel() * x.element_size())  # type: ignore[index]
 
 
-def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
+def _rank_work(job: _Job) -> tuple[Any, Any, list[Any], list[Any]]:
     if job.fault is not None:
         _break(job.fault)
     module = parallelize(
@@ -205,12 +224,12 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
     ]
     if pairs:
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-    log = list(info.comm.log or [])
+    log, hops = list(info.comm.log or []), list(info.comm.hops or [])
     gathered = gather_outputs(module, tuple(o.detach() for o in outs))
     grads = full_grads(module)
     if coord != (0,) * len(coord):
-        return None, None, log
-    return list(gathered), grads, log
+        return None, None, log, hops
+    return list(gathered), grads, log, hops
 
 
 # -- the CLI ------------------------------------------------------------------------------------------------------

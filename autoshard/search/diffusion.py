@@ -4,7 +4,9 @@ Input: a :class:`~autoshard.search.problem.SearchProblem` with a memory budget `
 with its memory terms), a multiplier ``lam >= 0`` and a plan known to fit, of cost ``U``.
 Output: a :class:`Fixed` record — the problem with every strategy and strategy pair that no fitting plan
 cheaper than ``U`` can use forbidden, and the bound that proved it — which the full solver then solves
-exactly (it is small: the 405B-shaped LLaMA's stage problem keeps 1 in 5 strategies and 1 in 80 pairs).
+exactly (it is small: the 405B-shaped LLaMA's stage problem keeps 1 in 5 strategies and 1 in 80 pairs):
+enumerated, eliminated over (memory, cost) Pareto sets, or, past those tables' caps, by CP-SAT with one
+worker and a deterministic work limit (:func:`exact_below`'s ``work``).
 
 Why.  The dual bound ``g(lam) = min_x [cost(x) + lam * mem(x)] - lam * L`` can sit below the optimum (the
 plans' memory moves in steps of gigabytes: a duality gap).  Fixing strategies by their min-marginals would
@@ -71,8 +73,11 @@ _ROUNDS = 3
 #: Plans left that are enumerated outright rather than eliminated over Pareto sets.
 _ENUMERATE = 20_000
 
-#: Strategies left above which the Pareto elimination is not tried: it gives up at its table caps after
-#: seconds (the 405B stage under full recomputation: 1,612 left at a 0.94 % gap; solved at 469 at 0.09 %).
+#: Strategies left above which neither the Pareto elimination nor CP-SAT is tried: the elimination gives up
+#: at its table caps after seconds (the 405B stage under full recomputation: 1,612 left at a 0.94 % gap;
+#: solved at 469 at 0.09 %); CP-SAT's model takes seconds to build and solve there (the same stage at its
+#: whole gap: 1,209-1,717 strategies on each of 13 peak thresholds, 1-3 s CPU each, 28 s in all, where the
+#: selective stage's one residual of 818 strategies took 0.65 s).
 _MAX_STRATEGIES = 1_000
 
 
@@ -180,13 +185,15 @@ def fix_by_diffusion(problem: SearchProblem, lam: float, upper: float) -> Fixed:
 
 def exact_below(
     problem: SearchProblem, lam: float, upper: float, log: list[str], rep: Reparametrised | None = None,
-    lift: float = 0.0,
+    lift: float = 0.0, work: float = 0.0, hint: Sequence[int] | None = None,
 ) -> tuple[tuple[int, ...] | None, bool]:  # fmt: skip
     """The cheapest plan of ``problem`` (a budget, no peak terms) that fits and costs less than ``upper``,
     and whether that is proven: ``(None, True)`` when none does.  Rounds of fixing and reduction (each
     reduction folds what fixing freed and makes the pairs the next diffusion fixes by), then enumeration
     or elimination over (memory, cost) Pareto sets.  ``rep``/``lift``: a reparametrisation made already
-    (of a relaxation of ``problem``, lifted as :func:`fix` says)."""
+    (of a relaxation of ``problem``, lifted as :func:`fix` says).  ``work > 0``: what is left too wide for
+    the Pareto elimination goes to CP-SAT, one worker, at most ``work`` of its deterministic time units
+    (:func:`_by_cpsat`), warm-started from ``hint`` (a plan of ``problem``) where fixing kept it."""
     stages: list[Reduction] = []
     current, offset = problem, 0.0
     for _ in range(_ROUNDS):
@@ -213,14 +220,61 @@ def exact_below(
             choice: tuple[int, ...] = brute_force(current, max_assignments=_ENUMERATE).choice
         except InfeasibleError:
             return None, True
-    elif sum(current.sizes) > _MAX_STRATEGIES:
-        log.append(f"reparametrised fixing: {sum(current.sizes)} strategies left, too many to eliminate")
-        return None, False
     else:
-        found, proven = pareto_below(current, upper=upper - offset, lam=lam)
+        left = sum(current.sizes)
+        found, proven = (
+            pareto_below(current, upper=upper - offset, lam=lam) if left <= _MAX_STRATEGIES else (None, False)
+        )
+        if found is None and not proven and work > 0.0 and left <= _MAX_STRATEGIES:
+            start: list[int | None] | None = None
+            if hint is not None:
+                start = list(hint)
+                for red in stages:
+                    start = red.restrict(start)
+            found, proven = _by_cpsat(current, upper - offset, work, log, start)
+        elif found is None and not proven:
+            log.append(f"reparametrised fixing: {left} strategies left, too many to eliminate")
         if found is None:  # nothing at most ``upper`` fits (proven), or too large (not)
             return None, proven
         choice = found
     for red in reversed(stages):
         choice = red.expand(choice)
     return choice, True
+
+
+def _by_cpsat(
+    problem: SearchProblem, upper: float, work: float, log: list[str], hint: Sequence[int | None] | None
+) -> tuple[tuple[int, ...] | None, bool]:
+    """What fixing left, too wide for the Pareto elimination, by CP-SAT (search/ilp.py): one worker, no clock,
+    at most ``work`` deterministic time units, so the answer does not depend on the machine's load.  Its
+    optimum is proven to its integer resolution (ilp.py (f)): the bound it reports is the integer bound less
+    the worst rounding of every term, which the log gives; a plan is returned as optimal only when it costs
+    at most ``upper``, "nothing below" only when that bound is above ``upper``, else nothing is claimed."""
+    from autoshard.search.ilp import solve_ilp  # lazy: ortools' import costs ~0.3 s
+
+    if not problem.sizes:  # reductions folded every node: the empty plan (as pareto_below)
+        return (), True
+    try:
+        res = solve_ilp(
+            problem, time_limit=math.inf, num_workers=1, hint=hint, work_limit=work, residual=True
+        )
+    except InfeasibleError:
+        log.append(
+            f"reparametrised fixing: cp-sat proved that nothing left fits ({sum(problem.sizes)} strategies)"
+        )
+        return None, True
+    log.extend(res.log)
+    allowance = _SLACK * abs(upper)
+    if not res.optimal:
+        log.append(f"reparametrised fixing: cp-sat stopped at {work:g} work units ({res.status}), not proven")
+        return None, False
+    assert res.choice is not None
+    log.append(
+        f"reparametrised fixing: cp-sat optimum of the {sum(problem.sizes)} strategies left "
+        f"{res.objective:.9g} s (proven to {res.objective - res.lower_bound:.2g} s, its integer rounding)"
+    )
+    if res.lower_bound > upper + allowance:
+        return None, True  # nothing left costs at most ``upper``
+    if res.objective <= upper + allowance:
+        return res.choice, True
+    return None, False  # the optimum lies within the rounding of ``upper``: nothing claimed

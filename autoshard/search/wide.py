@@ -22,13 +22,17 @@ and is eliminated in about a second, so each multiplier ``lambda`` costs one red
 4. the duality gap closed exactly where it can be (:mod:`~autoshard.search.diffusion`): ``cost + lambda *
    memory`` reparametrised by min-sum diffusion, every strategy and pair that no fitting plan cheaper than
    the best can use forbidden, what is left reduced and eliminated over (memory, cost) Pareto sets, per
-   peak threshold when there are peak terms;
-5. CP-SAT only when its model is small enough to pay (:data:`CPSAT_MAX_PAIRS`).
+   peak threshold when there are peak terms; below a tenth of the gap first (cheap), then the whole gap,
+   where a residual too wide for the Pareto tables goes to CP-SAT (one worker, warm-started, a
+   deterministic work limit: :data:`RESIDUAL_WORK`), then the ladder's other rungs for their bounds;
+5. CP-SAT on the whole problem only when its model is small enough to pay (:data:`CPSAT_MAX_PAIRS`).
 
 Measured on the 405B stage (PP 16 pinned, 16 microbatches): selective recomputation 11.6 % -> 0.22 % proven
 gap, full 1.24 % -> 0.80 %; the plan the dual brackets first (greedy repair) was the weak side, not the bound.
 Then the duality gap itself (0.088 %: no plan between the two minimisers that bracket the budget) closed by
 step 4: proven optimal, 321.0233 s against the 321.0243 s plan the neighbourhoods found, in ~1 s CPU.
+Under the causal pricing (selective): the ladder proves 237.188 s; the whole gap leaves 818 strategies on
+one peak threshold, whose optimum CP-SAT proves in 0.65 s CPU: 237.58197 s optimal (was a 0.166 % gap).
 """
 
 from __future__ import annotations
@@ -60,7 +64,13 @@ from autoshard.search.reduce import reduce_problem
 from autoshard.search.repair import repair
 from autoshard.search.run import Run, run_ilp
 
-__all__ = ["CPSAT_MAX_PAIRS", "least_memory", "trivial_lower_bound", "with_budget_by_reduction"]
+__all__ = [
+    "CPSAT_MAX_PAIRS",
+    "RESIDUAL_WORK",
+    "least_memory",
+    "trivial_lower_bound",
+    "with_budget_by_reduction",
+]
 
 #: Edge-pair variables above which CP-SAT is not tried after the Lagrangian path: its model alone (one
 #: boolean per pair) takes tens of seconds to build there and it did not improve the bound of the
@@ -76,6 +86,13 @@ CPSAT_MAX_PAIRS = 200_000
 #: 0.31 s (bound 236.51 -> 237.19 s, gap 0.45 -> 0.17 %); 0.6 as well but in 0.93 s (gap 0.14 %); 1.0 not
 #: (666 strategies left, over the Pareto elimination's caps).
 _EARLY_ROOMS = (0.1, 0.3, 0.45)
+
+#: CP-SAT's deterministic time units (search/ilp.py, one worker) at most per peak threshold for what fixing
+#: at the whole gap leaves too wide for the Pareto elimination (at most diffusion._MAX_STRATEGIES
+#: strategies).  A work count, not the clock: the same problem gives the same answer under any load.  The
+#: 405B stage (PP 16, selective, causal pricing): one threshold left, 818 strategies, proven in 0.54 units
+#: (0.65 s CPU, warm-started from the incumbent), about a tenth of this.
+RESIDUAL_WORK = 5.0
 
 
 def trivial_lower_bound(problem: SearchProblem) -> float:
@@ -165,7 +182,9 @@ def with_budget_by_reduction(
     best = run.expand(lag.plan)
     early: tuple[tuple[int, ...] | None, bool] | None = None
     below = -math.inf  # fixing proved that no plan fitting with its peak costs less (reduced space)
-    refined = tried = False  # the dual refined, fixing tried (once each: a second go costs, rarely proves)
+    refined = False  # the dual refined (once: a second go costs, rarely proves)
+    rep: Reparametrised | None = None
+    rungs: list[float] = []  # the early fixing's thresholds (:data:`_EARLY_ROOMS`)
     if peak is not None and lag.over and not lag.closed():
         refined = True
         # the dual refined on the plan without its peak, then fixing just above that plan's cost: where a
@@ -178,13 +197,8 @@ def with_budget_by_reduction(
         best = run.expand(lag.plan)
         gap = lag.cost - lag.bound
         rep = reparametrise(run.problem, lag.lam) if lag.lam > 0.0 and gap > 0.0 else None
-        for share in _EARLY_ROOMS if rep is not None else ():  # one diffusion serves every share
-            tried = True
-            upper = lag.cost + share * gap
-            early = _close_by_fixing(run, lag.lam, best, peak, upper=upper + run.offset(), rep=rep)
-            if early is None or early[0] is not None:
-                break  # not proven, or the cheapest fitting plan found and proven
-            below = upper  # proven: nothing that fits with its peak costs less than ``upper``
+        rungs = [lag.cost + share * gap for share in _EARLY_ROOMS] if rep is not None else []
+        early, below = _ladder(run, lag.lam, best, peak, rep, rungs[:1], below, RESIDUAL_WORK)
     if early is not None and early[1] and early[0] is not None:
         best = early[0]
         lag.cost = evaluate(run.problem, best) - run.offset()
@@ -203,13 +217,20 @@ def with_budget_by_reduction(
     proven = early is not None and early[1] and early[0] is not None
     if proven:
         lag.bound = lag.cost  # fixing proved it: no plan that fits with its peak is cheaper
-    elif not tried and not lag.closed() and lag.lam > 0.0:
-        found = _close_by_fixing(run, lag.lam, best, peak)
+    elif not lag.closed() and lag.lam > 0.0 and not (rungs and early is None and rungs[0] >= lag.cost):
+        # (skipped when the first rung, above this plan, was left too wide for CP-SAT: this keeps as much)
+        # at the whole gap; what fixing leaves too wide for the Pareto elimination goes to CP-SAT
+        found = _close_by_fixing(run, lag.lam, best, peak, rep=rep, work=RESIDUAL_WORK)
         if found is not None and found[0] is not None:
             best, proven = found[0], found[1]
             lag.cost = evaluate(run.problem, best) - run.offset()
             if proven:  # no fitting plan is cheaper (with peak terms: fitting with its own peak)
                 lag.bound = lag.cost
+    if not proven and early is not None and len(rungs) > 1:  # the rest of the ladder, for its bounds
+        early, below = _ladder(run, lag.lam, best, peak, rep, rungs[1:], below)
+        if early is not None and early[1] and early[0] is not None:
+            best, proven = early[0], True
+            lag.cost = lag.bound = evaluate(run.problem, best) - run.offset()
     if lag.bound < below <= lag.cost:  # (a plan below it does not fit with its peak: the bound says nothing)
         lag.bound = below
     bound = lag.bound + run.offset()
@@ -258,6 +279,29 @@ def _fit_peak(
     return found if found is not None else best
 
 
+def _ladder(
+    run: Run,
+    lam: float,
+    best: tuple[int, ...],
+    peak: tuple[np.ndarray, ...] | None,
+    rep: Reparametrised | None,
+    rungs: Sequence[float],
+    below: float,
+    work: float = 0.0,
+) -> tuple[tuple[tuple[int, ...] | None, bool] | None, float]:
+    """Fixing below each of ``rungs`` (reduced-space costs, rising) in turn, on one diffusion ``rep``:
+    ``(the last rung's answer, the highest rung proven empty)`` (``below`` when none is); it stops at a
+    rung not proven (answer None) or one that finds and proves the cheapest fitting plan.  ``work``: as
+    :func:`_close_by_fixing`'s."""
+    early: tuple[tuple[int, ...] | None, bool] | None = None
+    for upper in rungs:
+        early = _close_by_fixing(run, lam, best, peak, upper=upper + run.offset(), rep=rep, work=work)
+        if early is None or early[0] is not None:
+            break  # not proven, or the cheapest fitting plan found and proven
+        below = upper  # proven: nothing that fits with its peak costs less than ``upper``
+    return early, below
+
+
 def _close_by_fixing(
     run: Run,
     lam: float,
@@ -265,6 +309,7 @@ def _close_by_fixing(
     peak: tuple[np.ndarray, ...] | None,
     upper: float | None = None,
     rep: Reparametrised | None = None,
+    work: float = 0.0,
 ) -> tuple[tuple[int, ...] | None, bool] | None:
     """The duality gap closed where it can be (:mod:`~autoshard.search.diffusion`): the cheapest plan on
     the original nodes that fits (with its own peak, when there are peak terms) and whether that is proven;
@@ -302,7 +347,7 @@ def _close_by_fixing(
     for sub, lift in subs:
         if sub is None:
             continue  # a node has no strategy under this threshold
-        found, done = exact_below(sub, lam, upper, run.log, rep, lift)
+        found, done = exact_below(sub, lam, upper, run.log, rep, lift, work, best)
         if found is not None and evaluate(plain, found) < upper:
             best, upper, known = found, evaluate(plain, found), True
         if not done:  # one threshold left open leaves the whole open: the rest would cost without proving
