@@ -173,9 +173,8 @@ def plan(
         recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds, cp_layout=cp_layout,
         ceiling=float("inf") if fuses else ceiling, precision=recipe(precision),
     )  # fmt: skip
-    fused: Plan | AutoshardError
     try:
-        fused = solve_one(captured, timings)
+        fused: Plan | AutoshardError = solve_one(captured, timings)
     except (InfeasibleError, AnnotationError) as e:
         fused = e
     result: Plan | AutoshardError = fused
