@@ -130,7 +130,8 @@ def hand_offs(schedule: Schedule, chunks: int, degree: int) -> tuple[bool, ...]:
     False where both chunks run on one device (ZB-V's turn at the last device), which torch hands over
     in memory (``set_local_fwd_input``), no send.  The one rule pricing and ``verify`` both count by."""
     return tuple(
-        device_of_chunk(schedule, c, degree) != device_of_chunk(schedule, c + 1, degree) for c in range(chunks - 1)
+        device_of_chunk(schedule, c, degree) != device_of_chunk(schedule, c + 1, degree)
+        for c in range(chunks - 1)
     )
 
 
