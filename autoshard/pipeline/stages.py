@@ -13,11 +13,11 @@ per-microbatch time is its parts' forward + backward plus one p2p send per neigh
 (activations to the next chunk, gradients to the previous; ZB-V's two chunks on the last device hand over in
 memory, :func:`~autoshard.pipeline.schedules.hand_offs`) plus, when it holds a layer, the first FSDP gather no
 compute hides; its once-per-step time is its parts' optimizer and exposed gradient synchronisation (the
-layers' share from :attr:`StageCosts.sync_exposed` by the layers its device holds, as :mod:`cost_models.overlap` hides it; the
-first and last chunk also the all-reduce of a weight tied between them, :attr:`StageCosts.tied_sync`), and
-its static memory its parts' sums (plus the runtime reserve once per device); its activation memory is its
-parts' per-microbatch activations times the microbatches its device holds in flight
-(:func:`~autoshard.pipeline.schedules.in_flight`).
+layers' share from :attr:`StageCosts.sync_exposed` by the layers its device holds, as
+:mod:`cost_models.overlap` hides it; the first and last chunk also the all-reduce of a weight tied between them,
+:attr:`StageCosts.tied_sync`), and its static memory its parts' sums (plus the runtime reserve once per
+device); its activation memory is its parts' per-microbatch activations times the microbatches its device
+holds in flight (:func:`~autoshard.pipeline.schedules.in_flight`).
 
 For ``v = 1`` the step time is ``Σ_d t_d + (m − 1) max_d t_d + max_d o_d`` (``t``: per microbatch, ``o``:
 once per step).  ``Σ_d t_d`` is the same for every cut (all layers and ``C − 1`` boundaries are paid once),
