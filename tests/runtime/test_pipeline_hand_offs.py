@@ -8,7 +8,8 @@ map is torch's own.
 2. The pricing charges the turn no p2p time (ZB-V), and every cut of a looped schedule.
 3. On 2 gloo ranks, LLaMA with 4 one-layer chunks: ZB-V runs 2 sends per microbatch and cut that crosses
    ranks (8), interleaved 1F1B (stage ``i`` and ``i + 1`` always on different ranks) 12, each as verify
-   expects; a verify expecting a send at the turn (the old rule) reports the mismatch in one line.
+   expects; a verify expecting a send at the turn (the old rule) reports the mismatch in one line; and the
+   case found, 2 stages x CP 2 on 4 ranks under ZB-V, verifies its 16 sends.
 """
 
 from __future__ import annotations
@@ -89,3 +90,29 @@ def test_a_schedule_that_ran_another_stage_map_is_refused_in_one_line() -> None:
     ):
         verify_pipeline._cuts("zb_v", 4, 2, [{"ranks": loop}, {"ranks": None}])
     assert verify_pipeline._cuts("zb_v", 4, 2, [{"ranks": {0: 0, 1: 1, 2: 1, 3: 0}}]) == (True, False, True)
+
+
+@pytest.mark.slow
+def test_zb_v_with_a_ring_verifies_its_16_sends() -> None:
+    """The case found: 2 stages x CP 2 on 4 ranks under ZB-V (a grouped-query LLaMA whose attention is pinned
+    to the ring).  Verify expected 2 microbatches x 2 directions x 3 cuts x 2 ranks = 24 sends; 16 ran (the
+    turn is local), and 16 are now expected; the ring's own hops are still checked apart."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+        vocab_size=128, max_position_embeddings=64, use_cache=False, attn_implementation="sdpa", bos_token_id=0,
+        eos_token_id=127,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).double().eval()
+    ids = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(1))
+    pins = {"model.layers.*.self_attn": "ring"}
+    plan = autoshard.plan(
+        model, cluster_for("cpu", 4), (ids,), annotations=pins, pipeline=2, microbatches=2, schedule="zb_v"
+    )
+    assert plan.degrees == {"pp": 2, "cp": 2} and plan.pipeline is not None and len(plan.pipeline.stages) == 4
+    report = verify_pipeline.verify_pipelined(plan, model, ids)
+    assert report.ok, str(report)
+    assert report.emitted["p2p send"] == report.planned["p2p send"] == 2 * 2 * 2 * 2
+    assert sum(report.ring_hops.values()) > 0
