@@ -14,6 +14,9 @@ map is torch's own.
 
 from __future__ import annotations
 
+import functools
+import re
+
 import pytest
 import torch
 from torch.distributed.pipelining.schedules import generate_stage_to_rank_mapping
@@ -23,6 +26,7 @@ from autoshard import zoo
 from autoshard.errors import VerifyError
 from autoshard.pipeline.schedules import Schedule, chunk_sends, device_of_chunk, hand_offs
 from autoshard.pipeline.stages import Part, StageCosts, price_split
+from autoshard.plans import Plan
 from autoshard.runtime import verify_pipeline
 from autoshard.runtime.verdict import VerifyReport
 from autoshard.runtime.verify import cluster_for
@@ -53,15 +57,30 @@ def test_the_turn_of_the_v_is_not_priced_as_a_send() -> None:
     assert looped.forward == (2.0 + 2 * 0.5, 2.0 + 0.5) and looped.backward == (4.0 + 0.5, 4.0 + 2 * 0.5)
 
 
-def _verify(schedule: str, tamper: pytest.MonkeyPatch | None = None) -> VerifyReport:
+@functools.cache
+def _planned(schedule: str) -> tuple[torch.nn.Module, torch.Tensor, Plan]:
     torch.manual_seed(0)
     case = zoo.build("llama-tiny", batch=4, seq=8, layers=4)
     model, ids = case.model.to(torch.float64), case.args[0]
     plan = autoshard.plan(model, cluster_for("cpu", 2), (ids,), pipeline=2, microbatches=2, schedule=schedule)
     assert plan.pipeline is not None and len(plan.pipeline.stages) == 4  # one layer a chunk, 2 a rank
+    return model, ids, plan
+
+
+def _verify(schedule: str, tamper: pytest.MonkeyPatch | None = None) -> VerifyReport:
+    model, ids, plan = _planned(schedule)
     if tamper is not None:  # the old rule: every cut a send
         tamper.setattr(verify_pipeline, "hand_offs", lambda s, chunks, degree: (True,) * (chunks - 1))
     return verify_pipeline.verify_pipelined(plan, model, ids)
+
+
+def test_the_drawing_shows_the_turn_as_local() -> None:
+    from autoshard.report.dot import to_dot
+
+    text = to_dot(_planned("zb_v")[2])
+    edges = [line for line in text.splitlines() if re.search(r"stage\d -> stage\d", line)]
+    assert len(edges) == 3 and sum("local" in e for e in edges) == 1 and "stage1 -> stage2" in edges[1]
+    assert "local" in edges[1] and "p2p" in edges[0] and "p2p" in edges[2]
 
 
 @pytest.mark.slow
@@ -100,7 +119,7 @@ def test_zb_v_with_a_ring_verifies_its_16_sends() -> None:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+    config = transformers.LlamaConfig(  # type: ignore[call-arg]  # HF takes attn_implementation as **kwargs
         hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
         vocab_size=128, max_position_embeddings=64, use_cache=False, attn_implementation="sdpa", bos_token_id=0,
         eos_token_id=127,
