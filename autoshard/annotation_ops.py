@@ -56,14 +56,14 @@ def reads_transposed(op: NodeInfo, position: int, infos: Mapping[str, NodeInfo])
     return meta is not None and len(meta.shape) == 2
 
 
-def stored_transposed(weight: NodeInfo, infos: Mapping[str, NodeInfo]) -> bool:
-    """Whether an op reads ``weight`` as ``[in, out]`` (Conv1D): its layout patterns then swap dims."""
-    return any(
-        reads_transposed(op, k, infos)
+def stored_transposed(infos: Mapping[str, NodeInfo]) -> frozenset[str]:
+    """The weights (and other inputs) some op reads as ``[in, out]`` (Conv1D): layout patterns swap dims."""
+    return frozenset(
+        src
         for op in infos.values()
-        if op.kind == "op"
+        if op.kind == "op" and op.op in TRANSPOSED
         for k, src in enumerate(op.inputs)
-        if src == weight.name
+        if reads_transposed(op, k, infos)
     )
 
 

@@ -178,8 +178,8 @@ def _resolve_one(
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
             raise AnnotationError(_no_match(ann, infos, "module with parameters"))
-        flip = {i.name: aops.stored_transposed(i, infos) for i in by_module}  # Conv1D: [in, out]
-        pinned = {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape, i.name in stored, flip[i.name])
+        flip = aops.stored_transposed(infos)  # Conv1D's weights: [in, out]
+        pinned = {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape, i.name in stored, i.name in flip)
                   for i in by_module}  # fmt: skip
         return pinned | _computation_masks(ann, by_module, infos, strategies, template, mesh_shape)
     if not by_param:
