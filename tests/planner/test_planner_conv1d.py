@@ -96,3 +96,31 @@ def test_conv1d_megatron_matches_eager_on_two_gloo_ranks() -> None:
     assert {"forward all_reduce", "backward all_reduce"} <= set(report.emitted), report.emitted
     assert len(report.grads) == len(list(model.parameters()))
     assert max(d.max_abs for d in report.outputs) < 1e-9
+
+
+class _Mixed(torch.nn.Module):
+    """A Conv1D (``[in, out]``) feeding an nn.Linear (``[out, in]``): one pattern, each weight's own dims."""
+
+    def __init__(self) -> None:
+        from transformers.pytorch_utils import Conv1D
+
+        super().__init__()
+        self.up, self.down = Conv1D(32, 8), torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_conv1d_column_into_linear_row() -> None:
+    with torch.device("meta"):
+        model = _Mixed()
+    x = torch.zeros(4, 6, 8, device="meta")
+    plan = autoshard.plan(
+        model, cluster_for("cpu", 2, None), (x,), annotations={"up": "column", "down": "row"}
+    )
+    stored = plan.param_placements
+    assert (stored["up.weight"], stored["up.bias"]) == (("S(1)",), ("S(0)",))  # Conv1D: output features dim 1
+    assert (stored["down.weight"], stored["down.bias"]) == (("S(1)",), ("R",))  # Linear: input features dim 1
+    assert plan.collective_counts("forward") == {
+        "all_reduce": 1
+    }  # Megatron: one all-reduce, nothing gathered
