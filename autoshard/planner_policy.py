@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Mapping
 
 from autoshard.cluster import Cluster
@@ -37,6 +36,7 @@ from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.mix import mix_policies
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
+from autoshard.search.reduce import Certificates
 
 __all__ = ["cannot_win", "search_counts"]
 
@@ -65,13 +65,16 @@ def search_counts(
     method: SearchMethod,
     time_limit: float,
     multiplier: float | None = None,
+    dominated: Certificates = (),
 ) -> tuple[Solution, BuiltProblem, BuiltProblem, int] | None:
     """The per-block recomputation search (:func:`~autoshard.problem.mix.mix_policies`) over the uniform
-    policies' problems, within its own ``time_limit``; ``rebuild(cluster, options)`` builds a policy at
+    policies' problems; ``rebuild(cluster, options)`` builds a policy at
     share 0 (no block recomputed) as the planner built it.  ``multiplier``: the budget's Lagrange multiplier
     in the best uniform policy's solve, probed first in each interval's (LLaMA-3-70B on 16 x 8 x 8: one
-    probe proves both policies' intervals cannot win, where the cutting planes took five to seven)."""
-    deadline = time.perf_counter() + time_limit
+    probe proves both policies' intervals cannot win, where the cutting planes took five to seven);
+    ``dominated``: that solve's dominance removals, checked and reused by each interval's reduction.  The
+    search stops by its interval count (:data:`~autoshard.problem.mix.MAX_INTERVALS`), never by the clock;
+    ``time_limit`` reaches only CP-SAT, where an interval's exact solves leave a gap."""
 
     def zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:
         pinned = uniform[policy][1]
@@ -80,7 +83,13 @@ def search_counts(
         )
 
     def run(p: SearchProblem, method: SearchMethod = method, ceiling: float = math.inf) -> Solution:
-        left = max(1.0, min(time_limit, deadline - time.perf_counter()))
-        return solve(p, method=method, time_limit=left, ceiling=ceiling, multiplier=multiplier)
+        return solve(
+            p,
+            method=method,
+            time_limit=time_limit,
+            ceiling=ceiling,
+            multiplier=multiplier,
+            dominated=dominated,
+        )
 
-    return mix_policies(uniform, zero, run, deadline)
+    return mix_policies(uniform, zero, run)

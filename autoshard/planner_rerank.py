@@ -224,7 +224,11 @@ def rank_plan(
     candidates: list[tuple[str, Plan, tuple[int, ...] | None]] = [("solver optimum", found, solution.choice)]
     why = "the builder's edges do not match their uses" if lower is None else unsound_reason(built)
     lower = lower or built.problem
-    bound_solution = solve(lower, method=method, time_limit=time_limit) if why is None else solution
+    bound_solution = (  # the same strategies: its reduction re-checks the solve's dominance removals
+        solve(lower, method=method, time_limit=time_limit, dominated=solution.dominated)
+        if why is None
+        else solution
+    )
     bound, scope = bound_solution.lower_bound, _scope(built, bound_solution)
 
     def unproven() -> bool:  # then price more candidates (why more are useless once met: module docstring)

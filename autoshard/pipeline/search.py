@@ -45,6 +45,7 @@ import torch
 from autoshard.capture import Captured
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import InfeasibleError, PipelineError
+from autoshard.pipeline.bound import step_bound
 from autoshard.pipeline.layers import boundary_bytes, part_costs, stage_memory_problem
 from autoshard.pipeline.options import PipelineRequest, divisors
 from autoshard.pipeline.schedules import (
@@ -235,10 +236,10 @@ def search_pipeline(
             except InfeasibleError as e:
                 errors.append(f"pp {degree} x {count} microbatches ({policy.value}): {e}")
                 continue
-            except BoundExceeded as e:  # its compute alone is no faster than the best plan: not solved
+            except BoundExceeded as e:  # a lower bound on its step reaches the best plan's: not solved
                 priced.append(
-                    f"pp {degree} × {count} microbatches ({policy.value} recompute): at least {e.bound:.4g} s "
-                    "(its compute alone), not solved"
+                    f"pp {degree} × {count} microbatches ({policy.value} recompute): at least {e.bound:.5g} s "
+                    "(a proven lower bound), not solved"
                 )
                 continue
             if found is not None and (best is None or found.step_seconds < best.step_seconds * (1 - 1e-12)):
@@ -272,7 +273,8 @@ def _price(
 ) -> Candidate | None:
     """The best schedule and cut of one (degree, microbatches, recomputation) candidate, its intra-op plan
     solved once; None when no cut fits.  ``ceiling`` (the best step so far): BoundExceeded without a solve
-    when :func:`compute_floor` shows that no plan of this candidate is faster."""
+    when :func:`compute_floor`, or with stages :func:`~autoshard.pipeline.bound.step_bound` (the busiest
+    device's layers, one schedule's bubble), shows that no plan of this candidate is faster."""
     search_method = "exact" if method == "auto" else method
     degree = where.degree
     budget = limit if math.isfinite(limit) else math.inf
@@ -290,6 +292,13 @@ def _price(
     problem = stage_memory_problem(built, degree, flight)
     if math.isfinite(budget):
         problem = dataclasses.replace(problem, memory_limit=budget)
+    if math.isfinite(ceiling):
+        bound = step_bound(
+            built, problem, _shapes(request, degree, count, built.num_blocks), degree, ceiling, time_limit,
+            STAGE_MAX_FACTOR,
+        )  # fmt: skip
+        if bound * (1 - _ROUNDING) >= ceiling:
+            raise BoundExceeded(bound, ceiling)
     if hint is not None and (
         len(hint) != problem.num_nodes or any(s >= n for s, n in zip(hint, problem.sizes, strict=True))
     ):
@@ -330,6 +339,17 @@ def _price(
             )
         return None
     return Candidate(best.step_seconds, where, count, built, solution, captured, best, opts.recompute)
+
+
+def _shapes(request: PipelineRequest, degree: int, count: int, layers: int) -> list[tuple[Schedule, int]]:
+    """The (schedule, chunks per device) pairs the stage DP below may price for this candidate."""
+    return [
+        (schedule, v)
+        for schedule in request.schedules
+        for v in virtual_stage_options(schedule, degree, layers)
+        if torch_refuses(schedule, degree, v, count) is None
+        and (not request.cuts or len(request.cuts) == degree * v - 1)
+    ]
 
 
 def _enough_layers(schedules: tuple[Schedule, ...], degree: int, layers: int) -> None:

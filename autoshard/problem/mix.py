@@ -21,13 +21,15 @@ reaching down there has costs too low to bound anything).  An interval whose rel
 bound (:mod:`autoshard.search.budget`) reaches the best plan found (or the incumbent, the best uniform
 policy's) is dropped (the solver is given it as ``ceiling`` and stops at the first bound that reaches
 it), one where nothing fits is dropped, the rest are halved; a single ``k`` is solved exactly.  No better
-plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per policy, ~0.8 s CPU for both
+plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per policy, ~0.45 s CPU for both
 (the best uniform policy's multiplier is probed first, ``solve(multiplier=)``: selective's interval is
 dropped after its reduction and that one exact solve; full's needs the sweep), where the halving from
-``1..N-1`` took 8 full solves and 16 s.  Each interval's reduction (~0.23 s) is most of it: dominance
-depends on the values, so the uniform policies' reductions cannot stand in.  Past the caller's deadline the search
-stops, and the plan it found is not claimed optimal (``Solution.optimal`` False).  Without a binding
-budget recomputation never pays and nothing here runs.
+``1..N-1`` took 8 full solves and 16 s.  Each interval's reduction is most of it: dominance depends on the
+values, so the uniform policy's reduction cannot stand in, but its removals, re-checked on the interval's
+costs, do most of the work (``solve(dominated=)``: 0.24 -> 0.10 s CPU each).  After :data:`MAX_INTERVALS`
+interval solves for one policy the search stops, and the plan it found is not claimed optimal
+(``Solution.optimal`` False): it stops by work, never by the clock, so the plan does not depend on machine
+load.  Without a binding budget recomputation never pays and nothing here runs.
 
 Mixing two non-trivial policies (some blocks selective, some full) is not searched: each policy is mixed
 with none.
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -46,9 +47,22 @@ from autoshard.errors import InfeasibleError
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import Recompute
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution
-from autoshard.search.problem import pairwise_form, peak_floor
 
-__all__ = ["best_count", "best_share", "least_fitting", "mix_policies", "relaxed_problem", "share_problem"]
+__all__ = [
+    "MAX_INTERVALS",
+    "best_count",
+    "best_share",
+    "least_fitting",
+    "mix_policies",
+    "relaxed_problem",
+    "share_problem",
+]
+
+#: Intervals of ``k`` one policy's branch and bound may solve before it stops (its plan then not claimed
+#: optimal).  Halving ``1..N-1`` down to single counts with nothing pruned takes about ``2 log2 N`` of them
+#: (14 for N = 80); LLaMA-3-70B on 16 x 8 x 8 needs one per policy.  A count, not a deadline: the same
+#: problem gives the same plan on any machine load.
+MAX_INTERVALS = 64
 
 
 def _between(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
@@ -105,9 +119,15 @@ def least_fitting(p0: SearchProblem, p1: SearchProblem, n: int) -> int:
         return 1  # a strategy that holds more when recomputed: the bound need not fall with k
     # memory_lower_bound at share k, from arrays built once: which strategies are finite (the same at every
     # share), the least peak (share-independent), and each node's memory at 0 and its change to 1
-    probe = _shared(p0, p1, 0.5)
-    finite = [np.isfinite(u) for u in pairwise_form(probe).unary]
-    floor = peak_floor(probe)
+    # finite at every share where finite at both ends (_between), and allowed
+    masks = p1.allowed or (None,) * len(p1.node_costs)
+    finite = [
+        np.isfinite(a) & np.isfinite(b) & (True if m is None else m)
+        for a, b, m in zip(p0.node_costs, p1.node_costs, masks, strict=True)
+    ]
+    peaks = p1.peak if p1.peak is not None else ()
+    least = (float(p[f].min(initial=math.inf)) for p, f in zip(peaks, finite if peaks else (), strict=True))
+    floor = max((x for x in least if math.isfinite(x)), default=0.0)  # as peak_floor
     low = [a[f] for a, f in zip(p0.memory, finite, strict=True)]
     step = [(b - a)[f] for a, b, f in zip(p0.memory, p1.memory, finite, strict=True)]
 
@@ -134,7 +154,7 @@ def best_count(
     n: int,
     solve: Callable[..., Solution],
     incumbent: float,
-    deadline: float = math.inf,
+    max_intervals: int = MAX_INTERVALS,
 ) -> tuple[int, Solution] | None:
     """The cheapest ``(k, solution)`` with ``0 < k < n`` whose objective beats ``incumbent``, on the search
     problems at share 0 and 1 (:func:`best_share` on builds).
@@ -145,19 +165,22 @@ def best_count(
     first Lagrangian bound that does); otherwise it is halved, lower ``k`` first (less recomputation is
     cheaper).  A single ``k`` is solved exactly.  ``solve(problem, method=..., ceiling=...)`` is
     :func:`autoshard.search.solve` with the caller's settings; ``method`` is passed only as ``"exact"``
-    (a Lagrangian bound before the full solve)."""
+    (a Lagrangian bound before the full solve).  After ``max_intervals`` intervals it stops with what it
+    found, not claimed optimal."""
     best: tuple[int, Solution] | None = None
     bound = incumbent
     first = least_fitting(p0, p1, n)
     intervals = [(first, n - 1)] if first < n else []
+    solved = 0
     while intervals:
-        if time.perf_counter() > deadline:  # the caller's time limit: what was found, not proven best
+        if solved >= max_intervals:  # out of work: what was found, not proven best
             if best is not None:
                 best = (best[0], dataclasses.replace(best[1], optimal=False))
             break
         a, b = intervals.pop()
         problem = _shared(p0, p1, a / n, b / n)
         ceiling = bound * (1 - 1e-12)
+        solved += 1
         try:
             # exact solves only: the Lagrangian bound usually shows the interval cannot win (the ceiling
             # stops there), sparing CP-SAT, which is what closes a binding budget's last gap
@@ -184,13 +207,13 @@ def best_share(
     whole: BuiltProblem,
     solve: Callable[..., Solution],
     incumbent: float,
-    deadline: float = math.inf,
+    max_intervals: int = MAX_INTERVALS,
 ) -> tuple[int, BuiltProblem, Solution] | None:
     """The cheapest ``(k, problem, solution)`` with ``0 < k < N`` whose objective beats ``incumbent``
     (:func:`best_count` on the two builds' problems)."""
     if zero.num_blocks != whole.num_blocks:
         raise ValueError(f"both problems must have {whole.num_blocks} blocks")
-    found = best_count(zero.problem, whole.problem, whole.num_blocks, solve, incumbent, deadline)
+    found = best_count(zero.problem, whole.problem, whole.num_blocks, solve, incumbent, max_intervals)
     if found is None:
         return None
     k, solution = found
@@ -201,7 +224,7 @@ def mix_policies(
     uniform: Mapping[Recompute, tuple[BuiltProblem, BuiltProblem, float]],
     zero: Callable[[Recompute], tuple[BuiltProblem, BuiltProblem]],
     solve: Callable[..., Solution],
-    deadline: float = math.inf,
+    max_intervals: int = MAX_INTERVALS,
 ) -> tuple[Solution, BuiltProblem, BuiltProblem, int] | None:
     """The best plan with ``k`` of ``N`` blocks under selective or full recomputation, if it beats every
     uniform policy.  ``uniform[policy]`` = (unpinned, pinned problem, objective or inf) at share 1;
@@ -213,7 +236,7 @@ def mix_policies(
             continue
         free0, pinned0 = zero(policy)
         free1, pinned1, _ = uniform[policy]
-        best = best_share(pinned0, pinned1, solve, incumbent, deadline)
+        best = best_share(pinned0, pinned1, solve, incumbent, max_intervals)
         if best is None:
             continue
         k, mixed, solution = best

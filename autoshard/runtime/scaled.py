@@ -6,8 +6,9 @@ has two repeated layers, and makes every dim a plan may split divisible by 8 (th
 the CPU with real weights, in float32 unless asked otherwise (bfloat16 for Mixtral, whose float32 graph
 differs).  :func:`build_scaled` builds the zoo's architectures; :func:`scale_hf` rebuilds a user's Hugging
 Face model (built on meta from its config) the same way: its own class, from a copy of its config with those
-sizes and its dropout (and router jitter) off: a sharded attention cannot draw the single-device model's
-dropout mask, so a check with it on would compare different draws.  A plain ``nn.Module`` on meta has no
+sizes and its dropout (and router jitter) off, as in the zoo's copies: verify reproduces dropout and attention
+dropout draw for draw (:mod:`autoshard.runtime.rng`), but refuses a plan that splits any other random op (router
+jitter among them), so the copies check every plan's arithmetic with draws off.  A plain ``nn.Module`` on meta has no
 config to rebuild from: the user returns a small copy instead.
 
 Example::

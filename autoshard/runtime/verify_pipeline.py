@@ -7,7 +7,8 @@ gradient against the single-device model (mean loss over the whole batch), the c
 logged against its share of ``Plan.collectives`` (:func:`~autoshard.pipeline.cuts.stage_collectives`) times
 the microbatches, and the point-to-point sends between stages counted (``p2p send`` in the report: every
 chunk but the last sends activations, every chunk but the first sends gradients, once per microbatch and
-rank).  A check in which no p2p ran fails.
+rank), and the ring K/V hops of context parallelism against ``Plan.ring_transfers``
+(:func:`~autoshard.runtime.ring_check.check_staged_ring_hops`).  A check in which no p2p ran fails.
 
 How: :func:`~autoshard.runtime.stages.prepare_stages` once in the parent (each stage runs the whole plan's
 decisions, :mod:`autoshard.runtime.stage_plan`), then one rank per device (:func:`~autoshard.runtime.launch.launch`)
@@ -38,6 +39,7 @@ from autoshard.pipeline.cuts import per_step, stage_collectives
 from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
 from autoshard.runtime.pipelining import build_pipeline, step
+from autoshard.runtime.ring_check import check_staged_ring_hops
 from autoshard.runtime.stages import prepare_stages
 from autoshard.runtime.verdict import VerifyReport, difference
 
@@ -68,16 +70,17 @@ def _rank(
         c10d.isend = original
         dist.isend = original
     grads: dict[str, torch.Tensor] = {}
-    logs = []
+    logs, hops = [], list[Any]()
     for m, index in zip(run.modules, run.stage_indices, strict=True):
         info = parallel_info(m)
+        hops += info.comm.hops or ()
         ran = [(r.phase, str(r.kind), r.mesh_axis, r.nbytes) for r in info.comm.log or ()]
         logs.append((index, ran))  # the step's own, before gathering the gradients logs more
         for a in info.attrs:
             grad = m.get_parameter(a.fqn).grad if a.kind == "parameter" else None
             if grad is not None:
                 grads[a.fqn] = gather_full(grad, a.spec, a.global_shape, info.comm)
-    return {"loss": loss, "grads": grads, "logs": logs, "sends": len(sends)}
+    return {"loss": loss, "grads": grads, "logs": logs, "sends": len(sends), "hops": hops}
 
 
 def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: str = "") -> VerifyReport:
@@ -111,7 +114,9 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
                 planned[f"{c.phase} {c.kind}"] += per_step(plan, c)
                 runs[index][_key(c)] += per_step(plan, c)
     group = len(pipe.stages[0].ranks)
-    emitted["p2p send"] = sum(r["sends"] for r in results)
+    hops = check_staged_ring_hops(plan, [r["hops"] for r in results], group)  # or VerifyError
+    ring = sum(h.sends for r in results for h in r["hops"])  # context parallelism's, checked on their own
+    emitted["p2p send"] = sum(r["sends"] for r in results) - ring
     planned["p2p send"] = 2 * m * (chunks - 1) * group  # activations forward, gradients back, every rank
     agree = all(all(log == logs[0] for log in logs) for logs in by_stage.values())
     same_bytes = all(Counter(logs[0]) == runs[index] for index, logs in by_stage.items())
@@ -127,6 +132,7 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
         planned=dict(planned),
         seconds=time.perf_counter() - start,
         split=True,
+        ring_hops=hops,
         source=(
             f"pipelined plan as deployed: {chunks} stages, {pipe.schedule}, {m} microbatches through "
             "torch.distributed.pipelining on gloo"

@@ -44,7 +44,16 @@ import numpy as np
 from autoshard.search.exact import ExactSolver
 from autoshard.search.problem import SearchProblem, evaluate, memory_of
 
-__all__ = ["MAX_SOLVES", "Lagrange", "Relaxed", "dual_search", "fixing_masks", "lagrangian_sweep"]
+__all__ = [
+    "MAX_SOLVES",
+    "Lagrange",
+    "Relaxed",
+    "below_masks",
+    "dual_search",
+    "fixing_masks",
+    "lagrangian_sweep",
+    "relaxed_marginals",
+]
 
 #: Exact solves one sweep may spend; the cutting planes usually stop well before.
 MAX_SOLVES = 30
@@ -223,18 +232,38 @@ def _at(line: tuple[float, float], lam: float, limit: float) -> float:
     return line[0] + lam * (line[1] - limit)
 
 
+def relaxed_marginals(ex: ExactSolver, problem: SearchProblem, lag: Lagrange) -> list[np.ndarray]:
+    """Min-marginals of ``cost + lag.lam * memory`` (about three solves): what :func:`fixing_masks` and
+    :func:`below_masks` compare, computed once for any number of thresholds."""
+    assert problem.memory is not None
+    return ex.min_marginals([c + lag.lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)])
+
+
+def below_masks(
+    marginals: Sequence[np.ndarray], problem: SearchProblem, lam: float, upper: float
+) -> list[np.ndarray]:
+    """Per node, the strategies that some fitting plan costing at most ``upper`` may use, from the
+    min-marginals of ``cost + lam * memory`` (:func:`relaxed_marginals`; see the module docstring)."""
+    assert problem.memory_limit is not None
+    shift = lam * problem.memory_limit
+    ceiling = upper + shift + _SLACK * (abs(upper) + shift)
+    return [mm <= ceiling for mm in marginals]
+
+
 def fixing_masks(
-    ex: ExactSolver, problem: SearchProblem, lag: Lagrange, ceiling: float = math.inf
+    ex: ExactSolver,
+    problem: SearchProblem,
+    lag: Lagrange,
+    ceiling: float = math.inf,
+    marginals: Sequence[np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Per node, the strategies that some fitting plan costing at most ``min(lag.cost, ceiling)`` may use
-    (see the module docstring).  ``ceiling`` is the cost of a better plan known elsewhere."""
+    (see the module docstring).  ``ceiling`` is the cost of a better plan known elsewhere; ``marginals``:
+    :func:`relaxed_marginals` of ``lag`` when the caller has them."""
     assert problem.memory is not None and problem.memory_limit is not None
-    unary = [c + lag.lam * m for c, m in zip(ex.form.unary, problem.memory, strict=True)]
-    marginals = ex.min_marginals(unary)
-    upper = min(lag.cost, ceiling)
-    shift = lag.lam * problem.memory_limit
-    ceiling = upper + shift + _SLACK * (abs(upper) + shift)
-    keep = [mm <= ceiling for mm in marginals]
+    if marginals is None:
+        marginals = relaxed_marginals(ex, problem, lag)
+    keep = below_masks(marginals, problem, lag.lam, min(lag.cost, ceiling))
     for i, s in enumerate(lag.plan):
         keep[i][s] = True  # rounding aside, its own marginal is at most its cost: keep it in any case
     return keep

@@ -236,6 +236,9 @@ class Solution:
     # the Lagrange multiplier of the budget at the best bound of a budgeted solve (cost per byte): where a
     # similar problem's sweep starts (``solve(multiplier=)``); None without a Lagrangian sweep
     multiplier: float | None = None
+    # the dominance removals of the solve's first reduction (``reduce.Certificates``): a hint that spares a
+    # similar problem's reduction most of its dominance search (``solve(dominated=)``)
+    dominated: tuple[tuple[int, np.ndarray, np.ndarray], ...] = field(default=(), compare=False, repr=False)
 
 
 def relative_gap(objective: float, lower_bound: float) -> float:
@@ -296,12 +299,18 @@ class PairwiseForm:
         return adj
 
 
-def pairwise_form(problem: SearchProblem) -> PairwiseForm:
-    """Unary costs with forbidden strategies at ``inf``; one ``[S_u, S_v]`` matrix per node pair ``u < v``."""
+def _unary(problem: SearchProblem) -> list[np.ndarray]:
+    """:func:`pairwise_form`'s unary costs alone (forbidden strategies at ``inf``), without the pair matrices."""
     unary = []
     for i, c in enumerate(problem.node_costs):
         mask = None if problem.allowed is None else problem.allowed[i]
         unary.append(c.copy() if mask is None else np.where(mask, c, np.inf))
+    return unary
+
+
+def pairwise_form(problem: SearchProblem) -> PairwiseForm:
+    """Unary costs with forbidden strategies at ``inf``; one ``[S_u, S_v]`` matrix per node pair ``u < v``."""
+    unary = _unary(problem)
     pairs: dict[tuple[int, int], np.ndarray] = {}
     for e in problem.edges:
         key, mat = ((e.u, e.v), e.cost) if e.u < e.v else ((e.v, e.u), e.cost.T)
@@ -326,10 +335,9 @@ def _both(num: float) -> str:
 def memory_lower_bound(problem: SearchProblem) -> float:
     """Sum over nodes of the least memory among allowed finite-cost strategies: no plan needs less."""
     assert problem.memory is not None
-    form = pairwise_form(problem)
     total = math.fsum(
         float(m[np.isfinite(u)].min(initial=math.inf))
-        for u, m in zip(form.unary, problem.memory, strict=True)
+        for u, m in zip(_unary(problem), problem.memory, strict=True)
     )
     return total + peak_floor(problem)
 
@@ -338,9 +346,9 @@ def peak_floor(problem: SearchProblem) -> float:
     """The least ``max_i peak[i]`` any plan has: each node's least peak among its allowed strategies."""
     if problem.peak is None:
         return 0.0
-    form = pairwise_form(problem)
     least = [
-        float(p[np.isfinite(u)].min(initial=math.inf)) for u, p in zip(form.unary, problem.peak, strict=True)
+        float(p[np.isfinite(u)].min(initial=math.inf))
+        for u, p in zip(_unary(problem), problem.peak, strict=True)
     ]
     return max((x for x in least if math.isfinite(x)), default=0.0)
 

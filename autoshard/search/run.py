@@ -102,6 +102,7 @@ class Run:
             method=method,
             seconds=time.perf_counter() - self.start,
             log=tuple(self.log),
+            dominated=self.stages[0].dominated if self.stages else (),
         )
 
 

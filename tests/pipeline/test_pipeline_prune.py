@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 
@@ -91,13 +92,19 @@ def test_pruned_policy_gives_the_plan_of_pricing_every_policy(
 ) -> None:
     """Budgets a little under the no-recompute plan's memory: recomputation is priced, full recomputation's
     floor is above the best step, so it is named and not solved; the same plan (step, strategies, schedule,
-    cuts) as with pruning switched off."""
+    cuts) as with pruning switched off.  The busiest device's bound (pipeline/bound.py) alone prunes it too."""
     model, ids = _llama(layers=4, hidden=512, batch=32, seq=512)
-    pins = {"pipeline": 2, "microbatches": 4}
+    pins: dict[str, Any] = {"pipeline": 2, "microbatches": 4}
     none = autoshard.plan(model, fast_links, (ids,), recompute="none", **pins)
 
     def priced(plan: autoshard.Plan) -> str:
         return next((n for n in plan.notes if n.startswith("pipeline search priced")), "")
+
+    def same(a: autoshard.Plan, b: autoshard.Plan) -> None:
+        assert a.recompute == b.recompute
+        assert a.predicted_step_time == b.predicted_step_time
+        assert [n.strategy for n in a.nodes] == [n.strategy for n in b.nodes]
+        assert a.pipeline == b.pipeline
 
     skipped = 0
     for share in (0.95, 0.93):
@@ -106,10 +113,14 @@ def test_pruned_policy_gives_the_plan_of_pricing_every_policy(
         skipped += "(full recompute): at least" in priced(pruned) and "not solved" in priced(pruned)
         with monkeypatch.context() as m:
             m.setattr(pipeline_search, "compute_floor", lambda built, degree: 0.0)
+            if share == 0.95:  # the layer bound without the compute floor
+                layered = autoshard.plan(
+                    model, fast_links, (ids,), recompute="auto", memory_limit=budget, **pins
+                )
+                assert "(full recompute): at least" in priced(layered) and "not solved" in priced(layered)
+                same(layered, pruned)
+            m.setattr(pipeline_search, "step_bound", lambda *args: 0.0)
             every = autoshard.plan(model, fast_links, (ids,), recompute="auto", memory_limit=budget, **pins)
         assert "not solved" not in priced(every)
-        assert pruned.recompute == every.recompute
-        assert pruned.predicted_step_time == every.predicted_step_time
-        assert [n.strategy for n in pruned.nodes] == [n.strategy for n in every.nodes]
-        assert pruned.pipeline == every.pipeline
+        same(pruned, every)
     assert skipped  # the pruning did happen

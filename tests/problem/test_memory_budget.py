@@ -117,3 +117,57 @@ def test_recomputing_some_blocks_beats_every_uniform_choice_and_equals_brute_for
     assert count in " ".join(plan.summary().split())
     plan.save(tmp_path / "plan.json")
     assert autoshard.load_plan(tmp_path / "plan.json").recompute_blocks == plan.recompute_blocks
+
+
+@pytest.mark.slow
+def test_the_per_block_search_does_not_depend_on_the_time_limit() -> None:
+    """The per-block count search stops by its interval count (mix.MAX_INTERVALS), never by the clock: a
+    time limit spent before its first interval (as on a loaded machine) gives the same plan, count and
+    certificate as a generous one."""
+    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
+    limit = (
+        memory_of(none.problem, solve(none.problem).choice)
+        + memory_of(full.problem, solve(full.problem).choice)
+    ) / 2
+    case, _, cluster = _case()
+    slow, hurried = (
+        autoshard.plan(
+            case.model,
+            cluster,
+            case.args,
+            case.kwargs,
+            annotations=DATA_PARALLEL,
+            memory_limit=limit,
+            time_limit=t,
+        )
+        for t in (60.0, 1e-9)
+    )
+    assert slow.recompute_blocks is not None  # the per-block search ran and chose a count
+    same = ("recompute", "recompute_blocks", "predicted_step_time", "memory_per_device", "param_placements")
+    assert [getattr(hurried, k) for k in same] == [getattr(slow, k) for k in same]
+    assert (hurried.solver.objective, hurried.solver.lower_bound, hurried.solver.optimal) == (
+        slow.solver.objective,
+        slow.solver.lower_bound,
+        slow.solver.optimal,
+    )
+    assert slow.solver.optimal
+
+
+@pytest.mark.slow
+def test_the_count_search_stops_after_its_intervals_and_says_so() -> None:
+    """Out of intervals, best_count keeps what it found and does not claim it optimal (same answer each
+    time: a count, not a clock, stops it)."""
+    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
+    limit = (
+        memory_of(none.problem, solve(none.problem).choice)
+        + memory_of(full.problem, solve(full.problem).choice)
+    ) / 2
+    zero, whole = _built(Recompute.FULL, 0.0, limit), _built(Recompute.FULL, 1.0, limit)
+    whole_cost = solve(whole.problem).objective
+    found = best_share(zero, whole, solve, incumbent=whole_cost)
+    assert found is not None and found[2].optimal
+    runs = [best_share(zero, whole, solve, incumbent=whole_cost, max_intervals=m) for m in (1, 1, 3, 3)]
+    assert runs[0] is None or not runs[0][2].optimal
+    assert [None if r is None else (r[0], r[2].objective, r[2].optimal) for r in runs[::2]] == [
+        None if r is None else (r[0], r[2].objective, r[2].optimal) for r in runs[1::2]
+    ]

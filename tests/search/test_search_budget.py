@@ -188,3 +188,29 @@ def test_budgeted_plan_does_not_depend_on_the_time_limit(monkeypatch: pytest.Mon
     )
     sweeps = [line for line in slow.log if line.startswith("lagrangian")]
     assert sweeps and sweeps == [line for line in hurried.log if line.startswith("lagrangian")]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_climbing_the_gap_finds_the_optimum_fixing_at_the_whole_gap_finds(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """Fixing first for plans within 0.1 and 0.3 of the Lagrangian gap (solve._climb) is exact: the same
+    optimum as fixing at the whole gap alone, on budgets where the gap is open; a rung proven empty only
+    raises the bound."""
+    import sys
+
+    module = sys.modules["autoshard.search.solve"]
+    p = transformer_problem(seed, 6, memory=True)
+    free = solve(p)
+    _, least_mem = min_memory_plan(p)
+    for fraction in (0.2, 0.5):
+        limit = float(math.floor(least_mem + fraction * (memory_of(p, free.choice) - least_mem)))
+        q = dataclasses.replace(p, memory_limit=limit)
+        climbed = solve(q, method="exact")
+        with monkeypatch.context() as m:
+            m.setattr(module, "_RUNGS", ())
+            whole = solve(q, method="exact")
+        assert climbed.optimal == whole.optimal
+        assert close(climbed.objective, whole.objective, 1e-12)
+        assert memory_of(q, climbed.choice) <= limit
+        assert climbed.lower_bound <= climbed.objective * (1 + 1e-12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from search_cases import close, random_problem, transformer_problem
 
 from autoshard.errors import InfeasibleError
-from autoshard.search import SearchProblem, brute_force, evaluate, memory_of, reduce_problem
+from autoshard.search import Edge, SearchProblem, brute_force, evaluate, memory_of, reduce_problem
 from autoshard.search.dominance import dominated_mask
 
 inf = math.inf
@@ -128,3 +129,64 @@ def test_pair_bounds_never_fall_below_the_exact_term(seed: int) -> None:
     for bound in (_targeted(mat), _min_row_differences(_sample_columns(mat))):
         ok = np.isnan(bound) | (bound >= exact)
         assert ok.all()
+
+
+def _perturbed(p: SearchProblem, seed: int, scale: float) -> SearchProblem:
+    """The same nodes and strategies with costs moved a little (a share of recomputation, another policy)."""
+    rng = np.random.default_rng(seed + 1000)
+    return dataclasses.replace(
+        p,
+        node_costs=tuple(c + rng.random(c.size) * scale for c in p.node_costs),
+        edges=tuple(Edge(e.u, e.v, e.cost + rng.random(e.cost.shape) * scale) for e in p.edges),
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_similar_problems_removals_as_a_hint_keep_the_optimum(seed: int) -> None:
+    """Reducing with another problem's dominance removals (``hint``) checks each on this problem: the
+    optimum (brute force) never changes, whether the hint comes from a near problem, a far one, or is
+    nonsense (random pairs), and every removal the reduction reports has a dominator kept at that point."""
+    p = random_problem(seed, max_nodes=7, memory=seed % 2 == 0, inf_fraction=0.1 if seed % 3 == 0 else 0.0)
+    q = _perturbed(p, seed, 0.05 if seed % 4 else 1.0)
+    rng = np.random.default_rng(seed)
+    bogus = tuple((v, rng.integers(0, n, 3), rng.integers(0, n, 3)) for v, n in enumerate(p.sizes) if n > 1)
+    want = _brute(q)
+    try:
+        near = reduce_problem(p).dominated
+    except InfeasibleError:
+        near = ()
+    for hint in (near, bogus):
+        try:
+            red = reduce_problem(q, hint=hint)
+        except InfeasibleError:
+            assert want == inf
+            continue
+        if red.problem.num_nodes == 0:
+            got = evaluate(q, red.expand(()))
+            assert q.memory_limit is None or memory_of(q, red.expand(())) <= q.memory_limit
+        else:
+            got = _brute(red.problem) + red.cost_offset
+        assert close(got, want)
+
+
+def test_a_hint_spares_the_search_but_not_the_check() -> None:
+    """The transformer-shaped problem reduced with its own removals as the hint removes the same strategies;
+    a hint whose dominator no longer dominates here (costs swapped) removes nothing wrongly."""
+    p = transformer_problem(2, 12, memory=True)
+    red = reduce_problem(p)
+    again = reduce_problem(p, hint=red.dominated)
+    assert [d.tolist() for d in again.domains] == [d.tolist() for d in red.domains]
+    assert sum(s.size for _, s, _ in again.dominated) == sum(s.size for _, s, _ in red.dominated)
+    flipped = tuple((v, t, s) for v, s, t in red.dominated)  # each pair the wrong way round
+    swapped = reduce_problem(p, hint=flipped)
+    assert close(_brute(swapped.problem) + swapped.cost_offset, _brute(red.problem) + red.cost_offset)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_bounds_of_a_matrix_without_inf_skip_masking_and_agree(seed: int) -> None:
+    """edge_bound's shortcut for matrices with no forbidden entry gives the masked passes' values."""
+    from autoshard.search.dominance import _sample_columns, _targeted
+
+    mat = np.random.default_rng(seed).integers(0, 5, size=(9, 14)).astype(float)
+    assert (_sample_columns(mat, dense=True) == _sample_columns(mat)).all()
+    assert (_targeted(mat, dense=True) == _targeted(mat)).all()
