@@ -272,9 +272,10 @@ def run_verify(
 
     flags: dict[str, Any] = {"allow_replicated": allow_replicated, "seed": seed, "fault": fault}
     if plan is not None:
-        return verify_plan(
-            plan if isinstance(plan, Plan) else load_plan(plan), spec, float64=float64, **flags
-        )
+        loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+        runs = "the model in its own dtype (float64 with --float64) without autocast"
+        print(loaded.recipe_note("verify", runs), end="")  # an amp plan: its splits checked, not its recipe
+        return verify_plan(loaded, spec, float64=float64, **flags)
     if spec is None:
         raise AutoshardError("verify needs a plan or a model: --plan PLAN.json or --model SPEC")
     case = zoo.load_spec(spec)
