@@ -75,6 +75,8 @@ __all__ = ["BoundExceeded", "Method", "solve", "trivial_lower_bound"]
 
 Method = Literal["auto", "exact", "ilp", "propagate"]
 
+_Hints = tuple[float | None, Sequence[int] | None]  # a similar problem's multiplier and optimum
+
 
 #: Rounds of Lagrangian sweep + fixing + reduction before CP-SAT takes over.  A second round can only
 #: gain where the first one's reduction (dominance, folding) changed the structure; on the LLaMA budgets
@@ -118,18 +120,13 @@ def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
 
 
 def _with_budget(
-    run: Run,
-    ex: ExactSolver,
-    method: Method,
-    num_workers: int,
-    max_factor: float,
-    first: float | None,
-    incumbent: Sequence[int] | None = None,
+    run: Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float, hints: _Hints
 ) -> Solution:
     """Unconstrained optimum if it fits; else rounds of Lagrangian sweep, fixing and reduction, then
-    enumeration or CP-SAT on what is left; the multiplier of the best bound goes with the answer."""
+    enumeration or CP-SAT on what is left; the multiplier of the best bound goes with the answer.
+    ``hints``: ``solve``'s ``multiplier`` and ``incumbent``."""
     lam: list[float] = []  # the multiplier of the best bound so far
-    found = _budgeted(run, ex, method, num_workers, max_factor, first, lam, incumbent)
+    found = _budgeted(run, ex, method, num_workers, max_factor, hints[0], lam, hints[1])
     return dataclasses.replace(found, multiplier=lam[-1]) if lam else found
 
 
@@ -363,7 +360,7 @@ def solve(
         return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
     run.log.append(f"exact: {ex.describe()}")
     if red.problem.memory_limit is not None:
-        return _with_budget(run, ex, method, num_workers, max_factor_size, multiplier, incumbent)
+        return _with_budget(run, ex, method, num_workers, max_factor_size, (multiplier, incumbent))
     plan, value = ex.solve()
     return run.finish(plan, value + red.cost_offset, True, exact_label(ex))
 
