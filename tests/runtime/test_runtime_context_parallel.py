@@ -109,7 +109,7 @@ def test_the_planner_prices_the_zigzag_layout_balanced_and_picks_it(toy_plans) -
     assert "zigzag on axis 0" in searched and "contiguous" not in searched  # pinned: only zigzag solved
 
 
-def test_the_layout_search_is_no_pin(toy_plans) -> None:  # type: ignore[no-untyped-def]
+def test_the_layout_search_is_no_pin(toy_plans: dict[str, autoshard.Plan]) -> None:
     """Without pins the searched layout's problem is the unpinned one too: no unpinned re-solve and price
     (planner_layout keeps the object; on LLaMA-3-70B that re-solve and its ranking cost 1.4 s CPU)."""
     for plan in toy_plans.values():
