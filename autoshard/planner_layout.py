@@ -16,8 +16,12 @@ both is the best of those problems' optima.  The balanced bound is below all of 
    ``"zigzag"`` asked too: a plan without a ring has no context axis, so nothing is reordered at run time
    (:attr:`~autoshard.plans.Plan.zigzag_axis` is None) and the zigzag problems, which could only refuse
    its one-run ops or price it the same, have nothing to add;
-2. otherwise the zigzag problem on the bound's ring axis is solved first, then the contiguous one and the
-   zigzag problems of the other axes, stopping as soon as one reaches the bound.
+2. otherwise the bound's own plan is priced (no solve) in each layout's problem, in tie order, where that
+   problem has all its strategies: a price reaching the bound makes that layout optimal, and only the layouts
+   that would win a tie against it are solved, with the bound as their ceiling (LLaMA-3-70B: contiguous
+   reaches it; zigzag on the ring axis is only proven not to tie).  Else the zigzag problem on the bound's
+   ring axis is solved first, then the contiguous one and the zigzag problems of the other axes, each with
+   the best so far as its ceiling (over it: "above <best>" in the note), stopping once one reaches the bound.
 
 A tie goes to zigzag on the plan's own ring axis (at run time it never computes more), then to contiguous.
 ``"zigzag"`` asked solves only the zigzag problems.  The cost: nothing without a ring, else one to ``1 + axes``
