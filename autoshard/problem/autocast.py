@@ -15,7 +15,8 @@ op's dtype (torch's CUDA autocast op lists):
   :func:`~autoshard.problem.elementwise.autocast_update_seconds`), its gradient back up in backward;
 * ops of autocast's fp32 list (:data:`UPPER`: norms, ``pow``, ``rsqrt``, softmax, sums) run in fp32;
 * every other op runs in the promoted dtype of its float inputs: fp32 as soon as one is (an embedding of fp32
-  weights, the residual stream added to a product's 16-bit output, a 16-bit tensor times fp32 ``cos``);
+  weights, the residual stream added to a product's 16-bit output, a 16-bit tensor times fp32 ``cos``), the
+  16-bit dtype when all are (a view or activation of a product's output, also in a graph captured in fp32);
 * a cast to the model's dtype (HF's ``.to(input_dtype)``) casts to fp32, the model's dtype under amp: a cast
   whose source already has its target dtype runs nothing.
 
@@ -85,7 +86,12 @@ def autocast_dtype(op: str, kind: str, dtype: str | None, inputs: Sequence[str],
         return "float32"
     if op in _CASTS:
         return "float32" if dtype == model_dtype else dtype
-    return "float32" if "float32" in inputs else dtype
+    floats = [d for d in inputs if d.startswith(_FLOATS)]
+    if "float32" in floats:
+        return "float32"
+    if floats and dtype == "float32" and all(d == model_dtype for d in floats):
+        return model_dtype  # a graph captured in fp32: 16-bit operands (a product's output) stay 16-bit
+    return dtype
 
 
 def uses_autocast(policy: PrecisionPolicy | None) -> bool:
