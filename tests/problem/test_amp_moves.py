@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 import pytest
@@ -12,6 +13,8 @@ import transformers
 import autoshard
 from autoshard.capture import capture
 from autoshard.capture.meta import TensorMeta
+from autoshard.codegen.assign import assign_strategies
+from autoshard.codegen.lower import lower_graph
 from autoshard.placement import Replicate, ShardingSpec
 from autoshard.plans import Collective, Plan
 from autoshard.problem.autocast import moved_itemsize
@@ -121,3 +124,27 @@ def _meta(info: NodeInfo) -> TensorMeta:
 def _with_args(llama: tuple[torch.nn.Module, torch.Tensor]) -> tuple[torch.nn.Module, tuple, dict]:
     model, ids = llama
     return model, (ids,), {}
+
+
+def test_the_emitted_program_sizes_its_collectives_as_the_amp_plan(
+    llama: tuple[torch.nn.Module, torch.Tensor],
+) -> None:
+    """The lowering prices each step with the plan's options (``parallelize`` passes the plan's recipe), so the
+    emitted collectives are the plan's, bytes included; at run time a collective moves the tensor autocast
+    made (verify and train run no autocast: there the product outputs still move fp32)."""
+    plan = _plan(llama, "tp", "amp")
+    captured = capture(*_with_args(llama))
+    strategies = assign_strategies(captured, plan)
+    cluster = cluster_for("h100x8", 2)
+
+    def emitted(opts: CostOptions) -> Counter[tuple]:
+        lowered = lower_graph(captured, strategies, cluster, (0,), opts=opts)
+        return Counter(
+            (p, str(s.kind), s.mesh_axis, s.nbytes) for e in lowered.edges for p, s in e.collectives()
+        )
+
+    planned = Counter(
+        (c.phase, c.kind, c.mesh_axis, c.nbytes) for c in plan.collectives if c.phase != "regather"
+    )
+    assert emitted(CostOptions(precision=AMP_BF16)) == planned
+    assert emitted(CostOptions()) != planned  # lowered without the recipe: fp32 product outputs
