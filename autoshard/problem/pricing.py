@@ -230,8 +230,10 @@ class PriceTable:
         if missing:
             warm = None
             if any(mask):  # every path with one P axis fewer is a path here too: start from those prices
-                last = max(a for a, m in enumerate(mask) if m)
-                fewer = tuple(m and a != last for a, m in enumerate(mask))
+                # drop the outermost P axis: the innermost (fastest) one's moves into P lower the most prices,
+                # so they stay in the warm start (70B on 16 x 8 x 8: a warm start without them costs 7x more)
+                first = min(a for a, m in enumerate(mask) if m)
+                fewer = tuple(m and a != first for a, m in enumerate(mask))
                 sub_rows, sub_dist = self._distances(shape, itemsize, fewer, graph, missing)
                 warm = (fewer, sub_dist[[sub_rows[s] for s in missing]])
             more = _bellman_ford(graph, mask, missing, warm)
