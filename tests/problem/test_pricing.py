@@ -114,3 +114,22 @@ def test_warm_started_masks_equal_a_cold_search() -> None:
         rows, warm = cache.prices._distances(shape, 2, mask, graph, starts[::-1])
         cold = _bellman_ford(graph, mask, starts)
         assert np.array_equal(warm[[rows[s] for s in starts]], cold), mask
+
+
+@pytest.mark.parametrize(("mesh", "nodes", "shape"), [((2, 2, 4), 2, (8, 4, 16)), ((2, 2, 2, 2), 2, (4, 8))])
+def test_any_warm_start_mask_gives_the_cold_table(
+    mesh: tuple[int, ...], nodes: int, shape: tuple[int, ...]
+) -> None:
+    """Whichever P axis the warm start leaves out (the planner drops the outermost, a speed choice), the
+    table is the cold Bellman-Ford's bit for bit."""
+    from autoshard.problem.pricing import _bellman_ford
+
+    cluster = autoshard.load_cluster("a100x8", nodes=nodes, mesh=mesh)
+    graph = StepCache(cluster).prices._graph(shape, 4)
+    starts = sorted(graph.index.values())
+    for mask in itertools.product((False, True), repeat=len(mesh)):
+        cold = _bellman_ford(graph, mask, starts)
+        for drop in (a for a, m in enumerate(mask) if m):
+            fewer = tuple(m and a != drop for a, m in enumerate(mask))
+            warm = _bellman_ford(graph, mask, starts, (fewer, _bellman_ford(graph, fewer, starts)))
+            assert np.array_equal(warm, cold), (mask, drop)
