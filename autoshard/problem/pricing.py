@@ -314,7 +314,11 @@ def _bellman_ford(
     if warm is None:
         dist = np.full((len(graph.index), len(starts)), math.inf)  # (layouts, starts)
         dist[starts, np.arange(len(starts))] = 0.0
-        changed[starts] = True
+        column = np.full(len(graph.index), -1)
+        column[starts] = np.arange(len(starts))
+        first = column[u] >= 0  # the first round in closed form: one move out of a start costs 0.0 + w == w
+        np.minimum.at(dist, (v[first, 0], column[u[first]]), w[first, 0])
+        changed[v[first, 0]] = True
         active = changed[u]  # only moves out of a layout whose price just fell can lower anything
     else:
         dist = np.array(warm[1].T)
