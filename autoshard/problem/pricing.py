@@ -77,7 +77,7 @@ class PriceTable:
         # (shape, itemsize, P-axis mask) -> (start index -> row, distances (rows, layouts))
         self._rows: dict[tuple, tuple[dict[int, int], np.ndarray]] = {}
         self._prices: dict[tuple[str, int, int], float] = {}
-        # pairwise(): (src specs, dst specs, shape, itemsize) -> table; _start(): (spec, shape) -> layout
+        # pairwise(): (src specs, dst specs, shape, itemsize) -> table; _start(): (spec, shape) -> sorted-dims layout
         self._tables: dict[tuple, np.ndarray] = {}
         self._starts: dict[tuple[ShardingSpec, tuple[int, ...]], tuple[int, ...] | str] = {}
 
@@ -106,11 +106,10 @@ class PriceTable:
         if found is not None:
             return found
         table = np.zeros((len(src), len(dst)))
-        starts = [self._start(s, shape) for s in src]
-        goals = [self._start(d, shape) for d in dst]
         # one layout graph per shape up to the order of its dims (module docstring: "Dim order")
         canon, perm = _canonical(shape)
-        starts, goals = [_relabel(s, perm) for s in starts], [_relabel(g, perm) for g in goals]
+        starts = [self._start(s, shape, perm) for s in src]
+        goals = [self._start(d, shape, perm) for d in dst]
         by_mask: dict[tuple[bool, ...], list[int]] = {}
         for j, g in enumerate(goals):
             if isinstance(g, tuple):
@@ -153,15 +152,18 @@ class PriceTable:
                 table[:, j] = 0.0
         return table
 
-    def _start(self, spec: ShardingSpec | None, shape: tuple[int, ...]) -> tuple[int, ...] | str:
-        """The encoded layout, ``"none"`` (costs nothing), ``"unfit"`` (does not fit the tensor: impossible
-        even unchanged) or ``"bad"`` (a non-sum partial: it may only stay as it is)."""
+    def _start(
+        self, spec: ShardingSpec | None, shape: tuple[int, ...], perm: tuple[int, ...]
+    ) -> tuple[int, ...] | str:
+        """The encoded layout on the dims sorted by size (``perm`` of :func:`_canonical`), ``"none"`` (costs
+        nothing), ``"unfit"`` (does not fit the tensor: impossible even unchanged) or ``"bad"`` (a non-sum
+        partial: it may only stay as it is)."""
         if spec is None:
             return "none"
         key = (spec, shape)
         found = self._starts.get(key)
         if found is None:
-            found = self._starts[key] = self._encode(spec, shape)
+            found = self._starts[key] = _relabel(self._encode(spec, shape), perm)
         return found
 
     def _encode(self, spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[int, ...] | str:
@@ -256,6 +258,7 @@ def pairwise_ids(
     return table[si][:, di]
 
 
+@functools.lru_cache(maxsize=1024)
 def _canonical(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``shape`` with its dims sorted by size (ties by position), and where each dim goes: ``perm[d]``."""
     order = sorted(range(len(shape)), key=lambda d: (shape[d], d))
