@@ -40,16 +40,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoshard.cluster import Cluster
-from autoshard.errors import AutoshardError
-from autoshard.placement import ShardingSpec
+from autoshard.placement import Shard, ShardingSpec
 from autoshard.redistribute_steps import (
     _P,
     _R,
     COLLECTIVE_KINDS,
-    _layout,
     _moves,
     _non_sum_partial,
     _targets,
+)
+from autoshard.redistribute_steps import (
+    _encode as _encode_layout,
 )
 
 if TYPE_CHECKING:
@@ -169,13 +170,18 @@ class PriceTable:
         return found
 
     def _encode(self, spec: ShardingSpec, shape: tuple[int, ...]) -> tuple[int, ...] | str:
-        try:
-            layout = _layout(spec, shape, self.mesh_shape, "tensor")
-        except AutoshardError:
+        # ShardingSpec.check_fits's test without its message (most specs of a strategy list do not fit)
+        sharded = _sharded(spec, self.mesh_shape)
+        if sharded is None or any(d >= len(shape) for d, _ in sharded):
+            return "unfit"
+        counts = [1] * len(shape)
+        for d, n in sharded:
+            counts[d] *= n
+        if any(s % c for s, c in zip(shape, counts, strict=True)):
             return "unfit"
         if _non_sum_partial(spec) is not None:
             return "bad"
-        return layout
+        return _spec_layout(spec, self.mesh_shape)
 
     # -- graphs and distances -----------------------------------------------------------------------------------
     def _graph(self, shape: tuple[int, ...], itemsize: int) -> _Graph:
@@ -258,6 +264,17 @@ def pairwise_ids(
         [cache.spec(int(a)) for a in us], [cache.spec(int(b)) for b in ud], tuple(shape), int(itemsize)
     )
     return table[si][:, di]
+
+
+_spec_layout = functools.lru_cache(maxsize=4096)(_encode_layout)  # the layout does not depend on the shape
+
+
+@functools.lru_cache(maxsize=4096)  # isinstance on torch placements is slow; a plan sees few distinct specs
+def _sharded(spec: ShardingSpec, mesh_shape: tuple[int, ...]) -> tuple[tuple[int, int], ...] | None:
+    """(dim, axis size) per axis that shards a dim; None when ``spec`` has not one placement per mesh axis."""
+    if spec.mesh_ndim != len(mesh_shape):
+        return None
+    return tuple((p.dim, n) for p, n in zip(spec.placements, mesh_shape, strict=True) if isinstance(p, Shard))
 
 
 @functools.lru_cache(maxsize=1024)
