@@ -8,20 +8,20 @@ An annotation maps a *target* to a *choice*:
   annotation on any layer applies to all of them (they share one decision).
 - choice, one of:
   - a named pattern for a linear-like module: ``"column"`` (weight split over output features, ``S(0)``),
-    ``"row"`` (over input features, ``S(1)``), ``"vocab"`` (an embedding split over the vocabulary, ``S(0)``),
-    ``"replicate"`` (data parallel: weights replicated).  A pattern names what the weight is on *every*
-    mesh axis that splits it: on the tensor-parallel axis (the last, or the one written ``"column@0"``) the
-    weight is split that way, stored and used (``column``: output split on features; ``row``: a partial
-    sum); on every other axis it is split the same way or not at all, stored and used (``column`` is never
-    split on the input dim anywhere; ``replicate`` is replicated on every axis).  A placement pin on the
-    weight itself decides its storage on the other axes (FSDP gathers before use: ``o_proj=row`` with
+    ``"row"`` (over input features, ``S(1)``; the two swap for GPT-2's ``Conv1D``, stored ``[in, out]``),
+    ``"vocab"`` (an embedding split over the vocabulary, ``S(0)``), ``"replicate"`` (weights replicated).
+    A pattern names what the weight is on *every* mesh axis that splits it: on the tensor-parallel axis (the last,
+    or the one written ``"column@0"``) the weight is split that way, stored and used (``column``: output split on
+    features; ``row``: a partial sum); on every other axis it is split the same way or not at all, stored and used
+    (``column`` is never split on the input dim anywhere; ``replicate`` is replicated on every axis).  A placement
+    pin on the weight itself decides its storage on the other axes (FSDP gathers before use: ``o_proj=row`` with
     ``o_proj.weight=(S(0), S(1))``).  Activations stay free for the planner on the other axes;
   - placements of a parameter: ``("S(0)",)``, ``"(R, S(1))"``, or a :class:`~autoshard.placement.ShardingSpec`;
   - ``"ring"`` (or ``"ring@1"``) for an attention module: its ``scaled_dot_product_attention`` runs context
     parallel, the sequence split over the last mesh axis (or the one named) with K/V travelling round it;
-  - a MindSpore-style strategy tuple for the op a module runs, one split tuple per tensor input:
-    ``((2, 1), (1, 4))`` splits the input's dim 0 in 2 and the weight's dim 1 in 4 (weight in the op's own
-    layout: ``[out, in]`` for ``aten.linear``).
+  - a MindSpore-style strategy tuple for the op a module runs, one split tuple per tensor input in the op's
+    own order: ``((2, 1), (1, 4))`` splits the input's dim 0 in 2 and the weight's dim 1 in 4 (``aten.linear``
+    takes input, weight ``[out, in]``, bias; GPT-2's ``aten.addmm`` bias, input, weight ``[in, out]``).
 
 Output: ``dict[node name, bool mask over that node's strategies]`` for the solver.  Errors name the annotation,
 what it matched (or that it matched nothing, with close candidates) and how to fix it.
@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from autoshard import annotation_ops as aops
 from autoshard.errors import AnnotationError, ShardingError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec, from_strategy_tuple
 from autoshard.problem.build import BuiltProblem
@@ -50,6 +51,7 @@ from autoshard.problem.graph import NodeInfo
 from autoshard.steering import KINDS, forbid_gathers, forbidden_kinds, kind_masks, needed_kinds, no_gather
 from autoshard.strategies import OpStrategy
 
+_PATTERNS = aops.PATTERNS
 __all__ = [
     "KINDS",
     "Annotation",
@@ -59,8 +61,6 @@ __all__ = [
     "pin_problem",
     "resolve_annotations",
 ]
-
-_PATTERNS = {"column": Shard(0), "row": Shard(1), "vocab": Shard(0), "replicate": Replicate()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,15 +172,15 @@ def _resolve_one(
                     "operator (linear, matmul, embedding, convolution, grouped matmul) in a module",
                 )
             )
-        return {i.name: _tuple_mask(ann, i, strategies[i.name], mesh_shape) for i in ops}
+        return {i.name: _tuple_mask(ann, i, infos, strategies[i.name], mesh_shape) for i in ops}
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] == "ring":
         return _ring_masks(ann, infos, strategies, template, mesh_shape, target)
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
             raise AnnotationError(_no_match(ann, infos, "module with parameters"))
-        pinned = {
-            i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape, i.name in stored) for i in by_module
-        }
+        flip = aops.stored_transposed(infos)  # Conv1D's weights: [in, out]
+        pinned = {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape, i.name in stored, i.name in flip)
+                  for i in by_module}  # fmt: skip
         return pinned | _computation_masks(ann, by_module, infos, strategies, template, mesh_shape)
     if not by_param:
         raise AnnotationError(_no_match(ann, infos, "parameter, buffer or input"))
@@ -247,10 +247,11 @@ def _spec_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], spec: Shardin
 
 
 def _pattern_mask(
-    ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape, stored: bool = False
+    ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape, stored: bool = False, flip: bool = False
 ) -> np.ndarray:
     """The weight's storage under a layout pin: the named axis split as pinned; every other axis split the
-    same way or not at all, unless a placement pin decides the storage (``stored``: then those are free)."""
+    same way or not at all, unless a placement pin decides the storage (``stored``: then those are free).
+    A weight its op reads ``[in, out]`` (``flip``: GPT-2's Conv1D) swaps the column and row dims."""
     name, _, axis_text = str(ann.choice).partition("@")
     if axis_text and not (axis_text.isdigit() and int(axis_text) < len(mesh_shape)):
         raise AnnotationError(
@@ -263,7 +264,7 @@ def _pattern_mask(
             )
         )
     axis = int(axis_text) if axis_text else len(mesh_shape) - 1
-    want = _PATTERNS[name]
+    want = aops.pattern_placement(name, flip)
     is_bias = _is_bias(info)
     if is_bias and name != "column":
         want = Replicate()  # a row-split (or replicated) linear's bias is whole on every device
@@ -293,7 +294,8 @@ def _pattern_mask(
 def _computation_masks(ann, params, infos, strategies, template, mesh_shape) -> dict[str, np.ndarray]:
     """Pin how the module's ops *use* its weight, not only where the weight is stored: ``column`` runs on
     the local ``S(0)`` shard with the output split on its last (feature) dim, ``row`` on the local ``S(1)``
-    shard with a Partial sum out, ``vocab`` on the local rows of the table, ``replicate`` on the whole weight.
+    shard with a Partial sum out, ``vocab`` on the local rows of the table, ``replicate`` on the whole weight
+    (column and row dims swapped where the op reads the weight ``[in, out]``: Conv1D's ``addmm``).
     Together with the weight's own pin, no gather can sit between the weight and its op on that axis."""
     name, _, axis_text = str(ann.choice).partition("@")
     axis = int(axis_text) if axis_text else len(mesh_shape) - 1
@@ -304,18 +306,17 @@ def _computation_masks(ann, params, infos, strategies, template, mesh_shape) -> 
             continue
         k = next(k for k, src in enumerate(op.inputs) if src in weights)
         ndim = len(op.outputs[0].shape) if op.outputs and op.outputs[0] is not None else 0
+        want = aops.pattern_placement(name, aops.reads_transposed(op, k, infos))
 
-        def fits(s: OpStrategy, k: int = k, ndim: int = ndim) -> bool:
+        def fits(s: OpStrategy, k: int = k, ndim: int = ndim, want=want) -> bool:
             used, out = _placements(s.inputs[k]), s.outputs[0]
-            if any(p not in (_PATTERNS[name], Replicate()) for p in used):  # never split another way
+            if any(p not in (want, Replicate()) for p in used):  # never split another way
                 return False
             if name == "column":
-                return used[axis] == Shard(0) and out is not None and out.placements[axis] == Shard(ndim - 1)
+                return used[axis] == want and out is not None and out.placements[axis] == Shard(ndim - 1)
             if name == "row":
-                return (
-                    used[axis] == Shard(1) and out is not None and isinstance(out.placements[axis], Partial)
-                )
-            return used[axis] == _PATTERNS[name]
+                return used[axis] == want and out is not None and isinstance(out.placements[axis], Partial)
+            return used[axis] == want
 
         mask = np.array([fits(s) for s in strategies[op.name]], dtype=bool)
         if not mask.any():
@@ -332,17 +333,20 @@ def _is_bias(info: NodeInfo) -> bool:
     return info.fqn.endswith("bias") or (info.outputs[0] is not None and len(info.outputs[0].shape) == 1)
 
 
-def _tuple_mask(ann, info: NodeInfo, options: Sequence[OpStrategy], mesh_shape) -> np.ndarray:
+def _tuple_mask(ann, info: NodeInfo, infos, options: Sequence[OpStrategy], mesh) -> np.ndarray:
+    """The strategies whose inputs, in the op's own order (``addmm``: bias, input, weight), split as told."""
+    aops.check_tuples(ann, info, infos)
     try:
-        specs = [from_strategy_tuple(t, mesh_shape) for t in ann.choice]
+        specs = [from_strategy_tuple(t, mesh) for t in ann.choice]
     except ShardingError as e:
         raise AnnotationError(f"annotation {ann.target!r}: {e}") from e
     mask = np.array([all(s.inputs[k] == spec for k, spec in enumerate(specs)) for s in options], dtype=bool)
     if not mask.any():
+        valid = {t: 0 for s in options if (t := aops.split_tuples(s.inputs, info, infos, mesh))}
         raise AnnotationError(
             f"annotation {ann.target!r} = {ann.choice!r} ({', '.join(map(str, specs))}) is not a valid strategy "
-            f"of {info.target} at {info.module}; valid ones include "
-            f"{', '.join(str(s) for s in list(options)[:6])}"
+            f"of {info.target} at {info.module}, whose tensors are ({', '.join(aops.operands(info, infos))}) in "
+            f"that order; valid ones include {', '.join(map(str, list(valid)[:6]))}"
         )
     return mask
 

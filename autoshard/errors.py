@@ -18,6 +18,7 @@ __all__ = [
     "ProfileError",
     "ShardingError",
     "UnsupportedOpError",
+    "VerifyError",
 ]
 
 
@@ -59,3 +60,7 @@ class PlanFileError(AutoshardError, ValueError):
 
 class PipelineError(AutoshardError, ValueError):
     """A pipeline pin does not fit: stages, microbatches, schedule or a stage cut."""
+
+
+class VerifyError(AutoshardError, RuntimeError):
+    """A verify run sent other traffic than the plan it checks lists (ring hops against ``ring_transfers``)."""

@@ -18,6 +18,7 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
   stage ranks on the mesh; recompute a known policy and ``recompute_blocks`` null or a count >= 1;
 - context parallelism: ``context_layout`` is contiguous or zigzag, ``context_axis`` an axis of more than one
   device (required by zigzag);
+- precision: a recipe the cost model prices (``cost_models.memory.RECIPES``; absent in older files: bf16);
 - ranking: a step claimed optimal (``solver.step_optimal``) has a ``step_bound`` it does not exceed.
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
@@ -39,6 +40,7 @@ from typing import Any
 
 from autoshard.errors import PlanFileError, ShardingError
 from autoshard.placement import Shard, parse_placement
+from cost_models.memory import RECIPES
 
 __all__ = ["DEGREE_KINDS", "check_data", "check_text"]
 
@@ -98,6 +100,16 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
     _degrees(data, math.prod(mesh), source)
     _context(data, mesh, source)
     _ranking(data, source)
+    _precision(data, source)
+
+
+def _precision(data: Mapping[str, Any], source: str) -> None:
+    """The recipe the plan was priced under is one the cost model knows (an older file has none: bf16)."""
+    name = data.get("precision", "bf16")
+    if not isinstance(name, str) or name not in RECIPES:
+        raise _fail(
+            source, "precision", f"{name!r} is not a priced recipe (one of {', '.join(sorted(RECIPES))})"
+        )
 
 
 def _ranking(data: Mapping[str, Any], source: str) -> None:

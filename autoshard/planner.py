@@ -72,7 +72,7 @@ from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, PrecisionPolicy, Recompute, StepCache, recipe
 from autoshard.problem.extract import extract_plan
 from autoshard.search import BoundExceeded, Solution
-from autoshard.steering import budget_refusal, check_stages
+from autoshard.steering import budget_refusal, check_stages, has_stage_pin
 
 __all__ = ["plan"]
 
@@ -141,21 +141,21 @@ def plan(
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
             stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too,
             with the fused plan's step, or this if lower, as its ceiling).
-        precision: the training recipe priced: ``"bf16"`` or ``"amp"`` (``cost_models.memory.RECIPES``).
+        precision: the training recipe priced: ``"bf16"`` or ``"amp"`` (``Plan.precision``).
 
     Raises:
         CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
         :class:`AutoshardError`.
     """
-    staged = pipeline is not None or microbatches not in (None, 1) or _has_stage_pin(annotations)
-    check_stages(forbidden_kinds(allow, forbid), pipeline, _has_stage_pin(annotations))  # pp forbidden
+    staged = pipeline is not None or microbatches not in (None, 1) or has_stage_pin(annotations)
+    check_stages(forbidden_kinds(allow, forbid), pipeline, has_stage_pin(annotations))  # pp forbidden
     if staged or schedule != "auto":  # a schedule without stages is refused there (pipeline/options.py)
-        return whole_samples(functools.partial(
+        return dataclasses.replace(whole_samples(functools.partial(
             _plan_pipelined, model, cluster, example_args, example_kwargs, annotations=annotations,
             training=training, memory_limit=memory_limit, recompute=recompute, search=search,
             time_limit=time_limit, blocks=blocks, progress=progress, pipeline=pipeline, schedule=schedule,
             kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout, precision=recipe(precision)),
-        microbatches)  # fmt: skip
+        microbatches), precision=precision)  # fmt: skip
     timings: dict[str, float] = {}
     start = time.perf_counter()
     say = progress or (lambda stage: None)
@@ -173,9 +173,8 @@ def plan(
         recompute=recompute, search=search, time_limit=time_limit, say=say, kinds=kinds, cp_layout=cp_layout,
         ceiling=float("inf") if fuses else ceiling, precision=recipe(precision),
     )  # fmt: skip
-    fused: Plan | AutoshardError
     try:
-        fused = solve_one(captured, timings)
+        fused: Plan | AutoshardError = solve_one(captured, timings)
     except (InfeasibleError, AnnotationError) as e:
         fused = e
     result: Plan | AutoshardError = fused
@@ -200,9 +199,8 @@ def plan(
     if isinstance(result, AutoshardError):
         raise result
     timings = {**timings, **result.timings, "capture": timings["capture"]}
-    timings["total"] = time.perf_counter() - start
-    result = dataclasses.replace(result, timings=timings)
-    return dataclasses.replace(result, replicated_ops=replicated) if replicated else result
+    timings["total"] = time.perf_counter() - start  # only plan() sets replicated_ops; the recipe said too
+    return dataclasses.replace(result, timings=timings, replicated_ops=replicated, precision=precision)
 
 
 def _plan_captured(
@@ -300,10 +298,6 @@ def _plan_captured(
     flat = ranked(found, free, built, solution, read, search, time_limit, annotations, kinds)  # by the step
     bounded = ("not solved, bounded: " + "; ".join(skipped),) if skipped else ()  # planner_policy.py
     return dataclasses.replace(flat, degrees=degrees_of(flat), notes=(*flat.notes, *bounded))
-
-
-def _has_stage_pin(annotations: Mapping[str, Any] | None) -> bool:
-    return any(isinstance(v, str) and v == "stage" for v in (annotations or {}).values())
 
 
 def _plan_pipelined(

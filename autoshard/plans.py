@@ -218,6 +218,9 @@ class Plan:
     ring_transfers: tuple[RingTransfer, ...] = ()
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
+    # The precision recipe the plan was priced under (``cost_models.memory.RECIPES``): "bf16" (the model's own
+    # dtypes, fp32 master + Adam moments for 16-bit weights) or "amp" (fp32 weights under bf16 autocast)
+    precision: str = "bf16"
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -262,6 +265,12 @@ class Plan:
         from autoshard.report.table import render  # the report reads plans; import it only when asked
 
         return render(self, width=width)
+
+    def recipe_note(self, runner: str, runs: str) -> str:
+        """One line when ``runner`` runs another recipe (``runs``) than :attr:`precision`, else ""."""
+        from autoshard.report.figures import recipe_note
+
+        return recipe_note(self, runner, runs)
 
     # -- files ------------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -319,6 +328,7 @@ class Plan:
                 context_layout=str(data.get("context_layout", "contiguous")),
                 ring_transfers=tuple(RingTransfer(**r) for r in data.get("ring_transfers", ())),
                 pinned=tuple(str(p) for p in data.get("pinned", ())),
+                precision=str(data.get("precision", "bf16")),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

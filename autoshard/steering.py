@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +65,7 @@ __all__ = [
     "check_stages",
     "forbid_gathers",
     "forbidden_kinds",
+    "has_stage_pin",
     "kind_masks",
     "needed_kinds",
     "no_gather",
@@ -100,6 +102,11 @@ def forbidden_kinds(allow: Sequence[str] = (), forbid: Sequence[str] = ()) -> fr
     if both:
         raise AnnotationError(f"{', '.join(sorted(both))} both allowed and forbidden: drop one side")
     return frozenset(forbid) | (frozenset(KINDS) - frozenset(allow) if allow else frozenset())
+
+
+def has_stage_pin(annotations: Mapping[str, Any] | None) -> bool:
+    """Whether an annotation starts a pipeline stage (``{"model.layers.4": "stage"}``)."""
+    return any(isinstance(v, str) and v == "stage" for v in (annotations or {}).values())
 
 
 def check_stages(kinds: frozenset[str], pipeline: object, stage_pin: bool) -> None:

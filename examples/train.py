@@ -232,6 +232,7 @@ def _train(args: argparse.Namespace) -> None:
     model = _meta_model(args.model)
     start_rss = _rss_now()  # imports, the process group and the model on meta: nothing of the weights yet
     batch, seq = plan_batch(plan)
+    print(plan.recipe_note("train.py", "float32 weights without autocast") if rank == 0 else "", end="")
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     has_weights = any(Path(args.model).glob("*.safetensors"))
     weights = SafetensorsWeights(args.model, model) if has_weights else InitWeights(model, args.seed)

@@ -58,6 +58,7 @@ from autoshard.capture.blocks import (
 from autoshard.capture.causal import mark_causal_masks
 from autoshard.capture.clean import clean, remaining_higher_order_ops
 from autoshard.capture.diagnose import explain_failure, first_line
+from autoshard.capture.gqa import mark_repeated_kv
 from autoshard.capture.meta import (
     META_ALIASES,
     META_FQN,
@@ -259,6 +260,7 @@ def _prepare(traced: Traced, model: nn.Module, notes: list[str], fuse_experts: b
         notes.extend(traced.gm.meta.pop(BN_NOTES_KEY, []))
         if mark_causal_masks(traced.gm):  # an HF model's explicit mask: causal for context parallelism
             notes.append("explicit attention masks proven causal (context parallelism runs them per chunk)")
+        mark_repeated_kv(traced.gm)  # grouped-query K/V copies: a ring rotates the originals
         left = remaining_higher_order_ops(traced.gm)
         if left:
             notes.append(f"control-flow ops kept as they are (cannot be inlined): {', '.join(left)}")

@@ -36,6 +36,9 @@ Meta keys (``node.meta[KEY]``), all written by :mod:`autoshard.capture.annotate`
                           (written by :mod:`autoshard.capture.clean`); they never carry gradients.
 ``META_CAUSAL_MASK``      ``True`` on a ``scaled_dot_product_attention`` whose explicit boolean mask is
                           proven to be the causal mask (written by :mod:`autoshard.capture.causal`).
+``META_KV_REPEATS``       ``int`` on a ``scaled_dot_product_attention`` whose K and V are grouped-query
+                          copies (each K/V head repeated ``r`` times in a row, HF's ``repeat_kv``):
+                          ``r`` (written by :mod:`autoshard.capture.gqa`).
 ========================  ==========================================================================
 
 Example::
@@ -62,6 +65,7 @@ __all__ = [
     "META_FLOPS",
     "META_FQN",
     "META_KIND",
+    "META_KV_REPEATS",
     "META_MODULE",
     "META_MODULE_TYPE",
     "META_NO_GRAD",
@@ -94,6 +98,7 @@ META_ALIASES = "autoshard_aliases"
 META_NO_GRAD = "autoshard_no_grad"
 META_RUN = "autoshard_run"
 META_CAUSAL_MASK = "autoshard_causal_mask"
+META_KV_REPEATS = "autoshard_kv_repeats"
 
 PlaceholderKind = Literal["parameter", "buffer", "constant", "user_input"]
 Method = Literal["export", "symbolic_trace"]

@@ -22,6 +22,7 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from autoshard.plans import load_plan
     from autoshard.report.explain import explain, rebuild, render, render_summary
+    from autoshard.report.figures import recipe_text
     from autoshard.report.proof import proof_line
 
     plan = load_plan(args.plan)
@@ -30,5 +31,6 @@ def run(args: argparse.Namespace) -> int:
         print(render_summary(found))
     else:
         print("\n\n".join(render(e) for e in found))
+    print(f"priced for: {recipe_text(plan.precision, plan.training)}")  # Plan.precision, as rebuilt
     print("proven: " + proof_line(plan))  # the same claim as the report's
     return 0

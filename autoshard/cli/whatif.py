@@ -4,7 +4,8 @@ Reads saved plans, turns each into its step time as a sympy expression (:mod:`au
 prints, for every varied symbol (batch, seq, devices, bandwidth), where each plan cannot run (a batch below
 its batch split, memory over its budget: the rules ``search`` plans under), the values where one of the
 other plans becomes faster, naming both, or, for a plan that never crosses the first in the range, which of
-the two is faster where both run and by how much.  Nothing is re-planned: each plan keeps its strategies.
+the two is faster where both run and by how much.  Nothing is re-planned: each plan keeps its strategies
+and the precision recipe it was priced for (named beside each plan when one is not bf16).
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
     for cost in costs:  # refuse before printing anything
         for name, _, _ in args.vary:
             check_varies(cost, name)
-    for cost in costs:
+    recipes = {plan.precision for plan in plans}  # each plan keeps the recipe it was priced for
+    for cost, plan in zip(costs, plans, strict=True):
         point = ", ".join(f"{k}={v:g}" for k, v in cost.reference.items())
-        print(f"{cost.name}: {cost.at() * 1e3:.4g} ms at {point}")
+        said = f" ({plan.precision} recipe)" if recipes != {"bf16"} else ""  # Plan.precision
+        print(f"{cost.name}: {cost.at() * 1e3:.4g} ms at {point}{said}")
         if args.show:
             print(f"  = {cost.expr}")
     for name, lo, hi in args.vary:

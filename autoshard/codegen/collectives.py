@@ -53,6 +53,7 @@ from autoshard.strategies.local import zigzag_chunks
 __all__ = [
     "CollectiveRecord",
     "MeshComm",
+    "RingHop",
     "format_steps",
     "join_unused",
     "parse_steps",
@@ -70,17 +71,27 @@ class CollectiveRecord(NamedTuple):
     nbytes: int  # nccl-tests S: the buffer unsharded over the axis (as Step.nbytes)
 
 
+class RingHop(NamedTuple):
+    """One hop of context parallelism's K/V ring as this rank sent it (:mod:`autoshard.codegen.context`)."""
+
+    phase: str  # "forward" | "backward"
+    mesh_axis: int
+    nbytes: int  # what this rank sent: its K and V (and, backward, their gradients)
+    sends: int  # its point-to-point sends (one per tensor)
+
+
 class MeshComm:
     """This rank's view of the device mesh: its coordinate and one process group per mesh axis.
 
     ``log`` is ``None`` (not recording) or a list that every collective appends a :class:`CollectiveRecord`
     to; compare the lists of all ranks to check that they issue the same collectives in the same order.
+    ``hops`` likewise records every ring hop this rank sends (:class:`RingHop`; ``Plan.ring_transfers``).
     ``zigzag_axis`` is the mesh axis whose splits use the load-balanced layout of context parallelism (member
     ``k`` of ``n`` holds chunks ``k`` and ``2n - 1 - k`` of ``2n``): its steps reorder chunks where they
     gather or split, so a gathered tensor is in global order again.
     """
 
-    __slots__ = ("coord", "groups", "log", "mesh_shape", "zigzag_axis")
+    __slots__ = ("coord", "groups", "hops", "log", "mesh_shape", "zigzag_axis")
 
     def __init__(
         self,
@@ -94,6 +105,7 @@ class MeshComm:
         self.coord = tuple(int(c) for c in coord)
         self.groups = tuple(groups)
         self.log: list[CollectiveRecord] | None = [] if record else None
+        self.hops: list[RingHop] | None = [] if record else None
         self.zigzag_axis: int | None = None
         if not (len(self.mesh_shape) == len(self.coord) == len(self.groups)):
             raise ValueError(

@@ -1,13 +1,17 @@
 """Context parallelism: causal attention with the sequence split over one mesh axis's process group.
 
 torch's ``context_parallel`` fails on CPU (ARCHITECTURE.md), so the two variants are written here with plain
-``torch.distributed`` point-to-point and collective calls, as autograd functions:
+``torch.distributed`` point-to-point and collective calls:
 
 - :func:`ring_attention`: K/V chunks travel around the ring (``isend``/``irecv`` to the next rank) while each
   rank attends its queries to the chunk it holds; partial results merge by log-sum-exp.  Backward runs the ring
-  again, the K/V gradients travelling with their chunks and arriving home after one extra hop.
-- :func:`allgather_kv_attention`: K and V are all-gathered once; backward all-reduces their gradients and keeps
-  the local chunks (gloo has no reduce-scatter).
+  again, the K/V gradients travelling with their chunks and arriving home after one extra hop.  It is an op
+  of its own (``torch.ops.autoshard.ring_attention``, with its autograd formula), so that selective
+  recomputation saves its output as it saves a fused attention's (:mod:`autoshard.codegen.recompute`), and
+  every hop can be logged (``MeshComm.hops``, counted by verify against ``Plan.ring_transfers``).
+  Grouped-query K/V copies (HF's ``repeat_kv``) travel as one head per run of copies (:func:`context_sdpa`).
+- :func:`autoshard.codegen.context_gather.allgather_kv_attention`: K and V are all-gathered once; backward
+  all-reduces their gradients and keeps the local chunks (gloo has no reduce-scatter).
 
 Sequence layout.  With ``layout="zigzag"`` (the load-balanced one) the sequence is cut into ``2n`` chunks and
 rank ``r`` holds chunks ``r`` and ``2n-1-r``: under a causal mask every rank then does the same work.  With
@@ -21,18 +25,21 @@ Shapes: ``q (B, H, L, E)``, ``k (B, Hkv, L, E)``, ``v (B, Hkv, L, Ev)`` with ``L
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
+from autoshard.codegen.collectives import RingHop
+from autoshard.problem.attention import kv_stride
 from autoshard.strategies.local import zigzag_chunks
 
 __all__ = [
     "Layout",
-    "allgather_kv_attention",
     "chunk_ids",
     "ring_attention",
+    "ring_op",
     "shard_sequence",
     "unshard_sequence",
 ]
@@ -141,6 +148,14 @@ def _peers(group: Any) -> tuple[int, int, int, int]:
     return rank, size, nxt, prv
 
 
+HopLog = Callable[[str, int, int], None]  # (phase, bytes this rank sends in one hop, its sends)
+
+
+def _note(hops: HopLog | None, phase: str, tensors: list[torch.Tensor]) -> None:
+    if hops is not None:
+        hops(phase, sum(t.numel() * t.element_size() for t in tensors), len(tensors))
+
+
 def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list[torch.Tensor]:
     """Send each tensor to the next rank, receive the previous rank's (one ring hop).  Both buffers are
     contiguous whatever the strides of ``tensors`` (a transposed K, or ``zeros_like`` of one): gloo sends and
@@ -153,68 +168,105 @@ def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list
     return received
 
 
-class _Ring(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        group: Any,
-        layout: Layout,
-        mask: torch.Tensor | None,
-        scale: float | None,
-    ) -> torch.Tensor:
-        rank, size, nxt, prv = _peers(group)
-        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        ids = chunk_ids(rank, size, layout)
-        chunk = q.shape[2] // len(ids)
-        heads = q.shape[1]
-        lse = torch.full(q.shape[:3], -math.inf, dtype=q.dtype, device=q.device)  # (B, H, L)
-        out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
-        kv = [k, v]
-        for step in range(size):
-            owner = (rank - step) % size
-            ke, ve = _expand_kv(kv[0], heads), _expand_kv(kv[1], heads)
-            for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
-                scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
-                old = lse[:, :, qs]
-                new = torch.logaddexp(old, torch.logsumexp(scores, dim=-1))
-                weights = torch.exp(scores - new[..., None]).nan_to_num(0.0)
-                rescale = torch.exp(old - new).nan_to_num(0.0)[..., None]
-                out[:, :, qs] = out[:, :, qs] * rescale + weights @ ve[:, :, ks]
-                lse[:, :, qs] = new
-            if step + 1 < size:
-                kv = _rotate(kv, nxt, prv, group)
-        ctx.save_for_backward(q, k, v, out, lse, mask)
-        ctx.group, ctx.layout, ctx.scale = group, layout, scale
-        return out
+_RINGS: dict[int, tuple[Any, HopLog | None]] = {}  # the ring op's non-tensor arguments, by key
+_KEYS: dict[tuple[int, int], int] = {}
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse, mask = ctx.saved_tensors
-        group, layout, scale = ctx.group, ctx.layout, ctx.scale
-        rank, size, nxt, prv = _peers(group)
-        ids = chunk_ids(rank, size, layout)
-        chunk = q.shape[2] // len(ids)
-        heads, kv_heads = q.shape[1], k.shape[1]
-        delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
-        dq = torch.zeros_like(q)
-        travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
-        for step in range(size):
-            owner = (rank - step) % size
-            kk, vv, dk, dv = travelling
-            ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
-            for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
-                scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
-                probs = torch.exp(scores - lse[:, :, qs, None]).nan_to_num(0.0)
-                g = grad_out[:, :, qs]
-                dv[:, :, ks] += _fold_kv(probs.transpose(-1, -2) @ g, kv_heads)
-                dscores = probs * (g @ ve[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
-                dq[:, :, qs] += (dscores @ ke[:, :, ks]) * scale
-                dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ q[:, :, qs]) * scale, kv_heads)
-            travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)  # the last hop brings dK, dV home
-        return dq, travelling[2], travelling[3], None, None, None, None
+
+def _ring_key(group: Any, hops: HopLog | None) -> int:
+    """A stable int naming (process group, hop log) for the op's schema (both stay referenced here)."""
+    ident = (id(group), id(hops))
+    if ident not in _KEYS:
+        _KEYS[ident] = len(_RINGS)
+        _RINGS[len(_RINGS)] = (group, hops)
+    return _KEYS[ident]
+
+
+@torch.library.custom_op("autoshard::ring_attention", mutates_args=())
+def _ring_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    ring: int,
+    layout: str,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of this rank's queries against every K/V block, the blocks travelling around the ring.  An
+    op of its own, so that selective recomputation keeps its output (``codegen/recompute.SAVED_OPS``) as it
+    keeps a fused attention's, rather than running the ring again in backward."""
+    group, hops = _RINGS[ring]
+    rank, size, nxt, prv = _peers(group)
+    ids = chunk_ids(rank, size, layout)  # type: ignore[arg-type]
+    chunk = q.shape[2] // len(ids)
+    heads = q.shape[1]
+    lse = torch.full(q.shape[:3], -math.inf, dtype=q.dtype, device=q.device)  # (B, H, L)
+    out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
+    kv = [k, v]
+    for step in range(size):
+        owner = (rank - step) % size
+        ke, ve = _expand_kv(kv[0], heads), _expand_kv(kv[1], heads)
+        for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):  # type: ignore[arg-type]
+            scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
+            old = lse[:, :, qs]
+            new = torch.logaddexp(old, torch.logsumexp(scores, dim=-1))
+            weights = torch.exp(scores - new[..., None]).nan_to_num(0.0)
+            rescale = torch.exp(old - new).nan_to_num(0.0)[..., None]
+            out[:, :, qs] = out[:, :, qs] * rescale + weights @ ve[:, :, ks]
+            lse[:, :, qs] = new
+        if step + 1 < size:
+            _note(hops, "forward", kv)
+            kv = _rotate(kv, nxt, prv, group)
+    return out, lse
+
+
+@_ring_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(*q.shape[:3], v.shape[-1]), q.new_empty(q.shape[:3])
+
+
+def _save(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    q, k, v, mask, ring, layout, scale = inputs
+    ctx.save_for_backward(q, k, v, *output, mask)
+    ctx.ring, ctx.layout, ctx.scale = ring, layout, scale
+
+
+def _ring_backward(
+    ctx: Any, grad_out: torch.Tensor, _: torch.Tensor | None
+) -> tuple[torch.Tensor | None, ...]:
+    """The ring again: K, V and their gradients travel; the last hop brings dK, dV home."""
+    q, k, v, out, lse, mask = ctx.saved_tensors
+    layout, scale = ctx.layout, ctx.scale
+    group, hops = _RINGS[ctx.ring]
+    rank, size, nxt, prv = _peers(group)
+    ids = chunk_ids(rank, size, layout)
+    chunk = q.shape[2] // len(ids)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
+    dq = torch.zeros_like(q)
+    travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
+    for step in range(size):
+        owner = (rank - step) % size
+        kk, vv, dk, dv = travelling
+        ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
+        for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
+            scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
+            probs = torch.exp(scores - lse[:, :, qs, None]).nan_to_num(0.0)
+            g = grad_out[:, :, qs]
+            dv[:, :, ks] += _fold_kv(probs.transpose(-1, -2) @ g, kv_heads)
+            dscores = probs * (g @ ve[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
+            dq[:, :, qs] += (dscores @ ke[:, :, ks]) * scale
+            dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ q[:, :, qs]) * scale, kv_heads)
+        _note(hops, "backward", [kk, vv, dk, dv])
+        travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)
+    return dq, travelling[2], travelling[3], None, None, None, None
+
+
+_ring_op.register_autograd(_ring_backward, setup_context=_save)
+
+
+def ring_op() -> Any:
+    """The ring's op overload (``torch.ops.autoshard.ring_attention.default``), for recomputation policies."""
+    return torch.ops.autoshard.ring_attention.default
 
 
 def ring_attention(
@@ -225,70 +277,17 @@ def ring_attention(
     layout: Layout = "zigzag",
     mask: torch.Tensor | None = None,
     scale: float | None = None,
+    hops: HopLog | None = None,
 ) -> torch.Tensor:
     """Attention of this rank's sequence piece (``layout``) against the whole sequence, by a K/V ring.
 
     Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
     order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
+    ``hops``: called ``(phase, bytes sent, sends)`` before every hop (verify counts them, :class:`RingHop`);
+    pass the same callable for every call on one ring (it keys the op's arguments).
     """
-    return _Ring.apply(q, k, v, group, layout, mask, scale)
-
-
-def _local_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
-) -> torch.Tensor:
-    heads = q.shape[1]
-    return torch.nn.functional.scaled_dot_product_attention(
-        q, _expand_kv(k, heads), _expand_kv(v, heads), attn_mask=visible
-    )
-
-
-class _Gathered(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, layout: Layout
-    ) -> torch.Tensor:
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        ids = chunk_ids(rank, size, layout)
-        chunk = q.shape[2] // len(ids)
-        whole_k, whole_v = (_all_gather_sequence(t, group, layout) for t in (k, v))
-        visible = _mask(ids, tuple(range(_chunks(size, layout))), chunk, q.device, None)
-        ctx.save_for_backward(q, whole_k, whole_v, visible)
-        ctx.group, ctx.layout = group, layout
-        return _local_attention(q, whole_k, whole_v, visible)
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, whole_k, whole_v, visible = ctx.saved_tensors
-        group, layout = ctx.group, ctx.layout
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(True) for t in (q, whole_k, whole_v)]
-            out = _local_attention(leaves[0], leaves[1], leaves[2], visible)
-            dq, dk, dv = torch.autograd.grad(out, leaves, grad_out)
-        for grad in (dk, dv):  # every rank's queries read every key: sum, then keep this rank's piece
-            dist.all_reduce(grad, group=group)
-        dim = 2
-        return (
-            dq,
-            shard_sequence(dk, dim, rank, size, layout),
-            shard_sequence(dv, dim, rank, size, layout),
-            None,
-            None,
-        )
-
-
-def _all_gather_sequence(t: torch.Tensor, group: Any, layout: Layout) -> torch.Tensor:
-    pieces = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(pieces, t.contiguous(), group=group)
-    return unshard_sequence(pieces, 2, layout)
-
-
-def allgather_kv_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None, layout: Layout = "zigzag"
-) -> torch.Tensor:
-    """Causal attention of this rank's sequence piece against the whole sequence, K/V all-gathered once."""
-    return _Gathered.apply(q, k, v, group, layout)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return _ring_op(q, k, v, mask, _ring_key(group, hops), layout, float(scale))[0]
 
 
 def context_sdpa(
@@ -301,6 +300,7 @@ def context_sdpa(
     comm: Any,
     scale: float | None = None,
     is_causal: bool = False,
+    kv_repeats: int = 1,
 ) -> torch.Tensor:
     """What an emitted module runs for ``scaled_dot_product_attention`` under a ring strategy on ``axis``.
 
@@ -308,6 +308,11 @@ def context_sdpa(
     plan's ``context_layout``), else contiguous; ``attn_mask`` holds this rank's query rows (in that layout)
     over every key (in global order).  Without a mask and without ``is_causal`` every key is visible.
     ``comm`` is the emitted module's :class:`~autoshard.codegen.collectives.MeshComm`.
+
+    ``kv_repeats``: ``k`` and ``v`` are grouped-query copies, each K/V head repeated that many times in a row
+    (``META_KV_REPEATS``).  The ring then rotates every :func:`~autoshard.problem.attention.kv_stride`-th
+    local head and copies it back per hop -- the bytes the plan prices (``Plan.ring_transfers``).  Autograd
+    sends the gradient of the copies to the heads read, and the graph's own copy (``expand``) sums it back.
     """
     if attn_mask is None and not is_causal:
         attn_mask = torch.ones(
@@ -316,7 +321,25 @@ def context_sdpa(
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise TypeError(f"ring attention takes a boolean mask, got {attn_mask.dtype}")
     layout: Layout = "zigzag" if comm.zigzag_axis == axis else "contiguous"
-    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale)
+    if kv_repeats > 1:
+        k = k[:, :: kv_stride(kv_repeats, k.shape[1])]
+        v = v[:, :: kv_stride(kv_repeats, v.shape[1])]
+    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
+
+
+_LOGS: dict[tuple[int, int], HopLog] = {}
+
+
+def _hop_log(comm: Any, axis: int) -> HopLog | None:
+    """One callable per (comm's hop list, axis) appending a :class:`RingHop` per hop, or None unrecorded."""
+    hops = comm.hops
+    if hops is None:
+        return None
+
+    def note(phase: str, nbytes: int, sends: int) -> None:
+        hops.append(RingHop(phase, axis, nbytes, sends))
+
+    return _LOGS.setdefault((id(hops), axis), note)
 
 
 context_sdpa.takes_comm = True  # type: ignore[attr-defined]  # codegen passes the module's MeshComm

@@ -9,7 +9,7 @@ submodule (``torch.fx.passes.utils.fuser_utils.fuse_by_partitions``) that runs u
 - ``"full"``: nothing inside a block is kept for backward; the block's forward runs again in backward;
 - ``"selective"``: torchtitan's op-level selective activation checkpointing: a
   ``create_selective_checkpoint_contexts`` policy that saves the outputs of matmul-like ops (mm, addmm,
-  bmm, fused attention, grouped mm) and re-runs everything else.
+  bmm, fused attention, ring attention, grouped mm) and re-runs everything else.
 
 What is inside a block: ops of that block (``META_BLOCK``), moves between block nodes (tagged by lower),
 and untagged helpers (parameters, ``getitem``, ``detach``) whose users are all in that block.  Moves of
@@ -33,6 +33,7 @@ from torch import fx, nn
 from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from autoshard.codegen import context
 from autoshard.codegen.dispatch import META_DISPATCH
 from autoshard.codegen.lower import META_BLOCK, META_STEPS, EdgeRecord
 
@@ -47,7 +48,7 @@ SAVED_OPS = frozenset(
         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
     )
     if (op := getattr(getattr(aten, name, None), "default", None)) is not None
-)  # fmt: skip
+) | {context.ring_op()}  # fmt: skip
 """Ops whose outputs the selective policy keeps (torchtitan's op-level save list, all matmuls saved)."""
 
 

@@ -18,7 +18,7 @@ import re
 
 from autoshard.pipeline.cuts import cut_collectives
 from autoshard.pipeline.layers import boundary_bytes, part_costs, tied_weights
-from autoshard.pipeline.schedules import device_of_chunk, in_flight, p2p_time, tied_sync_time
+from autoshard.pipeline.schedules import chunk_sends, device_of_chunk, in_flight, p2p_time, tied_sync_time
 from autoshard.pipeline.search import Candidate
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan
@@ -222,7 +222,7 @@ def _exposed(
         per_microbatch += k * layer + (costs.gather_head if k else 0.0)
         per_microbatch += pre * (c == 0) + post * (c == chunks - 1)
         once += costs.exposed_once[0] * (c == 0) + costs.exposed_once[1] * (c == chunks - 1)
-        sends += (c < chunks - 1) + (c > 0)
+        sends += sum(chunk_sends(split.schedule, c, chunks, split.degree))  # none within a device
         cut += math.fsum(
             a.seconds for a in added if a.node == "output" and a.layer == split.bounds[c + 1] - 1
         )

@@ -20,7 +20,9 @@ so a stage of ``k`` layers is priced as the intra-op planner prices a plan of th
   :func:`cost_models.overlap.exposed_gradient_sync`); syncs outside the layers exposed in full;
 * memory: a tied parameter (GPT-2's embedding and head) counts in every part that reads it, as each stage
   holding a reader keeps a copy; the bytes of its local gradient, which the copies sum every step when the
-  first and last stage differ (:attr:`StageCosts.tied_bytes`, :func:`tied_weights`).
+  first and last stage differ (:attr:`StageCosts.tied_bytes`, :func:`tied_weights`);
+* the precision recipe (``CostOptions.precision``): a tied gradient's bytes and the activations sent
+  between stages (:func:`boundary_bytes`) are the recipe's (amp: fp32 gradients and residual stream).
 
 Also here: :func:`stage_memory_problem`, the search problem's memory re-weighted for one stage, so that the
 intra-op search on the sub-mesh fits the stage that holds ``L / p`` layers (the largest share any stage can
@@ -36,6 +38,7 @@ import numpy as np
 
 from autoshard.pipeline.stages import Part, StageCosts
 from autoshard.placement import Shard
+from autoshard.problem.autocast import autocast_scale
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import node_compute, node_memory, optimizer_time
 from autoshard.problem.extract import plan_collectives
@@ -164,7 +167,8 @@ def tied_weights(built: BuiltProblem, solution: Solution) -> list[tuple[str, int
         if seen != {_PRE, _POST} or not info.requires_grad or meta is None:
             continue
         spec = built.strategies[name][chosen[name]].outputs[0]
-        found.append((name, int(meta.nbytes // _shards(spec, built.cluster.mesh_shape))))
+        grads = meta.numel * built.options.grad_bytes(meta.itemsize)  # the recipe's (amp: fp32 gradients)
+        found.append((name, int(grads // _shards(spec, built.cluster.mesh_shape))))
     return found
 
 
@@ -193,7 +197,10 @@ def boundary_bytes(built: BuiltProblem, solution: Solution) -> float:
         spec = chosen[built.template[u.name]].outputs[use.which]
         if meta is None:
             continue
-        total += meta.nbytes / _shards(spec, mesh)
+        amp = (
+            autocast_scale(u, built.options.precision) if use.which == 0 else 1.0
+        )  # amp: fp32 residual stream
+        total += meta.nbytes * amp / _shards(spec, mesh)
     return total
 
 

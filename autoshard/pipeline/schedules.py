@@ -40,7 +40,9 @@ __all__ = [
     "TORCH_CLASS",
     "Schedule",
     "bubble_fraction",
+    "chunk_sends",
     "device_of_chunk",
+    "hand_offs",
     "in_flight",
     "p2p_time",
     "step_time",
@@ -121,6 +123,23 @@ def device_of_chunk(schedule: Schedule, chunk: int, degree: int) -> int:
     if schedule is Schedule.ZB_V:
         return chunk if chunk < degree else 2 * degree - 1 - chunk
     return chunk % degree
+
+
+def hand_offs(schedule: Schedule, chunks: int, degree: int) -> tuple[bool, ...]:
+    """Per cut between chunk ``c`` and ``c + 1``: whether it is a p2p send (one each way per microbatch) --
+    False where both chunks run on one device (ZB-V's turn at the last device), which torch hands over
+    in memory (``set_local_fwd_input``), no send.  The one rule pricing and ``verify`` both count by."""
+    return tuple(
+        device_of_chunk(schedule, c, degree) != device_of_chunk(schedule, c + 1, degree)
+        for c in range(chunks - 1)
+    )
+
+
+def chunk_sends(schedule: Schedule, chunk: int, chunks: int, degree: int) -> tuple[bool, bool]:
+    """Whether chunk ``chunk`` sends its activations to the next chunk and its input gradients to the
+    previous one over p2p, per microbatch (:func:`hand_offs`)."""
+    cuts = hand_offs(schedule, chunks, degree)
+    return (chunk < chunks - 1 and cuts[chunk], chunk > 0 and cuts[chunk - 1])
 
 
 def in_flight(schedule: Schedule, device: int, degree: int, virtual: int, microbatches: int) -> float:

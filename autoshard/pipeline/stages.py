@@ -9,14 +9,15 @@ Output: :class:`StageSplit` — the cut points, per-device times and memory, the
 A model of ``L`` identical layers is cut into ``C = p·v`` chunks; chunk ``c`` holds layers ``[l_c, l_{c+1})``
 (``l_0 = 0``, ``l_C = L``, every chunk at least one layer), chunk 0 also ``pre`` and chunk ``C − 1`` also
 ``post`` (so the first and last stages are unequal), and runs on device ``device_of_chunk(c)``.  A chunk's
-per-microbatch time is its parts' forward + backward plus one p2p send per neighbour (activations to the
-next chunk, gradients to the previous) plus, when it holds a layer, the first FSDP gather no compute hides;
-its once-per-step time is its parts' optimizer and exposed gradient synchronisation (the layers' share from
-:attr:`StageCosts.sync_exposed` by the layers its device holds, as :mod:`cost_models.overlap` hides it; the
-first and last chunk also the all-reduce of a weight tied between them, :attr:`StageCosts.tied_sync`), and
-its static memory its parts' sums (plus the runtime reserve once per device); its activation memory is its
-parts' per-microbatch activations times the microbatches its device holds in flight
-(:func:`~autoshard.pipeline.schedules.in_flight`).
+per-microbatch time is its parts' forward + backward plus one p2p send per neighbour on another device
+(activations to the next chunk, gradients to the previous; ZB-V's two chunks on the last device hand over in
+memory, :func:`~autoshard.pipeline.schedules.hand_offs`) plus, when it holds a layer, the first FSDP gather no
+compute hides; its once-per-step time is its parts' optimizer and exposed gradient synchronisation (the
+layers' share from :attr:`StageCosts.sync_exposed` by the layers its device holds, as
+:mod:`cost_models.overlap` hides it; the first and last chunk also the all-reduce of a weight tied between them,
+:attr:`StageCosts.tied_sync`), and its static memory its parts' sums (plus the runtime reserve once per
+device); its activation memory is its parts' per-microbatch activations times the microbatches its device
+holds in flight (:func:`~autoshard.pipeline.schedules.in_flight`).
 
 For ``v = 1`` the step time is ``Σ_d t_d + (m − 1) max_d t_d + max_d o_d`` (``t``: per microbatch, ``o``:
 once per step).  ``Σ_d t_d`` is the same for every cut (all layers and ``C − 1`` boundaries are paid once),
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoshard.pipeline.schedules import Schedule, device_of_chunk, in_flight, step_time
+from autoshard.pipeline.schedules import Schedule, chunk_sends, device_of_chunk, in_flight, step_time
 
 __all__ = ["Part", "StageCosts", "StageSplit", "best_split", "price_split"]
 
@@ -113,13 +114,15 @@ class StageSplit:
     chunk_seconds: tuple[float, ...]  # per chunk, forward + backward of one microbatch
 
 
-def _chunk(costs: StageCosts, c: int, chunks: int, start: int, end: int) -> Part:
+def _chunk(
+    costs: StageCosts, schedule: Schedule, degree: int, c: int, chunks: int, start: int, end: int
+) -> Part:
     part = costs.layer.times(end - start)
     if c == 0:
         part = part + costs.pre
     if c == chunks - 1:
         part = part + costs.post
-    sends = (c < chunks - 1, c > 0)  # activations to the next chunk, gradients to the previous
+    sends = chunk_sends(schedule, c, chunks, degree)  # activations on, gradients back; none within a device
     head = costs.gather_head if end > start else 0.0
     return part + Part(forward=costs.p2p_seconds * sends[0] + head, backward=costs.p2p_seconds * sends[1])
 
@@ -143,7 +146,7 @@ def price_split(
     chunks = degree * virtual
     assert len(bounds) == chunks + 1 and bounds[0] == 0 and bounds[-1] == costs.layers
     parts = [
-        _chunk(costs, c, chunks, bounds[c], bounds[c + 1])
+        _chunk(costs, schedule, degree, c, chunks, bounds[c], bounds[c + 1])
         + Part(once=_tied(costs, schedule, degree, c, chunks))
         for c in range(chunks)
     ]
@@ -190,7 +193,7 @@ def _tables(
     t, o, fits = np.full(shape, np.inf), np.full(shape, np.inf), np.zeros(shape, dtype=bool)
     synced = np.array([costs.exposed_sync(j) for j in range(n + 1)])  # a chunk's own sync tail, by layers
     for c in range(chunks):
-        extra = _chunk(costs, c, chunks, 0, 0)  # pre / post / p2p of this chunk, no layers
+        extra = _chunk(costs, schedule, degree, c, chunks, 0, 0)  # pre / post / p2p of this chunk, no layers
         d = device_of_chunk(schedule, c, degree)
         flight = in_flight(schedule, d, degree, virtual, microbatches)
         time = extra.forward + extra.backward + costs.gather_head + k * (lay.forward + lay.backward)

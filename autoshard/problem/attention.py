@@ -18,23 +18,33 @@ causal, the FLOPs are the triangle's share of the square (:func:`cost_models.com
 share an ``is_causal`` node's count keeps) and the mask's bytes are not read.  A ring's imbalance and hops are
 priced on top by :mod:`autoshard.problem.context`.
 
+Grouped-query K/V and the ring.  Where K and V are grouped-query copies (``NodeInfo.kv_repeats`` ``r``:
+each K/V head repeated ``r`` times in a row, proven by :mod:`autoshard.capture.gqa`), a device's ``h``
+contiguous heads of them come in runs of :func:`kv_stride` ``= gcd(r, h)`` equal heads.  The ring rotates one
+head of each run and copies it back per hop (:func:`autoshard.codegen.context.context_sdpa`), so a hop
+carries ``1 / kv_stride`` of the copied K/V's local bytes; :func:`ring_block_bytes` prices exactly that
+(read by :mod:`autoshard.problem.context` and :mod:`autoshard.problem.ring_hops`).
+
 Pure: functions of the node record and the strategy.
 
 Example::
 
     share, unread = causal_attention(info, strategy, inputs, (2,))  # (0.5…, mask bytes) under a head split
+    kv_stride(16, 16)   # LLaMA-3-405B's 128 heads over 8 K/V heads, TP 8: a hop carries 1/16 of the copies
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
+from autoshard.capture.meta import TensorMeta
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
 from cost_models.compute import causal_share
 
-__all__ = ["causal_attention", "rows_split", "runs_causal"]
+__all__ = ["causal_attention", "kv_stride", "ring_block_bytes", "rows_split", "runs_causal"]
 
 
 def rows_split(spec: ShardingSpec | None, rank: int) -> bool:
@@ -77,10 +87,35 @@ def causal_attention(
     return causal_share(out.shape[-2], seq_kv), mask_bytes
 
 
-def _shards(spec: ShardingSpec | None, mesh: tuple[int, ...]) -> int:
+def kv_stride(repeats: int, local_heads: int) -> int:
+    """How many heads in a row of a device's ``local_heads`` contiguous heads of grouped-query K/V copies
+    (each K/V head repeated ``repeats`` times, the block starting at a multiple of ``local_heads``) are copies
+    of one head: ``gcd(repeats, local_heads)``.  The ring rotates every ``kv_stride``-th head (module doc)."""
+    return math.gcd(max(1, repeats), max(1, local_heads))
+
+
+def ring_block_bytes(
+    info: NodeInfo,
+    kv: tuple[TensorMeta, TensorMeta],
+    specs: tuple[ShardingSpec | None, ShardingSpec | None],
+    mesh: tuple[int, ...],
+) -> float:
+    """Bytes of this device's K and V as the ring rotates them, one forward hop (module doc): the local
+    pieces of K and V under ``specs``, each divided by its :func:`kv_stride`."""
+    total = 0.0
+    for meta, spec in zip(kv, specs, strict=True):
+        local = meta.nbytes / _shards(spec, mesh)
+        if info.kv_repeats > 1 and len(meta.shape) == 4:  # (B, H, S, E): heads on dim 1
+            local /= kv_stride(info.kv_repeats, meta.shape[1] // _shards(spec, mesh, dim=1))
+        total += local
+    return total
+
+
+def _shards(spec: ShardingSpec | None, mesh: tuple[int, ...], dim: int | None = None) -> int:
+    """Pieces ``spec`` cuts a tensor into over ``mesh`` (along ``dim`` only, when given)."""
     shards = 1
     if spec is not None:
         for p, size in zip(spec.placements, mesh, strict=True):
-            if isinstance(p, Shard):
+            if isinstance(p, Shard) and dim in (None, p.dim):
                 shards *= size
     return shards

@@ -4,7 +4,8 @@ A ring strategy (:mod:`autoshard.strategies.rules.attention`) splits q, k, v and
 sequence over one mesh axis of ``n`` devices; :func:`autoshard.codegen.context.context_sdpa` runs it.  Per
 step of the ring each device attends its queries to the K/V block it holds while sending that block on:
 
-- forward: ``n - 1`` hops of the local K and V.  A ring all-gather of ``S = n · b`` bytes is exactly
+- forward: ``n - 1`` hops of the local K and V (of grouped-query copies, one head per run of copies:
+  :func:`autoshard.problem.attention.ring_block_bytes`).  A ring all-gather of ``S = n · b`` bytes is exactly
   ``n - 1`` hops of ``b`` bytes (REFERENCE.md, ring all-gather ``(n−1)·α + (n−1)/n · S/B``), so the
   hops cost ``collective_time("all_gather", n · b)`` on that axis;
 - backward: ``n`` hops (the last brings the K/V gradients home) of K, V, dK and dV: ``n / (n − 1)`` times
@@ -51,7 +52,8 @@ from typing import TYPE_CHECKING, Literal
 from autoshard.capture.meta import TensorMeta
 from autoshard.cluster import Cluster
 from autoshard.errors import ShardingError
-from autoshard.placement import Shard, ShardingSpec
+from autoshard.placement import Shard
+from autoshard.problem.attention import ring_block_bytes
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
 
@@ -144,7 +146,7 @@ def ring_seconds(
     if axis is None or cluster.mesh_shape[axis] == 1:  # no ring (an axis of one device moves nothing)
         return 0.0, 0.0
     n = cluster.mesh_shape[axis]
-    local = _local_bytes(k.nbytes, spec, cluster) + _local_bytes(v.nbytes, strategy.inputs[2], cluster)
+    local = ring_block_bytes(info, (k, v), (spec, strategy.inputs[2]), tuple(cluster.mesh_shape))
     hops = functools.partial(Cluster.collective_time, cluster, axis=axis)  # the hops reorder nothing
     comm_fwd = hops("all_gather", n * local)
     comm_bwd = n / (n - 1) * hops("all_gather", 2 * n * local)
@@ -298,13 +300,3 @@ def _meta_of_input(infos: Mapping[str, NodeInfo], info: NodeInfo, position: int)
 
 def _meta(info: NodeInfo, which: int) -> TensorMeta | None:
     return info.outputs[which] if which < len(info.outputs) else None
-
-
-def _local_bytes(nbytes: int, spec: ShardingSpec | None, cluster: Cluster) -> float:
-    if spec is None:
-        return float(nbytes)
-    shards = 1
-    for p, size in zip(spec.placements, cluster.mesh_shape, strict=True):
-        if isinstance(p, Shard):
-            shards *= size
-    return nbytes / shards

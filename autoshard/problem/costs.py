@@ -271,9 +271,10 @@ def timed(
     if not (opts.training and info.requires_grad):
         return fwd + ring(fwd, 0.0)[0] + hidden[0], 0.0
     bwd = fwd * grads
-    if again:
-        bwd = bwd + fwd * opts.recompute_share  # only the recomputed blocks re-run it
     ring_fwd, ring_bwd = ring(fwd, bwd)  # CP only
+    if again and opts.recompute_share:
+        bwd = bwd + fwd * opts.recompute_share  # only the recomputed blocks re-run it
+        ring_bwd = ring_bwd + ring_fwd * opts.recompute_share  # a ring's forward hops and imbalance with it
     return fwd + ring_fwd + hidden[0], bwd + ring_bwd + hidden[1]
 
 

@@ -58,6 +58,7 @@ class NodeInfo:
     is_output: bool  # returned by the graph
     causal_mask: bool = False  # attention whose explicit mask is proven causal (capture/causal.py)
     grad_users: int = 0  # consumers needing its gradient (autograd sums theirs: problem/elementwise.py)
+    kv_repeats: int = 1  # attention reading grouped-query K/V copies: heads per K/V head (capture/gqa.py)
     autocast_dtype: str = ""  # its output's dtype under the amp recipe (problem/autocast.py)
 
     @property
@@ -158,6 +159,7 @@ def describe(gm: fx.GraphModule) -> tuple[NodeInfo, ...]:
                 is_output=node.name in returned,
                 causal_mask=bool(node.meta.get(cmeta.META_CAUSAL_MASK, False)),
                 grad_users=_grad_users(node),
+                kv_repeats=int(node.meta.get(cmeta.META_KV_REPEATS, 1)),
                 autocast_dtype=amp[node.name],
             )
         )

@@ -5,9 +5,12 @@ Output: one :class:`~autoshard.plans.RingTransfer` per ring-attention node and p
 the terms :func:`autoshard.problem.context.ring_seconds` prices them:
 
 - forward: ``n - 1`` hops per device of its local K and V blocks on an axis of ``n`` devices, together the
-  time of a ring all-gather of ``n`` such blocks;
+  time of a ring all-gather of ``n`` such blocks; grouped-query K/V copies travel as one head per run of
+  copies (:func:`autoshard.problem.attention.ring_block_bytes`, the rule the emitted ring follows);
 - backward: ``n`` hops of K, V, dK and dV (the last brings the gradients home), ``n / (n - 1)`` times the
-  all-gather of ``2n`` blocks.
+  all-gather of ``2n`` blocks;
+- recomputation: a block recomputed in backward (full recomputation re-runs attention) runs its forward hops
+  again, listed with the forward's (:func:`autoshard.problem.costs.timed` prices them in the backward).
 
 These are point-to-point sends around the ring, not collectives of the solver's edges: their time overlaps
 the attention blocks computed meanwhile, and what compute does not hide is priced in the node's compute
@@ -23,9 +26,10 @@ from collections.abc import Iterable, Mapping
 
 from autoshard.cluster import Cluster
 from autoshard.plans import RingTransfer
+from autoshard.problem.attention import ring_block_bytes
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.context import ring_axis_of
-from autoshard.problem.costs import _local_bytes, repeats
+from autoshard.problem.costs import recomputed, repeats
 from autoshard.strategies import OpStrategy
 
 __all__ = ["ring_transfers"]
@@ -46,19 +50,19 @@ def ring_transfers(
         k, v = (built.infos[info.inputs[i]].outputs[info.input_outputs[i]] for i in (1, 2))
         if k is None or v is None:
             continue
-        mesh = cluster.mesh_shape
-        block = _local_bytes(k.nbytes, strategy.inputs[1], mesh) + _local_bytes(
-            v.nbytes, strategy.inputs[2], mesh
-        )
-        copies = (1 if name in built.runs else built.multiplicity[name]) * repeats(
-            built.options, parameter=False, backward=False
-        )
+        block = ring_block_bytes(info, (k, v), (strategy.inputs[1], strategy.inputs[2]), cluster.mesh_shape)
+        opts, blocks = built.options, (1 if name in built.runs else built.multiplicity[name])
+        copies = blocks * repeats(opts, parameter=False, backward=False)
+        training = opts.training and info.requires_grad
+        runs = copies  # forward runs: once, and again in backward where recomputed (the first k blocks)
+        if training and recomputed(info, opts.recompute):
+            runs += round(blocks * opts.recompute_share) * repeats(opts, parameter=False, backward=False)
         hop = Cluster.collective_time  # the hops reorder nothing (as ring_seconds prices them)
         forward = hop(cluster, "all_gather", n * block, axis)
         out.append(
-            RingTransfer("forward", axis, (n - 1) * copies, int(block), name, info.module, forward * copies)
+            RingTransfer("forward", axis, (n - 1) * runs, int(block), name, info.module, forward * runs)
         )
-        if built.options.training and info.requires_grad:
+        if training:
             backward = n / (n - 1) * hop(cluster, "all_gather", 2 * n * block, axis)
             out.append(
                 RingTransfer(

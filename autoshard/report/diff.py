@@ -2,8 +2,9 @@
 that differ first.
 
 Input: two :class:`~autoshard.plans.Plan` (typically of one model: two meshes, with and without annotations,
-two memory budgets).  Placements are compared normalised: replicated on every axis is ``R`` whatever the
-mesh's rank, so ``R`` on a 1-D mesh equals ``(R, R, R)`` on a 3-D one.
+two memory budgets, two precision recipes: a note says when ``Plan.precision`` differs).  Placements are
+compared normalised: replicated on every axis is ``R`` whatever the mesh's rank, so ``R`` on a 1-D mesh
+equals ``(R, R, R)`` on a 3-D one.
 Output: text (:func:`render`).  Nothing is re-planned; every figure is the plans' own.
 
 Example::
@@ -115,6 +116,11 @@ def render(a: Plan, b: Plan, name_a: str = "A", name_b: str = "B", limit: int = 
     lines = [f"A: {name_a} ({a.model}, mesh {a.mesh_shape})", f"B: {name_b} ({b.model}, mesh {b.mesh_shape})"]
     if a.model != b.model:
         lines.append("  note: the plans are for different models; placements and strategies compare by name")
+    if a.precision != b.precision:  # Plan.precision: step time and memory differ by the recipe too
+        lines.append(
+            f"  note: A is priced for the {a.precision} recipe, B for {b.precision}: step time and memory "
+            "differ by the recipe as well as by the plan"
+        )
     rows = [(t, fmt(x), fmt(y), _delta(x, y, fmt)) for t, x, y, fmt in figures(a, b)]
     differ = [r for r in rows if r[1] != r[2]]
     same = [r[0].strip() for r in rows if r[1] == r[2]]

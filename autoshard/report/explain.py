@@ -68,7 +68,7 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
     from autoshard.capture.experts import plan_fuses_experts
     from autoshard.codegen.parallelize import plan_cluster
     from autoshard.problem.build import build_problem
-    from autoshard.problem.costs import CostOptions, Recompute
+    from autoshard.problem.costs import CostOptions, Recompute, recipe
 
     source = dict(plan.source)
     name = spec or str(source.get("spec") or "")
@@ -91,7 +91,12 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
         captured.blocks.num_blocks if captured.blocks else 1
     )  # Plan.recompute on recompute_blocks of them
     share = min(1.0, plan.recompute_blocks / layers) if plan.recompute_blocks else 1.0
-    opts = CostOptions(training=plan.training, recompute=Recompute(plan.recompute), recompute_share=share)
+    opts = CostOptions(
+        training=plan.training,
+        recompute=Recompute(plan.recompute),
+        recompute_share=share,
+        precision=recipe(plan.precision),  # priced under the plan's own recipe (an amp plan's bytes)
+    )
     return build_problem(captured, plan_cluster(plan), opts)
 
 

@@ -17,8 +17,10 @@ from typing import Any
 
 from autoshard.plans import Plan
 from autoshard.report.labels import fmt_bytes, fmt_seconds, wrap
+from cost_models.memory import RECIPES, itemsize
+from cost_models.profile import canonical_dtype
 
-__all__ = ["Baseline", "figure_lines", "param_memory"]
+__all__ = ["Baseline", "figure_lines", "param_memory", "recipe_note", "recipe_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,17 +122,55 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     if plan.recompute_blocks is not None and plan.recompute != "none":
         recompute += f" on {plan.recompute_blocks} blocks, none on the rest"
     batches = f"{plan.microbatches} micro-batch{'es' * (plan.microbatches > 1)}"
-    first = (
-        f"assumes: captured dtypes, Adam (fp32 master + moments) sharded, {batches}, recompute {recompute}"
-    )
+    first = f"assumes: {recipe_text(plan.precision)}, {batches}, recompute {recompute}"
     overlap = plan.overlap.describe()
     if not plan.training:  # a forward pass: nothing to sync, no optimizer, no activations kept for backward
-        first = f"assumes: inference: no gradients, no optimizer state; captured dtypes, {batches}"
+        weights = recipe_text(plan.precision, training=False)
+        first = f"assumes: inference: no gradients, no optimizer state; {weights}, {batches}"
         overlap = overlap.split(", ", 1)[1]  # the gradient sync policy does not apply
     exposed = plan.predicted_step_time - plan.compute_time
     memory = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in plan.memory_breakdown.items() if v > 0)
     second = f"overlap: {overlap}; {fmt_seconds(exposed)} comm exposed" + (f"; + {memory}" if memory else "")
     return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ")
+
+
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def recipe_text(name: str, training: bool = True) -> str:
+    """The precision recipe a plan was priced under (``Plan.precision``), in the report's words, read from
+    its :class:`~cost_models.memory.PrecisionPolicy`: bf16 -> ``captured dtypes, Adam (fp32 master +
+    moments) sharded``; amp -> ``amp: fp32 weights + bf16 autocast copies, fp32 grads, foreach AdamW (fp32
+    moments) sharded``.  Without ``training``: only what the weights are."""
+    policy = RECIPES.get(name)
+    if policy is None:  # the model's own dtypes; 16-bit weights get an fp32 master copy (fused AdamW)
+        return "captured dtypes, Adam (fp32 master + moments) sharded" if training else "captured dtypes"
+    weights = f"{name}: {_short(policy.param_dtype)} weights"
+    if policy.autocast is not None:
+        weights += f" + {_short(policy.autocast)} autocast copies"
+    if not training:
+        return weights
+    recipe = policy.recipe()
+    master = "fp32 master + " if policy.master_weights and itemsize(policy.param_dtype) < 4 else ""
+    kind = "fused" if policy.fused_optimizer else "foreach"
+    grads = "fp32" if recipe.gradients == 4 else _short(policy.grad_dtype)
+    return f"{weights}, {grads} grads, {kind} AdamW ({master}fp32 moments) sharded"
+
+
+def recipe_note(plan: Plan, runner: str, runs: str) -> str:
+    """One line, newline-ended, when ``runner`` runs ``plan`` under another recipe than it was priced for
+    (``runs``: what it runs instead); "" for the bf16 recipe (the captured dtypes, which runners keep)."""
+    if plan.precision == "bf16":
+        return ""
+    return (
+        f"note: the plan was priced for {recipe_text(plan.precision)}; {runner} runs {runs}, not that "
+        "recipe\n"
+    )
+
+
+def _short(dtype: str) -> str:
+    name = canonical_dtype(dtype)
+    return _SHORT.get(name, name)
 
 
 def _capacity(plan: Plan, budget: float | None) -> str:

@@ -4,7 +4,8 @@ Input: a :class:`~autoshard.plans.Plan` with ``pipeline`` set, and the drawing's
 (:func:`autoshard.report.dot.plan_graph`).  Output: one box per stage (its layers, the modules outside the
 repeated layers it holds, its ranks and peak memory) whose ``cluster`` attribute titles it
 ``pipeline stage i (schedule)``, and a two-way ``p2p`` edge between consecutive stages (activations forward,
-gradients backward).  Plans without stages are left alone.
+gradients backward; ``local`` between two stages on the same ranks, ZB-V's turn, which sends nothing).  Plans
+without stages are left alone.
 """
 
 from __future__ import annotations
@@ -32,4 +33,7 @@ def add_stages(g: nx.DiGraph, plan: Plan) -> None:
         g.add_node(f"stage{stage.index}", label=label, shape="box", style="filled", fillcolor="lightyellow",
                    cluster=title)  # fmt: skip
     for a, b in zip(pipeline.stages, pipeline.stages[1:], strict=False):
-        g.add_edge(f"stage{a.index}", f"stage{b.index}", label="p2p", dir="both", color="blue")
+        local = a.ranks == b.ranks  # ZB-V's turn: handed over in memory (pipeline.schedules.hand_offs)
+        g.add_edge(
+            f"stage{a.index}", f"stage{b.index}", label="local" if local else "p2p", dir="both", color="blue"
+        )

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -71,6 +72,8 @@ class VerifyReport:
     unmapped: tuple[str, ...] = ()  # decisions of the deployed plan that could not be carried over
     source: str = ""  # what plan this checks, e.g. "plan for llama3-70b on mesh (128, 8), mapped"
     allow_replicated: bool = False  # the user accepts a check in which nothing distributed ran
+    # context parallelism's K/V hops per device and step, checked against the plan (runtime/ring_check.py)
+    ring_hops: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def distributed(self) -> bool:
@@ -104,6 +107,8 @@ class VerifyReport:
         lines = [head] + ([f"checks the {self.source}"] if self.source else [])
         lines += ["largest differences:", *(f"  {d}" for d in self.worst())]
         lines.append(f"collectives per step: {_counts(self.emitted)} (plan: {_counts(self.planned)})")
+        if self.ring_hops:  # had any rank sent other hops than the plan lists, ring_check would have raised
+            lines.append(f"ring K/V hops per device and step: {_counts(self.ring_hops)} (as the plan lists)")
         if not self.ranks_agree:
             lines.append("FAIL ranks issued different collective sequences (see module.autoshard.comm.log)")
         if not self.distributed:

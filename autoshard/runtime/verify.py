@@ -4,7 +4,9 @@ Input: a model with real weights (or a zoo name / ``path/to/file.py:function`` s
 inputs, a plan (or a cluster to plan on; default the ``cpu`` profile with a one-axis mesh over ``nproc``).
 Output: a :class:`VerifyReport` -- the largest difference of every output and every parameter gradient
 against the single-device model, whether every rank issued the same collectives in the same order, and
-whether the emitted collectives are the plan's (per kind, forward and backward).  ``report.ok`` says whether
+whether the emitted collectives are the plan's (per kind, forward and backward).  Context parallelism's K/V
+hops are counted per rank and step against ``Plan.ring_transfers`` (:mod:`autoshard.runtime.ring_check`): a
+difference raises :class:`~autoshard.errors.VerifyError`.  ``report.ok`` says whether
 all of it holds; ``str(report)`` prints the worst differences.
 
 How: inputs are drawn at random (floats normal; integer ids below the smallest embedding table, else kept),
@@ -47,6 +49,7 @@ from autoshard.codegen.shard import local_piece
 from autoshard.errors import AutoshardError, MeshError
 from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
+from autoshard.runtime.ring_check import check_ring_hops
 from autoshard.runtime.verdict import Difference, VerifyReport, report_of
 
 __all__ = ["Difference", "VerifyReport", "cluster_for", "main", "run_verify", "verify"]
@@ -116,11 +119,11 @@ def verify(
     )
     job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads, fault, rng_seed=seed + 2)
     results = launch(_rank_work, plan.num_devices, job, timeout=timeout)
+    ring = check_ring_hops(plan, [r[3] for r in results])  # the K/V hops each rank sent, or VerifyError
     floor = _least_precise(captured)
-    report = report_of(
-        name or type(model).__name__, model, plan, (reference, ref_grads), results, start, floor
-    )
-    return dataclasses.replace(report, allow_replicated=allow_replicated)
+    ran = [r[:3] for r in results]  # outputs, gradients, collectives
+    report = report_of(name or type(model).__name__, model, plan, (reference, ref_grads), ran, start, floor)
+    return dataclasses.replace(report, allow_replicated=allow_replicated, ring_hops=ring)
 
 
 def _refuse_unreproduced(captured: Captured, plan: Plan, name: str) -> None:
@@ -194,7 +197,7 @@ def _break(kind: str) -> None:
     collectives._RUNNERS[kind] = lambda x, step, comm: (x.clone(), x.numel() * x.element_size())  # type: ignore[index]
 
 
-def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
+def _rank_work(job: _Job) -> tuple[Any, Any, list[Any], list[Any]]:
     if job.fault is not None:
         _break(job.fault)
     module = parallelize(
@@ -221,12 +224,12 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any]]:
     ]
     if pairs:
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-    log = list(info.comm.log or [])
+    log, hops = list(info.comm.log or []), list(info.comm.hops or [])
     gathered = gather_outputs(module, tuple(o.detach() for o in outs))
     grads = full_grads(module)
     if coord != (0,) * len(coord):
-        return None, None, log
-    return list(gathered), grads, log
+        return None, None, log, hops
+    return list(gathered), grads, log, hops
 
 
 # -- the CLI ------------------------------------------------------------------------------------------------------
@@ -269,9 +272,10 @@ def run_verify(
 
     flags: dict[str, Any] = {"allow_replicated": allow_replicated, "seed": seed, "fault": fault}
     if plan is not None:
-        return verify_plan(
-            plan if isinstance(plan, Plan) else load_plan(plan), spec, float64=float64, **flags
-        )
+        loaded = plan if isinstance(plan, Plan) else load_plan(plan)
+        runs = "the model in its own dtype (float64 with --float64) without autocast"
+        print(loaded.recipe_note("verify", runs), end="")  # an amp plan: its splits checked, not its recipe
+        return verify_plan(loaded, spec, float64=float64, **flags)
     if spec is None:
         raise AutoshardError("verify needs a plan or a model: --plan PLAN.json or --model SPEC")
     case = zoo.load_spec(spec)

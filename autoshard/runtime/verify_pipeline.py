@@ -5,9 +5,12 @@ size (its layers are the ones the stages name) and the plan's global input shape
 Output: a :class:`~autoshard.runtime.verdict.VerifyReport` -- the loss of one step and every parameter's
 gradient against the single-device model (mean loss over the whole batch), the collectives each stage
 logged against its share of ``Plan.collectives`` (:func:`~autoshard.pipeline.cuts.stage_collectives`) times
-the microbatches, and the point-to-point sends between stages counted (``p2p send`` in the report: every
-chunk but the last sends activations, every chunk but the first sends gradients, once per microbatch and
-rank).  A check in which no p2p ran fails.
+the microbatches, and the point-to-point sends between stages counted (``p2p send`` in the report: each cut
+between two stages on different pipeline ranks carries activations forward and gradients back, once per
+microbatch and rank; ZB-V's two stages on the last rank hand over in memory, no send --
+:func:`~autoshard.pipeline.schedules.hand_offs`, the rule the pricing counts by, checked against the
+stage-to-rank map of torch's schedule), and the ring K/V hops of context parallelism against ``Plan.ring_transfers``
+(:func:`~autoshard.runtime.ring_check.check_staged_ring_hops`).  A check in which no p2p ran fails.
 
 How: :func:`~autoshard.runtime.stages.prepare_stages` once in the parent (each stage runs the whole plan's
 decisions, :mod:`autoshard.runtime.stage_plan`), then one rank per device (:func:`~autoshard.runtime.launch.launch`)
@@ -34,10 +37,13 @@ from torch import nn
 
 from autoshard.codegen import parallel_info
 from autoshard.codegen.shard import gather_full
+from autoshard.errors import VerifyError
 from autoshard.pipeline.cuts import per_step, stage_collectives
+from autoshard.pipeline.schedules import Schedule, device_of_chunk, hand_offs
 from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
 from autoshard.runtime.pipelining import build_pipeline, step
+from autoshard.runtime.ring_check import check_staged_ring_hops
 from autoshard.runtime.stages import prepare_stages
 from autoshard.runtime.verdict import VerifyReport, difference
 
@@ -68,16 +74,18 @@ def _rank(
         c10d.isend = original
         dist.isend = original
     grads: dict[str, torch.Tensor] = {}
-    logs = []
+    logs, hops = [], list[Any]()
     for m, index in zip(run.modules, run.stage_indices, strict=True):
         info = parallel_info(m)
+        hops += info.comm.hops or ()
         ran = [(r.phase, str(r.kind), r.mesh_axis, r.nbytes) for r in info.comm.log or ()]
         logs.append((index, ran))  # the step's own, before gathering the gradients logs more
         for a in info.attrs:
             grad = m.get_parameter(a.fqn).grad if a.kind == "parameter" else None
             if grad is not None:
                 grads[a.fqn] = gather_full(grad, a.spec, a.global_shape, info.comm)
-    return {"loss": loss, "grads": grads, "logs": logs, "sends": len(sends)}
+    ranks = getattr(run.schedule, "stage_index_to_group_rank", None)  # multi-stage schedules: torch's map
+    return {"loss": loss, "grads": grads, "logs": logs, "sends": len(sends), "hops": hops, "ranks": ranks}
 
 
 def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: str = "") -> VerifyReport:
@@ -111,8 +119,10 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
                 planned[f"{c.phase} {c.kind}"] += per_step(plan, c)
                 runs[index][_key(c)] += per_step(plan, c)
     group = len(pipe.stages[0].ranks)
-    emitted["p2p send"] = sum(r["sends"] for r in results)
-    planned["p2p send"] = 2 * m * (chunks - 1) * group  # activations forward, gradients back, every rank
+    hops = check_staged_ring_hops(plan, [r["hops"] for r in results], group)  # or VerifyError
+    ring = sum(h.sends for r in results for h in r["hops"])  # context parallelism's, checked on their own
+    emitted["p2p send"] = sum(r["sends"] for r in results) - ring
+    planned["p2p send"] = 2 * m * group * sum(_cuts(pipe.schedule, chunks, pipe.degree, results))
     agree = all(all(log == logs[0] for log in logs) for logs in by_stage.values())
     same_bytes = all(Counter(logs[0]) == runs[index] for index, logs in by_stage.items())
     outputs = tuple(difference("loss", x.detach().reshape(1), reference.detach().reshape(1)) for x in losses)
@@ -127,11 +137,26 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
         planned=dict(planned),
         seconds=time.perf_counter() - start,
         split=True,
+        ring_hops=hops,
         source=(
             f"pipelined plan as deployed: {chunks} stages, {pipe.schedule}, {m} microbatches through "
             "torch.distributed.pipelining on gloo"
         ),
     )
+
+
+def _cuts(schedule: str, chunks: int, degree: int, results: list[dict[str, Any]]) -> tuple[bool, ...]:
+    """The cuts that are p2p sends (activations forward, gradients back, every rank of the stage), by the
+    pricing's stage-to-rank map, which must be the one torch's schedule ran (or VerifyError)."""
+    which = Schedule(schedule)
+    ours = {c: device_of_chunk(which, c, degree) for c in range(chunks)}
+    for r in results:
+        if r["ranks"] is not None and dict(r["ranks"]) != ours:
+            raise VerifyError(
+                f"verify: torch's {schedule} put stages on pipeline ranks {dict(r['ranks'])}, the plan was priced "
+                f"with {ours}: fix autoshard.pipeline.schedules.device_of_chunk for {schedule}"
+            )
+    return hand_offs(which, chunks, degree)
 
 
 def _key(c: Any) -> tuple[str, str, int, int]:

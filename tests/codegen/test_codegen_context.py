@@ -1,22 +1,30 @@
 """Context parallelism on 4 real gloo ranks: ring and all-gather-KV attention (causal, GQA, zigzag and contiguous
-layouts) match single-device attention in float64, forward and backward, and really communicate."""
+layouts) match single-device attention in float64, forward and backward, and really communicate; grouped-query
+K/V copies travel un-expanded, at the bytes the plan prices."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from autoshard.capture.meta import TensorMeta
+from autoshard.codegen.collectives import MeshComm
 from autoshard.codegen.context import (
     _blocks,
-    allgather_kv_attention,
     chunk_ids,
+    context_sdpa,
     ring_attention,
     shard_sequence,
     unshard_sequence,
 )
+from autoshard.codegen.context_gather import allgather_kv_attention
+from autoshard.placement import Shard, ShardingSpec
+from autoshard.problem.attention import kv_stride, ring_block_bytes
+from autoshard.problem.graph import NodeInfo
 from autoshard.runtime.launch import launch
 
 B, H, HKV, L, E = 2, 4, 2, 16, 8  # GQA: 2 query heads per kv head; 16 tokens = 8 chunks of 2 on 4 ranks
@@ -139,3 +147,84 @@ def test_ring_attention_takes_strided_inputs() -> None:
         unshard_sequence([r["out"] for r in ranks], 2), out.detach(), rtol=1e-12, atol=1e-12
     )
     torch.testing.assert_close(unshard_sequence([r["dk"] for r in ranks], 2), k.grad, rtol=1e-12, atol=1e-12)
+
+
+R, HEADS = 4, 8  # grouped-query copies: 8 query heads over 2 K/V heads
+BLOCKS = 4  # the heads split 4 ways on another mesh axis (TP 4): 2 local heads, half a run of 4 copies
+
+
+def _gqa_rank() -> dict[str, Any]:
+    """Every head block of a TP-4 split in turn, on a ring of 4: the block's K/V copies come from the
+    un-expanded K/V as HF's ``repeat_kv`` makes them, the ring sends one head per run of copies and the
+    gradients flow back through the copy.  Each hop's bytes are counted where gloo gets them."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    comm = MeshComm((size,), (rank,), [dist.group.WORLD], record=True)
+    comm.zigzag_axis = 0  # the plan's layout on the ring axis
+    sent: list[int] = []
+    real_batch = dist.batch_isend_irecv
+
+    def counted(ops):  # type: ignore[no-untyped-def]
+        sent.append(sum(op.tensor.numel() * op.tensor.element_size() for op in ops if op.op is dist.isend))
+        return real_batch(ops)
+
+    dist.batch_isend_irecv = counted  # type: ignore[assignment]
+    g = torch.Generator().manual_seed(3)
+    q, k, v, grad = (torch.randn(B, h, L, E, dtype=torch.float64, generator=g) for h in (HEADS, 2, 2, HEADS))
+    q, k, v, grad = (shard_sequence(t, 2, rank, size, "zigzag") for t in (q, k, v, grad))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    outs = []
+    try:
+        for j in range(BLOCKS):
+            heads = slice(j * HEADS // BLOCKS, (j + 1) * HEADS // BLOCKS)
+            copies = [
+                t[:, :, None].expand(B, 2, R, *t.shape[2:]).reshape(B, HEADS, *t.shape[2:]) for t in (k, v)
+            ]
+            out = context_sdpa(
+                q[:, heads],
+                copies[0][:, heads],
+                copies[1][:, heads],
+                axis=0,
+                comm=comm,
+                is_causal=True,
+                kv_repeats=R,
+            )
+            out.backward(grad[:, heads])
+            outs.append(out.detach())
+    finally:
+        dist.batch_isend_irecv = real_batch  # type: ignore[assignment]
+    return {
+        "out": torch.cat(outs, 1),
+        "dq": q.grad,
+        "dk": k.grad,
+        "dv": v.grad,
+        "sent": sent,
+        "hops": comm.hops,
+    }
+
+
+@pytest.mark.slow
+def test_grouped_query_copies_travel_un_expanded_and_match_one_device() -> None:
+    g = torch.Generator().manual_seed(3)
+    q, k, v, grad = (torch.randn(B, h, L, E, dtype=torch.float64, generator=g) for h in (HEADS, 2, 2, HEADS))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    out.backward(grad)
+    ranks = launch(_gqa_rank, 4)
+    for name, want in (("out", out.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        whole = unshard_sequence([r[name] for r in ranks], 2)
+        torch.testing.assert_close(whole, want, rtol=1e-12, atol=1e-12)
+    # 2 local heads of copies in runs of 4: kv_stride 2, one head of K and one of V per hop, not two
+    stride = kv_stride(R, HEADS // BLOCKS)
+    assert stride == 2
+    head = B * (L // 4) * E * 8  # one head of this rank's sequence piece, float64
+    for r in ranks:  # per head block: 3 hops forward (K, V), 4 backward (K, V, dK, dV)
+        assert r["sent"] == ([2 * head] * 3 + [4 * head] * 4) * BLOCKS
+        assert [h.nbytes for h in r["hops"]] == r["sent"]
+    # the price reads the same rule: the plan's K/V block of one hop under this split
+    kv = TensorMeta((B, HEADS, L, E), "float64", 8)
+    spec = ShardingSpec((Shard(2), Shard(1)))  # sequence on the ring axis, heads on the TP axis
+    info = NodeInfo(
+        "sdpa", "scaled_dot_product_attention", "", "op", "", "", (), (), (), 0, True, None, False
+    )
+    assert ring_block_bytes(replace(info, kv_repeats=R), (kv, kv), (spec, spec), (4, BLOCKS)) == 2 * head
+    assert ring_block_bytes(info, (kv, kv), (spec, spec), (4, BLOCKS)) == 2 * stride * head  # copies: 2x

@@ -77,3 +77,37 @@ def ring_axis(built: BuiltProblem, name: str, strategy: OpStrategy) -> int | Non
     from autoshard.problem.context import ring_axis_of
 
     return ring_axis_of(built.infos, built.infos[name], strategy)
+
+
+def test_the_ring_prices_grouped_query_kv_un_expanded_and_recomputed_hops_again() -> None:
+    """llama-tiny reads K and V after repeat_kv (4 heads over 2): a hop carries half the copies' bytes, and the
+    price scales with it; full recomputation re-runs the ring's forward, its exposed hops and imbalance."""
+    from autoshard import zoo
+    from autoshard.capture import capture
+    from autoshard.problem.build import build_problem
+    from autoshard.problem.context import ring_seconds
+    from autoshard.problem.costs import CostOptions, Recompute, timed
+
+    case = zoo.build("llama-tiny", batch=1, seq=64)
+    cluster = autoshard.load_cluster("cpu", mesh=(4,))
+    built = build_problem(capture(case.model, case.args), cluster, CostOptions(cp_layout="contiguous"))
+    (name,) = [n for n, i in built.infos.items() if "scaled_dot" in i.target and i.block and i.block[0] == 0]
+    info = built.infos[name]
+    assert info.kv_repeats == 2
+    ring = next(s for s in built.strategies[name] if ring_axis(built, name, s) == 0)
+    inputs = tuple(built.infos[i] for i in info.inputs)
+    copies = dataclasses.replace(info, kv_repeats=1)  # as priced before: the copies travel
+    fwd, bwd = 0.0, 0.0  # no compute to hide the hops under: the price is the hops alone
+    halved, whole = (ring_seconds(i, ring, cluster, inputs, fwd, bwd, "contiguous") for i in (info, copies))
+    assert 0 < halved[0] < whole[0] and 0 < halved[1] < whole[1]
+    # the hop's bytes are the all-gather's over n blocks: half the bytes, less than half the time (latency)
+    assert halved[0] > whole[0] / 2
+
+    def ring_cost(f: float, b: float) -> tuple[float, float]:
+        return ring_seconds(info, ring, cluster, inputs, f, b, "contiguous")
+
+    f = 1e-3
+    plain = timed(info, f, (0.0, 0.0), 2.0, CostOptions(), ring_cost)
+    full = timed(info, f, (0.0, 0.0), 2.0, CostOptions(recompute=Recompute.FULL), ring_cost)
+    extra = ring_cost(f, 2 * f)[0]  # what the ring adds to one forward (its triangle's imbalance here)
+    assert full[0] == plain[0] and full[1] == pytest.approx(plain[1] + f + extra)

@@ -15,7 +15,9 @@ the query length ``l``; k, v and the mask share the key length ``s``.
   priced by :mod:`autoshard.problem.context`).  At most one axis rings, and then the queries split along
   the sequence on no other axis.  Offered without dropout and with no mask or a boolean one.  A mask
   proven causal at capture (``META_CAUSAL_MASK``, Hugging Face models) runs as ``is_causal``: each chunk
-  pair's visibility comes from global positions, the mask's rows are not read.  Without a ring, such a mask
+  pair's visibility comes from global positions, the mask's rows are not read.  Grouped-query K/V copies
+  (``META_KV_REPEATS``, HF's ``repeat_kv``) travel as one head per run of copies and are copied back per hop
+  (:func:`autoshard.problem.attention.kv_stride`).  Without a ring, such a mask
   is dropped for ``is_causal`` unless the query rows are split (:mod:`autoshard.codegen.causal`).
 - otherwise the **key length** ``s`` and head dims ``E``/``Ev`` never split: softmax needs every key; splitting
   ``Ev`` is valid but never better than a head split, so omitted.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from autoshard.capture.meta import META_CAUSAL_MASK
+from autoshard.capture.meta import META_CAUSAL_MASK, META_KV_REPEATS
 from autoshard.placement import Replicate, Shard
 from autoshard.strategies.dimmap import DimMap, Letters, fresh_letters, strategies_from_map
 from autoshard.strategies.local import LocalCall, LocalContext, bind, default_call
@@ -82,7 +84,9 @@ def _local(ctx: LocalContext) -> LocalCall:
     causal = bool(b["is_causal"])
     if ctx.node.meta.get(META_CAUSAL_MASK):  # proven causal at capture: each chunk pair's mask from positions
         mask, causal = None, True
-    return LocalCall(context_sdpa, (q, k, v, mask), {"axis": axis, "scale": b["scale"], "is_causal": causal})
+    repeats = int(ctx.node.meta.get(META_KV_REPEATS, 1))  # grouped-query copies: the ring rotates originals
+    kwargs = {"axis": axis, "scale": b["scale"], "is_causal": causal, "kv_repeats": repeats}
+    return LocalCall(context_sdpa, (q, k, v, mask), kwargs)
 
 
 def _ring_choice(letters: tuple[Letters | None, ...], out_l: Letters) -> AxisChoice:
