@@ -91,12 +91,13 @@ def operands(info: NodeInfo, infos: Mapping[str, NodeInfo]) -> list[str]:
 
 def check_tuples(ann: Any, info: NodeInfo, infos: Mapping[str, NodeInfo]) -> None:
     """Refuse split tuples that cannot be the op's operands: more tuples than tensor inputs, or a tuple
-    whose length is not its operand's rank (a tuple numbered from the wrong end, such as ``addmm``'s
-    input and weight written first when its bias comes first)."""
+    longer than its operand's rank (a tuple numbered from the wrong end, such as ``addmm``'s input and weight
+    written first when its bias comes first).  A shorter tuple is left to the strategy match, as before: pins
+    written for a 3-D activation keep matching where the graph carries an extra unit dim (DeepSeek's MLA)."""
     names, ranks = operands(info, infos), _ranks(info, infos)
     tuples = list(ann.choice)
     wrong = len(tuples) > len(names) or any(
-        rank is not None and len(t) != rank for t, rank in zip(tuples, ranks, strict=False)
+        rank is not None and len(t) > rank for t, rank in zip(tuples, ranks, strict=False)
     )
     if wrong:
         raise AnnotationError(

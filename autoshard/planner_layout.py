@@ -103,7 +103,9 @@ def search_layout(
         raise error
     _, _, cand_free, cand, found = best
     note = f"context-parallel layout searched: {'; '.join(prices)} (balanced bound {bound:.4g} s)"
-    return cand_free, dataclasses.replace(cand, notes=(*cand.notes, note)), found
+    noted = dataclasses.replace(cand, notes=(*cand.notes, note))
+    # without pins the unpinned problem stays the same object: ranked() then re-solves nothing for its price
+    return noted if cand_free is cand else cand_free, noted, found
 
 
 def _tie_rank(built: BuiltProblem, solution: Solution, cluster: Cluster) -> int:

@@ -224,8 +224,15 @@ def rank_plan(
     candidates: list[tuple[str, Plan, tuple[int, ...] | None]] = [("solver optimum", found, solution.choice)]
     why = "the builder's edges do not match their uses" if lower is None else unsound_reason(built)
     lower = lower or built.problem
-    bound_solution = (  # the same strategies: its reduction re-checks the solve's dominance removals
-        solve(lower, method=method, time_limit=time_limit, dominated=solution.dominated)
+    bound_solution = (  # the same strategies: its reduction re-checks the solve's dominance removals, and
+        # the solver's optimum (a plan of this problem) starts its Lagrangian sweep nearer the bound's optimum
+        solve(
+            lower,
+            method=method,
+            time_limit=time_limit,
+            dominated=solution.dominated,
+            incumbent=solution.choice,
+        )
         if why is None
         else solution
     )

@@ -21,7 +21,7 @@ from autoshard.search.problem import SearchProblem, Solution, evaluate, memory_o
 from autoshard.search.propagate import propagate
 from autoshard.search.reduce import Reduction
 
-__all__ = ["BoundExceeded", "Run", "exact_label", "exact_solver", "run_ilp"]
+__all__ = ["BoundExceeded", "Run", "exact_label", "exact_solver", "probe_first", "run_ilp"]
 
 
 class BoundExceeded(Exception):
@@ -53,6 +53,17 @@ class Run:
         """Raise :class:`BoundExceeded` when ``bound`` (on the original objective) reaches the ceiling."""
         if bound >= self.ceiling:
             raise BoundExceeded(bound, self.ceiling)
+
+    def start_plan(self, least: tuple[int, ...], incumbent: Sequence[int] | None) -> tuple[int, ...]:
+        """The fitting plan the sweep starts from: ``incumbent`` (a similar problem's optimum, original nodes)
+        when it fits and costs less than the least-memory plan, whose falling line is usually far off."""
+        if incumbent is None or len(incumbent) != self.problem.num_nodes:
+            return least
+        plan = tuple(int(s) for s in incumbent)
+        limit = self.problem.memory_limit
+        if limit is None or memory_of(self.problem, plan) > limit:
+            return least
+        return plan if evaluate(self.problem, plan) < evaluate(self.problem, least) else least
 
     @property
     def current(self) -> SearchProblem:
@@ -183,3 +194,33 @@ def run_ilp(
         f"CP-SAT found no plan within the time limit ({run.time_limit:.0f} s) and did not prove "
         "infeasibility either. Fix: raise time_limit, or the memory limit."
     )
+
+
+#: Factor from the probed multiplier to the second probe (:func:`probe_first`) when the first did not reach
+#: the ceiling: ``g`` is concave with supergradient ``memory(x) - L`` at the minimiser ``x``, so a minimiser
+#: that fits says the maximum lies at a smaller multiplier (x 1/4), one over the budget at a larger (x 4), the
+#: step :func:`~autoshard.search.budget.dual_search` grows by.  LLaMA-3-70B on 16 x 8 x 8: full
+#: recomputation's interval of the per-block search at selective's multiplier bounds 11.40 < 12.1359 (the
+#: ceiling), at a quarter of it 12.39: pruned after two solves instead of three (the optimum without the
+#: budget, then the sweep's first probe) and the least-memory plan (0.27 -> 0.22 s CPU).
+_TOWARD = 0.25
+
+
+def probe_first(run: Run, ex: ExactSolver, lam: float) -> dict[float, tuple[tuple[int, ...], float]]:
+    """With a ceiling, the Lagrangian bound at a similar problem's multiplier before anything else: one exact
+    solve of ``cost + lam * memory`` that, when its bound reaches the ceiling, spares the optimum without the
+    budget, the least-memory plan and the sweep (the per-block recomputation search's intervals: one solve
+    each); short of it, a second probe on the side where the bound rises (:data:`_TOWARD`).  The bound holds
+    for every fitting plan; when none fits it is vacuous, and BoundExceeded (not InfeasibleError) is the
+    answer.  Returns those solves by multiplier, for the sweep not to repeat them."""
+    rp = run.current
+    if not (math.isfinite(run.ceiling) and lam > 0.0 and math.isfinite(lam)) or rp.memory is None:
+        return {}
+    assert rp.memory_limit is not None
+    known: dict[float, tuple[tuple[int, ...], float]] = {}
+    for _ in range(2):
+        plan, value = ex.solve([c + lam * m for c, m in zip(ex.form.unary, rp.memory, strict=True)])
+        known[lam] = (plan, value)
+        run.prune(value - lam * rp.memory_limit + run.offset())
+        lam *= _TOWARD if memory_of(rp, plan) <= rp.memory_limit else 1.0 / _TOWARD
+    return known

@@ -68,12 +68,14 @@ from autoshard.search.problem import (
 )
 from autoshard.search.propagate import propagate
 from autoshard.search.reduce import Certificates, reduce_problem
-from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, run_ilp
+from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, probe_first, run_ilp
 from autoshard.search.wide import trivial_lower_bound, with_budget_by_reduction
 
 __all__ = ["BoundExceeded", "Method", "solve", "trivial_lower_bound"]
 
 Method = Literal["auto", "exact", "ilp", "propagate"]
+
+_Hints = tuple[float | None, Sequence[int] | None]  # a similar problem's multiplier and optimum
 
 
 #: Rounds of Lagrangian sweep + fixing + reduction before CP-SAT takes over.  A second round can only
@@ -118,12 +120,13 @@ def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
 
 
 def _with_budget(
-    run: Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float, first: float | None
+    run: Run, ex: ExactSolver, method: Method, num_workers: int, max_factor: float, hints: _Hints
 ) -> Solution:
     """Unconstrained optimum if it fits; else rounds of Lagrangian sweep, fixing and reduction, then
-    enumeration or CP-SAT on what is left; the multiplier of the best bound goes with the answer."""
+    enumeration or CP-SAT on what is left; the multiplier of the best bound goes with the answer.
+    ``hints``: ``solve``'s ``multiplier`` and ``incumbent``."""
     lam: list[float] = []  # the multiplier of the best bound so far
-    found = _budgeted(run, ex, method, num_workers, max_factor, first, lam)
+    found = _budgeted(run, ex, method, num_workers, max_factor, hints[0], lam, hints[1])
     return dataclasses.replace(found, multiplier=lam[-1]) if lam else found
 
 
@@ -135,8 +138,9 @@ def _budgeted(
     max_factor: float,
     first: float | None,
     lam: list[float],
+    incumbent: Sequence[int] | None = None,
 ) -> Solution:
-    known = _probe_first(run, ex, first) if first is not None else {}
+    known = probe_first(run, ex, first) if first is not None else {}
     done = _fits_unconstrained(run, ex)
     if done is not None:
         return done
@@ -146,7 +150,7 @@ def _budgeted(
     if not least_mem <= rp.memory_limit:
         off = math.fsum(r.memory_offset for r in run.stages)
         raise memory_infeasible_error(run.problem, memory_lower_bound(run.problem), least_mem + off)
-    best = run.expand(least)  # the best fitting plan so far, on the original nodes
+    best = run.start_plan(run.expand(least), incumbent)  # the best fitting plan so far (original nodes)
     bound = -math.inf  # a proven lower bound on the original objective
     for round_ in range(_FIXING_ROUNDS):
         lag = _sweep(run, ex, best, max_factor, first, known)
@@ -239,21 +243,6 @@ def _climb(
     return bound
 
 
-def _probe_first(run: Run, ex: ExactSolver, lam: float) -> dict[float, tuple[tuple[int, ...], float]]:
-    """With a ceiling, the Lagrangian bound at a similar problem's multiplier before anything else: one exact
-    solve of ``cost + lam * memory`` that, when its bound reaches the ceiling, spares the optimum without the
-    budget, the least-memory plan and the sweep (the per-block recomputation search's intervals: one solve
-    each).  The bound holds for every fitting plan; when none fits it is vacuous, and BoundExceeded (not
-    InfeasibleError) is the answer.  Returns that solve by its multiplier, for the sweep not to repeat it."""
-    rp = run.current
-    if not (math.isfinite(run.ceiling) and lam > 0.0 and math.isfinite(lam)) or rp.memory is None:
-        return {}
-    assert rp.memory_limit is not None
-    plan, value = ex.solve([c + lam * m for c, m in zip(ex.form.unary, rp.memory, strict=True)])
-    run.prune(value - lam * rp.memory_limit + run.offset())
-    return {lam: (plan, value)}
-
-
 def _sweep(
     run: Run,
     ex: ExactSolver,
@@ -296,6 +285,7 @@ def solve(
     peak: tuple[np.ndarray, ...] | None = None,
     multiplier: float | None = None,
     dominated: Certificates = (),
+    incumbent: Sequence[int] | None = None,
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
@@ -309,6 +299,9 @@ def solve(
 
     ``dominated``: a similar problem's :attr:`Solution.dominated` (same nodes and strategies, other costs),
     checked and applied before the reduction's own dominance search; only its speed depends on it.
+
+    ``incumbent``: a plan of this problem (a similar one's optimum); under a binding budget the Lagrangian
+    sweep starts from it when it fits (:meth:`Run.start_plan`).  Only the work depends on it.
 
     ``peak``: the peak terms of the problem this one relaxes (:mod:`~autoshard.search.peak` lowered the
     budget by their floor and dropped them); the neighbourhood search then looks for plans that fit with
@@ -327,6 +320,7 @@ def solve(
             hint=hint,
             multiplier=multiplier,
             dominated=dominated,
+            incumbent=incumbent,
         )
         return solve_with_peak(problem, solve, max_factor_size=max_factor_size, ceiling=ceiling, **kwargs)
     start = time.perf_counter()
@@ -366,7 +360,7 @@ def solve(
         return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
     run.log.append(f"exact: {ex.describe()}")
     if red.problem.memory_limit is not None:
-        return _with_budget(run, ex, method, num_workers, max_factor_size, multiplier)
+        return _with_budget(run, ex, method, num_workers, max_factor_size, (multiplier, incumbent))
     plan, value = ex.solve()
     return run.finish(plan, value + red.cost_offset, True, exact_label(ex))
 
