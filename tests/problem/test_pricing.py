@@ -20,7 +20,13 @@ def _all_specs(ndim: int, mesh_ndim: int) -> list[ShardingSpec]:
 
 @pytest.mark.parametrize(
     ("mesh", "nodes", "shape"),
-    [((2, 2, 2), 1, (4, 8, 6)), ((2, 4, 8), 8, (16, 6, 64)), ((2, 4), 1, (2, 3)), ((4, 2, 2, 2), 4, (8, 8))],
+    [
+        ((2, 2, 2), 1, (4, 8, 6)),
+        ((2, 4, 8), 8, (16, 6, 64)),
+        ((2, 4), 1, (2, 3)),
+        ((4, 2, 2, 2), 4, (8, 8)),
+        ((2, 1, 4), 1, (1, 8, 1, 4)),  # dims of size 1 (dropped from the layout graph) and an axis of size 1
+    ],
 )
 def test_table_equals_the_search_for_every_pair(
     mesh: tuple[int, ...], nodes: int, shape: tuple[int, ...]
@@ -50,6 +56,21 @@ def test_shapes_that_order_the_same_sizes_share_one_graph_and_keep_their_prices(
         assert same.all(), shape
     graphs = cache.prices._graphs  # one graph, on the dims sorted by size (the table is shared per cluster)
     assert ((4, 6, 8), 2) in graphs and ((4, 8, 6), 2) not in graphs and ((8, 6, 4), 2) not in graphs
+
+
+def test_dims_of_size_one_share_the_graph_without_them_and_keep_their_prices() -> None:
+    cluster = autoshard.load_cluster("a100x8", mesh=(2, 2, 2))
+    cache = StepCache(cluster)
+    for shape in ((1, 4, 1, 8), (8, 1, 4)):
+        specs: list[ShardingSpec | None] = [*_all_specs(len(shape), 3)[::5], None]
+        ids = [cache.intern(s) for s in specs]
+        table = cache.prices.pairwise(specs, specs, shape, 2)
+        expected = np.array([[cache.time(a, b, shape, 2) for b in ids] for a in ids])
+        assert np.isinf(expected).any() and (expected > 0).any()
+        same = (table == expected) | (np.isinf(table) & np.isinf(expected))
+        assert same.all(), shape
+    graphs = cache.prices._graphs  # one graph, on the dims of size > 1 sorted by size (shared per cluster)
+    assert ((4, 8), 2) in graphs and not any(1 in shape for shape, _ in graphs)
 
 
 def test_table_rows_grow_lazily_and_stay_consistent() -> None:
@@ -114,3 +135,22 @@ def test_warm_started_masks_equal_a_cold_search() -> None:
         rows, warm = cache.prices._distances(shape, 2, mask, graph, starts[::-1])
         cold = _bellman_ford(graph, mask, starts)
         assert np.array_equal(warm[[rows[s] for s in starts]], cold), mask
+
+
+@pytest.mark.parametrize(("mesh", "nodes", "shape"), [((2, 2, 4), 2, (8, 4, 16)), ((2, 2, 2, 2), 2, (4, 8))])
+def test_any_warm_start_mask_gives_the_cold_table(
+    mesh: tuple[int, ...], nodes: int, shape: tuple[int, ...]
+) -> None:
+    """Whichever P axis the warm start leaves out (the planner drops the outermost, a speed choice), the
+    table is the cold Bellman-Ford's bit for bit."""
+    from autoshard.problem.pricing import _bellman_ford
+
+    cluster = autoshard.load_cluster("a100x8", nodes=nodes, mesh=mesh)
+    graph = StepCache(cluster).prices._graph(shape, 4)
+    starts = sorted(graph.index.values())
+    for mask in itertools.product((False, True), repeat=len(mesh)):
+        cold = _bellman_ford(graph, mask, starts)
+        for drop in (a for a, m in enumerate(mask) if m):
+            fewer = tuple(m and a != drop for a, m in enumerate(mask))
+            warm = _bellman_ford(graph, mask, starts, (fewer, _bellman_ford(graph, fewer, starts)))
+            assert np.array_equal(warm, cold), (mask, drop)
