@@ -28,7 +28,7 @@ from autoshard import zoo
 from autoshard.errors import AutoshardError
 from autoshard.zoo import MLP, ModelCase, UnknownModelError
 
-__all__ = ["build_scaled", "scalable", "scale_hf"]
+__all__ = ["build_scaled", "refuse_float64_experts", "scalable", "scale_hf"]
 
 
 def _mlp(o: zoo._Options) -> ModelCase:
@@ -69,6 +69,13 @@ def _no_float64(name: str, dtype: torch.dtype | None) -> None:
             f"verify --float64 cannot run {name}: its experts are one aten._grouped_mm, which has no float64 "
             "kernel; verify without --float64 (bfloat16, the experts' native dtype, to its tolerance)"
         )
+
+
+def refuse_float64_experts(name: str, model: torch.nn.Module) -> None:
+    """:func:`_no_float64` for a model given as it is: one whose experts hold 3-D (stacked) weights runs them
+    as aten._grouped_mm."""
+    if any(p.dim() == 3 and "experts" in k for k, p in model.named_parameters()):
+        _no_float64(name, torch.float64)
 
 
 def build_scaled(name: str, *, batch: int = 8, seq: int = 16, dtype: torch.dtype | None = None) -> ModelCase:

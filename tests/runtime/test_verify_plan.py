@@ -139,3 +139,10 @@ def test_float64_mixtral_is_refused_in_one_line() -> None:
     with pytest.raises(AutoshardError, match=r"_grouped_mm.*without --float64") as err:
         build_scaled("mixtral-tiny", dtype=torch.float64)
     assert "\n" not in str(err.value)
+
+
+def test_float64_small_mixtral_is_refused_by_the_cli(capsys) -> None:
+    """The same refusal on the small-model path (``--model`` without a plan): exit 2, one line."""
+    assert main(["verify", "--model", "mixtral-tiny", "--float64", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "_grouped_mm" in err[0], err
