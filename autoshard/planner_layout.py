@@ -16,8 +16,12 @@ both is the best of those problems' optima.  The balanced bound is below all of 
    ``"zigzag"`` asked too: a plan without a ring has no context axis, so nothing is reordered at run time
    (:attr:`~autoshard.plans.Plan.zigzag_axis` is None) and the zigzag problems, which could only refuse
    its one-run ops or price it the same, have nothing to add;
-2. otherwise the zigzag problem on the bound's ring axis is solved first, then the contiguous one and the
-   zigzag problems of the other axes, stopping as soon as one reaches the bound.
+2. otherwise the bound's own plan is priced (no solve) in each layout's problem, in tie order, where that
+   problem has all its strategies: a price reaching the bound makes that layout optimal, and only the layouts
+   that would win a tie against it are solved, with the bound as their ceiling (LLaMA-3-70B: contiguous
+   reaches it; zigzag on the ring axis is only proven not to tie).  Else the zigzag problem on the bound's
+   ring axis is solved first, then the contiguous one and the zigzag problems of the other axes, each with
+   the best so far as its ceiling (over it: "above <best>" in the note), stopping once one reaches the bound.
 
 A tie goes to zigzag on the plan's own ring axis (at run time it never computes more), then to contiguous.
 ``"zigzag"`` asked solves only the zigzag problems.  The cost: nothing without a ring, else one to ``1 + axes``
@@ -39,6 +43,7 @@ from autoshard.problem.build import BuiltProblem
 from autoshard.problem.context import one_run_ops, ring_axis_of_plan, zigzag_axis_of, zigzag_cluster
 from autoshard.problem.costs import CostOptions
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
+from autoshard.search.problem import evaluate, memory_of, relative_gap
 from autoshard.strategies import OpStrategy
 
 __all__ = ["search_layout"]
@@ -77,23 +82,63 @@ def search_layout(
     if asked == "auto":
         candidates.insert(min(1, len(candidates)), ("contiguous", built.cluster))
     bound = solution.objective
+    reach = bound * (1 + 1e-12)
+    built_of: dict[str, tuple[BuiltProblem, BuiltProblem] | AutoshardError] = {}
+
+    def rebuilt(label: str, cluster: Cluster) -> tuple[BuiltProblem, BuiltProblem]:
+        if label not in built_of:
+            try:
+                built_of[label] = rebuild(cluster, options)
+            except AutoshardError as e:
+                built_of[label] = e
+        got = built_of[label]
+        if isinstance(got, AutoshardError):
+            raise got
+        return got
+
+    # the bound's own plan priced under each layout (no solve): reaching the bound there makes it optimal
+    hit: tuple[int, Solution] | None = None
+    for i, (label, cluster) in enumerate(candidates):
+        try:
+            cand = rebuilt(label, cluster)[1]
+        except AutoshardError:
+            continue
+        priced = _bound_plan(built, solution, cand)
+        if priced is not None and priced.objective <= reach:
+            hit = (i, priced)
+            break
     best: tuple[float, int, BuiltProblem, BuiltProblem, Solution] | None = None
     prices: list[str] = []
     error: AutoshardError | BoundExceeded | None = None
-    for label, cluster in candidates:
-        try:
-            cand_free, cand = rebuild(cluster, options)
-            found = run(cand.problem)
-        except (AutoshardError, BoundExceeded) as e:
-            error = e  # infeasible under this layout (a pin on a one-run op), or over a ceiling
-            prices.append(f"{label}: {_why_not(built, solution, cluster, e)}")
-            continue
+    for i, (label, cluster) in enumerate(candidates):
+        if hit is not None and i == hit[0]:
+            found = hit[1]
+            cand_free, cand = rebuilt(label, cluster)
+        else:
+            if hit is not None and i > hit[0]:
+                continue  # the bound is reached: only a better-ranked layout could tie (solved above)
+            # after the first, a layout has only to beat the best so far (a bound-reaching hit: only tie it)
+            top = reach if hit is not None else (best[0] if best is not None else math.inf)
+            try:
+                cand_free, cand = rebuilt(label, cluster)
+                found = solve(cand.problem, method=method, time_limit=time_limit, ceiling=min(ceiling, top))
+            except BoundExceeded as e:
+                if not math.isfinite(top) or top >= ceiling:
+                    error = e
+                    prices.append(f"{label}: {_why_not(built, solution, cluster, e)}")
+                else:
+                    prices.append(f"{label} above {top:.4g} s")
+                continue
+            except AutoshardError as e:
+                error = e  # infeasible under this layout (a pin on a one-run op)
+                prices.append(f"{label}: {_why_not(built, solution, cluster, e)}")
+                continue
         prices.append(f"{label} {found.objective:.4g} s")
         rank = _tie_rank(cand, found, cluster)
         cost = found.objective
         if best is None or cost < best[0] * (1 - 1e-12) or (cost <= best[0] * (1 + 1e-12) and rank > best[1]):
             best = (cost, rank, cand_free, cand, found)
-        if best[0] <= bound * (1 + 1e-12):
+        if hit is None and best[0] <= reach:
             break  # nothing is below the balanced bound
     if best is None:
         assert error is not None
@@ -106,6 +151,28 @@ def search_layout(
     noted = dataclasses.replace(cand, notes=(*cand.notes, note))
     # without pins the unpinned problem stays the same object: ranked() then re-solves nothing for its price
     return noted if cand_free is cand else cand_free, noted, found
+
+
+def _bound_plan(built: BuiltProblem, bound: Solution, cand: BuiltProblem) -> Solution | None:
+    """The bound's plan as a solution of ``cand`` (its price there, no solve), or None where ``cand`` lacks one
+    of its strategies or its memory budget refuses it."""
+    if cand.variables != built.variables:
+        return None
+    choice = []
+    for name, strategy in _chosen(built, bound).items():
+        options = cand.strategies[name]
+        if strategy not in options:
+            return None
+        choice.append(options.index(strategy))
+    full = cand.full_choice(choice)
+    if len(full) != cand.problem.num_nodes:
+        return None
+    cost = evaluate(cand.problem, full)
+    limit = cand.problem.memory_limit
+    if not math.isfinite(cost) or (limit is not None and memory_of(cand.problem, full) > limit):
+        return None
+    gap = relative_gap(cost, bound.lower_bound)
+    return dataclasses.replace(bound, choice=full, objective=cost, gap=gap, log=(), dominated=())
 
 
 def _tie_rank(built: BuiltProblem, solution: Solution, cluster: Cluster) -> int:

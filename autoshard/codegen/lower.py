@@ -146,11 +146,12 @@ def lower_graph(
     training: bool = True,
     device: torch.device | None = None,
     zigzag_axis: int | None = None,
+    opts: CostOptions | None = None,
 ) -> LoweredGraph:
     """The graph device ``coord`` runs (module doc); ``zigzag_axis``: the mesh axis whose splits use the
     load-balanced layout (the plan's ``context_axis`` when ``context_layout == "zigzag"``).  Raises
     :class:`UnsupportedOpError` for graphs that are not plain ATen graphs (the ``symbolic_trace`` fallback)
-    or mutate buffers."""
+    or mutate buffers.  ``opts``: the plan's cost options (its precision sizes each step as it was priced)."""
     if captured.method != "export":
         raise UnsupportedOpError(
             f"codegen needs a torch.export graph; this model was captured with {captured.method} "
@@ -162,7 +163,7 @@ def lower_graph(
             f"the model writes buffers in forward ({', '.join(str(m) for m in mutated[:3])}): codegen does "
             "not support buffer mutation yet; put the model in eval() mode or make the update explicit"
         )
-    lowering = _Lowering(captured, strategies, cluster, coord, training, device)
+    lowering = _Lowering(captured, strategies, cluster, coord, opts or CostOptions(training=training), device)
     lowering.zigzag_axis = zigzag_axis
     return with_dispatch(drop_dead(lowering.run()), lowering.infos, strategies, cluster, training)
 
@@ -176,14 +177,13 @@ class _Lowering:
         strategies: Mapping[str, OpStrategy],
         cluster: Cluster,
         coord: tuple[int, ...],
-        training: bool,
+        opts: CostOptions,  # the plan's: its precision fixes the bytes a step moves, as it was priced
         device: torch.device | None,
     ) -> None:
         self.captured, self.strategies, self.coord, self.device = captured, strategies, coord, device
         self.mesh = tuple(cluster.mesh_shape)
         self.infos: dict[str, NodeInfo] = {i.name: i for i in describe(captured.graph_module)}
-        self.cache = StepCache(cluster)
-        self.opts = CostOptions(training=training)
+        self.cache, self.opts = StepCache(cluster), opts
         self.graph = fx.Graph()
         self.env: dict[str, fx.Node] = {}
         self.attrs: list[AttrSpec] = []

@@ -64,6 +64,8 @@ from autoshard.codegen.recompute import checkpoint_blocks
 from autoshard.codegen.shard import contiguous_only, local_piece
 from autoshard.errors import MeshError, ProfileError
 from autoshard.plans import Plan
+from autoshard.problem.costs import CostOptions
+from autoshard.problem.elementwise import recipe
 
 __all__ = [
     "INFO_ATTR",
@@ -135,9 +137,11 @@ def parallelize(
     strategies = assign_strategies(captured, plan)
     where = torch.device(device) if device is not None else _default_device()
     cluster, zigzag = cluster or plan_cluster(plan), plan.zigzag_axis
+    opts = CostOptions(training=plan.training, precision=recipe(plan.precision))  # amp: bytes as priced
     lowered = lower_graph(
-        captured, strategies, cluster, comm.coord, training=plan.training, device=where, zigzag_axis=zigzag
-    )
+        captured, strategies, cluster, comm.coord, training=plan.training, device=where, zigzag_axis=zigzag,
+        opts=opts,
+    )  # fmt: skip
     _reproducible_randomness(lowered.graph, strategies, comm)
     root: dict[str, Any] = {COMM_ATTR: comm}
     for attr in lowered.attrs:

@@ -98,7 +98,9 @@ def _cut_fixes(candidate: Candidate) -> list[tuple[str, tuple]]:
             continue
         seen.add(u.name)
         template = built.template[u.name]
-        steps = output_fix_steps(u, built.strategies[template][chosen[template]], built.cache)
+        steps = output_fix_steps(
+            u, built.strategies[template][chosen[template]], built.cache, built.options.precision
+        )
         steps = tuple(s for s in steps if s.kind in COLLECTIVE_KINDS)
         if steps:
             fixes.append((template, steps))

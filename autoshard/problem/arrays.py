@@ -18,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoshard.cluster import Cluster
-from autoshard.problem.autocast import uses_autocast
+from autoshard.problem.autocast import moved_itemsize, uses_autocast
 from autoshard.problem.context import ring_free, ring_seconds
 from autoshard.problem.costs import (
     MEMORY_TIE_BREAK,
@@ -46,6 +47,9 @@ from autoshard.problem.recompute import memory_total, rerun_share
 from autoshard.problem.shared import BuildCache, node_key
 from autoshard.search import Edge
 from autoshard.strategies import OpStrategy
+
+if TYPE_CHECKING:
+    from cost_models.memory import PrecisionPolicy
 
 __all__ = ["NodeParts", "edge_arrays", "edge_matrix", "edge_tables", "node_arrays", "node_parts"]
 
@@ -93,7 +97,11 @@ def node_parts(
                 if info.kind == "op"
                 else (0.0, (0.0, 0.0))
             )
-            reduce = steps_time(output_fix_steps(info, strat, cache.steps), cluster) if output else 0.0
+            reduce = (
+                steps_time(output_fix_steps(info, strat, cache.steps, opts.precision), cluster)
+                if output
+                else 0.0
+            )
             row = (
                 fwd,
                 *hidden,
@@ -196,22 +204,25 @@ def edge_tables(
     pos: int,
     backward: bool,
     steps: StepCache,
+    precision: PrecisionPolicy | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(F, B)``: seconds of one forward redistribution on this edge per strategy pair ``[S_u, S_v]``, and
-    of the gradient's way back (None unless ``backward``); each distinct spec pair priced once."""
+    of the gradient's way back (None unless ``backward``); each distinct spec pair priced once, at the bytes
+    ``precision`` moves the tensor in (:func:`~autoshard.problem.autocast.moved_itemsize`)."""
     meta = producer.outputs[which] if which < len(producer.outputs) else None
     if meta is None:
         return np.zeros((len(src_list), len(dst_list))), None
     outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
     have = np.array([steps.intern(o) for o in outs])
     want = np.array([steps.intern(s.inputs[pos]) for s in dst_list])
-    forward = pairwise_ids(have, want, meta.shape, meta.itemsize, steps)
+    size = moved_itemsize(producer, which, precision)
+    forward = pairwise_ids(have, want, meta.shape, size, steps)
     if not backward:
         return forward, None
     duals = np.array([steps.intern(dual_spec(o) if o is not None else None) for o in outs])
     grads = np.array([steps.intern(s.input_grads[pos]) for s in dst_list])
     # a consumer that needs the value but yields no gradient (None) costs nothing backward
-    return forward, pairwise_ids(grads, duals, meta.shape, meta.itemsize, steps).T
+    return forward, pairwise_ids(grads, duals, meta.shape, size, steps).T
 
 
 def priced_edge(
@@ -241,7 +252,8 @@ def edge_matrix(
     each side and spread over all strategy pairs with numpy indexing.
     """
     backward = opts.training and producer.requires_grad
-    return priced_edge(producer, edge_tables(producer, which, src_list, dst_list, pos, backward, cache), opts)
+    tables = edge_tables(producer, which, src_list, dst_list, pos, backward, cache, opts.precision)
+    return priced_edge(producer, tables, opts)
 
 
 def edge_arrays(
@@ -261,9 +273,11 @@ def edge_arrays(
         backward = opts.training and producer.requires_grad
 
         def make(tu: str = tu, tv: str = tv, which: int = which, pos: int = pos, grad: bool = backward):
-            return edge_tables(infos[tu], which, strategies[tu], strategies[tv], pos, grad, cache.steps)
+            return edge_tables(
+                infos[tu], which, strategies[tu], strategies[tv], pos, grad, cache.steps, opts.precision
+            )
 
-        tables = cache.get("edge", (tu, tv, which, pos, backward), make)
+        tables = cache.get("edge", (tu, tv, which, pos, backward, opts.precision), make)
         matrix = priced_edge(producer, tables, opts) * weight
         repeated_param = weight > 1 and producer.kind == "parameter" and producer.block is not None
         if repeated_param and opts.training and opts.overlap.overlap_grad_sync:

@@ -15,7 +15,8 @@ op's dtype (torch's CUDA autocast op lists):
   :func:`~autoshard.problem.elementwise.autocast_update_seconds`), its gradient back up in backward;
 * ops of autocast's fp32 list (:data:`UPPER`: norms, ``pow``, ``rsqrt``, softmax, sums) run in fp32;
 * every other op runs in the promoted dtype of its float inputs: fp32 as soon as one is (an embedding of fp32
-  weights, the residual stream added to a product's 16-bit output, a 16-bit tensor times fp32 ``cos``);
+  weights, the residual stream added to a product's 16-bit output, a 16-bit tensor times fp32 ``cos``), the
+  16-bit dtype when all are (a view or activation of a product's output, also in a graph captured in fp32);
 * a cast to the model's dtype (HF's ``.to(input_dtype)``) casts to fp32, the model's dtype under amp: a cast
   whose source already has its target dtype runs nothing.
 
@@ -24,6 +25,10 @@ Priced (:func:`autocast_seconds`): an op's bytes at its operands' amp dtypes ins
 the casts that no longer run taken back out.  Not priced: the elementwise extras of
 :mod:`autoshard.problem.elementwise` stay at the captured dtype; a sharded operand's bytes are scaled by the
 output's shard (exact on one device).
+
+Moved (:func:`moved_itemsize`, read by every redistribution the intra-op problem prices and by the
+``Plan.collectives`` it reports): a tensor moves, and its gradient comes back, in its producer's amp dtype --
+fp32 parameters and their gradients, a product's 16-bit output, the fp32 residual stream and norms.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autoshard.problem.hidden_ops import UPCAST_BYTES, hidden_seconds
+from cost_models.memory import itemsize
 
 if TYPE_CHECKING:  # graph.py reads this module
     from autoshard.cluster import Cluster
@@ -45,6 +51,7 @@ __all__ = [
     "autocast_dtype",
     "autocast_scale",
     "autocast_seconds",
+    "moved_itemsize",
     "uses_autocast",
     "weight_bytes",
 ]
@@ -79,12 +86,29 @@ def autocast_dtype(op: str, kind: str, dtype: str | None, inputs: Sequence[str],
         return "float32"
     if op in _CASTS:
         return "float32" if dtype == model_dtype else dtype
-    return "float32" if "float32" in inputs else dtype
+    floats = [d for d in inputs if d.startswith(_FLOATS)]
+    if "float32" in floats:
+        return "float32"
+    if floats and dtype == "float32" and all(d == model_dtype for d in floats):
+        return model_dtype  # a graph captured in fp32: 16-bit operands (a product's output) stay 16-bit
+    return dtype
 
 
 def uses_autocast(policy: PrecisionPolicy | None) -> bool:
     """Whether ``policy`` (``CostOptions.precision``) is an autocast recipe."""
     return policy is not None and policy.autocast is not None
+
+
+def moved_itemsize(info: NodeInfo, which: int, policy: PrecisionPolicy | None) -> int:
+    """Bytes per element of ``info``'s output ``which`` as a redistribution moves it, forward and as the
+    gradient coming back: its amp dtype's (``NodeInfo.autocast_dtype``) under an autocast ``policy``, else
+    the captured tensor's own.  Outputs of another dtype than the first (integer indices) keep theirs."""
+    meta = info.outputs[which]
+    assert meta is not None
+    amp, first = info.autocast_dtype, info.outputs[0]
+    if not uses_autocast(policy) or amp in ("", meta.dtype) or first is None or meta.dtype != first.dtype:
+        return meta.itemsize
+    return itemsize(amp)
 
 
 def weight_bytes(itemsize: int, policy: PrecisionPolicy | None) -> int:

@@ -323,7 +323,7 @@ def _output_collectives(
     for name, info in built.infos.items():  # a later layer's copy too: a pipeline stage ending in a layer
         if not info.is_output:
             continue
-        steps = output_fix_steps(info, chosen[built.template[name]], built.cache)
+        steps = output_fix_steps(info, chosen[built.template[name]], built.cache, built.options.precision)
         where = namer.layers_of_node(name) if name in decided or info.block is None else [info.block[0]]
         layers = [(layer, namer.module(info.module, layer)) for layer in where]
         out += _records(steps, "forward", "output", name, layers, built, built.options.microbatches)

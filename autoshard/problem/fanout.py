@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from autoshard.problem.autocast import moved_itemsize
 from autoshard.problem.costs import CostOptions, StepCache, dual_spec, repeats
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pricing import pairwise_ids
@@ -195,7 +196,7 @@ def _group_node(
     def make() -> _Elements:
         return _elements(group, producer, strategies, opts, cache)
 
-    found = make() if shared is None else shared.get("fanout", (group, opts.training), make)
+    found = make() if shared is None else shared.get("fanout", (group, opts.training, opts.precision), make)
     element_cost = _priced(producer, found.tables, opts)
     share = rerun_share(producer, consumer, opts)  # recomputed blocks re-issue, FSDP re-gathers (as extract)
     if share:  # the shared move is re-run once: by the recomputed blocks, or re-gathered after forward
@@ -208,7 +209,7 @@ def _group_node(
 
 @dataclass(frozen=True, slots=True)
 class _Elements:
-    """A group's elements and their redistribution tables (no option but ``training`` changes them)."""
+    """A group's elements and their redistribution tables (only ``training``, ``precision`` change them)."""
 
     entries: list[np.ndarray]  # per consumer, its element per strategy
     tables: tuple[np.ndarray, np.ndarray | None]  # _tables: [S_producer, E] forward, backward (or None)
@@ -227,7 +228,7 @@ def _elements(
         elems = [element_of(producer, s, pos, opts, cache) for s in strategies[name]]
         entries.append(np.array([ids.setdefault(e, len(ids)) for e in elems]))
     src = strategies[group.producer]
-    return _Elements(entries, _tables(producer, group.which, src, list(ids), opts.training, cache))
+    return _Elements(entries, _tables(producer, group.which, src, list(ids), opts, cache))
 
 
 def _tables(
@@ -235,7 +236,7 @@ def _tables(
     which: int,
     src_list: tuple[OpStrategy, ...],
     elements: list[tuple[int, int]],
-    training: bool,
+    opts: CostOptions,
     cache: StepCache,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``[S_producer, E]`` seconds of one forward redistribution of element ``e`` from strategy ``a``, and of
@@ -246,12 +247,13 @@ def _tables(
     have = [cache.intern(o) for o in outs]
     want = [w for w, _ in elements]
     # whole tables, each distinct spec pair priced once (problem/pricing.py), equal to cache.time per pair
-    forward = pairwise_ids(have, want, meta.shape, meta.itemsize, cache)
-    if not (training and producer.requires_grad):
+    size = moved_itemsize(producer, which, opts.precision)  # under amp: the producer's autocast dtype
+    forward = pairwise_ids(have, want, meta.shape, size, cache)
+    if not (opts.training and producer.requires_grad):
         return forward, None
     duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
     grads = [g for _, g in elements]
-    return forward, pairwise_ids(grads, duals, meta.shape, meta.itemsize, cache).T
+    return forward, pairwise_ids(grads, duals, meta.shape, size, cache).T
 
 
 def _priced(
@@ -277,7 +279,7 @@ def _element_cost(
     cache: StepCache,
 ) -> np.ndarray:
     """``C[a, e]``: forward + backward seconds of element ``e`` when the producer runs ``a`` (one layer)."""
-    return _priced(producer, _tables(producer, which, src_list, elements, opts.training, cache), opts)
+    return _priced(producer, _tables(producer, which, src_list, elements, opts, cache), opts)
 
 
 def fanout_edges(fans: Sequence[FanOut], index: Mapping[str, int]) -> list[Edge]:

@@ -9,7 +9,8 @@ costs on its own (compute, memory, optimizer: there) and what moving a tensor be
 The backward of an edge ``u → v`` redistributes the gradient ``v``'s strategy yields
 (``OpStrategy.input_grads``) to the dual of ``u``'s output spec (:func:`dual_spec`: ``S(d) → S(d)``,
 ``P → R``, ``R → R``); a model output left ``Partial`` is reduced before it is returned
-(:func:`output_fix_steps`).
+(:func:`output_fix_steps`).  Both move the tensor at the bytes per element
+:func:`~autoshard.problem.autocast.moved_itemsize` gives (under amp, its producer's autocast dtype).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.placement import Partial, Replicate, ShardingSpec
+from autoshard.problem.autocast import moved_itemsize
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pricing import PriceTable
 from autoshard.redistribute import Step, plan_redistribute, redistribute_time
@@ -29,6 +31,7 @@ from autoshard.strategies import OpStrategy
 
 if TYPE_CHECKING:
     from autoshard.problem.costs import CostOptions
+    from cost_models.memory import PrecisionPolicy
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -134,7 +137,8 @@ def edge_steps(
     want = dst.inputs[position]
     if meta is None or have is None or want is None:
         return EdgeSteps((), ())
-    fwd = cache.get(have, want, meta.shape, meta.itemsize)
+    size = moved_itemsize(producer, which, opts.precision)
+    fwd = cache.get(have, want, meta.shape, size)
     if fwd is None:
         return _INFEASIBLE
     if not (opts.training and producer.requires_grad):
@@ -142,20 +146,23 @@ def edge_steps(
     grad = dst.input_grads[position]
     if grad is None:
         return EdgeSteps(fwd, ())
-    bwd = cache.get(grad, dual_spec(have), meta.shape, meta.itemsize)
+    bwd = cache.get(grad, dual_spec(have), meta.shape, size)
     if bwd is None:
         return _INFEASIBLE
     return EdgeSteps(fwd, bwd)
 
 
-def output_fix_steps(info: NodeInfo, strategy: OpStrategy, cache: StepCache) -> tuple[Step, ...]:
-    """A model output left ``Partial`` is reduced before it is returned (``P → R`` on those axes)."""
+def output_fix_steps(
+    info: NodeInfo, strategy: OpStrategy, cache: StepCache, precision: PrecisionPolicy | None = None
+) -> tuple[Step, ...]:
+    """A model output left ``Partial`` is reduced before it is returned (``P → R`` on those axes), at the
+    bytes ``precision`` (``CostOptions.precision``) moves it in."""
     fixed: list[Step] = []
-    for meta, spec in zip(info.outputs, strategy.outputs, strict=False):
+    for which, (meta, spec) in enumerate(zip(info.outputs, strategy.outputs, strict=False)):
         if meta is None or spec is None or not spec.partial_axes():
             continue
         target = dual_spec(spec)
-        steps = cache.get(spec, target, meta.shape, meta.itemsize)
+        steps = cache.get(spec, target, meta.shape, moved_itemsize(info, which, precision))
         fixed.extend(steps or ())
     return tuple(fixed)
 
