@@ -154,6 +154,12 @@ def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
     """The step time of ``plan`` as a sympy expression (module docstring)."""
     from autoshard.codegen.parallelize import plan_cluster  # the cluster the plan was priced on
 
+    if plan.pipeline is not None:  # its step is a stage schedule with a bubble, not the sum over nodes
+        raise WhatIfError(
+            f"plan of {plan.model} is pipelined ({len(plan.pipeline.stages)} stages, "
+            f"{plan.pipeline.schedule}): whatif cannot vary a pipelined step yet (its time is a stage "
+            "schedule with a bubble, not the node sum whatif scales); compare plans searched without --pp"
+        )
     ref = _reference(plan)
     b, s, d, w = (SYMBOLS[k] for k in ("batch", "seq", "devices", "bandwidth"))
     tokens = (b / ref["batch"]) * (s / ref["seq"])

@@ -74,7 +74,9 @@ def plan_limits(plan: Plan, memory: sympy.Expr, grows: sympy.Expr) -> list[Limit
     split = math.prod(deg[k] for k in batch)
     names = [k.upper() for k in batch] + (["microbatches"] if plan.microbatches > 1 else [])
     if split * plan.microbatches > 1:
-        out.append(Limit("batch", split * plan.microbatches * (grows if split > 1 else 1), " × ".join(names)))
+        grown = grows if split > 1 else sympy.Integer(1)
+        need = sympy.Integer(split * plan.microbatches) * grown  # an Expr even when it is a constant
+        out.append(Limit("batch", need, " × ".join(names)))
     seq = [k for k in ("cp", "sp") if deg.get(k, 1) > 1]
     zigzag = 2 if plan.context_layout == "zigzag" and "cp" in seq else 1  # 2n chunks
     if seq:

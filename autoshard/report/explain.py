@@ -70,6 +70,13 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
     from autoshard.problem.build import build_problem
     from autoshard.problem.costs import CostOptions, Recompute, recipe
 
+    if plan.pipeline is not None:  # its decisions do not cover the one whole-model problem rebuilt here
+        raise AutoshardError(
+            f"plan of {plan.model} is pipelined ({len(plan.pipeline.stages)} stages): explain does not "
+            "support pipelined plans yet (it rebuilds one whole-model problem, which the plan's per-stage "
+            "decisions do not cover); explain a plan searched without --pp"
+        )
+
     source = dict(plan.source)
     name = spec or str(source.get("spec") or "")
     if not name:

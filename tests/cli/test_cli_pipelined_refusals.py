@@ -1,0 +1,53 @@
+"""``whatif`` and ``explain`` on a pipelined plan (new-user trial): ``whatif`` ended in a traceback
+("'int' object has no attribute 'subs'": the microbatch limit of a plan with no batch split was a plain
+int) and ``explain`` blamed the model ("the model or its inputs differ") for an unmodified zoo plan.  Both
+now refuse in one true line (exit 2); the microbatch limit itself is an expression and is described."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sympy
+from cli_support import run_main
+
+from autoshard.plans import load_plan
+from autoshard.whatif_limits import describe, plan_limits
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("pp")
+    pp, flat = root / "pp.json", root / "flat.json"
+    for path, extra in ((pp, ["--pp", "2"]), (flat, [])):
+        done = run_main("search", "--profile", "a100x8", "--model", "llama-tiny", *extra, "--out", str(path))
+        assert done.code == 0, done.err
+    return pp, flat
+
+
+def test_whatif_of_a_pipelined_plan_refuses_in_one_line(plans: tuple[Path, Path]) -> None:
+    pp, flat = plans
+    for first, other in ((flat, pp), (pp, pp)):
+        done = run_main("whatif", str(first), "--against", str(other), "--vary", "batch=1..64")
+        assert done.code == 2 and "Traceback" not in done.err
+        assert "pipelined" in done.err and "whatif cannot vary a pipelined step" in done.err
+        assert len(done.err.strip().splitlines()) == 1
+
+
+def test_microbatch_limit_without_a_batch_split_is_described(plans: tuple[Path, Path]) -> None:
+    plan = load_plan(plans[0])
+    assert plan.pipeline is not None and plan.microbatches > 1 and plan.degrees.get("dp", 1) == 1
+    limits = plan_limits(plan, sympy.Integer(0), sympy.Integer(1))
+    point = {"batch": 1.0, "seq": 16.0, "devices": 8.0, "bandwidth": 1.0}
+    assert describe(limits, point) == f"batch 1 < microbatches {plan.microbatches}"
+    assert describe(limits, {**point, "batch": float(plan.microbatches)}) is None
+
+
+def test_explain_of_a_pipelined_plan_refuses_in_one_true_line(plans: tuple[Path, Path]) -> None:
+    pp, flat = plans
+    done = run_main("explain", str(pp), "--node", "model.layers.0")
+    assert done.code == 2 and "Traceback" not in done.err and len(done.err.strip().splitlines()) == 1
+    assert "pipelined" in done.err and "not support" in done.err and "differ" not in done.err
+    assert (
+        run_main("explain", str(flat), "--node", "model.layers.0").code == 0
+    )  # the same model, not pipelined
