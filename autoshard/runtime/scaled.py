@@ -28,7 +28,7 @@ from autoshard import zoo
 from autoshard.errors import AutoshardError
 from autoshard.zoo import MLP, ModelCase, UnknownModelError
 
-__all__ = ["build_scaled", "scalable", "scale_hf"]
+__all__ = ["build_scaled", "refuse_float64_experts", "scalable", "scale_hf"]
 
 
 def _mlp(o: zoo._Options) -> ModelCase:
@@ -61,9 +61,28 @@ def scalable(name: str) -> bool:
 _NATIVE_DTYPE = dict.fromkeys(("mixtral-8x7b", "mixtral-tiny"), torch.bfloat16)
 
 
+def _no_float64(name: str, dtype: torch.dtype | None) -> None:
+    """Experts run aten._grouped_mm, which has no float64 kernel (bfloat16 only on the CPU, float32 falls back
+    to an opaque op): refuse --float64 in one line instead of failing deep in the forward."""
+    if dtype == torch.float64:
+        raise AutoshardError(
+            f"verify --float64 cannot run {name}: its experts are one aten._grouped_mm, which has no float64 "
+            "kernel; verify without --float64 (bfloat16, the experts' native dtype, to its tolerance)"
+        )
+
+
+def refuse_float64_experts(name: str, model: torch.nn.Module) -> None:
+    """:func:`_no_float64` for a model given as it is: one whose experts hold 3-D (stacked) weights runs them
+    as aten._grouped_mm."""
+    if any(p.dim() == 3 and "experts" in k for k, p in model.named_parameters()):
+        _no_float64(name, torch.float64)
+
+
 def build_scaled(name: str, *, batch: int = 8, seq: int = 16, dtype: torch.dtype | None = None) -> ModelCase:
     """The scaled-down copy of zoo model ``name`` (module doc); ``dtype`` default float32 (bfloat16 for
     Mixtral)."""
+    if name in _NATIVE_DTYPE:
+        _no_float64(name, dtype)
     dtype = dtype or _NATIVE_DTYPE.get(name, torch.float32)
     builder = _SCALED.get(name)
     if builder is None:
@@ -127,6 +146,8 @@ def scale_hf(
         ):
             setattr(small, name, 0.0)
     experts = any(isinstance(getattr(small, n, None), int) for n in _SIZES[-1][0])
+    if experts:
+        _no_float64(type(model).__name__, dtype)
     chosen = dtype or (torch.bfloat16 if experts else torch.float32)
     args, kwargs = _token_inputs(case, batch, seq)
     torch.manual_seed(0)

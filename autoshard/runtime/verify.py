@@ -292,6 +292,9 @@ def run_verify(
         )
     model, args, kwargs = case.model, case.args, dict(case.kwargs)
     if float64:
+        from autoshard.runtime.scaled import refuse_float64_experts
+
+        refuse_float64_experts(spec, model)
         model = model.to(torch.float64)
         args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
     return verify(model, args, kwargs, cluster=cluster, annotations=annotations, name=spec, **flags)

@@ -127,3 +127,22 @@ def test_plan_for_another_model_is_refused(llama70b_plan: Plan, tmp_path, capsys
     assert main(["verify", "--plan", str(path), "--model", "gpt2-tiny"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "made for a LlamaForCausalLM" in err[0] and "GPT2LMHeadModel" in err[0]
+
+
+def test_float64_mixtral_is_refused_in_one_line() -> None:
+    """Mixtral's experts are aten._grouped_mm, which has no float64 kernel: --float64 is refused before any
+    forward runs, naming the op and what to run instead (never a traceback from inside the experts)."""
+    import torch
+
+    from autoshard.errors import AutoshardError
+
+    with pytest.raises(AutoshardError, match=r"_grouped_mm.*without --float64") as err:
+        build_scaled("mixtral-tiny", dtype=torch.float64)
+    assert "\n" not in str(err.value)
+
+
+def test_float64_small_mixtral_is_refused_by_the_cli(capsys) -> None:
+    """The same refusal on the small-model path (``--model`` without a plan): exit 2, one line."""
+    assert main(["verify", "--model", "mixtral-tiny", "--float64", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "_grouped_mm" in err[0], err
