@@ -56,7 +56,20 @@ def fail(message: str) -> NoReturn:
             json.dump({"message": {"message": message, "extraInfo": info}}, file)
     if LAUNCHED not in os.environ and os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr, flush=True)
+    _leave_group()
     raise SystemExit(2)
+
+
+def _leave_group() -> None:
+    """Destroy this rank's process group before it exits: left to interpreter shutdown, gloo's threads can be torn
+    down while joinable (``terminate called without an active exception``, SIGABRT: exit -6 instead of 2; seen in
+    CI when the other rank closed its group first)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except RuntimeError as e:  # the exit code still says what happened; the line says why cleanup failed
+            print(f"autoshard: note: process group not destroyed cleanly: {e}", file=sys.stderr, flush=True)
 
 
 def run_local(nproc: int, argv: Sequence[str]) -> int:
