@@ -119,10 +119,12 @@ def torch_refuses(schedule: Schedule, degree: int, virtual: int, microbatches: i
 
 
 def device_of_chunk(schedule: Schedule, chunk: int, degree: int) -> int:
-    """Which device runs model chunk ``chunk``: round robin (interleaved), or a V (ZB-V: down, then up)."""
-    if schedule is Schedule.ZB_V:
-        return chunk if chunk < degree else 2 * degree - 1 - chunk
-    return chunk % degree
+    """Which device runs model chunk ``chunk``: round robin (interleaved), or a V (ZB-V: down, then up, and so
+    on for further laps).  The one map the pricing, ``verify`` and the runtime's stage ranks read."""
+    lap, offset = divmod(chunk, degree)
+    if schedule is Schedule.ZB_V and lap % 2:
+        return degree - 1 - offset
+    return offset
 
 
 def hand_offs(schedule: Schedule, chunks: int, degree: int) -> tuple[bool, ...]:

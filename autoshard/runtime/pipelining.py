@@ -72,6 +72,7 @@ from torch.distributed.pipelining import (
 from autoshard.codegen.collectives import format_steps, redistribute
 from autoshard.codegen.parallelize import parallel_info, parallelize
 from autoshard.codegen.shard import local_piece, spec_of
+from autoshard.pipeline.schedules import Schedule, device_of_chunk
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.plans import Plan
 from autoshard.redistribute import plan_redistribute
@@ -320,11 +321,9 @@ def _pipeline_mesh(
 
 
 def _rank_of(stage: int, degree: int, order: Order) -> int:
-    """The pipeline rank of stage ``stage``: loop order ``s % pp``; V order ``0 .. pp-1, pp-1 .. 0``."""
-    if order == "loop":
-        return stage % degree
-    lap, offset = divmod(stage, degree)
-    return offset if lap % 2 == 0 else degree - 1 - offset
+    """The pipeline rank of stage ``stage``: loop order ``s % pp``; V order ``0 .. pp-1, pp-1 .. 0`` (the
+    pricing's own map, :func:`~autoshard.pipeline.schedules.device_of_chunk`)."""
+    return device_of_chunk(Schedule.ZB_V if order == "v" else Schedule.INTERLEAVED_1F1B, stage, degree)
 
 
 def _input_name(b: StageBuild) -> str:
