@@ -115,9 +115,12 @@ def search_layout(
     search = _Search(built, solution, rebuild, method, time_limit, ceiling)
     if asked == "auto":
         search.contiguous()
-    for a in [axis, *(a for a in range(len(mesh)) if mesh[a] > 1 and a != axis)]:
+    others = [a for a in range(len(mesh)) if mesh[a] > 1 and a != axis]
+    for a in [axis, *others]:
         if search.best is not None and search.best.cost <= search.reach:
             break  # nothing is below the balanced bound
+        if len(others) > 1 and a == others[0] and search.bounded(tuple(others)):
+            break  # one lower bound for every other axis at once
         search.zigzag(a)
     return search.result(axis)
 
@@ -190,10 +193,9 @@ class _Search:
 
     def zigzag(self, a: int) -> None:
         label, cluster = f"zigzag on axis {a}", zigzag_cluster(self.built.cluster, a)
-        top = math.inf if self.best is None else self.best.cost * (1 - TIE)  # strictly better only
-        # (F2) with (F3) settled without Z_a: C's optimum is its optimum without the budget
-        held = self.proven is not None and _unbudgeted(self.proven[0].problem, self.proven[1])
-        if held and self._bounded(a, label, top):
+        top = self._top()
+        held = self._held()
+        if held and self._bounded((a,), label, top):
             return
         try:
             free, cand = self.rebuild(cluster, self.options)
@@ -202,14 +204,16 @@ class _Search:
             return
         if not held and self.proven is not None:
             held = _memory_covers(cand, self.proven[0])  # (F3): fits under Z_a => fits under C
-            if held and self._bounded(a, label, top):
+            if held and self._bounded((a,), label, top):
                 return
         found = _bound_plan(self.built, self.bound, cand)
         if found is None or found.objective > self.reach or found.objective >= top:
             try:
                 problem = cand.problem
                 if held:  # (F2): only a plan that rings on a can be strictly better
-                    problem = dataclasses.replace(problem, allowed=_masks(self.built, a, self.ring, problem))
+                    problem = dataclasses.replace(
+                        problem, allowed=_masks(self.built, (a,), self.ring, problem)
+                    )
                 found = self._solve(problem, top)
             except BoundExceeded as e:
                 if top >= self.ceiling:
@@ -225,10 +229,24 @@ class _Search:
         if found.objective < top:
             self.best = _Found(found.objective, free, cand, found)
 
-    def _bounded(self, a: int, label: str, top: float) -> bool:
-        """Whether B's optimum over the plans Z_a could win with (its refusals masked, the ring variable held
-        to rings on ``a``: module doc), without the budget, is at or above ``top`` (then noted)."""
-        masks = _masks(self.built, a, self.ring, self.built.problem)
+    def _top(self) -> float:
+        """A later layout must be strictly below this (the tie rule)."""
+        return math.inf if self.best is None else self.best.cost * (1 - TIE)
+
+    def _held(self) -> bool:
+        """(F2) with (F3) settled without a rebuild: C's optimum proven, and its optimum without the budget."""
+        return self.proven is not None and _unbudgeted(self.proven[0].problem, self.proven[1])
+
+    def bounded(self, axes: tuple[int, ...]) -> bool:
+        """Whether every layout zigzag on one of ``axes`` is skipped by one lower bound (:meth:`_bounded`)."""
+        label = f"zigzag on axes {', '.join(map(str, axes))}"
+        return self._held() and self._bounded(axes, label, self._top())
+
+    def _bounded(self, axes: tuple[int, ...], label: str, top: float) -> bool:
+        """Whether B's optimum over the plans a zigzag on one of ``axes`` could win with (its refusals masked,
+        the ring variable held to rings on that axis: module doc), without the budget, is at or above ``top``
+        (then noted)."""
+        masks = _masks(self.built, axes, self.ring, self.built.problem)
         inside = all(m is None or bool(m[k]) for m, k in zip(masks, self.bound.choice, strict=True))
         if inside and self.bound.objective < top:
             return False  # the bound's own plan is one of them, below the best
@@ -244,8 +262,9 @@ class _Search:
         if math.isfinite(lower):
             self.prices.append(f"{label} at least {lower:.4g} s")
         else:
-            cluster = zigzag_cluster(self.built.cluster, a)
-            why = _why_not(self.built, self.bound, cluster, InfeasibleError(f"no plan rings on axis {a}"))
+            cluster = zigzag_cluster(self.built.cluster, axes[0])
+            error = InfeasibleError("no plan rings there")
+            why = _why_not(self.built, self.bound, cluster, error) if len(axes) == 1 else str(error)
             self.prices.append(f"{label}: {why}")
         return True
 
@@ -320,20 +339,21 @@ def _ring_variable(built: BuiltProblem) -> str | None:
 
 
 def _masks(
-    built: BuiltProblem, a: int, ring: str | None, problem: SearchProblem
+    built: BuiltProblem, axes: tuple[int, ...], ring: str | None, problem: SearchProblem
 ) -> tuple[np.ndarray | None, ...]:
-    """``problem``'s allowed masks (its nodes: ``built``'s variables first) less the strategies a zigzag on
-    ``a`` refuses (one-run ops split on ``a``) and, given ``ring``, that variable's strategies that do not
-    ring on ``a``."""
+    """``problem``'s allowed masks (its nodes: ``built``'s variables first) less the strategies that a zigzag
+    on each of ``axes`` refuses (one-run ops split on it) or, given ``ring``, that do not ring on it (that
+    variable's)."""
     masks = list(problem.allowed or (None,) * problem.num_nodes)
     for k, name in enumerate(built.variables):
         info = built.infos[name]
         if name != ring and not one_run_op(info):
             continue
+        axis = (ring_axis_of(built.infos, info, s) if name == ring else None for s in built.strategies[name])
         keep = np.array(
             [
-                not needs_one_run(info, s, a) and (name != ring or ring_axis_of(built.infos, info, s) == a)
-                for s in built.strategies[name]
+                any(not needs_one_run(info, s, a) and (name != ring or r == a) for a in axes)
+                for s, r in zip(built.strategies[name], axis, strict=True)
             ]
         )
         if not keep.all():
