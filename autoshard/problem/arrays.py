@@ -120,7 +120,42 @@ def node_parts(
     def shared() -> NodeParts:  # a node of an identical layer may have priced them already
         return cache.get("node", (_signature(info, inputs, strategies, output), node_key(opts)), make)
 
+    base = cache.base
+    if base is not None:  # a zigzag cluster: only the collectives are priced again
+
+        def repriced() -> NodeParts:
+            assert base is not None
+            plain = node_parts(info, strategies, inputs, base.cluster, opts, base, output)
+            return _with_collectives(plain, info, strategies, inputs, cluster, opts, cache, output)
+
+        return cache.get("node of", (info.name, output, node_key(opts)), repriced)
     return cache.get("node of", (info.name, output, node_key(opts)), shared)
+
+
+def _with_collectives(
+    plain: NodeParts,
+    info: NodeInfo,
+    strategies: tuple[OpStrategy, ...],
+    inputs: tuple[NodeInfo, ...],
+    cluster: Cluster,
+    opts: CostOptions,
+    cache: BuildCache,
+    output: bool,
+) -> NodeParts:
+    """``plain`` (a plain cluster's parts) with the parts a collective prices, dispatch and the output's
+    reduction, priced on ``cluster`` as :func:`node_parts` prices them; the rest (compute, casts, optimizer,
+    memory) reads no collective price, and a zigzag cluster differs from its plain one in those alone."""
+    columns: list[list[float]] = [[], [], []]
+    for strat in strategies:
+        reduce = (
+            steps_time(output_fix_steps(info, strat, cache.steps, opts.precision), cluster) if output else 0.0
+        )
+        for column, value in zip(
+            columns, (*dispatch_times(info, strat, cluster, inputs), reduce), strict=True
+        ):
+            column.append(value)
+    df, db, fix = (_frozen(c) for c in columns)
+    return dataclasses.replace(plain, dispatch=(df, db), fix=fix)
 
 
 def _signature(

@@ -69,6 +69,7 @@ __all__ = [
     "one_run_op",
     "one_run_ops",
     "permutation_seconds",
+    "plain_cluster",
     "reorder_seconds",
     "ring_axis_of",
     "ring_axis_of_plan",
@@ -103,6 +104,13 @@ class ZigzagCluster(Cluster):
 def zigzag_cluster(cluster: Cluster, axis: int) -> ZigzagCluster:
     """``cluster`` with the zigzag layout on mesh axis ``axis``."""
     return ZigzagCluster(cluster.profile, cluster.nodes, cluster.mesh_shape, cluster.axis_names, axis)
+
+
+def plain_cluster(cluster: Cluster) -> Cluster:
+    """The cluster a :class:`ZigzagCluster` reorders on one axis (``cluster`` itself when it is plain)."""
+    if not isinstance(cluster, ZigzagCluster):
+        return cluster
+    return Cluster(cluster.profile, cluster.nodes, cluster.mesh_shape, cluster.axis_names)
 
 
 def zigzag_axis_of(cluster: Cluster) -> int | None:

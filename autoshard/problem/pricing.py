@@ -30,10 +30,11 @@ specs cost 0, a spec that does not fit the tensor or a non-sum ``Partial`` makes
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,13 +69,29 @@ class _Graph:
     v: np.ndarray  # move targets
     w: np.ndarray  # seconds
     enters_p: np.ndarray  # (moves,) bool per axis: the axis whose move enters P, -1 for none
+    axis: np.ndarray  # the mesh axis of each move
+    moves: tuple[tuple[str, int], ...]  # (kind, bytes) of each move: what its price is asked for
+
+    def repriced(self, axis: int, price: Callable[[str, int, int], float]) -> _Graph:
+        """The same layouts and moves with the moves on ``axis`` priced by ``price(kind, bytes, axis)``."""
+        w = self.w.copy()
+        for k in np.flatnonzero(self.axis == axis):
+            w[k] = price(*self.moves[k], axis)
+        w.setflags(write=False)
+        return dataclasses.replace(self, w=w)
 
 
 class PriceTable:
-    """Memoised all-sources shortest paths per layout graph, for one cluster."""
+    """Memoised all-sources shortest paths per layout graph, for one cluster.
 
-    def __init__(self, cluster: Cluster) -> None:
+    ``base``: the table of the plain cluster a :class:`~autoshard.problem.context.ZigzagCluster` on axis
+    ``axis`` reorders; its layout graphs are taken from there with only the moves on ``axis`` priced again
+    (a zigzag cluster's ``collective_time`` off its axis is the plain cluster's, the same float), so each
+    graph equals the one built here move by move, bit for bit."""
+
+    def __init__(self, cluster: Cluster, base: tuple[PriceTable, int] | None = None) -> None:
         self.cluster = cluster
+        self.base = base
         self.mesh_shape = tuple(cluster.mesh_shape)
         self._graphs: dict[tuple[tuple[int, ...], int], _Graph] = {}
         # (shape, itemsize, P-axis mask) -> (start index -> row, distances (rows, layouts))
@@ -88,8 +105,13 @@ class PriceTable:
     @functools.lru_cache(maxsize=8)
     def for_cluster(cluster: Cluster) -> PriceTable:
         """One shared table per cluster: a re-plan on the same mesh (the recomputation retry, another
-        input shape) reuses every layout graph and shortest path already priced."""
-        return PriceTable(cluster)
+        input shape) reuses every layout graph and shortest path already priced; a zigzag cluster's table
+        reprices its plain cluster's graphs."""
+        from autoshard.problem.context import plain_cluster, zigzag_axis_of
+
+        axis = zigzag_axis_of(cluster)
+        base = None if axis is None else (PriceTable.for_cluster(plain_cluster(cluster)), axis)
+        return PriceTable(cluster, base)
 
     # -- the public entry --------------------------------------------------------------------------------------
     def pairwise(
@@ -188,7 +210,12 @@ class PriceTable:
         key = (shape, itemsize)
         found = self._graphs.get(key)
         if found is None:
-            found = self._graphs[key] = self._build(shape, itemsize)
+            if self.base is not None:
+                table, axis = self.base
+                found = table._graph(shape, itemsize).repriced(axis, self._price)
+            else:
+                found = self._build(shape, itemsize)
+            self._graphs[key] = found
         return found
 
     def _build(self, shape: tuple[int, ...], itemsize: int) -> _Graph:
@@ -203,18 +230,24 @@ class PriceTable:
         vs: list[int] = []
         ws: list[float] = []
         enters: list[int] = []
+        axes: list[int] = []
+        moves: list[tuple[str, int]] = []
         for lay in layouts:
             for axis, move, nxt in _moves(lay, shape, itemsize, mesh, targets):  # the search's move list
                 us.append(index[lay])
                 vs.append(index[nxt])
                 ws.append(self._price(move[0], move[3], axis))
                 enters.append(axis if nxt[axis] == _P else -1)
+                axes.append(axis)
+                moves.append((move[0], move[3]))
         return _Graph(
             index,
             np.array(us, dtype=np.int64),
             np.array(vs, dtype=np.int64),
             np.array(ws, dtype=np.float64),
             np.array(enters, dtype=np.int64),
+            np.array(axes, dtype=np.int64),
+            tuple(moves),
         )
 
     def _price(self, kind: str, nbytes: int, axis: int) -> float:
