@@ -11,11 +11,9 @@ reduce-scatter and all-to-all on ``a`` with its reordering copy, one-run ops spl
 on other axes contiguous).  The optimum over (plan, layout) pairs is the best of their optima.
 
 Tie rule.  On equal price (within ``TIE``, relative) the layout earlier in the order contiguous -> zigzag on
-the bound's ring axis -> zigzag on the other axes wins: contiguous runs no reordering copy and refuses no
-one-run op, and the model prices the two the same, so the optimum's value does not depend on the rule.  The
-layouts are taken in that order and each later one has only to be *strictly* better than the best so far:
-it is solved with its ceiling just below it (``BoundExceeded``, or a plan at or above it, either way the
-earlier layout stays).
+the bound's ring axis -> zigzag on the other axes wins (contiguous runs no reordering copy and refuses no
+one-run op; the optimum's value does not depend on the rule).  So each later layout has only to be
+*strictly* better than the best so far: it is solved with its ceiling just below it.
 
 What the search stands on (prices: problem/context.py, problem/pricing.py, problem/arrays.py):
 
@@ -29,15 +27,14 @@ What the search stands on (prices: problem/context.py, problem/pricing.py, probl
      optimum >= the best so far.  Where one variable holds every ring strategy (LLaMA: the collapsed
      blocks' attention), "rings on ``a``" is that variable's choice, and Z_a's problem is solved with it
      held to its rings on ``a`` (a smaller problem); the answer is a plan of the whole Z_a problem.
-(F3) Memory: B and C are built on one cluster and hold the same memory for every plan, and so do Z_a's node
-     and temporary terms, but a gathered FSDP weight's size is the largest all-gather on the *cheapest*
-     path (problem/extras.py), and Z_a's cheapest path may gather more or less (LLaMA-3-8B's Z_2: more;
-     LLaMA-3-70B's Z_0..2: less).  (F2) compares prices of one plan, so under a budget it needs "fits under
-     Z_a => fits under C": :func:`_memory_covers` checks every gathered size of Z_a is at least C's, unless
-     C's optimum is its optimum without the budget (it fit: then it is below every plan's price, fitting or
-     not).  Caveat, as before this search: the stop at the balanced bound (step 1, 2) takes B's budgeted
-     optimum as a bound on every layout's; with a binding budget and a zigzag path that gathers less this is
-     the model's premise, not proven (proving it would rebuild and solve every layout: LLaMA-3-70B x 2.5).
+(F3) Memory: B, C and Z_a hold the same node and temporary memory, but a gathered FSDP weight's size is the
+     largest all-gather on the *cheapest* path (problem/extras.py), which under Z_a may gather more or less
+     (LLaMA-3-8B's Z_2: more; LLaMA-3-70B's Z_0..2: less).  So (F2) under a budget needs "fits under Z_a =>
+     fits under C": :func:`_memory_covers` checks every gathered size of Z_a is at least C's, unless C's
+     optimum is its optimum without the budget (then below every plan's price, fitting or not).  Caveat, as
+     before: the stop at the balanced bound takes B's budgeted optimum as a bound on every layout's; with a
+     binding budget and a zigzag path that gathers less, that is the model's premise, not proven (proving
+     it rebuilds and solves every layout: LLaMA-3-70B x 2.5).
 
 The search, after solving B.  When B's optimum rings on no axis, C prices it the same and it is the
 optimum, layout contiguous: nothing more is solved (``"zigzag"`` asked too: a plan without a ring has no
@@ -48,10 +45,10 @@ context axis and reorders nothing).  Otherwise:
 2. Z_a for the bound's ring axis, then for the other axes, while the best is above the bound.  A *lower
    bound* first, without a rebuild where (F2) needs none: B with the strategies Z_a refuses masked and the
    ring variable held to rings on ``a``, solved without the budget (below Z_a's optimum over those plans
-   whatever fits, by F1); at or above the best, Z_a is skipped.  Else Z_a is rebuilt (its build cache
-   reuses every figure no collective on ``a`` prices), its bound plan priced, and it is solved below the
-   best.  LLaMA-3-8B on 2 x 4 x 8: B 1.1537 (ring on axis 2), C 1.1543, Z_2 held to its ring above C,
-   Z_0 and Z_1 bounded at 1.193 and 1.324 s, never built.
+   whatever fits, by F1; the other axes first together, with the ring held to any of them); at or above
+   the best, Z_a is skipped.  Else Z_a is rebuilt (its build cache reuses every figure no collective on
+   ``a`` prices), its bound plan priced, and it is solved below the best.  LLaMA-3-8B on 2 x 4 x 8: B
+   1.1537 (ring on axis 2), C 1.1543, Z_2 held to its ring 1.1554; Z_0, Z_1 at least 1.193, never built.
 
 ``"zigzag"`` asked solves only the zigzag problems (no C, so no dominance).  Pipelined plans are not searched
 so: the stage search prices rings balanced and :func:`~autoshard.problem.context.choose_layout` picks the
@@ -298,23 +295,15 @@ def _unbudgeted(problem: SearchProblem, solution: Solution) -> bool:
 def _memory_covers(z: BuiltProblem, c: BuiltProblem) -> bool:
     """Whether every plan holds at least as much memory under ``z`` as under ``c`` (module doc, F3): the same
     node and temporary terms, and every FSDP weight gathered at least as large."""
-    p, q = z.problem, c.problem
-    if (
-        z.variables != c.variables
-        or p.memory is None
-        or q.memory is None
-        or z.extras is None
-        or c.extras is None
-    ):
+    p, q, zx, cx = z.problem, c.problem, z.extras, c.extras
+    if z.variables != c.variables or p.memory is None or q.memory is None or zx is None or cx is None:
         return False
-    n = len(c.variables)
-    if not all(np.array_equal(p.memory[i], q.memory[i]) for i in range(n)):
+    nodes = all(np.array_equal(p.memory[i], q.memory[i]) for i in range(len(c.variables)))
+    if not nodes or not all(np.array_equal(x, y) for x, y in zip(zx.temporary, cx.temporary, strict=True)):
         return False
-    if not all(np.array_equal(x, y) for x, y in zip(z.extras.temporary, c.extras.temporary, strict=True)):
+    if len(zx.gathers) != len(cx.gathers):
         return False
-    if len(z.extras.gathers) != len(c.extras.gathers):
-        return False
-    for g, h in zip(z.extras.gathers, c.extras.gathers, strict=True):
+    for g, h in zip(zx.gathers, cx.gathers, strict=True):
         same = (g.producer, g.consumer) == (h.producer, h.consumer) and g.sizes.keys() == h.sizes.keys()
         if not (same and np.array_equal(g.have, h.have) and np.array_equal(g.want, h.want)):
             return False

@@ -16,6 +16,14 @@ What keys what (so nothing that changes a price can hit a stale entry):
 - the capture (its ``GraphModule``, held weakly, and its repeated-block record) and the cluster (profile,
   mesh, a :class:`~autoshard.problem.context.ZigzagCluster`'s axis: compared with ``==``, which tells the
   two classes apart) are the cache's own: :func:`build_cache` hands out one per pair;
+- a zigzag cluster differs from its plain cluster only in ``collective_time`` on its axis (a reordering
+  copy added), so its cache rests on the plain cluster's (``BuildCache.base``; the layout search builds
+  up to one per mesh axis): the kinds in :data:`COLLECTIVE_FREE` and each node's compute, casts,
+  optimizer and memory figures come from there (problem/arrays.py prices only its dispatch and output
+  reduction again), its spec ids are the plain cache's (one interning), and its layout graphs are the
+  plain ones with the moves on its axis repriced (problem/pricing.py).  Edge and fan-out tables and
+  gathered sizes are priced again: a raised move price changes shortest paths and the paths' gathers.
+  ``tests/problem/test_shared.py`` checks such a build against one sharing nothing, bit for bit;
 - ``CostOptions.training``, ``shard_optimizer`` and ``precision`` change stored per-node figures and key
   them (:func:`node_key`); ``training`` also keys the fan-out elements and edge tables, and
   ``overlap.prefetch`` the gathered-buffer nodes;
