@@ -122,7 +122,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     import autoshard
     from autoshard.runtime.verify import cluster_for
 
-    mesh = tuple(int(n) for n in args.mesh.split("x")) if args.mesh else (args.nproc,)
+    mesh = args.mesh or (args.nproc,)
     model = _meta_model(args.model)
     ids = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
     cluster = cluster_for(args.profile, args.nproc, mesh)
@@ -331,24 +331,24 @@ def cmd_reference(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from autoshard.cli.args import OneLineParser, amount, positive, sizes  # usage errors: one line, exit 2
+
+    parser = OneLineParser(prog="train.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="write config.json + safetensors of a preset")
     init.add_argument("--preset", choices=sorted(PRESETS), default="llama-tiny")
-    init.add_argument("--shard-bytes", type=int, default=1 << 30)
+    init.add_argument("--shard-bytes", type=positive, default=1 << 30)
     plan = sub.add_parser("plan", help="plan on the meta device, save plan.json")
-    plan.add_argument("--nproc", type=int, required=True)
-    plan.add_argument("--mesh", default="")
+    plan.add_argument("--nproc", type=positive, required=True)
+    plan.add_argument("--mesh", type=sizes, default=None, help="axis sizes, e.g. 2x2 (default: one axis)")
     plan.add_argument("--layout", choices=["auto", "fsdp", "tp-dp"], default="auto")
     plan.add_argument("--profile", default="cpu")
-    plan.add_argument(
-        "--memory-limit", type=float, default=0.0, help="GiB per device (default: the profile's)"
-    )
+    plan.add_argument("--memory-limit", type=amount, help="GiB per device (default: the device's memory)")
     plan.add_argument("--out", default="plan.json")
     run = sub.add_parser("run", help="train under torchrun with a saved plan")
     run.add_argument("--plan", required=True)
     run.add_argument(
-        "--nproc", type=int, default=0, help="local ranks to start (default: the plan's); not under torchrun"
+        "--nproc", type=positive, help="local ranks to start (default: the plan's; not torchrun)"
     )
     run.add_argument("--zero", type=int, choices=[1, 2, 3], default=1)
     run.add_argument("--save", default="")
@@ -359,10 +359,10 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--model", required=True, help="directory with config.json (+ *.safetensors)")
         p.add_argument("--seed", type=int, default=0)
     for p in (plan, ref):
-        p.add_argument("--batch", type=int, default=4)
-        p.add_argument("--seq", type=int, default=32)
+        p.add_argument("--batch", type=positive, default=4)
+        p.add_argument("--seq", type=positive, default=32)
     for p in (run, ref):
-        p.add_argument("--steps", type=int, default=5)
+        p.add_argument("--steps", type=positive, default=5)
         p.add_argument("--lr", type=float, default=1e-3)
         p.add_argument("--metrics", default="", help="write the figures as JSON")
     args = parser.parse_args(argv)

@@ -88,6 +88,16 @@ def test_zero_3_needs_a_plan_that_gathers_weights(plans, monkeypatch, capsys) ->
         ),
         (["plan", "--nproc", "3", "--mesh", "2x2"], "mesh (2, 2) has 4 devices"),
         (["reference", "--model", "{root}/nockpt"], "no config.json there"),
+        # usage errors: one line (argparse printed its usage block, 3-5 lines, before)
+        (
+            ["run", "--plan", "{tp-dp}", "--zero", "5"],
+            "train.py run: error: argument --zero: invalid choice: 5",
+        ),
+        (["run", "--plan", "{tp-dp}", "--nproc", "two"], "argument --nproc: 'two' is not a whole number"),
+        (["plan", "--nproc", "4", "--mesh", "2xa"], "argument --mesh: mesh '2xa': write axis sizes like 2x8"),
+        (["plan", "--nproc", "0"], "argument --nproc: '0' must be at least 1; see `train.py plan --help`"),
+        (["plan", "--nproc", "2", "--memory-limit", "-1"], "--memory-limit: '-1' must be a positive finite"),
+        (["plan", "--nproc", "2", "--layout", "megatron"], "--layout: invalid choice: 'megatron'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(plans, tmp_path, monkeypatch, capsys, argv, expected) -> None:
