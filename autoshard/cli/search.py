@@ -98,6 +98,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--schedule",
+        type=_schedule,
         default="auto",
         metavar="NAME",
         help="pipeline schedule: auto, gpipe, 1f1b, interleaved_1f1b, zb_v, interleaved_zb",
@@ -172,6 +173,16 @@ def _check_kinds(args: argparse.Namespace) -> None:
     from autoshard.steering import check_stages, forbidden_kinds
 
     check_stages(forbidden_kinds(args.allow, args.forbid), args.pp, stage_pin=False)
+
+
+def _schedule(text: str) -> str:
+    """``auto`` or a schedule the pipeline runs, refused before the model is built."""
+    from autoshard.pipeline.schedules import Schedule
+
+    names = ("auto", *(s.value for s in Schedule))
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a schedule; use one of {', '.join(names)}")
+    return text
 
 
 def _count_or_auto(text: str) -> int | str:

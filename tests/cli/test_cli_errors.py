@@ -116,6 +116,10 @@ def test_missing_plan_file(cli, tmp_path: Path) -> None:
             "'9' is outside 1 to 4 (--mesh auto tries meshes",
         ),
         (("search", "--profile", "a100x8", "--max-axes", "0"), "'0' is outside 1 to 4"),
+        (
+            ("search", "--profile", "a100x8", "--schedule", "foo"),
+            "'foo' is not a schedule; use one of auto, gpipe",
+        ),
     ],
 )
 def test_usage_errors_exit_2(cli, argv: tuple[str, ...], fragment: str) -> None:
