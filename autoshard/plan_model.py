@@ -50,12 +50,15 @@ def check_spec(plan: Plan, spec: str | None, path: str | None = None) -> None:
     raise PlanModelError(_refusal(plan, spec, spec, path))
 
 
-def check_built(plan: Plan, spec: str, model: nn.Module, *, scaled: bool, path: str | None = None) -> None:
+def check_built(
+    plan: Plan, spec: str, model: nn.Module, *, scaled: bool, path: str | None = None, replan: str = ""
+) -> None:
     """Refuse a built ``model`` of another class than the plan's, or, unless ``scaled`` (a smaller copy with
-    fewer layers), with other parameter names."""
+    fewer layers), with other parameter names.  ``replan``: the command that plans ``spec`` (default: the
+    ``autoshard search`` on the plan's cluster)."""
     built = type(model).__name__
     if built != plan.model:
-        raise PlanModelError(_refusal(plan, spec, f"{spec}, a {built}", path))
+        raise PlanModelError(_refusal(plan, spec, f"{spec}, a {built}", path, replan))
     if scaled:
         return
     names = {name for name, _ in model.named_parameters()}
@@ -65,10 +68,10 @@ def check_built(plan: Plan, spec: str, model: nn.Module, *, scaled: bool, path: 
         differs = f"has {len(extra)} parameters the plan lacks ({extra[0]}, ...)" if extra else (
             f"lacks {len(missing)} of the plan's parameters ({missing[0]}, ...)"
         )  # fmt: skip
-        raise PlanModelError(_refusal(plan, spec, f"{spec}, whose {built} {differs}", path))
+        raise PlanModelError(_refusal(plan, spec, f"{spec}, whose {built} {differs}", path, replan))
 
 
-def _refusal(plan: Plan, spec: str, given: str, path: str | None) -> str:
+def _refusal(plan: Plan, spec: str, given: str, path: str | None, replan: str = "") -> str:
     """``plan g.json was made for gpt2 (GPT2LMHeadModel, 97 graph nodes), not llama3-8b; re-plan ...``."""
     recorded = str(plan.source.get("spec") or "")
     nodes = f"{len(plan.nodes)} graph nodes"
@@ -76,7 +79,7 @@ def _refusal(plan: Plan, spec: str, given: str, path: str | None) -> str:
     own = recorded and not is_file_spec(recorded)  # else --model is needed: a plan never runs a file it names
     return (
         f"{f'plan {path}' if path else 'the plan'} was made for {made_for}, not {given}; re-plan "
-        f"with `{_search_line(plan, spec)}`, or "
+        f"with `{replan or _search_line(plan, spec)}`, or "
         + ("drop --model to use the plan's own model" if own else "pass the --model the plan was made from")
     )
 

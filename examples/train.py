@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -106,15 +107,14 @@ def _layout(kind: str, mesh: tuple[int, ...]) -> dict[str, Any] | None:
         return {"input_ids": ids, "labels": ids, "lm_head": ((n, 1, 1), (1, 1)), "lm_head.weight": split,
                 **{f"*.{m}": ((n, 1, 1), (1, 1)) for m in (*columns, *rows)},
                 **{f"*.{m}.weight": split for m in (*columns, *rows)}}  # fmt: skip
-    if kind == "tp-dp":  # Megatron on the last axis, the batch split over the others
-        rep: tuple[str, ...] = ("R",) * (len(mesh) - 1)
-        split_batch: tuple[int, ...] = (*mesh[:-1], 1, 1)
-        dp = ("S(0)",) * (len(mesh) - 1) + ("R",)
-        return {"input_ids": dp, "labels": dp,
-                **{f"*.{m}.weight": (*rep, "S(0)") for m in columns}, **{f"*.{m}.weight": (*rep, "S(1)") for m in rows},
-                **{f"*.{m}": (split_batch,) for m in columns},
-                **{f"*.{m}": ((*mesh[:-1], 1, mesh[-1]),) for m in rows}}  # fmt: skip
-    raise SystemExit(f"unknown layout {kind!r}: use auto, fsdp or tp-dp")
+    # tp-dp (the parser allows no other): Megatron on the last axis, the batch split over the others
+    rep: tuple[str, ...] = ("R",) * (len(mesh) - 1)
+    split_batch: tuple[int, ...] = (*mesh[:-1], 1, 1)
+    dp = ("S(0)",) * (len(mesh) - 1) + ("R",)
+    return {"input_ids": dp, "labels": dp,
+            **{f"*.{m}.weight": (*rep, "S(0)") for m in columns}, **{f"*.{m}.weight": (*rep, "S(1)") for m in rows},
+            **{f"*.{m}": (split_batch,) for m in columns},
+            **{f"*.{m}": ((*mesh[:-1], 1, mesh[-1]),) for m in rows}}  # fmt: skip
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
@@ -158,7 +158,6 @@ def cmd_run(args: argparse.Namespace) -> None:
     groups are destroyed here and their workers joined while the interpreter is whole.
     """
     import gc
-    import os
 
     import torch.distributed as dist
 
@@ -178,12 +177,11 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def check_run(args: argparse.Namespace, world: int | None = None) -> None:
     """Refuse, in one line and exit code 2, what ``run`` cannot do as asked, before any process group: a plan
-    for another number of ranks than the job has (``world``: ``--nproc`` in the launcher, else torchrun's
-    ``WORLD_SIZE``), and ``--zero 3`` (free gathered weights, ZeRO-3 / FSDP) with a plan that stores no weight
-    split and gathered (a TP x DP plan: ZeRO-1/2 apply); and a plan without token ids to train on."""
-    import os
-
+    for another model or another number of ranks than the job has (``world``: ``--nproc`` in the launcher, else
+    torchrun's ``WORLD_SIZE``), ``--zero 3`` (free gathered weights, FSDP) with a plan that stores no weight
+    split and gathered (TP x DP: ZeRO-1/2 apply), and a plan without token ids to train on."""
     import autoshard
+    from autoshard.plan_model import check_built
     from autoshard.report.groups import PlanView
     from autoshard.report.roles import fsdp_axes
     from autoshard.runtime.local_job import fail
@@ -192,6 +190,8 @@ def check_run(args: argparse.Namespace, world: int | None = None) -> None:
     plan_batch(plan)
     started = "torchrun started" if world is None else "--nproc asks for"
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    again = f"train.py plan --model {args.model} --nproc {world} --out PLAN.json"
+    check_built(plan, args.model, _meta_model(args.model), scaled=False, path=args.plan, replan=again)
     mesh = "x".join(map(str, plan.mesh_shape))
     problem = ""
     nproc = getattr(args, "nproc", 0)
