@@ -3,9 +3,10 @@
 A plan records its model's class (``Plan.model``), its parameter names (``Plan.param_placements``), its
 graph nodes (``Plan.nodes``) and, when the CLI made it, the spec it was built from (``Plan.source["spec"]``: a
 zoo name or ``path/to/file.py:function``).  ``verify --plan`` and ``explain`` take another ``--model`` too
-(a plan file never runs code it names, and a model of your own may be rebuilt small); a model the plan was not
-made for used to run the whole check and fail late on a node it could not match, or pass on a same-class model
-of another size.  Two checks, both one line:
+(a plan file never runs code it names, and a model of your own may be rebuilt small), as does
+``examples/train.py run`` (a checkpoint directory); a model the plan was not made for used to run the whole
+check and fail late on a node it could not match, or pass on a same-class model of another size.  Two checks,
+both one line:
 
 * :func:`check_spec`, before any model is built: two zoo names that differ are two models.  A file on either
   side may build the same model (a small copy of it, say), so it is left to the next check.
