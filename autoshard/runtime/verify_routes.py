@@ -72,15 +72,22 @@ class RoutePins:
     routes: int  # rows (one token's choice of experts in one layer)
     flipped: int  # rows whose distributed choice differed from the reference's
     margin: float  # the largest reference margin among the flipped rows (0 when none flipped)
+    where: tuple[str, ...] = ()  # "module xN" for every top-k layer with flipped rows
 
     def __str__(self) -> str:
-        where = f"{self.routes} token routes in {self.layers} top-k layer{'s' if self.layers != 1 else ''}"
+        where = f"{self.routes} token routes in {self.layers} top-k layer{'' if self.layers == 1 else 's'}"
         if not self.flipped:
             return f"routing: the reference's top-k choices pinned on every rank ({where}); none would have flipped"
+        tie = (
+            "exact ties in the reference's scores"
+            if self.margin == 0
+            else f"reference score margins up to {self.margin:.1e}"
+        )
+        routes = f"{self.flipped} route{'' if self.flipped == 1 else 's'}"
         return (
-            f"routing: {self.flipped} of {where} would have flipped (the split run's scores break a near-tie "
-            f"the other way: reference margins up to {self.margin:.1e}); {self.flipped} routes pinned to the "
-            "reference on every rank, so the experts' sharded arithmetic is what is compared"
+            f"routing: {self.flipped} of {where} would have flipped ({', '.join(self.where)}: the split run's "
+            f"scores break a near-tie the other way, {tie}); {routes} pinned to the reference on every rank, "
+            "so the experts' sharded arithmetic is what is compared"
         )
 
 
@@ -225,11 +232,12 @@ def route_note(routes: Sequence[ReferenceRoute], ranks: Sequence[Mapping[str, se
     """The ranks' flipped rows, united per node (a row several ranks hold counts once); None without routes."""
     if not routes:
         return None
-    flipped, margin = 0, 0.0
+    flipped, margin, where = 0, 0.0, []
     for route in routes:
         rows = sorted(set().union(*(r.get(route.node, set()) for r in ranks)))
         flipped += len(rows)
         if rows:
             margin = max(margin, float(route.margins.reshape(-1)[rows].max()))
-    routes_total = sum(r.margins.numel() for r in routes)
-    return RoutePins(len(routes), routes_total, flipped, margin)
+            where.append(f"{route.module or route.node} x{len(rows)}")
+    total = sum(r.margins.numel() for r in routes)
+    return RoutePins(len(routes), total, flipped, margin, tuple(where))
