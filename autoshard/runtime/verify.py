@@ -51,7 +51,7 @@ from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
 from autoshard.runtime.ring_check import check_ring_hops
 from autoshard.runtime.verdict import Difference, VerifyReport, report_of
-from autoshard.runtime.verify_routes import ReferenceRoute, pin_routes, record_routes, route_note
+from autoshard.runtime.verify_routes import ReferenceRoute, RoutePins, pin_routes, record_routes, route_note
 from autoshard.strategies import OpStrategy
 
 __all__ = ["Difference", "VerifyReport", "cluster_for", "main", "run_verify", "verify"]
@@ -115,7 +115,9 @@ def verify(
         model, args, kwargs, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes)
     )
     strategies = _refuse_unreproduced(captured, plan, name or type(model).__name__)
-    (reference, ref_grads, out_grads), routes = _reference(model, args, kwargs, seed, captured, strategies)
+    (reference, ref_grads, out_grads), routes, unpinned = _reference(
+        model, args, kwargs, seed, captured, strategies
+    )
     values = graph_inputs(captured, model, args, kwargs)
     user = tuple(
         v for n, v in zip(captured.placeholders(), values, strict=True) if n.meta[META_KIND] == "user_input"
@@ -126,7 +128,7 @@ def verify(
     floor = _least_precise(captured)
     ran = [r[:3] for r in results]  # outputs, gradients, collectives
     report = report_of(name or type(model).__name__, model, plan, (reference, ref_grads), ran, start, floor)
-    pins = route_note(routes, [r[4] for r in results])  # top-k choices that would have flipped, pinned
+    pins = route_note(routes, [r[4] for r in results]) or unpinned  # top-k choices that would have flipped
     return dataclasses.replace(report, allow_replicated=allow_replicated, ring_hops=ring, routes=pins)
 
 
@@ -187,13 +189,15 @@ def _reference(
     captured: Captured,
     strategies: Mapping[str, OpStrategy],
 ) -> tuple[
-    tuple[list[torch.Tensor], dict[str, torch.Tensor], tuple[torch.Tensor, ...]], tuple[ReferenceRoute, ...]
+    tuple[list[torch.Tensor], dict[str, torch.Tensor], tuple[torch.Tensor, ...]],
+    tuple[ReferenceRoute, ...],
+    RoutePins | None,
 ]:
     """Outputs, parameter gradients and the random output gradients of one step on one device, and the
     top-k (routing) choices its forward made (:func:`~autoshard.runtime.verify_routes.record_routes`)."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed + 2)  # the ranks start from the same state: dropout masks equal in training mode
-    result, routes = record_routes(captured, strategies, lambda: model(*args, **kwargs))
+    result, routes, unpinned = record_routes(captured, strategies, lambda: model(*args, **kwargs))
     outs = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
     gen = torch.Generator().manual_seed(seed + 1)
     out_grads = tuple(torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs)
@@ -202,7 +206,7 @@ def _reference(
         torch.autograd.backward([o for o, _ in live], [g for _, g in live])
     grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    return ([o.detach() for o in outs], grads, out_grads), routes
+    return ([o.detach() for o in outs], grads, out_grads), routes, unpinned
 
 
 def _break(kind: str) -> None:

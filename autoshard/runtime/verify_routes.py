@@ -14,6 +14,8 @@ How:
    ``aten.topk`` call's indices and, per row, its *margin* (the k-th minus the (k+1)-th score: how near the
    choice was to a tie).  The calls are matched, in order and by shape, to the ``aten.topk`` nodes of the
    captured graph; each node's indices are placed as the plan places that output (:class:`ReferenceRoute`).
+   Calls that do not match the graph's nodes (a top-k the capture pruned as unused) pin nothing, and the
+   report says so.
 2. On each rank, :func:`pin_routes` rewrites those nodes of the emitted module (and of its recomputed blocks)
    to :class:`PinnedTopk`: the rank's piece of the reference's indices
    (:func:`~autoshard.codegen.shard.local_piece`), and the values gathered from the rank's own scores at them
@@ -21,6 +23,9 @@ How:
    sends them.  It still ranks its own scores to count the rows whose chosen set of experts differs
    (global row numbers, so a row computed on several ranks counts once).
 3. :func:`route_note` sums it up for the verdict (:class:`RoutePins`, printed by ``str(report)``).
+
+Not in a pipelined check (:mod:`autoshard.runtime.verify_pipeline`): its stages run microbatches in the
+schedule's order, so their choices are not pinned; :func:`count_routes` makes the report say so.
 
 Example::
 
@@ -46,7 +51,15 @@ from autoshard.placement import ShardingSpec
 from autoshard.strategies import OpStrategy
 from autoshard.strategies.local import bind
 
-__all__ = ["PinnedTopk", "ReferenceRoute", "RoutePins", "pin_routes", "record_routes", "route_note"]
+__all__ = [
+    "PinnedTopk",
+    "ReferenceRoute",
+    "RoutePins",
+    "count_routes",
+    "pin_routes",
+    "record_routes",
+    "route_note",
+]
 
 aten = torch.ops.aten
 T = TypeVar("T")
@@ -73,9 +86,15 @@ class RoutePins:
     flipped: int  # rows whose distributed choice differed from the reference's
     margin: float  # the largest reference margin among the flipped rows (0 when none flipped)
     where: tuple[str, ...] = ()  # "module xN" for every top-k layer with flipped rows
+    unpinned: str = ""  # why the choices could not be pinned (then ``flipped`` is unknown, 0)
 
     def __str__(self) -> str:
         where = f"{self.routes} token routes in {self.layers} top-k layer{'' if self.layers == 1 else 's'}"
+        if self.unpinned:
+            return (
+                f"routing: top-k choices not pinned to the reference's ({where}): {self.unpinned}; a near-tie the "
+                "split run breaks the other way shows as a MISMATCH in that layer's experts"
+            )
         if not self.flipped:
             return f"routing: the reference's top-k choices pinned on every rank ({where}); none would have flipped"
         tie = (
@@ -117,22 +136,36 @@ def _margins(x: torch.Tensor, k: int, dim: int) -> torch.Tensor:
     return (ranked.select(dim, k - 1) - ranked.select(dim, k)).abs()
 
 
+def _unpinned(calls: Sequence[tuple[torch.Tensor, torch.Tensor, int]], why: str) -> RoutePins | None:
+    rows = sum(m.numel() for _, m, _ in calls)
+    return RoutePins(len(calls), rows, 0, 0.0, unpinned=why) if calls else None
+
+
+def count_routes(forward: Callable[[], T]) -> tuple[T, RoutePins | None]:
+    """``forward()``'s result and, when it ran any ``topk``, the note that its choices are not pinned (the
+    pipelined check, :mod:`autoshard.runtime.verify_pipeline`)."""
+    recorder = _RecordTopk()
+    with recorder:
+        result = forward()
+    why = "the stages of a pipelined check run their own; verify the plan without stages to pin them"
+    return result, _unpinned(recorder.calls, why)
+
+
 def record_routes(
     captured: Captured, strategies: Mapping[str, OpStrategy], forward: Callable[[], T]
-) -> tuple[T, tuple[ReferenceRoute, ...]]:
-    """``forward()``'s result and the routing choices it made, one per ``topk`` node of ``captured`` (module
-    doc); raises :class:`AutoshardError` when the forward's ``topk`` calls are not the graph's."""
+) -> tuple[T, tuple[ReferenceRoute, ...], RoutePins | None]:
+    """``forward()``'s result, the routing choices it made (one per ``topk`` node of ``captured``, module doc)
+    and None; or, when the forward's ``topk`` calls are not the graph's (one pruned as unused), no choices and
+    the note saying they are not pinned."""
     recorder = _RecordTopk()
     with recorder:
         result = forward()
     nodes = [n for n in captured.graph_module.graph.nodes if n.target is aten.topk.default]
     shapes = [tuple(n.meta["val"][1].shape) for n in nodes]
-    if shapes != [tuple(i.shape) for i, _, _ in recorder.calls]:
-        raise AutoshardError(
-            f"verify pins routing (top-k) choices to the single-device run's, but the model ran {len(recorder.calls)} "
-            f"top-k calls and its captured graph has {len(nodes)} (shapes {shapes}): the forward takes another path "
-            "than the captured one; verify with the inputs it was captured with"
-        )
+    ran = [tuple(i.shape) for i, _, _ in recorder.calls]
+    if shapes != ran:
+        why = f"the model ran top-k of shapes {ran}, its captured graph holds {shapes}, so they cannot be matched"
+        return result, (), _unpinned(recorder.calls, why)
     routes = []
     for node, (indices, margins, dim) in zip(nodes, recorder.calls, strict=True):
         strategy = strategies.get(node.name)
@@ -144,7 +177,7 @@ def record_routes(
         stack = node.meta.get("nn_module_stack") or {}
         module = str(list(stack.values())[-1][0]) if stack else ""
         routes.append(ReferenceRoute(node.name, module, str(spec), dim, indices, margins))
-    return result, tuple(routes)
+    return result, tuple(routes), None
 
 
 class PinnedTopk:

@@ -10,6 +10,7 @@ ranks take their own choice) the same run is a MISMATCH in that expert's gradien
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +19,14 @@ import torch
 from autoshard.errors import AutoshardError
 from autoshard.runtime import verify_routes
 from autoshard.runtime.verify import cluster_for, verify
-from autoshard.runtime.verify_routes import PinnedTopk, ReferenceRoute, RoutePins, route_note
+from autoshard.runtime.verify_routes import (
+    PinnedTopk,
+    ReferenceRoute,
+    RoutePins,
+    count_routes,
+    record_routes,
+    route_note,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -97,3 +105,17 @@ def test_a_row_held_by_several_ranks_counts_once() -> None:
     assert route_note([], [{}]) is None
     none = RoutePins(2, 8, 0, 0.0)
     assert str(none).endswith("(8 token routes in 2 top-k layers); none would have flipped")
+
+
+def test_choices_that_cannot_be_pinned_are_said_so() -> None:
+    def forward() -> torch.Tensor:
+        return torch.topk(torch.rand(4, 3), 2).values
+
+    _, note = count_routes(forward)  # the pipelined check
+    assert note is not None and note.unpinned and (note.layers, note.routes) == (1, 4)
+    assert str(note).startswith("routing: top-k choices not pinned to the reference's (4 token routes in 1")
+    assert "pipelined check" in str(note)
+    empty = SimpleNamespace(graph_module=torch.fx.symbolic_trace(torch.nn.Identity()))
+    _, routes, note = record_routes(empty, {}, forward)  # type: ignore[arg-type]  # a graph without the top-k
+    assert routes == () and note is not None and "cannot be matched" in str(note)
+    assert count_routes(lambda: 1) == (1, None)
