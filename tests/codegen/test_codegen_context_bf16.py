@@ -24,7 +24,7 @@ def _inputs() -> tuple[torch.Tensor, ...]:
     return tuple((2 * torch.randn(s, generator=g)).to(torch.bfloat16) for s in shapes)
 
 
-def _attention(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _attention(dtype: torch.dtype) -> dict[str, Any]:
     """One device's causal attention of the bfloat16 inputs, computed in ``dtype``."""
     q, k, v, grad = (t.to(dtype).requires_grad_(i < 3) for i, t in enumerate(_inputs()))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
