@@ -13,7 +13,8 @@ where two experts' scores are nearly tied the distributed run could choose anoth
 moves that expert's gradients by O(|ref|), not by rounding (the h100x8 2-node Mixtral plan's scaled copy did
 so in bfloat16 on every seed tried, 8-14x tolerance in layer 1).  So verify runs every rank on the reference's
 choices (:mod:`autoshard.runtime.verify_routes`) and reports how many would have flipped (:class:`RoutePins`,
-a line of ``str(report)``); the tolerances stay those above.
+a line of ``str(report)``); the tolerances stay those above.  (That plan's ring attention then still missed
+them by 1.04-1.27x on half the seeds: its bfloat16 log-sum-exp, now float32 in ``codegen/context.py``.)
 
 Example::
 
