@@ -29,9 +29,9 @@ schedule's order, so their choices are not pinned; :func:`count_routes` makes th
 
 Example::
 
-    routes = record_routes(captured, strategies, run_reference)   # parent, around the reference forward
-    flipped = pin_routes(module, routes, mesh, coord, zigzag)     # each rank, before running it
-    note = route_note(routes, [flipped_rank0, flipped_rank1])     # "2 of 128 token routes ... pinned"
+    out, routes, _ = record_routes(captured, strategies, lambda: model(ids))  # parent: the reference forward
+    flipped = pin_routes(module, routes, mesh, coord, zigzag)     # each rank, before running its module
+    note = route_note(routes, [flipped_rank0, flipped_rank1])     # "routing: 2 of 128 token routes ..."
 """
 
 from __future__ import annotations
