@@ -124,15 +124,16 @@ class _RecordTopk(TorchDispatchMode):
         if func is aten.topk.default:
             b = bind(func, args, kwargs or {})
             x, k, dim = b["self"], int(b["k"]), int(b["dim"]) % max(b["self"].dim(), 1)
-            self.calls.append((out[1].detach().clone(), _margins(x.detach(), k, dim), dim))
+            margins = _margins(x.detach(), k, dim, bool(b["largest"]))
+            self.calls.append((out[1].detach().clone(), margins, dim))
         return out
 
 
-def _margins(x: torch.Tensor, k: int, dim: int) -> torch.Tensor:
+def _margins(x: torch.Tensor, k: int, dim: int, largest: bool) -> torch.Tensor:
     """Per row, how far apart the k-th and the (k+1)-th scores are (inf where there is no (k+1)-th)."""
     if x.shape[dim] <= k:
         return torch.full(x.select(dim, 0).shape, torch.inf)
-    ranked = x.float().sort(dim, descending=True).values
+    ranked = x.float().sort(dim, descending=largest).values
     return (ranked.select(dim, k - 1) - ranked.select(dim, k)).abs()
 
 

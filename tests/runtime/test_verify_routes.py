@@ -136,3 +136,10 @@ def test_the_h100_two_node_mixtral_plan_verifies_on_every_seed() -> None:
         report = run_verify(None, plan=plan, seed=seed)
         assert report.ok, str(report)
         assert report.routes is not None and report.routes.layers == 2 and not report.routes.unpinned
+
+
+def test_a_margin_is_the_gap_between_the_kth_choice_and_the_next() -> None:
+    scores = torch.tensor([[0.1, 0.5, 0.45, 0.0], [0.3, 0.3, 0.2, 0.2]])
+    assert torch.allclose(verify_routes._margins(scores, 1, 1, True), torch.tensor([0.05, 0.0]))
+    assert torch.allclose(verify_routes._margins(scores, 1, 1, False), torch.tensor([0.1, 0.0]))
+    assert torch.equal(verify_routes._margins(scores, 4, 1, True), torch.full((2,), torch.inf))
