@@ -78,6 +78,7 @@ class RingHop(NamedTuple):
     mesh_axis: int
     nbytes: int  # what this rank sent: its K and V (and, backward, their gradients)
     sends: int  # its point-to-point sends (one per tensor)
+    elements: int = 0  # the elements of those tensors (nbytes in any dtype: verify runs no autocast)
 
 
 class MeshComm:

@@ -188,7 +188,7 @@ def _compute(
     def ring(f: np.ndarray, b: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         back = np.broadcast_to(b, f.shape)
         pairs = [
-            ring_seconds(info, s, cluster, inputs, float(fk), float(bk), opts.cp_layout)
+            ring_seconds(info, s, cluster, inputs, float(fk), float(bk), opts.cp_layout, opts.precision)
             for s, fk, bk in zip(strategies, f, back, strict=True)
         ]
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])

@@ -29,6 +29,12 @@ output's shard (exact on one device).
 Moved (:func:`moved_itemsize`, read by every redistribution the intra-op problem prices and by the
 ``Plan.collectives`` it reports): a tensor moves, and its gradient comes back, in its producer's amp dtype --
 fp32 parameters and their gradients, a product's 16-bit output, the fp32 residual stream and norms.
+
+Ring hops (:func:`ring_itemsize`, read by :func:`autoshard.problem.attention.ring_block_bytes`): autocast
+casts every float operand of fused attention to the 16-bit dtype before it runs, so a ring's K/V blocks and
+their gradients travel in it -- the K of HF's rotary (fp32 under amp: ``k * cos`` with fp32 ``cos``) at half
+its moved bytes.  :func:`autoshard.codegen.context.context_sdpa` casts q, k, v as autocast would before the
+ring when autocast is on, so the emitted hops carry exactly these bytes.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ __all__ = [
     "autocast_scale",
     "autocast_seconds",
     "moved_itemsize",
+    "ring_itemsize",
     "uses_autocast",
     "weight_bytes",
 ]
@@ -109,6 +116,15 @@ def moved_itemsize(info: NodeInfo, which: int, policy: PrecisionPolicy | None) -
     if not uses_autocast(policy) or amp in ("", meta.dtype) or first is None or meta.dtype != first.dtype:
         return meta.itemsize
     return itemsize(amp)
+
+
+def ring_itemsize(info: NodeInfo, captured: int, policy: PrecisionPolicy | None) -> int:
+    """Bytes per element of a K or V block (``captured`` bytes per element in the graph) as ring attention
+    ``info`` rotates it: under an autocast ``policy``, the attention's own amp dtype (autocast's 16-bit
+    dtype, to which it casts every float operand first: module doc), else ``captured``."""
+    if not uses_autocast(policy) or not info.autocast_dtype.startswith(_FLOATS):
+        return captured
+    return itemsize(info.autocast_dtype)
 
 
 def weight_bytes(itemsize: int, policy: PrecisionPolicy | None) -> int:
