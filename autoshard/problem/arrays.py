@@ -222,7 +222,8 @@ def edge_tables(
     duals = np.array([steps.intern(dual_spec(o) if o is not None else None) for o in outs])
     grads = np.array([steps.intern(s.input_grads[pos]) for s in dst_list])
     # a consumer that needs the value but yields no gradient (None) costs nothing backward
-    return forward, pairwise_ids(grads, duals, meta.shape, size, steps).T
+    back = moved_itemsize(producer, which, precision, gradient=True)
+    return forward, pairwise_ids(grads, duals, meta.shape, back, steps).T
 
 
 def priced_edge(
