@@ -168,8 +168,7 @@ def _gathers(
             continue
         seen.add(key)
         factor = prefetch if producer.block is not None else 1
-        size = moved_itemsize(producer, use.which, precision)  # amp: the recipe's gather dtype
-        node = _gather_node(producer, tu, tv, use.which, use.position, strategies, cache, factor, size)
+        node = _gather_node(producer, tu, tv, use.which, use.position, strategies, cache, factor, precision)
         if node is not None:
             for array in (node.memory, node.have, node.want):
                 array.setflags(write=False)  # shared by every build of the capture
@@ -186,11 +185,12 @@ def _gather_node(
     strategies: dict[str, tuple[OpStrategy, ...]],
     cache: StepCache,
     factor: int,
-    itemsize: int,
+    precision: PrecisionPolicy | None,
 ) -> GatherNode | None:
     meta = producer.outputs[which] if which < len(producer.outputs) else None
     if meta is None:
         return None
+    itemsize = moved_itemsize(producer, which, precision)  # amp: the recipe's gather dtype
     have = np.array(
         [cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in strategies[tu]]
     )
