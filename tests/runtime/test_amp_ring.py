@@ -9,6 +9,7 @@ backward hop adds dK and dV: 512.  Per step: 2 layers x 1 forward hop, 2 layers 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -17,6 +18,8 @@ import transformers
 
 import autoshard
 from autoshard.codegen import gather_outputs, parallel_info, parallelize, shard_inputs
+from autoshard.errors import PlanFileError
+from autoshard.plan_check import check_data
 from autoshard.runtime.launch import launch
 from autoshard.runtime.verify import cluster_for
 
@@ -106,3 +109,17 @@ def test_verify_counts_the_amp_plans_hops_by_element(
     report = autoshard.verify(model, (ids,), plan=plan)
     assert report.ok, str(report)
     assert report.ring_hops == {"backward 1.0 KiB on axis 0": 4, "forward 512 B on axis 0": 2}
+
+
+def test_a_ring_transfers_itemsize_is_checked_when_a_plan_loads(
+    amp_plan: tuple[torch.nn.Module, torch.Tensor, autoshard.Plan],
+) -> None:
+    data = json.loads(json.dumps(amp_plan[2].to_json()))  # as a file reads back
+    check_data(data, "plan.json")  # as written
+    data["ring_transfers"][0]["itemsize"] = 3
+    with pytest.raises(
+        PlanFileError, match=r"^plan.json: .*ring_transfers\[0\]\.itemsize.*3 is not 0, 1, 2, 4 or 8"
+    ):
+        check_data(data, "plan.json")
+    del data["ring_transfers"][0]["itemsize"]  # an older file: counted by bytes
+    check_data(data, "plan.json")
