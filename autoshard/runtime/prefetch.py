@@ -172,9 +172,8 @@ class Prefetcher(nn.Module):
 
     def _issue(self, x: torch.Tensor, phase: str, fqn: str) -> Callable[[], torch.Tensor]:
         (step,) = parse_steps(self.forward_steps[fqn])
-        if (
-            phase == "forward"
-        ):  # under amp in autocast's dtype; a re-gather in the same (backward runs no autocast)
+        # under amp in autocast's dtype; a re-gather in the same one (backward runs without autocast)
+        if phase == "forward":
             self._dtypes[fqn] = gather_dtype(x, self.comm) or x.dtype
         x = x.detach().to(self._dtypes.get(fqn, x.dtype))
         wait = issue_all_gather(x, step, self.comm, async_op=True)

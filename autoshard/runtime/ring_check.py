@@ -32,6 +32,7 @@ from autoshard.codegen.collectives import RingHop
 from autoshard.errors import VerifyError
 from autoshard.plans import Plan
 from autoshard.report.labels import fmt_bytes
+from cost_models.memory import RECIPES
 
 __all__ = ["check_ring_hops", "check_staged_ring_hops"]
 
@@ -69,8 +70,9 @@ def check_staged_ring_hops(
 
 def _elements_of(plan: Plan) -> int:
     """The plan's bytes per element when its hops are counted by elements (module doc), else 0."""
-    sizes = {r.itemsize for r in plan.ring_transfers}
-    return sizes.pop() if plan.precision == "amp" and len(sizes) == 1 and 0 not in sizes else 0
+    policy, sizes = RECIPES.get(plan.precision), {r.itemsize for r in plan.ring_transfers}
+    autocast = policy is not None and policy.autocast is not None  # a recipe verify does not run
+    return sizes.pop() if autocast and len(sizes) == 1 and 0 not in sizes else 0
 
 
 def _sent(hop: RingHop, size: int) -> int:
