@@ -148,12 +148,13 @@ def _peers(group: Any) -> tuple[int, int, int, int]:
     return rank, size, nxt, prv
 
 
-HopLog = Callable[[str, int, int], None]  # (phase, bytes this rank sends in one hop, its sends)
+HopLog = Callable[[str, int, int, int], None]  # (phase, bytes this rank sends in one hop, sends, elements)
 
 
 def _note(hops: HopLog | None, phase: str, tensors: list[torch.Tensor]) -> None:
     if hops is not None:
-        hops(phase, sum(t.numel() * t.element_size() for t in tensors), len(tensors))
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        hops(phase, nbytes, len(tensors), sum(t.numel() for t in tensors))
 
 
 def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list[torch.Tensor]:
@@ -297,8 +298,8 @@ def ring_attention(
 
     Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
     order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
-    ``hops``: called ``(phase, bytes sent, sends)`` before every hop (verify counts them, :class:`RingHop`);
-    pass the same callable for every call on one ring (it keys the op's arguments).
+    ``hops``: called ``(phase, bytes sent, sends, elements sent)`` before every hop (verify counts them,
+    :class:`RingHop`); pass the same callable for every call on one ring (it keys the op's arguments).
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return _ring_op(q, k, v, mask, _ring_key(group, hops), layout, float(scale))[0]
@@ -327,6 +328,11 @@ def context_sdpa(
     (``META_KV_REPEATS``).  The ring then rotates every :func:`~autoshard.problem.attention.kv_stride`-th
     local head and copies it back per hop -- the bytes the plan prices (``Plan.ring_transfers``).  Autograd
     sends the gradient of the copies to the heads read, and the graph's own copy (``expand``) sums it back.
+
+    Under ``torch.autocast`` q, k and v are cast to autocast's dtype first, as autocast casts the operands
+    of ``scaled_dot_product_attention``, and the ring runs with autocast off on them: its K/V blocks and
+    their gradients travel in that dtype, the bytes the amp recipe prices
+    (:func:`autoshard.problem.autocast.ring_itemsize`).
     """
     if attn_mask is None and not is_causal:
         attn_mask = torch.ones(
@@ -338,7 +344,13 @@ def context_sdpa(
     if kv_repeats > 1:
         k = k[:, :: kv_stride(kv_repeats, k.shape[1])]
         v = v[:, :: kv_stride(kv_repeats, v.shape[1])]
-    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
+    device = q.device.type
+    if not torch.is_autocast_enabled(device):
+        return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
+    low = torch.get_autocast_dtype(device)
+    q, k, v = (t.to(low) if t.is_floating_point() else t for t in (q, k, v))
+    with torch.autocast(device, enabled=False):
+        return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
 
 
 _LOGS: dict[tuple[int, int], HopLog] = {}
@@ -350,8 +362,8 @@ def _hop_log(comm: Any, axis: int) -> HopLog | None:
     if hops is None:
         return None
 
-    def note(phase: str, nbytes: int, sends: int) -> None:
-        hops.append(RingHop(phase, axis, nbytes, sends))
+    def note(phase: str, nbytes: int, sends: int, elements: int) -> None:
+        hops.append(RingHop(phase, axis, nbytes, sends, elements))
 
     return _LOGS.setdefault((id(hops), axis), note)
 
