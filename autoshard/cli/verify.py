@@ -35,6 +35,9 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--allow-replicated", action="store_true", help="accept a check in which nothing distributed ran"
     )
+    v.add_argument(
+        "--seed", type=int, default=0, help="seed of the random inputs and output gradients (default 0)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if not callable(run):
         raise CliError(f"verify is not available in this build ({VERIFY_MODULE} has no run_verify())")
     options = {"annotations": pin_map(args.annotate), "float64": args.float64}
+    if args.seed:
+        options["seed"] = args.seed
     if plan is not None:
         options["plan"] = plan
     if args.allow_replicated:

@@ -55,6 +55,9 @@ def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch
             {"annotations": None, "float64": False, "plan": plan, "allow_replicated": True},
         )
     ]
+    calls.clear()  # another draw of inputs and output gradients (a seed that flips a route, say)
+    assert cli("verify", "--plan", str(mlp_files["plan"]), "--seed", "3").code == 1
+    assert calls[0][4] == {"annotations": None, "float64": False, "seed": 3, "plan": plan}
 
 
 def test_verify_missing_from_the_build(cli, monkeypatch) -> None:
