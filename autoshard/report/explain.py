@@ -200,7 +200,14 @@ def _stages_of(plan: Plan, built: BuiltProblem) -> dict[str, tuple[int, ...]]:
     chunks = tuple(s.index for s in plan.pipeline.stages)
     ends = {"pre": chunks[:1], "post": chunks[-1:], "layer": chunks}
     parts = part_names(built)
-    return {v: ends[parts[v]] for v in built.variables}
+    readers: dict[str, set[int]] = {}  # a graph input is held where it is read (a head weight: the last)
+    for use in built.edges:
+        readers.setdefault(built.template[use.producer], set()).update(ends[parts[use.consumer]])
+    held = {v: ends[parts[v]] for v in built.variables}
+    for v in built.variables:
+        if built.infos[v].kind != "op" and built.infos[v].block is None and v in readers:
+            held[v] = tuple(sorted(readers[v]))
+    return held
 
 
 def _key(t: Terms) -> tuple[float, float]:
