@@ -60,6 +60,7 @@ class Replay:
     plan: Plan  # the whole-cluster plan assembled from them (step, bubble, stages, memory)
     microbatch: int  # samples per microbatch
     cluster: Cluster  # the whole cluster it was priced on
+    hand_off: float  # seconds of one p2p send between stages (activations or gradients of a microbatch)
 
 
 def model_case(plan: Plan, spec: str | None = None) -> Any:
@@ -98,9 +99,7 @@ def stage_choice(plan: Plan, built: BuiltProblem) -> tuple[int, ...]:
     return tuple(choice)
 
 
-def replay(
-    plan: Plan, spec: str | None = None, cluster: Cluster | None = None, case: Any = None
-) -> Replay:
+def replay(plan: Plan, spec: str | None = None, cluster: Cluster | None = None, case: Any = None) -> Replay:
     """The plan's stage problem rebuilt and its step re-priced on ``cluster`` (default: the plan's own,
     where the step must match the plan's: module docstring).  ``case``: the model, when already built."""
     from autoshard.capture import capture
@@ -161,7 +160,7 @@ def replay(
     again = dataclasses.replace(again, memory_limit=plan.memory_limit, precision=plan.precision)
     if cluster is None:
         _check_match(plan, again)
-    return Replay(built, choice, again, size, whole)
+    return Replay(built, choice, again, size, whole, hop)
 
 
 def _bounds(plan: Plan, first: int) -> tuple[int, ...]:

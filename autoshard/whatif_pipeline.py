@@ -67,6 +67,7 @@ class PipelineWhatIf:
     after: Plan
     budget_before: float | None  # bytes per device each stage is held to
     budget_after: float | None
+    hand_off: tuple[float, float] = (0.0, 0.0)  # seconds of one send between stages, before and after
 
 
 def check_setting(name: str, value: float) -> None:
@@ -95,7 +96,9 @@ def varied_cluster(cluster: Cluster, settings: Mapping[str, float]) -> Cluster:
     profile = dataclasses.replace(
         profile,
         intra_node=dataclasses.replace(profile.intra_node, bus_bandwidth=scaled_bus),
-        inter_node=dataclasses.replace(profile.inter_node, nic_bandwidth=profile.inter_node.nic_bandwidth * inter),
+        inter_node=dataclasses.replace(
+            profile.inter_node, nic_bandwidth=profile.inter_node.nic_bandwidth * inter
+        ),
     )
     return dataclasses.replace(cluster, profile=profile)
 
@@ -117,6 +120,7 @@ def pipeline_whatif(plan: Plan, settings: Mapping[str, float], spec: str | None 
         after.plan,
         budget,
         settings["memory"] * GIB if "memory" in settings else budget,
+        (before.hand_off, after.hand_off),
     )
 
 
@@ -136,13 +140,26 @@ def render(w: PipelineWhatIf) -> str:
         lines.append(f"  {name:<28}{fmt_seconds(x):>12}{fmt_seconds(y):>12}{_change(x, y):>10}")
     bubble = (a.pipeline.bubble_fraction, b.pipeline.bubble_fraction)
     lines.append(f"  {'bubble share':<28}{bubble[0]:>12.1%}{bubble[1]:>12.1%}{_points(*bubble):>10}")
-    lines.append(f"  {'stage':<8}{'ranks':<14}{'time/microbatch':>16}{'':>12}{'peak memory':>12}  fits")
+    hop = w.hand_off
+    lines.append(
+        f"  {'one hand-off between stages':<28}{_seconds(hop[0]):>12}{_seconds(hop[1]):>12}{_change(*hop):>10}"
+    )
+    budgets = [("none" if x is None else fmt_bytes(x)) for x in (w.budget_before, w.budget_after)]
+    lines.append(f"  {'memory budget per device':<28}{budgets[0]:>12}{budgets[1]:>12}")
+    lines.append(
+        f"  {'stage':<6}{'ranks':<8}{'layers':<9}{'time/microbatch':>16}{'what if':>12}{'peak memory':>13}  fits"
+    )
     for s, t in zip(a.pipeline.stages, b.pipeline.stages, strict=True):
         ranks = f"{s.ranks[0]}..{s.ranks[-1]}" if s.ranks else "-"
+        layers = (
+            "-"
+            if not s.layers
+            else f"{s.layers[0]}" + (f"..{s.layers[1] - 1}" if s.layers[1] - s.layers[0] > 1 else "")
+        )
         fits = _fits(t.memory_bytes, w.budget_after)
         lines.append(
-            f"  {s.index:<8}{ranks:<14}{fmt_seconds(s.compute_seconds):>16}{fmt_seconds(t.compute_seconds):>12}"
-            f"{fmt_bytes(t.memory_bytes):>12}  {fits}"
+            f"  {s.index:<6}{ranks:<8}{layers:<9}{fmt_seconds(s.compute_seconds):>16}"
+            f"{fmt_seconds(t.compute_seconds):>12}{fmt_bytes(t.memory_bytes):>13}  {fits}"
         )
     lines.append(f"  what changed: {_changed(a, b)}")
     return "\n".join(lines)
@@ -161,7 +178,9 @@ def _points(x: float, y: float) -> str:
 def _fits(peak: float, budget: float | None) -> str:
     if budget is None:
         return "no budget"
-    return "yes" if peak <= budget * (1 + 1e-9) else f"no: {fmt_bytes(peak - budget)} over {fmt_bytes(budget)}"
+    return (
+        "yes" if peak <= budget * (1 + 1e-9) else f"no: {fmt_bytes(peak - budget)} over {fmt_bytes(budget)}"
+    )
 
 
 def _changed(a: Plan, b: Plan) -> str:

@@ -151,12 +151,14 @@ def explain(
     problem (:func:`rebuild`); ``stage`` keeps the nodes that stage (chunk) runs."""
     choice = _choices(plan, built)
     held = _stages_of(plan, built)
-    if stage is not None and plan.pipeline is None:
-        raise AutoshardError(f"--stage {stage}: the plan of {plan.model} has no pipeline stages; drop --stage")
-    if stage is not None and not 0 <= stage < len(plan.pipeline.stages):  # type: ignore[union-attr]
-        raise AutoshardError(
-            f"--stage {stage}: the plan has stages 0..{len(plan.pipeline.stages) - 1}"  # type: ignore[union-attr]
-        )
+    if stage is not None:
+        count = len(plan.pipeline.stages) if plan.pipeline is not None else 0
+        if not count:
+            raise AutoshardError(
+                f"--stage {stage}: the plan of {plan.model} has no pipeline stages; drop --stage"
+            )
+        if not 0 <= stage < count:
+            raise AutoshardError(f"--stage {stage}: the plan has stages 0..{count - 1}")
 
     def wanted(v: str) -> bool:
         info = built.infos[v]
