@@ -37,6 +37,9 @@ plan runs.  :func:`crossovers` solves ``cost_a = cost_b`` exactly (``sympy.solve
 the others held at the reference, and keeps the roots where both plans run; where two plans do not cross,
 :func:`lead` says which is faster and by how much (the CLI asks it over the spans where both run).
 
+A pipelined plan (``plan.pipeline``) is refused here: its step is a schedule over stages, re-priced at one
+point by :mod:`autoshard.whatif_pipeline` instead (``whatif --set``).
+
 Example::
 
     dp, tp = plan_cost(load_plan("dp.json"), "dp"), plan_cost(load_plan("tp.json"), "tp")
