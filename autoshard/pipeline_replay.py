@@ -82,18 +82,21 @@ def model_case(plan: Plan, spec: str | None = None) -> Any:
 
 
 def stage_choice(plan: Plan, built: BuiltProblem) -> tuple[int, ...]:
-    """The index of the plan's strategy for every variable of the stage problem (labels widened)."""
+    """The index of the plan's strategy for every variable of ``built``: the problem it was solved on (a
+    pipelined plan's labels are on the whole mesh, the pipeline axis's ``R`` first: widened to compare)."""
     from autoshard.pipeline.assemble import widen_label
 
     by_name = {n.name: n.strategy for n in plan.nodes}
+    staged = plan.pipeline is not None
     choice = []
     for v in built.variables:
-        labels = [widen_label(str(s)) for s in built.strategies[v]]
+        labels = [widen_label(str(s)) if staged else str(s) for s in built.strategies[v]]
         label = by_name.get(v)
         if label not in labels:
             raise ReplayError(
-                f"graph node {v} of the rebuilt stage problem has no decision {label!r} in the plan: the model or "
-                "its inputs differ from the planned ones (pass the --model it was planned with)"
+                f"graph node {v} of the rebuilt {'stage problem' if staged else 'model'} has no decision "
+                f"{label!r} in the plan: the model or its inputs differ from the planned ones (pass the --model "
+                "it was planned with)"
             )
         choice.append(labels.index(label))
     return tuple(choice)

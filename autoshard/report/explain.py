@@ -95,22 +95,9 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
 
 
 def _choices(plan: Plan, built: BuiltProblem) -> list[int]:
-    if plan.pipeline is not None:  # labels on the whole mesh: the pipeline axis's R first
-        from autoshard.pipeline_replay import stage_choice
+    from autoshard.pipeline_replay import stage_choice
 
-        return list(stage_choice(plan, built))
-    by_name = {n.name: n.strategy for n in plan.nodes}
-    choice = []
-    for v in built.variables:
-        labels = [str(s) for s in built.strategies[v]]
-        label = by_name.get(v)
-        if label not in labels:
-            raise AutoshardError(
-                f"graph node {v} of the rebuilt model has no decision {label!r} in the plan: the model or its "
-                "inputs differ from the planned ones (pass the --model it was planned with)"
-            )
-        choice.append(labels.index(label))
-    return choice
+    return list(stage_choice(plan, built))
 
 
 def _terms(built: BuiltProblem, i: int, choice: list[int], widen: bool = False) -> list[Terms]:
