@@ -112,7 +112,8 @@ def pipeline_whatif(plan: Plan, settings: Mapping[str, float], spec: str | None 
         check_setting(name, value)
     case = model_case(plan, spec)
     before = replay(plan, spec, case=case)  # checks that the rebuilt stage problem prices the plan's step
-    after = replay(plan, spec, cluster=varied_cluster(plan_cluster(plan), settings), case=case)
+    links = set(settings) - {"memory"}  # memory moves only the budget: the priced plan is the same
+    after = replay(plan, spec, varied_cluster(plan_cluster(plan), settings), case) if links else before
     budget = plan.memory_limit
     return PipelineWhatIf(
         tuple(settings.items()),
@@ -161,7 +162,12 @@ def render(w: PipelineWhatIf) -> str:
             f"  {s.index:<6}{ranks:<8}{layers:<9}{fmt_seconds(s.compute_seconds):>16}"
             f"{fmt_seconds(t.compute_seconds):>12}{fmt_bytes(t.memory_bytes):>13}  {fits}"
         )
-    lines.append(f"  what changed: {_changed(a, b)}")
+    changed = _changed(a, b)
+    if w.budget_after != w.budget_before:
+        fit = sum(_fits(t.memory_bytes, w.budget_after) == "yes" for t in b.pipeline.stages)
+        budget = f"the memory budget ({fit} of {len(b.pipeline.stages)} stages fit)"
+        changed = budget if changed.startswith("nothing") else f"{changed}; {budget}"
+    lines.append(f"  what changed: {changed}")
     return "\n".join(lines)
 
 

@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="pipelined plans: re-price on bandwidth, inter_bandwidth or intra_bandwidth (x the profile's) or "
         "memory (GiB per device); repeatable",
     )
+    parser.add_argument(
+        "--model", default=None, help="with --set: the model the plan was made for (default: the plan's)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,7 +155,7 @@ def _run_set(args: argparse.Namespace) -> int:
             f"--set re-prices a pipelined plan; {args.plan} has no stages: compare it with --against OTHER.json "
             "--vary NAME=LOW..HIGH (bandwidth scales its links)"
         )
-    print(render(pipeline_whatif(plan, settings)))
+    print(render(pipeline_whatif(plan, settings, args.model)))
     return 0
 
 
