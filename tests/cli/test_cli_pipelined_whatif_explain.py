@@ -90,6 +90,7 @@ def test_cli_whatif_set_and_its_refusals(saved: tuple[Path, Path]) -> None:
     done = run_main("whatif", str(pp), "--set", "inter_bandwidth=2", "--set", "memory=0.0005")
     assert done.code == 0, done.err
     assert "inter_bandwidth=2x" in done.out and "bubble share" in done.out and "no: " in done.out
+    assert "the memory budget (0 of 2 stages fit)" in done.out
     for argv, words in (
         ((str(pp), "--set", "devices=16"), "cannot set devices for a pipelined plan"),
         ((str(pp), "--set", "batch=64"), "cannot set batch for a pipelined plan"),
