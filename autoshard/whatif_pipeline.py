@@ -136,14 +136,14 @@ def render(w: PipelineWhatIf) -> str:
         ("compute (bubble included)", a.compute_time, b.compute_time),
         ("communication waited for", a.communication_time, b.communication_time),
     )
-    lines.append(f"  {'':<28}{'planned':>12}{'what if':>12}{'change':>10}")
+    lines.append(f"  {'':<28}{'planned':>12}{'what if':>12}{'change':>11}")
     for name, x, y in rows:
-        lines.append(f"  {name:<28}{fmt_seconds(x):>12}{fmt_seconds(y):>12}{_change(x, y):>10}")
+        lines.append(f"  {name:<28}{fmt_seconds(x):>12}{fmt_seconds(y):>12}{_change(x, y):>11}")
     bubble = (a.pipeline.bubble_fraction, b.pipeline.bubble_fraction)
-    lines.append(f"  {'bubble share':<28}{bubble[0]:>12.1%}{bubble[1]:>12.1%}{_points(*bubble):>10}")
+    lines.append(f"  {'bubble share':<28}{bubble[0]:>12.1%}{bubble[1]:>12.1%}{_points(*bubble):>11}")
     hop = w.hand_off
     lines.append(
-        f"  {'one hand-off between stages':<28}{_seconds(hop[0]):>12}{_seconds(hop[1]):>12}{_change(*hop):>10}"
+        f"  {'one hand-off between stages':<28}{_seconds(hop[0]):>12}{_seconds(hop[1]):>12}{_change(*hop):>11}"
     )
     budgets = [("none" if x is None else fmt_bytes(x)) for x in (w.budget_before, w.budget_after)]
     lines.append(f"  {'memory budget per device':<28}{budgets[0]:>12}{budgets[1]:>12}")

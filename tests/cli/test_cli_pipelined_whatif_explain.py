@@ -125,3 +125,26 @@ def test_cli_explain_of_a_stage(saved: tuple[Path, Path]) -> None:
     assert f"chosen {head.strategy}" in done.out
     refused = run_main("explain", str(pp), "--stage", "0", "--node", "lm_head")
     assert refused.code == 2 and "in stage 0" in refused.err and len(refused.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "profile", "extra"),
+    [
+        ("gpt2-tiny", "cpu", ("--nodes", "2", "--schedule", "1f1b")),  # a tied embedding summed across stages
+        ("mixtral-tiny", "a100x8", ()),  # routed experts (bf16: the cpu profile has no bf16 peak)
+    ],
+)
+def test_other_models_replay_to_their_step(
+    tmp_path: Path, model: str, profile: str, extra: tuple[str, ...]
+) -> None:
+    path = tmp_path / "pp.json"
+    argv = ("search", "--profile", profile, "--mesh", "2x4", "--model", model, "--pp", "2", *extra)
+    done = run_main(*argv, "--out", str(path))
+    assert done.code == 0, done.err
+    plan = load_plan(path)
+    again = replay(plan)  # refuses unless the step matches to 1e-9
+    assert again.plan.predicted_step_time == pytest.approx(plan.predicted_step_time, rel=1e-9, abs=0)
+    by_name = {n.name: n.strategy for n in plan.nodes}
+    assert all(e.chosen.strategy == by_name[e.name] for e in explain(plan, again.built, "*", top=10_000))
+    if model == "gpt2-tiny":
+        assert any(c.mesh_axis == 0 and c.kind == "all_reduce" for c in plan.collectives)  # the tied sum
