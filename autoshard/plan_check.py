@@ -19,6 +19,7 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 - context parallelism: ``context_layout`` is contiguous or zigzag, ``context_axis`` an axis of more than one
   device (required by zigzag);
 - precision: a recipe the cost model prices (``cost_models.memory.RECIPES``; absent in older files: bf16);
+- optimizer gathers (ZeRO-1's, ``Plan.optimizer_gathers``): all-gathers of phase ``optimizer``;
 - ranking: a step claimed optimal (``solver.step_optimal``) has a ``step_bound`` it does not exceed.
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
@@ -84,6 +85,10 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         _known(c, Collective, source, f"collectives[{i}].")
     for i, r in enumerate(_list(data, "ring_transfers", source)):
         _known(r, RingTransfer, source, f"ring_transfers[{i}].")
+    for i, c in enumerate(_list(data, "optimizer_gathers", source)):
+        _known(c, Collective, source, f"optimizer_gathers[{i}].")
+        if c.get("phase") != "optimizer" or c.get("kind") != "all_gather":
+            raise _fail(source, f"optimizer_gathers[{i}]", "expected an all_gather of phase 'optimizer'")
     if not all(isinstance(p, str) for p in _list(data, "pinned", source)):
         raise _fail(source, "pinned", "expected a list of strings such as 'annotations' or 'no tp'")
     if isinstance(data.get("solver"), Mapping):

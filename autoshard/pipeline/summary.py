@@ -57,10 +57,16 @@ def headline(plan: Plan) -> str:
 
 
 def _replicated(plan: Plan) -> str:
-    """The headline of a plan no mesh axis splits: what every device runs and what it waits for."""
+    """The headline of a plan no mesh axis splits: what every device waits for (``Plan.collectives``, ring
+    hops and ZeRO-1's ``Plan.optimizer_gathers``)."""
     devices = f"{plan.num_devices} device{'s' * (plan.num_devices != 1)}"
     moved = len(plan.collectives) + sum(r.hops for r in plan.ring_transfers)
     waits = "no collective" if not moved else f"{moved} collective{'s' * (moved != 1)} of small ops"
+    gathers = len(plan.optimizer_gathers)
+    if gathers:
+        waits += (
+            f"{' but' if not moved else ','} ZeRO-1's {gathers} optimizer all-gather{'s' * (gathers != 1)}"
+        )
     return f"replicated on {devices}: {waits}"
 
 

@@ -246,6 +246,11 @@ def _collectives(view: PlanView, width: int) -> list[str]:
     if rest:
         n, secs = sum(r.count for r in rest), sum(r.seconds for r in rest)
         lines.append(f"  … {len(rest)} more rows: {n} collectives, {fmt_seconds(secs)}")
+    if not rows and view.plan.optimizer_gathers:  # ZeRO-1's, named on the "optimizer:" line
+        return [
+            "collectives of one step",
+            "  none in forward or backward (the optimizer's: see optimizer below)",
+        ]
     if not rows:
         return ["collectives of one step", "  none: no device ever waits for another"]
     lines += wrap(_totals(view.plan.collectives), width, " " * 9, "  total: ")  # wrapped, never cut
