@@ -59,9 +59,10 @@ __all__ = [
 
 KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
 MIXED_SHARE = 0.10
-"""An axis whose compute splits weights *and* experts, the smaller of the two at least this share of the
-weighted compute, is named by both kinds ("TP/EP 8"): Mixtral's attention (heads) is ~17 % of a layer's
-matmul time beside its experts, a router or a gate below 1 %."""
+"""An EP axis whose weight splits (heads, column/row) hold at least this share of the weighted compute is
+named by both kinds ("TP/EP 8"): Mixtral's attention is ~17 % of a layer's matmul time beside its experts,
+its router below 1 % (a router split alone leaves the axis EP).  A TP axis that splits experts by expert
+is TP/EP from :data:`NOTE_SHARE` of the compute: splitting the experts is what makes an axis EP."""
 NOTE_SHARE = 0.01
 """A module whose weights an axis splits otherwise than the axis's kind says (an LM head split over the
 vocabulary on a DP axis) is named in the headline from this share of the weighted compute (LLaMA-3-8B's
@@ -158,7 +159,7 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
         if kind in ("tp", "ep"):  # weights split and experts split on one axis: name both (MIXED_SHARE)
             other = "ep" if kind == "tp" else "tp"
             also_share = shares.get(_KIND_FAMILY[other], 0.0)
-            also = other if also_share >= MIXED_SHARE else ""
+            also = other if also_share >= (MIXED_SHARE if other == "tp" else NOTE_SHARE) else ""
         uses = (split, len(placements), fsdp > 0, fsdp)
         out.append(AxisUse(axis, size, kind, family, share, ring, *uses, also, also_share if also else 0.0))
     return out
