@@ -41,10 +41,11 @@ def headline(plan: Plan) -> str:
     for use in sorted(uses, key=lambda u: KIND_ORDER.index(str(u.kind))):
         sizes[use.label] = sizes.get(use.label, 1) * use.size
     notes = split_notes(view, uses)
-    parts = []
+    parts, told = [], set()  # a note said once (TP/EP 8 × EP 2 share the experts note)
     for label, size in sizes.items():
         said = [note for kind in label.lower().split("/") for note in _kind_notes(plan, kind)]
-        said += notes.get(label, [])
+        said = [note for note in dict.fromkeys(said + notes.get(label, [])) if note not in told]
+        told |= set(said)
         parts.append(f"{label} {size}" + (f" ({'; '.join(said)})" if said else ""))
     head = " × ".join(parts) or _replicated(plan)
     found = degrees(uses)

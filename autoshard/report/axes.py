@@ -31,6 +31,12 @@ kind                    when
 (none)                  nothing is split on the axis: every device of it computes the same
 ======================  ================================================================================
 
+An axis splitting experts by expert and weights otherwise (attention heads, column/row) is named by both
+kinds, ``TP/EP`` (:attr:`AxisUse.label`, thresholds :data:`MIXED_SHARE`, :data:`NOTE_SHARE`); its degree in
+``Plan.degrees`` stays under the larger share's kind.  A module whose weights an axis splits otherwise than
+its kind says (the LM head split over the vocabulary on a DP axis) is named beside the degree
+(:func:`split_notes`), so that the headline never says less than the body.
+
 Example::
 
     for use in axis_uses(PlanView.of(plan)):

@@ -296,6 +296,7 @@ def report_data(plan: Plan, baseline: Baseline | None = None) -> dict[str, Any]:
     """The report's content as JSON-able data (groups, patterns, collective rows, baseline)."""
     view = PlanView.of(plan)
     data: dict[str, Any] = {
+        "headline": headline(plan),  # the text report's first line, the same function
         "groups": [
             {"name": g.name, "layers": g.count, "strategy": describe_group(view, g)} for g in view.groups()
         ],
