@@ -161,9 +161,10 @@ def zero_text(plan: Plan) -> str:
             fmt_seconds(sum(c.seconds for c in gathers)),
         )
         axes = axes_text(sorted({c.mesh_axis for c in gathers}))
+        count = f"{len(gathers)} all-gather{'s' * (len(gathers) != 1)}"
         where.append(
-            f"{len(gathers)} all-gathers of updated shards on {axes} where gradients are not reduced ({moved}, "
-            f"{seconds}): the runtime runs them, this step does not price them yet"
+            f"{count} of updated shards on {axes} where gradients are not reduced ({moved}, {seconds}): the "
+            "runtime runs them, this step does not price them yet"
         )
     if not where:  # a file saved before Plan.optimizer_gathers: its gathers were never listed
         return (
