@@ -217,9 +217,7 @@ class Plan:
     context_layout: str = "contiguous"
     # The K/V hops of ring attention (point-to-point, overlapped with attention): listed beside the collectives
     ring_transfers: tuple[RingTransfer, ...] = ()
-    # ZeRO-1's all-gathers of updated optimizer shards on axes where a replicated parameter's gradient is not
-    # reduced (phase "optimizer"; autoshard.problem.zero_gathers): priced in the step, not in ``collectives``
-    # (the emitted graph's own, which verify compares)
+    # ZeRO-1 gathers no gradient all-reduce pays (problem/zero_gathers.py); apart from the graph's ``collectives``
     optimizer_gathers: tuple[Collective, ...] = ()
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
