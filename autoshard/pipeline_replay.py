@@ -64,8 +64,10 @@ class Replay:
 
 
 def model_case(plan: Plan, spec: str | None = None) -> Any:
-    """The :class:`~autoshard.zoo.ModelCase` the plan was made for, from ``plan.source`` (or ``spec``)."""
+    """The :class:`~autoshard.zoo.ModelCase` the plan was made for, from ``plan.source`` (or ``spec``),
+    refused in one line when it is not the plan's model (:func:`autoshard.plan_model.check_built`)."""
     from autoshard import zoo
+    from autoshard.plan_model import check_built
 
     source = dict(plan.source)
     name = spec or str(source.get("spec") or "")
@@ -76,9 +78,14 @@ def model_case(plan: Plan, spec: str | None = None) -> Any:
             f"the plan was made from {name}; a plan never runs code it names: pass --model {name}"
         )
     if name.rpartition(":")[0].endswith(".py"):
-        return zoo.load_spec(name)
-    batch, seq = source.get("batch"), source.get("seq")
-    return zoo.build(name, batch=None if batch is None else int(batch), seq=None if seq is None else int(seq))
+        case = zoo.load_spec(name)
+    else:
+        batch, seq = source.get("batch"), source.get("seq")
+        case = zoo.build(
+            name, batch=None if batch is None else int(batch), seq=None if seq is None else int(seq)
+        )
+    check_built(plan, name, case.model, scaled=False)  # before the capture: its class and parameter names
+    return case
 
 
 def stage_choice(plan: Plan, built: BuiltProblem) -> tuple[int, ...]:

@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_set(args: argparse.Namespace) -> int:
     """``--set``: one pipelined plan re-priced under the settings (:mod:`autoshard.whatif_pipeline`)."""
+    from autoshard.plan_model import check_spec
     from autoshard.plans import load_plan
     from autoshard.whatif_pipeline import check_setting, pipeline_whatif, render
 
@@ -150,6 +151,7 @@ def _run_set(args: argparse.Namespace) -> int:
     for name, value in settings.items():
         check_setting(name, value)  # before the rebuild: a refused setting costs nothing
     plan = load_plan(args.plan)
+    check_spec(plan, args.model, args.plan)  # before the model is built and captured
     if plan.pipeline is None:
         raise CliError(
             f"--set re-prices a pipelined plan; {args.plan} has no stages: compare it with --against OTHER.json "

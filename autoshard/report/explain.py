@@ -78,7 +78,7 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
         return replay(plan, spec).built
     from autoshard.pipeline_replay import model_case
 
-    case = model_case(plan, spec)
+    case = model_case(plan, spec)  # checks the built model's class and parameter names (plan_model)
     fuse = plan_fuses_experts(plan.nodes)  # the graph the plan was made on
     captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto", fuse_experts=fuse)
     layers = (
