@@ -18,6 +18,7 @@ setting              changes
                      the plan's; the search would cut or recompute otherwise)
 ===================  ==========================================================================================
 
+``bandwidth`` and one of the others multiply (``bandwidth=2, inter_bandwidth=2``: the network 4x).
 Refused (:data:`REFUSED`), each in one line: ``batch`` and ``seq`` change the microbatch the stage problem
 was solved at, and ``devices`` the stage sub-mesh; the plan's strategies are not a plan there -- re-plan.
 
