@@ -148,19 +148,16 @@ def render(w: PipelineWhatIf) -> str:
     )
     budgets = [("none" if x is None else fmt_bytes(x)) for x in (w.budget_before, w.budget_after)]
     lines.append(f"  {'memory budget per device':<28}{budgets[0]:>12}{budgets[1]:>12}")
+    ranks = [_span(s.ranks[0], s.ranks[-1] + 1) if s.ranks else "-" for s in a.pipeline.stages]
+    layers = [_span(*s.layers) if s.layers else "-" for s in a.pipeline.stages]
+    rw, lw = max(6, *map(len, ranks)) + 2, max(7, *map(len, layers)) + 2
     lines.append(
-        f"  {'stage':<6}{'ranks':<8}{'layers':<9}{'time/microbatch':>16}{'what if':>12}{'peak memory':>13}  fits"
+        f"  {'stage':<6}{'ranks':<{rw}}{'layers':<{lw}}{'time/microbatch':>16}{'what if':>12}{'peak memory':>13}  fits"
     )
-    for s, t in zip(a.pipeline.stages, b.pipeline.stages, strict=True):
-        ranks = f"{s.ranks[0]}..{s.ranks[-1]}" if s.ranks else "-"
-        layers = (
-            "-"
-            if not s.layers
-            else f"{s.layers[0]}" + (f"..{s.layers[1] - 1}" if s.layers[1] - s.layers[0] > 1 else "")
-        )
+    for s, t, r, k in zip(a.pipeline.stages, b.pipeline.stages, ranks, layers, strict=True):
         fits = _fits(t.memory_bytes, w.budget_after)
         lines.append(
-            f"  {s.index:<6}{ranks:<8}{layers:<9}{fmt_seconds(s.compute_seconds):>16}"
+            f"  {s.index:<6}{r:<{rw}}{k:<{lw}}{fmt_seconds(s.compute_seconds):>16}"
             f"{fmt_seconds(t.compute_seconds):>12}{fmt_bytes(t.memory_bytes):>13}  {fits}"
         )
     changed = _changed(a, b)
@@ -170,6 +167,11 @@ def render(w: PipelineWhatIf) -> str:
         changed = budget if changed.startswith("nothing") else f"{changed}; {budget}"
     lines.append(f"  what changed: {changed}")
     return "\n".join(lines)
+
+
+def _span(first: int, end: int) -> str:
+    """``3`` or ``0..7`` for the half-open range ``[first, end)``."""
+    return f"{first}" if end - first == 1 else f"{first}..{end - 1}"
 
 
 def _change(x: float, y: float) -> str:
