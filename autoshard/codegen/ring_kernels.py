@@ -8,12 +8,14 @@ Which path runs, per block (:func:`kernel` picks once per ring call, the block's
   block equal to it, e.g. a model's own causal mask), and an op takes the inputs:
 
   - CPU: ``aten._scaled_dot_product_flash_attention_for_cpu`` and its ``_backward``: float64, float32, bfloat16,
-    float16, with q, k and v of one head size;
+    float16, with q, k and v of one head size; 16-bit blocks computed in float32 (:func:`block_dtype` says why);
   - CUDA: ``aten._scaled_dot_product_flash_attention`` and its ``_backward``: float16 / bfloat16 where torch's
     own check (``torch.backends.cuda.can_use_flash_attention``) accepts them.
 
   The block runs with ``is_causal`` when ``"causal"`` (top-left aligned: the chunks are square), in full when
   ``"all"``; a block with nothing visible is never asked for (:func:`autoshard.codegen.context._blocks`).
+  :func:`fused_calls` folds one ring step's chunk pairs into as few calls as torch's context parallelism makes
+  (one per step on a causal zigzag ring).
 - **math** -- scores materialised, softmax by hand, in float32 for 16-bit inputs: a block an explicit mask
   shows only in part (and not as the triangle), v of another head size than q on the CPU, float32/float64 on
   CUDA (flash takes 16-bit only; the memory-efficient kernel pads its lse to 32 rows and cuDNN's keeps a
@@ -27,7 +29,7 @@ flash attention does): ``exp(scores - lse)`` are then the final probabilities, a
 final correction, so the per-block ``dq, dk, dv`` sum to the exact gradient.  The caller accumulates them in
 float32.
 
-Grouped-query K/V reach these functions already expanded to the query heads (neither CPU op takes
+Grouped-query K/V reach these functions already expanded to the query heads (neither flash op takes
 ``enable_gqa``); the caller folds ``dk, dv`` back.
 """
 
@@ -103,10 +105,12 @@ def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Kernel | None:
 
 def block_dtype(fused: Kernel | None, visible: Visibility, dtype: torch.dtype) -> torch.dtype:
     """The dtype a block computes in: the inputs' own under CUDA's flash (its tensor cores' bfloat16), else
-    float32 for 16-bit inputs (float64 for float64).  On the CPU a 16-bit block computes no faster than a
-    float32 one (``python -m benchmarks.ring_kernels``), and float32 block outputs spare each block's partial
-    result a rounding to 16 bits before the merge: with them the ring is as close to exact as one device's
-    bfloat16 attention (tests/codegen/test_codegen_context_bf16.py; 16-bit blocks were up to 1.7x further)."""
+    float32 for 16-bit inputs (float64 for float64).  On the CPU, float32 block outputs spare each block's
+    partial result a rounding to 16 bits before the merge: with them the ring is as close to exact as one
+    device's bfloat16 attention (tests/codegen/test_codegen_context_bf16.py; 16-bit blocks were 1.7x further
+    off in out and 1.6x in dV), for ~25% more CPU time per step than 16-bit blocks at seq 4096
+    (``python -m benchmarks.ring_kernels``).  CUDA keeps 16-bit blocks as torch's context parallelism and ring
+    flash attention do: the tensor-core throughput the cost model prices."""
     if fused == "cuda" and isinstance(visible, str):
         return dtype
     return torch.promote_types(dtype, torch.float32)
