@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from autoshard.codegen.context import _blocks, chunk_ids, ring_attention, shard_sequence, unshard_sequence
-from autoshard.codegen.ring_kernels import fused_calls, visibility
+from autoshard.codegen.ring_kernels import block_backward, block_dtype, block_forward, fused_calls, visibility
 from autoshard.runtime.launch import launch
 
 B, H, HKV, L, E = 1, 4, 2, 32, 16  # GQA; 32 tokens = 8 zigzag chunks of 4 on 4 ranks
@@ -99,3 +99,17 @@ def test_visibility_names_whole_and_triangular_blocks() -> None:
     assert visibility(tri.expand(3, 4, 4)) == "causal"
     band = tri & ~torch.ones(4, 4, dtype=torch.bool).tril(-2)
     assert torch.equal(visibility(band), band)  # type: ignore[arg-type]
+
+
+def test_cuda_flash_branch_calls_the_ops_by_their_schemas() -> None:
+    """No GPU here: on meta tensors (torch's shape functions) the CUDA branch's calls parse against the flash
+    ops' schemas and unpack their outputs -- (B, H, L, E) out in bfloat16, float32 lse, gradients per input."""
+    q = torch.empty(1, 4, 8, 16, dtype=torch.bfloat16, device="meta")
+    k = v = torch.empty(1, 4, 12, 16, dtype=torch.bfloat16, device="meta")
+    out, lse = block_forward("cuda", q, k, v, "all", 0.25)
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == (q.shape, q.dtype, (1, 4, 8), torch.float32)
+    grads = block_backward("cuda", out, q, k, v, out, lse, lse, "causal", 0.25)
+    assert [(g.shape, g.dtype) for g in grads] == [(t.shape, torch.bfloat16) for t in (q, k, v)]
+    assert block_dtype("cuda", "all", torch.bfloat16) == torch.bfloat16  # tensor cores: blocks stay 16-bit
+    assert block_dtype("cpu", "all", torch.bfloat16) == torch.float32
+    assert block_dtype("cuda", q, torch.bfloat16) == torch.float32  # a partial mask: math in float32
