@@ -188,8 +188,8 @@ def _ring_key(group: Any, hops: HopLog | None) -> int:
 
 
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the ring computes and accumulates in: float32 for 16-bit inputs (as fused attention kernels
-    keep their softmax statistics), float64 for float64."""
+    """The dtype the ring merges and accumulates in (its lse, out, dQ, dK, dV sums): float32 for 16-bit inputs
+    (as fused attention kernels keep their softmax statistics), float64 for float64."""
     return torch.promote_types(dtype, torch.float32)
 
 
