@@ -20,12 +20,14 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from autoshard.plan_model import check_spec
     from autoshard.plans import load_plan
     from autoshard.report.explain import explain, rebuild, render, render_summary
     from autoshard.report.figures import recipe_text
     from autoshard.report.proof import proof_line
 
     plan = load_plan(args.plan)
+    check_spec(plan, args.model, args.plan)  # before the model is built and captured
     found = explain(plan, rebuild(plan, args.model), args.node)
     if args.node is None:
         print(render_summary(found))

@@ -67,6 +67,7 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
     from autoshard.capture import capture
     from autoshard.capture.experts import plan_fuses_experts
     from autoshard.codegen.parallelize import plan_cluster
+    from autoshard.plan_model import check_built
     from autoshard.problem.build import build_problem
     from autoshard.problem.costs import CostOptions, Recompute, recipe
 
@@ -92,6 +93,7 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
         case = zoo.build(
             name, batch=None if batch is None else int(batch), seq=None if seq is None else int(seq)
         )
+    check_built(plan, name, case.model, scaled=False)  # before the capture: its class and parameter names
     fuse = plan_fuses_experts(plan.nodes)  # the graph the plan was made on
     captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto", fuse_experts=fuse)
     layers = (
