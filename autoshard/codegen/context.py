@@ -5,8 +5,9 @@ torch's ``context_parallel`` fails on CPU (ARCHITECTURE.md), so the two variants
 
 - :func:`ring_attention`: K/V chunks travel around the ring (``isend``/``irecv`` to the next rank) while each
   rank attends its queries to the chunk it holds -- with torch's fused attention op per block where one applies
-  (:mod:`autoshard.codegen.ring_kernels` says which path runs when); partial results merge by log-sum-exp.  Backward runs the ring
-  again, the K/V gradients travelling with their chunks and arriving home after one extra hop.  It is an op
+  (:mod:`autoshard.codegen.ring_kernels` says which path runs when); partial results merge by log-sum-exp.
+  Backward runs the ring again, the K/V gradients travelling with their chunks and arriving home after one
+  extra hop.  It is an op
   of its own (``torch.ops.autoshard.ring_attention``, with its autograd formula), so that selective
   recomputation saves its output as it saves a fused attention's (:mod:`autoshard.codegen.recompute`), and
   every hop can be logged (``MeshComm.hops``, counted by verify against ``Plan.ring_transfers``).
