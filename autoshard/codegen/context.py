@@ -7,10 +7,10 @@ torch's ``context_parallel`` fails on CPU (ARCHITECTURE.md), so the two variants
   rank attends its queries to the chunk it holds -- with torch's fused attention op per block where one applies
   (:mod:`autoshard.codegen.ring_kernels` says which path runs when); partial results merge by log-sum-exp.
   Backward runs the ring again, the K/V gradients travelling with their chunks and arriving home after one
-  extra hop.  It is an op
-  of its own (``torch.ops.autoshard.ring_attention``, with its autograd formula), so that selective
-  recomputation saves its output as it saves a fused attention's (:mod:`autoshard.codegen.recompute`), and
-  every hop can be logged (``MeshComm.hops``, counted by verify against ``Plan.ring_transfers``).
+  extra hop.  It is an op of its own (``torch.ops.autoshard.ring_attention``, with its autograd formula), so
+  that selective recomputation saves its output as it saves a fused attention's
+  (:mod:`autoshard.codegen.recompute`), and every hop can be logged (``MeshComm.hops``, counted by verify
+  against ``Plan.ring_transfers``).
   Grouped-query K/V copies (HF's ``repeat_kv``) travel as one head per run of copies (:func:`context_sdpa`).
 - :func:`autoshard.codegen.context_gather.allgather_kv_attention`: K and V are all-gathered once; backward
   all-reduces their gradients and keeps the local chunks (gloo has no reduce-scatter).
