@@ -33,7 +33,7 @@ class _Seen(TorchDispatchMode):
         self.ring: list[tuple[Any, ...]] = []
         self.largest_bool = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.autoshard.ring_attention.default:
             self.ring.append(args)
         result = func(*args, **(kwargs or {}))
@@ -50,20 +50,20 @@ def _rank(layout: str, ev: int) -> dict[str, Any]:
     hops = {"p2p": 0}
     real = dist.batch_isend_irecv
 
-    def counted(ops):  # type: ignore[no-untyped-def]
+    def counted(ops):
         hops["p2p"] += 1
         return real(ops)
 
     q, k, v, grad = (shard_sequence(t, 2, rank, size, layout) for t in _inputs(ev))  # type: ignore[arg-type]
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    dist.batch_isend_irecv = counted  # type: ignore[assignment]
+    dist.batch_isend_irecv = counted
     try:
         with _Seen() as seen:
             k2, v2 = (t.repeat_interleave(H // HKV, dim=1) for t in (k, v))  # HF's repeat_kv copies
             out = context_sdpa(q, k2, v2, None, axis=0, comm=comm, kv_repeats=H // HKV)
             out.backward(grad)
     finally:
-        dist.batch_isend_irecv = real  # type: ignore[assignment]
+        dist.batch_isend_irecv = real
     (args,) = seen.ring
     return {
         "out": out.detach(),
