@@ -58,6 +58,7 @@ __all__ = [
 ]
 
 Layout = Literal["zigzag", "contiguous"]
+Chunks = tuple[int, ...]  # global chunk indices, in local order
 
 
 def chunk_ids(rank: int, size: int, layout: Layout) -> tuple[int, ...]:
@@ -123,9 +124,11 @@ def _blocks(
     chunk: int,
     device: torch.device,
     rows: torch.Tensor | None,
+    causal: bool = True,
 ) -> list[Block]:
     """The (query chunk, key chunk) pairs with something to compute: a causal pair below the diagonal is whole
-    (``"all"``), on it the lower triangle (``"causal"``), above it skipped; under an explicit mask, pairs with no
+    (``"all"``), on it the lower triangle (``"causal"``), above it skipped; without a mask and not ``causal``
+    every pair is whole (nothing is materialised for it); under an explicit mask, pairs with no
     visible entry are skipped, wholly visible ones are ``"all"``, ones equal to the triangle ``"causal"`` (both
     run fused, :mod:`autoshard.codegen.ring_kernels`), the rest keep their boolean visibility (math).
     Skipping is what makes the zigzag layout balanced: every rank computes ``2n`` chunk pairs (two of them
@@ -139,7 +142,7 @@ def _blocks(
                 if not visible.any():
                     continue
                 out.append((qs, ks, visibility(visible)))
-            elif ki < qi:
+            elif ki < qi or not causal:
                 out.append((qs, ks, "all"))
             elif ki == qi:
                 out.append((qs, ks, "causal"))
@@ -203,11 +206,13 @@ def _ring_op(
     ring: int,
     layout: str,
     scale: float,
+    causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of this rank's queries against every K/V block, the blocks travelling around the ring.  An
-    op of its own, so that selective recomputation keeps its output (``codegen/recompute.SAVED_OPS``) as it
-    keeps a fused attention's, rather than running the ring again in backward.  Each block runs torch's fused
-    attention where one applies (:mod:`autoshard.codegen.ring_kernels` says which path runs when)."""
+    """(out, lse) of this rank's queries against every K/V block, the blocks travelling around the ring: the
+    keys ``mask`` shows, else causal by global position, else (not ``causal``) every key.  An op of its own,
+    so that selective recomputation keeps its output (``codegen/recompute.SAVED_OPS``) as it keeps a fused
+    attention's, rather than running the ring again in backward.  Each block runs torch's fused attention
+    where one applies (:mod:`autoshard.codegen.ring_kernels` says which path runs when)."""
     group, hops = _RINGS[ring]
     rank, size, nxt, prv = _peers(group)
     ids = chunk_ids(rank, size, layout)  # type: ignore[arg-type]
@@ -223,7 +228,8 @@ def _ring_op(
         owner = (rank - step) % size
         ke, ve = _expand_kv(kv[0], heads), _expand_kv(kv[1], heads)
         fused = kernel(q, ke, ve) if step == 0 else fused
-        for qs, ks, visible in _step_blocks(fused, ids, chunk_ids(owner, size, layout), chunk, q, mask):  # type: ignore[arg-type]
+        held = chunk_ids(owner, size, layout)  # type: ignore[arg-type]
+        for qs, ks, visible in _step_blocks(fused, ids, held, chunk, q, mask, causal):
             qb, kb, vb = _block_inputs(fused, visible, q[:, :, qs], ke[:, :, ks], ve[:, :, ks])
             merge(out, lse, qs, *block_forward(fused, qb, kb, vb, visible, scale))
         if step + 1 < size:
@@ -233,11 +239,11 @@ def _ring_op(
 
 
 def _step_blocks(
-    fused: Any, ids: tuple[int, ...], owner_ids: tuple[int, ...], chunk: int, q: torch.Tensor, mask: Any
+    fused: Any, ids: Chunks, held: Chunks, chunk: int, q: torch.Tensor, mask: Any, causal: bool
 ) -> list[Block]:
-    """The blocks one ring step computes against the held K/V (chunks ``owner_ids``): chunk pairs, as fewer,
-    larger calls when a fused op runs them."""
-    blocks = _blocks(ids, owner_ids, chunk, q.device, mask)
+    """The blocks one ring step computes against the held K/V (chunks ``held``): chunk pairs, as fewer,
+    larger calls when a fused op runs them (one ``"all"`` call per step on a ring without mask or causality)."""
+    blocks = _blocks(ids, held, chunk, q.device, mask, causal)
     return blocks if fused is None else fused_calls(blocks, chunk)
 
 
@@ -253,9 +259,9 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any) -> tuple[torch
 
 
 def _save(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    q, k, v, mask, ring, layout, scale = inputs
+    q, k, v, mask, ring, layout, scale, causal = inputs
     ctx.save_for_backward(q, k, v, *output, mask)
-    ctx.ring, ctx.layout, ctx.scale = ring, layout, scale
+    ctx.ring, ctx.layout, ctx.scale, ctx.causal = ring, layout, scale, causal
 
 
 def _ring_backward(
@@ -282,7 +288,8 @@ def _ring_backward(
         ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
         fused = kernel(q, ke, ve) if step == 0 else fused
         dk, dv = dk_in.to(acc), dv_in.to(acc)
-        for qs, ks, visible in _step_blocks(fused, ids, chunk_ids(owner, size, layout), chunk, q, mask):
+        held = chunk_ids(owner, size, layout)
+        for qs, ks, visible in _step_blocks(fused, ids, held, chunk, q, mask, ctx.causal):
             gb, qb, kb, vb, ob = _block_inputs(
                 fused, visible, grad[:, :, qs], q[:, :, qs], ke[:, :, ks], ve[:, :, ks], out[:, :, qs]
             )
@@ -294,7 +301,7 @@ def _ring_backward(
         sent = [kk, vv, dk.to(k.dtype), dv.to(v.dtype)]
         _note(hops, "backward", sent)
         travelling = _rotate(sent, nxt, prv, group)
-    return dq.to(q.dtype), travelling[2], travelling[3], None, None, None, None
+    return dq.to(q.dtype), travelling[2], travelling[3], None, None, None, None, None
 
 
 _ring_op.register_autograd(_ring_backward, setup_context=_save)
@@ -314,16 +321,19 @@ def ring_attention(
     mask: torch.Tensor | None = None,
     scale: float | None = None,
     hops: HopLog | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
     """Attention of this rank's sequence piece (``layout``) against the whole sequence, by a K/V ring.
 
     Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
     order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
+    Without a mask, ``causal=False`` attends every key: every block runs whole (``"all"``), and no mask is
+    built.  A mask decides alone (``causal`` is then not read).
     ``hops``: called ``(phase, bytes sent, sends, elements sent)`` before every hop (verify counts them,
     :class:`RingHop`); pass the same callable for every call on one ring (it keys the op's arguments).
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return _ring_op(q, k, v, mask, _ring_key(group, hops), layout, float(scale))[0]
+    return _ring_op(q, k, v, mask, _ring_key(group, hops), layout, float(scale), causal and mask is None)[0]
 
 
 def context_sdpa(
@@ -342,7 +352,8 @@ def context_sdpa(
 
     The sequence layout is the plan's for that axis: zigzag when ``axis`` is ``comm.zigzag_axis`` (the
     plan's ``context_layout``), else contiguous; ``attn_mask`` holds this rank's query rows (in that layout)
-    over every key (in global order).  Without a mask and without ``is_causal`` every key is visible.
+    over every key (in global order).  Without a mask and without ``is_causal`` every key is visible: the ring
+    then runs every block whole, with no (local queries x global keys) mask built.
     ``comm`` is the emitted module's :class:`~autoshard.codegen.collectives.MeshComm`.
 
     ``kv_repeats``: ``k`` and ``v`` are grouped-query copies, each K/V head repeated that many times in a row
@@ -355,10 +366,6 @@ def context_sdpa(
     their gradients travel in that dtype, the bytes the amp recipe prices
     (:func:`autoshard.problem.autocast.ring_itemsize`).
     """
-    if attn_mask is None and not is_causal:
-        attn_mask = torch.ones(
-            q.shape[-2], k.shape[-2] * comm.mesh_shape[axis], dtype=torch.bool, device=q.device
-        )
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         raise TypeError(f"ring attention takes a boolean mask, got {attn_mask.dtype}")
     layout: Layout = "zigzag" if comm.zigzag_axis == axis else "contiguous"
@@ -366,12 +373,13 @@ def context_sdpa(
         k = k[:, :: kv_stride(kv_repeats, k.shape[1])]
         v = v[:, :: kv_stride(kv_repeats, v.shape[1])]
     device = q.device.type
+    ring = (comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis), is_causal)
     if not torch.is_autocast_enabled(device):
-        return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
+        return ring_attention(q, k, v, *ring)
     low = torch.get_autocast_dtype(device)
     q, k, v = (t.to(low) if t.is_floating_point() else t for t in (q, k, v))
     with torch.autocast(device, enabled=False):
-        return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
+        return ring_attention(q, k, v, *ring)
 
 
 _LOGS: dict[tuple[int, int], HopLog] = {}

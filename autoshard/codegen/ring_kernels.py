@@ -3,9 +3,10 @@ attention where one applies, explicit math otherwise; and the log-sum-exp merge 
 
 Which path runs, per block (:func:`kernel` picks once per ring call, the block's visibility does the rest):
 
-- **fused** -- the block is wholly visible (``"all"``: below a causal ring's diagonal, or an explicit mask's
-  all-true block) or is the lower triangle (``"causal"``: a causal ring's diagonal block, or an explicit mask's
-  block equal to it, e.g. a model's own causal mask), and an op takes the inputs:
+- **fused** -- the block is wholly visible (``"all"``: below a causal ring's diagonal, any block of a ring
+  with neither mask nor causality -- no mask is built for it --, or an explicit mask's all-true block) or is
+  the lower triangle (``"causal"``: a causal ring's diagonal block, or an explicit mask's block equal to it,
+  e.g. a model's own causal mask), and an op takes the inputs:
 
   - CPU: ``aten._scaled_dot_product_flash_attention_for_cpu`` and its ``_backward``: float64, float32, bfloat16,
     float16, with q, k and v of one head size; 16-bit blocks computed in float32 (:func:`block_dtype` says why);
