@@ -10,7 +10,9 @@ outside table plus the message, over the message's scope (the bucket's whole tab
 over the variables outside the scope, which the child's table has done already): one full table less per
 such bucket (LLaMA-3-70B on 16 x 8 x 8, the rank's lower-bound problem: 0.24 -> 0.19 s CPU; the marginals
 then differ from summing the whole table only by float rounding, ~1e-16 relative, which fixing's slack
-absorbs).  About three solves; the Lagrangian sweep (:mod:`~autoshard.search.budget`) uses it to
+absorbs).  The upward pass is the last solve's when that ran at the same costs (``ExactSolver.last``: the
+sweep's last probe is usually the multiplier fixing asks about; 0.19 -> 0.13 s CPU there).  About three
+solves (two after such a solve); the Lagrangian sweep (:mod:`~autoshard.search.budget`) uses it to
 drop the strategies no plan under the budget can afford.  Conditioned nodes: once per assignment, as the
 solve does.
 """
@@ -47,7 +49,29 @@ def _upward(
     ex: ExactSolver, steps: Sequence[Step], unary: Sequence[np.ndarray]
 ) -> tuple[list[list[_Part]], dict[int, float], list[int]]:
     """Eliminate along ``steps`` keeping every bucket: per step its parts (a part's origin is the step
-    that sent it, -1 for a cost term), the optimum of each component by its root step, each step's root."""
+    that sent it, -1 for a cost term), the optimum of each component by its root step, each step's root.
+
+    The variable-elimination steps (``ex.steps``, after the tree steps) are taken from ``ex.last`` when
+    the solver's last elimination ran at these costs: the same parts in the same order, so the same tables."""
+    last = ex.last if ex.last is not None and ex.last.made_from(unary) else None
+    todo = steps[: len(steps) - len(ex.steps)] if last is not None else steps
+    parts, root_total = _eliminate_keeping(ex, todo, unary)
+    if last is not None:
+        off = len(todo)
+        parts += [[(f, t, c + off if c >= 0 else -1) for f, t, c in bucket] for bucket in last.parts]
+        root_total.update({k + off: value for k, value in last.roots.items()})
+    root_of = list(range(len(steps)))
+    for k in reversed(range(len(steps))):  # a parent comes later in the order: visited first here
+        for _, _, child in parts[k]:
+            if child >= 0:
+                root_of[child] = root_of[k]
+    return parts, root_total, root_of
+
+
+def _eliminate_keeping(
+    ex: ExactSolver, steps: Sequence[Step], unary: Sequence[np.ndarray]
+) -> tuple[list[list[_Part]], dict[int, float]]:
+    """The buckets of eliminating along ``steps`` (whole components) and each component's optimum."""
     pos = {step.var: k for k, step in enumerate(steps)}
     bucket: dict[int, list[_Part]] = {v: [((v,), unary[v], -1)] for v in pos}
     for (a, b), mat in ex.form.pairs.items():
@@ -63,12 +87,7 @@ def _upward(
             bucket[min(step.rest, key=pos.__getitem__)].append((step.rest, msg, k))
         else:
             root_total[k] = float(msg)
-    root_of = list(range(len(steps)))
-    for k in reversed(range(len(steps))):  # a parent comes later in the order: visited first here
-        for _, _, child in parts[k]:
-            if child >= 0:
-                root_of[child] = root_of[k]
-    return parts, root_total, root_of
+    return parts, root_total
 
 
 def _bucket_tree(
