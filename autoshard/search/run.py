@@ -88,6 +88,15 @@ class Run:
             out = red.restrict(out)
         return out
 
+    def carry(self, choice: Sequence[int]) -> list[int | None]:
+        """An original plan on the current problem, each dominated strategy replaced by its dominator
+        (:meth:`~autoshard.search.reduce.Reduction.carry`): no dearer, no more memory; None where a
+        reduction removed a strategy otherwise (a fixing mask)."""
+        out: list[int | None] = list(choice)
+        for red in self.stages:
+            out = red.carry(out)
+        return out
+
     def left(self) -> float:
         return self.time_limit - (time.perf_counter() - self.start)
 
