@@ -76,6 +76,7 @@ class RingTransfer:
     node: str
     module: str
     seconds: float  # the hops' transfer time per step, all copies
+    itemsize: int = 0  # bytes per element a hop carries as priced (amp: bf16); 0: older files
 
     def __str__(self) -> str:
         return f"{self.phase} ring K/V hops(axis={self.mesh_axis}, {self.hops} x {_bytes(self.nbytes)}) for {self.node}"

@@ -35,6 +35,9 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--allow-replicated", action="store_true", help="accept a check in which nothing distributed ran"
     )
+    v.add_argument(
+        "--seed", type=int, default=0, help="seed of the random inputs and output gradients (default 0)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes is not None and args.nproc is not None:
         raise CliError("--nodes and --nproc both size the cluster: give one")
     options = {"annotations": pin_map(args.annotate), "float64": args.float64}
+    if args.seed:
+        options["seed"] = args.seed
     if args.plan is not None:
         options["plan"] = args.plan
     if args.allow_replicated:

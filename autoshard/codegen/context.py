@@ -148,12 +148,13 @@ def _peers(group: Any) -> tuple[int, int, int, int]:
     return rank, size, nxt, prv
 
 
-HopLog = Callable[[str, int, int], None]  # (phase, bytes this rank sends in one hop, its sends)
+HopLog = Callable[[str, int, int, int], None]  # (phase, bytes this rank sends in one hop, sends, elements)
 
 
 def _note(hops: HopLog | None, phase: str, tensors: list[torch.Tensor]) -> None:
     if hops is not None:
-        hops(phase, sum(t.numel() * t.element_size() for t in tensors), len(tensors))
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        hops(phase, nbytes, len(tensors), sum(t.numel() for t in tensors))
 
 
 def _rotate(tensors: list[torch.Tensor], nxt: int, prv: int, group: Any) -> list[torch.Tensor]:
@@ -181,6 +182,12 @@ def _ring_key(group: Any, hops: HopLog | None) -> int:
     return _KEYS[ident]
 
 
+def _accumulation(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the ring computes and accumulates in: float32 for 16-bit inputs (as fused attention kernels
+    keep their softmax statistics), float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 @torch.library.custom_op("autoshard::ring_attention", mutates_args=())
 def _ring_op(
     q: torch.Tensor,
@@ -199,14 +206,18 @@ def _ring_op(
     ids = chunk_ids(rank, size, layout)  # type: ignore[arg-type]
     chunk = q.shape[2] // len(ids)
     heads = q.shape[1]
-    lse = torch.full(q.shape[:3], -math.inf, dtype=q.dtype, device=q.device)  # (B, H, L)
-    out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype, device=q.device)
+    # softmax statistics and the output accumulate in float32, as fused attention kernels do (a bfloat16 lse
+    # is off by ~3% of a probability); K/V travel in their own dtype, as priced
+    acc = _accumulation(q.dtype)
+    lse = torch.full(q.shape[:3], -math.inf, dtype=acc, device=q.device)  # (B, H, L)
+    out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=acc, device=q.device)
+    qf = q.to(acc)
     kv = [k, v]
     for step in range(size):
         owner = (rank - step) % size
-        ke, ve = _expand_kv(kv[0], heads), _expand_kv(kv[1], heads)
+        ke, ve = _expand_kv(kv[0], heads).to(acc), _expand_kv(kv[1], heads).to(acc)
         for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):  # type: ignore[arg-type]
-            scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
+            scores = _scores(qf[:, :, qs], ke[:, :, ks], visible, scale)
             old = lse[:, :, qs]
             new = torch.logaddexp(old, torch.logsumexp(scores, dim=-1))
             weights = torch.exp(scores - new[..., None]).nan_to_num(0.0)
@@ -216,12 +227,12 @@ def _ring_op(
         if step + 1 < size:
             _note(hops, "forward", kv)
             kv = _rotate(kv, nxt, prv, group)
-    return out, lse
+    return out.to(q.dtype), lse
 
 
 @_ring_op.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return q.new_empty(*q.shape[:3], v.shape[-1]), q.new_empty(q.shape[:3])
+    return q.new_empty(*q.shape[:3], v.shape[-1]), q.new_empty(q.shape[:3], dtype=_accumulation(q.dtype))
 
 
 def _save(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -241,24 +252,28 @@ def _ring_backward(
     ids = chunk_ids(rank, size, layout)
     chunk = q.shape[2] // len(ids)
     heads, kv_heads = q.shape[1], k.shape[1]
-    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, L, 1)
-    dq = torch.zeros_like(q)
+    acc = _accumulation(q.dtype)  # computed as forward; what travels keeps K/V's dtype, as priced
+    qf, gf = q.to(acc), grad_out.to(acc)
+    delta = (gf * out.to(acc)).sum(-1, keepdim=True)  # (B, H, L, 1)
+    dq = torch.zeros_like(qf)
     travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
     for step in range(size):
         owner = (rank - step) % size
-        kk, vv, dk, dv = travelling
-        ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
+        kk, vv, dk16, dv16 = travelling
+        ke, ve = _expand_kv(kk, heads).to(acc), _expand_kv(vv, heads).to(acc)
+        dk, dv = dk16.to(acc), dv16.to(acc)
         for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
-            scores = _scores(q[:, :, qs], ke[:, :, ks], visible, scale)
+            scores = _scores(qf[:, :, qs], ke[:, :, ks], visible, scale)
             probs = torch.exp(scores - lse[:, :, qs, None]).nan_to_num(0.0)
-            g = grad_out[:, :, qs]
+            g = gf[:, :, qs]
             dv[:, :, ks] += _fold_kv(probs.transpose(-1, -2) @ g, kv_heads)
             dscores = probs * (g @ ve[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
             dq[:, :, qs] += (dscores @ ke[:, :, ks]) * scale
-            dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ q[:, :, qs]) * scale, kv_heads)
-        _note(hops, "backward", [kk, vv, dk, dv])
-        travelling = _rotate([kk, vv, dk, dv], nxt, prv, group)
-    return dq, travelling[2], travelling[3], None, None, None, None
+            dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ qf[:, :, qs]) * scale, kv_heads)
+        dk16, dv16 = dk.to(k.dtype), dv.to(v.dtype)
+        _note(hops, "backward", [kk, vv, dk16, dv16])
+        travelling = _rotate([kk, vv, dk16, dv16], nxt, prv, group)
+    return dq.to(q.dtype), travelling[2], travelling[3], None, None, None, None
 
 
 _ring_op.register_autograd(_ring_backward, setup_context=_save)
@@ -283,8 +298,8 @@ def ring_attention(
 
     Causal unless ``mask`` is given: then ``mask`` holds this rank's query rows over every key in global
     order (``(..., L_local, L_global)``, True = attend), e.g. a model's explicit mask split along queries.
-    ``hops``: called ``(phase, bytes sent, sends)`` before every hop (verify counts them, :class:`RingHop`);
-    pass the same callable for every call on one ring (it keys the op's arguments).
+    ``hops``: called ``(phase, bytes sent, sends, elements sent)`` before every hop (verify counts them,
+    :class:`RingHop`); pass the same callable for every call on one ring (it keys the op's arguments).
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return _ring_op(q, k, v, mask, _ring_key(group, hops), layout, float(scale))[0]
@@ -313,6 +328,11 @@ def context_sdpa(
     (``META_KV_REPEATS``).  The ring then rotates every :func:`~autoshard.problem.attention.kv_stride`-th
     local head and copies it back per hop -- the bytes the plan prices (``Plan.ring_transfers``).  Autograd
     sends the gradient of the copies to the heads read, and the graph's own copy (``expand``) sums it back.
+
+    Under ``torch.autocast`` q, k and v are cast to autocast's dtype first, as autocast casts the operands
+    of ``scaled_dot_product_attention``, and the ring runs with autocast off on them: its K/V blocks and
+    their gradients travel in that dtype, the bytes the amp recipe prices
+    (:func:`autoshard.problem.autocast.ring_itemsize`).
     """
     if attn_mask is None and not is_causal:
         attn_mask = torch.ones(
@@ -324,7 +344,13 @@ def context_sdpa(
     if kv_repeats > 1:
         k = k[:, :: kv_stride(kv_repeats, k.shape[1])]
         v = v[:, :: kv_stride(kv_repeats, v.shape[1])]
-    return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
+    device = q.device.type
+    if not torch.is_autocast_enabled(device):
+        return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
+    low = torch.get_autocast_dtype(device)
+    q, k, v = (t.to(low) if t.is_floating_point() else t for t in (q, k, v))
+    with torch.autocast(device, enabled=False):
+        return ring_attention(q, k, v, comm.group(axis), layout, attn_mask, scale, _hop_log(comm, axis))
 
 
 _LOGS: dict[tuple[int, int], HopLog] = {}
@@ -336,8 +362,8 @@ def _hop_log(comm: Any, axis: int) -> HopLog | None:
     if hops is None:
         return None
 
-    def note(phase: str, nbytes: int, sends: int) -> None:
-        hops.append(RingHop(phase, axis, nbytes, sends))
+    def note(phase: str, nbytes: int, sends: int, elements: int) -> None:
+        hops.append(RingHop(phase, axis, nbytes, sends, elements))
 
     return _LOGS.setdefault((id(hops), axis), note)
 

@@ -188,7 +188,7 @@ def _compute(
     def ring(f: np.ndarray, b: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         back = np.broadcast_to(b, f.shape)
         pairs = [
-            ring_seconds(info, s, cluster, inputs, float(fk), float(bk), opts.cp_layout)
+            ring_seconds(info, s, cluster, inputs, float(fk), float(bk), opts.cp_layout, opts.precision)
             for s, fk, bk in zip(strategies, f, back, strict=True)
         ]
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
@@ -222,7 +222,8 @@ def edge_tables(
     duals = np.array([steps.intern(dual_spec(o) if o is not None else None) for o in outs])
     grads = np.array([steps.intern(s.input_grads[pos]) for s in dst_list])
     # a consumer that needs the value but yields no gradient (None) costs nothing backward
-    return forward, pairwise_ids(grads, duals, meta.shape, size, steps).T
+    back = moved_itemsize(producer, which, precision, gradient=True)
+    return forward, pairwise_ids(grads, duals, meta.shape, back, steps).T
 
 
 def priced_edge(

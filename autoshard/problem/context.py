@@ -4,10 +4,10 @@ A ring strategy (:mod:`autoshard.strategies.rules.attention`) splits q, k, v and
 sequence over one mesh axis of ``n`` devices; :func:`autoshard.codegen.context.context_sdpa` runs it.  Per
 step of the ring each device attends its queries to the K/V block it holds while sending that block on:
 
-- forward: ``n - 1`` hops of the local K and V (of grouped-query copies, one head per run of copies:
-  :func:`autoshard.problem.attention.ring_block_bytes`).  A ring all-gather of ``S = n · b`` bytes is exactly
-  ``n - 1`` hops of ``b`` bytes (REFERENCE.md, ring all-gather ``(n−1)·α + (n−1)/n · S/B``), so the
-  hops cost ``collective_time("all_gather", n · b)`` on that axis;
+- forward: ``n - 1`` hops of the local K and V (of grouped-query copies, one head per run of copies; under
+  the amp recipe in autocast's 16-bit dtype: :func:`autoshard.problem.attention.ring_block_bytes`).  A
+  ring all-gather of ``S = n · b`` bytes is exactly ``n - 1`` hops of ``b`` bytes (REFERENCE.md, ring
+  all-gather ``(n−1)·α + (n−1)/n · S/B``), so the hops cost ``collective_time("all_gather", n · b)`` on that axis;
 - backward: ``n`` hops (the last brings the K/V gradients home) of K, V, dK and dV: ``n / (n − 1)`` times
   the all-gather of ``2 · n · b``;
 - overlap: each hop overlaps the block computed meanwhile, so only communication beyond the node's own
@@ -59,6 +59,7 @@ from autoshard.strategies import OpStrategy
 
 if TYPE_CHECKING:
     from autoshard.problem.build import BuiltProblem
+    from cost_models.memory import PrecisionPolicy
 
 __all__ = [
     "ContextChoice",
@@ -127,11 +128,12 @@ def ring_seconds(
     fwd: float,
     bwd: float,
     layout: str = "zigzag",
+    precision: PrecisionPolicy | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) seconds context parallelism adds to a node's priced compute (module doc): a ring
     strategy's hops, causal work and imbalance; infinity for a one-run op split on a zigzag axis.
     ``layout``: ``"contiguous"`` prices rings off the cluster's zigzag axis contiguous, ``"zigzag"`` or
-    ``"auto"`` balanced."""
+    ``"auto"`` balanced; ``precision`` (``CostOptions.precision``): the bytes per element the hops carry."""
     zigzag = zigzag_axis_of(cluster)
     if zigzag is not None and _needs_one_run(info, strategy, zigzag):
         return math.inf, math.inf
@@ -146,7 +148,7 @@ def ring_seconds(
     if axis is None or cluster.mesh_shape[axis] == 1:  # no ring (an axis of one device moves nothing)
         return 0.0, 0.0
     n = cluster.mesh_shape[axis]
-    local = ring_block_bytes(info, (k, v), (spec, strategy.inputs[2]), tuple(cluster.mesh_shape))
+    local = ring_block_bytes(info, (k, v), (spec, strategy.inputs[2]), tuple(cluster.mesh_shape), precision)
     hops = functools.partial(Cluster.collective_time, cluster, axis=axis)  # the hops reorder nothing
     comm_fwd = hops("all_gather", n * local)
     comm_bwd = n / (n - 1) * hops("all_gather", 2 * n * local)

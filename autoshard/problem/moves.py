@@ -10,7 +10,8 @@ The backward of an edge ``u → v`` redistributes the gradient ``v``'s strategy 
 (``OpStrategy.input_grads``) to the dual of ``u``'s output spec (:func:`dual_spec`: ``S(d) → S(d)``,
 ``P → R``, ``R → R``); a model output left ``Partial`` is reduced before it is returned
 (:func:`output_fix_steps`).  Both move the tensor at the bytes per element
-:func:`~autoshard.problem.autocast.moved_itemsize` gives (under amp, its producer's autocast dtype).
+:func:`~autoshard.problem.autocast.moved_itemsize` gives (under amp, its producer's autocast dtype; a
+parameter's gather and its gradient's reduction in the recipe's gather and reduce dtypes).
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ def edge_steps(
     grad = dst.input_grads[position]
     if grad is None:
         return EdgeSteps(fwd, ())
-    bwd = cache.get(grad, dual_spec(have), meta.shape, size)
+    back = moved_itemsize(producer, which, opts.precision, gradient=True)
+    bwd = cache.get(grad, dual_spec(have), meta.shape, back)
     if bwd is None:
         return _INFEASIBLE
     return EdgeSteps(fwd, bwd)

@@ -53,6 +53,9 @@ def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch
             {"annotations": None, "float64": False, "plan": "p.json", "allow_replicated": True},
         )
     ]
+    calls.clear()  # another draw of inputs and output gradients (a seed that flips a route, say)
+    assert cli("verify", "--plan", "p.json", "--seed", "3").code == 1
+    assert calls[0][4] == {"annotations": None, "float64": False, "seed": 3, "plan": "p.json"}
 
 
 def test_verify_missing_from_the_build(cli, monkeypatch) -> None:
