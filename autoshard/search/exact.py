@@ -41,6 +41,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -48,9 +49,11 @@ from autoshard.errors import InfeasibleError
 from autoshard.search.order import EliminationPlan, FactorCapExceeded, Step, plan_elimination
 from autoshard.search.problem import Edge, PairwiseForm, SearchProblem, pairwise_form
 
+if TYPE_CHECKING:
+    from autoshard.search.marginals import Buckets
+
 __all__ = [
     "MAX_FACTOR_SIZE",
-    "Buckets",
     "ExactResult",
     "ExactSolver",
     "FactorCapExceeded",
@@ -78,24 +81,6 @@ class ExactResult:
     method: str
     largest_factor: int
     width: int
-
-
-@dataclass(frozen=True, slots=True)
-class Buckets:
-    """The buckets of one variable elimination (:attr:`ExactSolver.steps`, no conditioning): per step its
-    parts ``(scope, table, k)``, ``k`` the step whose message it is (-1: a cost term), in the order summed,
-    and each root step's optimum; kept with the unary costs they were made from, so the upward pass of
-    :func:`~autoshard.search.marginals.min_marginals` at the same costs is not run again (the Lagrangian
-    sweep's last probe is usually the multiplier fixing asks about)."""
-
-    unary: tuple[np.ndarray, ...]
-    parts: tuple[list[tuple[tuple[int, ...], np.ndarray, int]], ...]
-    roots: dict[int, float]
-
-    def made_from(self, unary: Sequence[np.ndarray]) -> bool:
-        return len(unary) == len(self.unary) and all(
-            a is b or np.array_equal(a, b) for a, b in zip(unary, self.unary, strict=True)
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +270,9 @@ class ExactSolver:
                 add(step.rest, best, k)
             else:
                 roots[k] = float(best)
-        if not self.conditioned:  # min-marginals at these costs start from these buckets (Buckets)
+        if not self.conditioned:  # min-marginals at these costs start from these buckets
+            from autoshard.search.marginals import Buckets  # it builds on this class
+
             self.last = Buckets(tuple(unary), tuple(backs), roots)
         for step, parts in zip(reversed(self.steps), reversed(backs), strict=True):
             choice[step.var] = self._back(step.var, [(f, t) for f, t, _ in parts], choice)

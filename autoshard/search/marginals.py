@@ -21,16 +21,35 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from autoshard.search.exact import ExactSolver
 from autoshard.search.order import Step
 
-__all__ = ["min_marginals"]
+__all__ = ["Buckets", "min_marginals"]
 
 #: One term of a bucket: its scope, its table, and the step whose message it is (-1: a cost term).
 _Part = tuple[tuple[int, ...], np.ndarray, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Buckets:
+    """The buckets of one variable elimination (:attr:`ExactSolver.steps`, no conditioning): per step its
+    parts ``(scope, table, k)``, ``k`` the step whose message it is (-1: a cost term), in the order summed,
+    and each root step's optimum; kept with the unary costs they were made from, so the upward pass of
+    :func:`~autoshard.search.marginals.min_marginals` at the same costs is not run again (the Lagrangian
+    sweep's last probe is usually the multiplier fixing asks about)."""
+
+    unary: tuple[np.ndarray, ...]
+    parts: tuple[list[_Part], ...]
+    roots: dict[int, float]
+
+    def made_from(self, unary: Sequence[np.ndarray]) -> bool:
+        return len(unary) == len(self.unary) and all(
+            a is b or np.array_equal(a, b) for a, b in zip(unary, self.unary, strict=True)
+        )
 
 
 def min_marginals(ex: ExactSolver, unary: Sequence[np.ndarray]) -> list[np.ndarray]:

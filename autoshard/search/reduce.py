@@ -113,29 +113,6 @@ class Reduction:
             out.append(int(hit[0]) if hit.size else None)
         return out
 
-    def carry(self, choice: Sequence[int | None]) -> list[int | None]:
-        """:meth:`restrict`, with each strategy that dominance removed replaced by its dominator (followed
-        until one stays): a plan of the reduced problem that costs no more and holds no more memory.
-
-        Why: a removal ``s -> t`` at node ``v`` held whatever its neighbours chose among the strategies
-        left at that moment (``D[s, t] >= 0``, ``mem[t] <= mem[s]``); replacing in the order removed, every
-        neighbour is then among those, and a folded node keeps its best response (no more than before).
-        The Lagrangian sweep starts from a similar problem's optimum carried so (the rank's lower-bound
-        solve on LLaMA-3-70B: 4 -> 3 exact probes, where that optimum lost strategies to dominance and
-        the sweep started from the least-memory plan)."""
-        by: dict[int, dict[int, int]] = {}
-        for v, s, t in self.dominated:
-            moves = by.setdefault(v, {})
-            for a, b in zip(s.tolist(), t.tolist(), strict=True):
-                moves.setdefault(a, b)
-        out: list[int | None] = list(choice)
-        for v, moves in by.items():
-            x = out[v]
-            while x is not None and x in moves:
-                x = moves[x]
-            out[v] = x
-        return self.restrict(out)
-
 
 def _separable(mat: np.ndarray) -> bool:
     """``mat[s, t] == r[s] + c[t]`` for all entries, none infinite (to 1e-12 of the largest entry)."""
