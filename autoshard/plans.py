@@ -217,6 +217,8 @@ class Plan:
     context_layout: str = "contiguous"
     # The K/V hops of ring attention (point-to-point, overlapped with attention): listed beside the collectives
     ring_transfers: tuple[RingTransfer, ...] = ()
+    # ZeRO-1 gathers no gradient all-reduce pays (problem/zero_gathers.py); apart from the graph's ``collectives``
+    optimizer_gathers: tuple[Collective, ...] = ()
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
     # The precision recipe the plan was priced under (``cost_models.memory.RECIPES``): "bf16" (the model's own
@@ -328,6 +330,7 @@ class Plan:
                 context_axis=data.get("context_axis"),
                 context_layout=str(data.get("context_layout", "contiguous")),
                 ring_transfers=tuple(RingTransfer(**r) for r in data.get("ring_transfers", ())),
+                optimizer_gathers=tuple(Collective(**c) for c in data.get("optimizer_gathers", ())),
                 pinned=tuple(str(p) for p in data.get("pinned", ())),
                 precision=str(data.get("precision", "bf16")),
                 version=int(data["version"]),

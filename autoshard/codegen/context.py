@@ -4,11 +4,13 @@ torch's ``context_parallel`` fails on CPU (ARCHITECTURE.md), so the two variants
 ``torch.distributed`` point-to-point and collective calls:
 
 - :func:`ring_attention`: K/V chunks travel around the ring (``isend``/``irecv`` to the next rank) while each
-  rank attends its queries to the chunk it holds; partial results merge by log-sum-exp.  Backward runs the ring
-  again, the K/V gradients travelling with their chunks and arriving home after one extra hop.  It is an op
-  of its own (``torch.ops.autoshard.ring_attention``, with its autograd formula), so that selective
-  recomputation saves its output as it saves a fused attention's (:mod:`autoshard.codegen.recompute`), and
-  every hop can be logged (``MeshComm.hops``, counted by verify against ``Plan.ring_transfers``).
+  rank attends its queries to the chunk it holds -- with torch's fused attention op per block where one applies
+  (:mod:`autoshard.codegen.ring_kernels` says which path runs when); partial results merge by log-sum-exp.
+  Backward runs the ring again, the K/V gradients travelling with their chunks and arriving home after one
+  extra hop.  It is an op of its own (``torch.ops.autoshard.ring_attention``, with its autograd formula), so
+  that selective recomputation saves its output as it saves a fused attention's
+  (:mod:`autoshard.codegen.recompute`), and every hop can be logged (``MeshComm.hops``, counted by verify
+  against ``Plan.ring_transfers``).
   Grouped-query K/V copies (HF's ``repeat_kv``) travel as one head per run of copies (:func:`context_sdpa`).
 - :func:`autoshard.codegen.context_gather.allgather_kv_attention`: K and V are all-gathered once; backward
   all-reduces their gradients and keeps the local chunks (gloo has no reduce-scatter).
@@ -32,6 +34,17 @@ import torch
 import torch.distributed as dist
 
 from autoshard.codegen.collectives import RingHop
+from autoshard.codegen.ring_kernels import (
+    Block,
+    Visibility,
+    block_backward,
+    block_dtype,
+    block_forward,
+    fused_calls,
+    kernel,
+    merge,
+    visibility,
+)
 from autoshard.problem.attention import kv_stride
 from autoshard.strategies.local import zigzag_chunks
 
@@ -104,9 +117,6 @@ def _mask(
     return pos_k[None, :] <= _positions(q_ids, chunk, device)[:, None]
 
 
-Block = tuple[slice, slice, torch.Tensor | None]  # local query rows, held key rows, visibility (None: all)
-
-
 def _blocks(
     q_ids: tuple[int, ...],
     k_ids: tuple[int, ...],
@@ -114,8 +124,10 @@ def _blocks(
     device: torch.device,
     rows: torch.Tensor | None,
 ) -> list[Block]:
-    """The (query chunk, key chunk) pairs with something to compute: a causal pair below the diagonal is whole,
-    on it lower-triangular, above it skipped; under an explicit mask, pairs with no visible entry are skipped.
+    """The (query chunk, key chunk) pairs with something to compute: a causal pair below the diagonal is whole
+    (``"all"``), on it the lower triangle (``"causal"``), above it skipped; under an explicit mask, pairs with no
+    visible entry are skipped, wholly visible ones are ``"all"``, ones equal to the triangle ``"causal"`` (both
+    run fused, :mod:`autoshard.codegen.ring_kernels`), the rest keep their boolean visibility (math).
     Skipping is what makes the zigzag layout balanced: every rank computes ``2n`` chunk pairs (two of them
     half), where the contiguous layout's last rank computes ``n`` blocks of four pairs each."""
     out: list[Block] = []
@@ -123,21 +135,15 @@ def _blocks(
         for b, ki in enumerate(k_ids):
             qs, ks = slice(a * chunk, (a + 1) * chunk), slice(b * chunk, (b + 1) * chunk)
             if rows is not None:
-                visible: torch.Tensor | None = _mask((qi,), (ki,), chunk, device, rows[..., qs, :])
-                assert visible is not None
+                visible = _mask((qi,), (ki,), chunk, device, rows[..., qs, :])
                 if not visible.any():
                     continue
-                out.append((qs, ks, None if bool(visible.all()) else visible))
+                out.append((qs, ks, visibility(visible)))
             elif ki < qi:
-                out.append((qs, ks, None))
+                out.append((qs, ks, "all"))
             elif ki == qi:
-                out.append((qs, ks, _mask((qi,), (ki,), chunk, device, None)))
+                out.append((qs, ks, "causal"))
     return out
-
-
-def _scores(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor | None, scale: float) -> torch.Tensor:
-    scores = (q @ k.transpose(-1, -2)) * scale
-    return scores if visible is None else scores.masked_fill(~visible, -math.inf)
 
 
 def _peers(group: Any) -> tuple[int, int, int, int]:
@@ -183,8 +189,8 @@ def _ring_key(group: Any, hops: HopLog | None) -> int:
 
 
 def _accumulation(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the ring computes and accumulates in: float32 for 16-bit inputs (as fused attention kernels
-    keep their softmax statistics), float64 for float64."""
+    """The dtype the ring merges and accumulates in (its lse, out, dQ, dK, dV sums): float32 for 16-bit inputs
+    (as fused attention kernels keep their softmax statistics), float64 for float64."""
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -200,34 +206,45 @@ def _ring_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of this rank's queries against every K/V block, the blocks travelling around the ring.  An
     op of its own, so that selective recomputation keeps its output (``codegen/recompute.SAVED_OPS``) as it
-    keeps a fused attention's, rather than running the ring again in backward."""
+    keeps a fused attention's, rather than running the ring again in backward.  Each block runs torch's fused
+    attention where one applies (:mod:`autoshard.codegen.ring_kernels` says which path runs when)."""
     group, hops = _RINGS[ring]
     rank, size, nxt, prv = _peers(group)
     ids = chunk_ids(rank, size, layout)  # type: ignore[arg-type]
     chunk = q.shape[2] // len(ids)
     heads = q.shape[1]
-    # softmax statistics and the output accumulate in float32, as fused attention kernels do (a bfloat16 lse
-    # is off by ~3% of a probability); K/V travel in their own dtype, as priced
+    # the merged statistics and output accumulate in float32, as fused attention kernels keep theirs (a
+    # bfloat16 lse is off by ~3% of a probability); K/V travel in their own dtype, as priced
     acc = _accumulation(q.dtype)
     lse = torch.full(q.shape[:3], -math.inf, dtype=acc, device=q.device)  # (B, H, L)
     out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=acc, device=q.device)
-    qf = q.to(acc)
-    kv = [k, v]
+    kv, fused = [k, v], None
     for step in range(size):
         owner = (rank - step) % size
-        ke, ve = _expand_kv(kv[0], heads).to(acc), _expand_kv(kv[1], heads).to(acc)
-        for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):  # type: ignore[arg-type]
-            scores = _scores(qf[:, :, qs], ke[:, :, ks], visible, scale)
-            old = lse[:, :, qs]
-            new = torch.logaddexp(old, torch.logsumexp(scores, dim=-1))
-            weights = torch.exp(scores - new[..., None]).nan_to_num(0.0)
-            rescale = torch.exp(old - new).nan_to_num(0.0)[..., None]
-            out[:, :, qs] = out[:, :, qs] * rescale + weights @ ve[:, :, ks]
-            lse[:, :, qs] = new
+        ke, ve = _expand_kv(kv[0], heads), _expand_kv(kv[1], heads)
+        fused = kernel(q, ke, ve) if step == 0 else fused
+        for qs, ks, visible in _step_blocks(fused, ids, chunk_ids(owner, size, layout), chunk, q, mask):  # type: ignore[arg-type]
+            qb, kb, vb = _block_inputs(fused, visible, q[:, :, qs], ke[:, :, ks], ve[:, :, ks])
+            merge(out, lse, qs, *block_forward(fused, qb, kb, vb, visible, scale))
         if step + 1 < size:
             _note(hops, "forward", kv)
             kv = _rotate(kv, nxt, prv, group)
     return out.to(q.dtype), lse
+
+
+def _step_blocks(
+    fused: Any, ids: tuple[int, ...], owner_ids: tuple[int, ...], chunk: int, q: torch.Tensor, mask: Any
+) -> list[Block]:
+    """The blocks one ring step computes against the held K/V (chunks ``owner_ids``): chunk pairs, as fewer,
+    larger calls when a fused op runs them."""
+    blocks = _blocks(ids, owner_ids, chunk, q.device, mask)
+    return blocks if fused is None else fused_calls(blocks, chunk)
+
+
+def _block_inputs(fused: Any, visible: Visibility, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A block's tensors in the dtype its path computes in (:func:`~autoshard.codegen.ring_kernels.block_dtype`)."""
+    dtype = block_dtype(fused, visible, tensors[0].dtype)
+    return tuple(t.to(dtype) for t in tensors)
 
 
 @_ring_op.register_fake
@@ -244,7 +261,8 @@ def _save(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.T
 def _ring_backward(
     ctx: Any, grad_out: torch.Tensor, _: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, ...]:
-    """The ring again: K, V and their gradients travel; the last hop brings dK, dV home."""
+    """The ring again: K, V and their gradients travel; the last hop brings dK, dV home.  Each block's
+    backward (fused where the forward's was) is given the global out and lse of its query rows."""
     q, k, v, out, lse, mask = ctx.saved_tensors
     layout, scale = ctx.layout, ctx.scale
     group, hops = _RINGS[ctx.ring]
@@ -252,27 +270,30 @@ def _ring_backward(
     ids = chunk_ids(rank, size, layout)
     chunk = q.shape[2] // len(ids)
     heads, kv_heads = q.shape[1], k.shape[1]
-    acc = _accumulation(q.dtype)  # computed as forward; what travels keeps K/V's dtype, as priced
-    qf, gf = q.to(acc), grad_out.to(acc)
-    delta = (gf * out.to(acc)).sum(-1, keepdim=True)  # (B, H, L, 1)
-    dq = torch.zeros_like(qf)
+    acc = _accumulation(q.dtype)  # gradients accumulate in float32; what travels keeps K/V's dtype, as priced
+    grad = grad_out.to(q.dtype)
+    delta = (grad.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # (B, H, L, 1), for math blocks
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     travelling = [k, v, torch.zeros_like(k), torch.zeros_like(v)]  # K, V and their gradients so far
+    fused = None
     for step in range(size):
         owner = (rank - step) % size
-        kk, vv, dk16, dv16 = travelling
-        ke, ve = _expand_kv(kk, heads).to(acc), _expand_kv(vv, heads).to(acc)
-        dk, dv = dk16.to(acc), dv16.to(acc)
-        for qs, ks, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, q.device, mask):
-            scores = _scores(qf[:, :, qs], ke[:, :, ks], visible, scale)
-            probs = torch.exp(scores - lse[:, :, qs, None]).nan_to_num(0.0)
-            g = gf[:, :, qs]
-            dv[:, :, ks] += _fold_kv(probs.transpose(-1, -2) @ g, kv_heads)
-            dscores = probs * (g @ ve[:, :, ks].transpose(-1, -2) - delta[:, :, qs])
-            dq[:, :, qs] += (dscores @ ke[:, :, ks]) * scale
-            dk[:, :, ks] += _fold_kv((dscores.transpose(-1, -2) @ qf[:, :, qs]) * scale, kv_heads)
-        dk16, dv16 = dk.to(k.dtype), dv.to(v.dtype)
-        _note(hops, "backward", [kk, vv, dk16, dv16])
-        travelling = _rotate([kk, vv, dk16, dv16], nxt, prv, group)
+        kk, vv, dk_in, dv_in = travelling
+        ke, ve = _expand_kv(kk, heads), _expand_kv(vv, heads)
+        fused = kernel(q, ke, ve) if step == 0 else fused
+        dk, dv = dk_in.to(acc), dv_in.to(acc)
+        for qs, ks, visible in _step_blocks(fused, ids, chunk_ids(owner, size, layout), chunk, q, mask):
+            gb, qb, kb, vb, ob = _block_inputs(
+                fused, visible, grad[:, :, qs], q[:, :, qs], ke[:, :, ks], ve[:, :, ks], out[:, :, qs]
+            )
+            rows = (lse[:, :, qs], delta[:, :, qs])
+            dq_b, dk_b, dv_b = block_backward(fused, gb, qb, kb, vb, ob, *rows, visible, scale)
+            dq[:, :, qs] += dq_b
+            dk[:, :, ks] += _fold_kv(dk_b.to(acc), kv_heads)
+            dv[:, :, ks] += _fold_kv(dv_b.to(acc), kv_heads)
+        sent = [kk, vv, dk.to(k.dtype), dv.to(v.dtype)]
+        _note(hops, "backward", sent)
+        travelling = _rotate(sent, nxt, prv, group)
     return dq.to(q.dtype), travelling[2], travelling[3], None, None, None, None
 
 

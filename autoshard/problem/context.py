@@ -66,8 +66,11 @@ __all__ = [
     "ZigzagCluster",
     "choose_layout",
     "context_degrees",
+    "needs_one_run",
+    "one_run_op",
     "one_run_ops",
     "permutation_seconds",
+    "plain_cluster",
     "reorder_seconds",
     "ring_axis_of",
     "ring_axis_of_plan",
@@ -104,6 +107,13 @@ def zigzag_cluster(cluster: Cluster, axis: int) -> ZigzagCluster:
     return ZigzagCluster(cluster.profile, cluster.nodes, cluster.mesh_shape, cluster.axis_names, axis)
 
 
+def plain_cluster(cluster: Cluster) -> Cluster:
+    """The cluster a :class:`ZigzagCluster` reorders on one axis (``cluster`` itself when it is plain)."""
+    if not isinstance(cluster, ZigzagCluster):
+        return cluster
+    return Cluster(cluster.profile, cluster.nodes, cluster.mesh_shape, cluster.axis_names)
+
+
 def zigzag_axis_of(cluster: Cluster) -> int | None:
     """The mesh axis a cluster prices in the zigzag layout, else None."""
     return cluster.zigzag_axis if isinstance(cluster, ZigzagCluster) else None
@@ -135,7 +145,7 @@ def ring_seconds(
     ``layout``: ``"contiguous"`` prices rings off the cluster's zigzag axis contiguous, ``"zigzag"`` or
     ``"auto"`` balanced; ``precision`` (``CostOptions.precision``): the bytes per element the hops carry."""
     zigzag = zigzag_axis_of(cluster)
-    if zigzag is not None and _needs_one_run(info, strategy, zigzag):
+    if zigzag is not None and needs_one_run(info, strategy, zigzag):
         return math.inf, math.inf
     if _SDPA not in info.target or len(inputs) < 3:
         return 0.0, 0.0
@@ -246,17 +256,23 @@ losses, triangular masks, expert ranges): under zigzag a device holds two runs, 
 
 
 def one_run_ops(infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy], axis: int) -> list[str]:
-    return [infos[name].module or name for name, s in chosen.items() if _needs_one_run(infos[name], s, axis)]
+    return [infos[name].module or name for name, s in chosen.items() if needs_one_run(infos[name], s, axis)]
 
 
-def _needs_one_run(info: NodeInfo, strategy: OpStrategy, axis: int) -> bool:
-    """Whether the op reads one run of a dim its strategy splits on ``axis`` (``_ONE_RUN``)."""
-    if not any(op in info.target for op in _ONE_RUN):
+def needs_one_run(info: NodeInfo, strategy: OpStrategy, axis: int) -> bool:
+    """Whether the op reads one run of a dim its strategy splits on ``axis`` (``_ONE_RUN``): a
+    :class:`ZigzagCluster` on ``axis`` refuses that strategy."""
+    if not one_run_op(info):
         return False
     if "embedding" in info.target:  # a lookup reads only its table's vocab offset (ids may split freely)
         table = strategy.inputs[0] if strategy.inputs else None
         return table is not None and table.placements[axis] == Shard(0)
     return any(spec is not None and isinstance(spec.placements[axis], Shard) for spec in strategy.inputs)
+
+
+def one_run_op(info: NodeInfo) -> bool:
+    """Whether some strategy of the node may need one run of a split dim (:func:`needs_one_run`)."""
+    return any(op in info.target for op in _ONE_RUN)
 
 
 def ring_axis_of(infos: Mapping[str, NodeInfo], info: NodeInfo, strategy: OpStrategy) -> int | None:

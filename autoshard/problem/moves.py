@@ -70,11 +70,13 @@ class StepCache:
     placement objects; many edges of a transformer share shapes and spec pairs and so share entries.
     """
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, specs: StepCache | None = None) -> None:
+        """``specs``: a cache whose spec ids this one shares (a zigzag cluster's with its plain cluster's, so
+        the build caches' entries that hold ids mean the same specs: problem/shared.py)."""
         self.cluster = cluster
         self.mesh_shape = cluster.mesh_shape
-        self._ids: dict[ShardingSpec, int] = {}
-        self._specs: list[ShardingSpec] = []
+        self._ids: dict[ShardingSpec, int] = {} if specs is None else specs._ids
+        self._specs: list[ShardingSpec] = [] if specs is None else specs._specs
         self._steps: dict[tuple, tuple[Step, ...] | None] = {}
         self._times: dict[tuple, float] = {}
         self.prices = PriceTable.for_cluster(cluster)  # whole edge matrices at once (the builder's hot path)
