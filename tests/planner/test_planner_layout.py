@@ -145,7 +145,7 @@ def test_under_a_binding_budget_the_stop_at_the_bound_keeps_the_best_of_every_la
     plain, zig = (build_problem(captured, c, opts) for c in (cluster, zigzag_cluster(cluster, 2)))
     assert plain.extras is not None and zig.extras is not None
     cheapest = StepCache(zig.cluster, specs=plain.cache)  # the zigzag cluster's own shortest paths
-    shapes = {g.producer: tuple(plain.infos[g.producer].outputs[0].shape) for g in plain.extras.gathers}
+    shapes = {g.producer: tuple(plain.infos[g.producer].outputs[0].shape) for g in plain.extras.gathers}  # type: ignore[union-attr]
     assert any(
         _gathered(cheapest, h, w, shapes[g.producer], 4) != size
         for g in plain.extras.gathers
