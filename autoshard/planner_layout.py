@@ -149,7 +149,7 @@ class _Search:
         self.built, self.bound, self.rebuild = built, bound, rebuild
         self.method, self.time_limit, self.ceiling = method, time_limit, ceiling
         self.options = dataclasses.replace(built.options, cp_layout="contiguous")
-        self.reach = bound.objective * (1 + TIE)
+        self.reach = bound.lower_bound * (1 + TIE)  # B's optimum when proven, else its proven bound
         self.ring = _ring_variable(built)
         self.best: _Found | None = None
         self.proven: tuple[BuiltProblem, Solution] | None = None  # C and its optimum, proven: (F2) holds
