@@ -27,14 +27,15 @@ What the search stands on (prices: problem/context.py, problem/pricing.py, probl
      optimum >= the best so far.  Where one variable holds every ring strategy (LLaMA: the collapsed
      blocks' attention), "rings on ``a``" is that variable's choice, and Z_a's problem is solved with it
      held to its rings on ``a`` (a smaller problem); the answer is a plan of the whole Z_a problem.
-(F3) Memory: B, C and Z_a hold the same node and temporary memory, but a gathered FSDP weight's size is the
-     largest all-gather on the *cheapest* path (problem/extras.py), which under Z_a may gather more or less
-     (LLaMA-3-8B's Z_2: more; LLaMA-3-70B's Z_0..2: less).  So (F2) under a budget needs "fits under Z_a =>
-     fits under C": :func:`_memory_covers` checks every gathered size of Z_a is at least C's, unless C's
-     optimum is its optimum without the budget (then below every plan's price, fitting or not).  Caveat, as
-     before: the stop at the balanced bound takes B's budgeted optimum as a bound on every layout's; with a
-     binding budget and a zigzag path that gathers less, that is the model's premise, not proven (proving
-     it rebuilds and solves every layout: LLaMA-3-70B x 2.5).
+(F3) Memory: B(p), C(p) and Z_a(p) hold the same bytes for every plan p.  Node and temporary figures read
+     no collective price and no layout (a zigzag cluster's come from its plain cluster's cache,
+     problem/shared.py), and a gathered FSDP weight's size is the largest all-gather on the path the
+     emitted program runs, which codegen plans on the plain cluster whatever the layout (problem/extras.py:
+     its zigzag cheapest path may gather other sizes, LLaMA-3-70B's Z_0..2 less, but is not what runs).
+     So p fits the budget under Z_a iff under C iff under B, and with a budget: B's budgeted optimum is at
+     most every layout's (a plan that fits under Z_a fits under B, priced no higher by F1), which makes the
+     stop at the balanced bound exact; and (F2) holds among the plans that fit (such a p that rings
+     nowhere on ``a`` fits under C too, so Z_a(p) >= C(p) >= C's budgeted optimum).
 
 The search, after solving B.  When B's optimum rings on no axis, C prices it the same and it is the
 optimum, layout contiguous: nothing more is solved (``"zigzag"`` asked too: a plan without a ring has no
@@ -42,13 +43,14 @@ context axis and reorders nothing).  Otherwise:
 
 1. C (``"auto"`` only; it shares B's build cache, :mod:`autoshard.problem.shared`): the bound's own plan
    priced in C (no solve) reaching the bound makes C optimal (LLaMA-3-70B), else C is solved;
-2. Z_a for the bound's ring axis, then for the other axes, while the best is above the bound.  A *lower
-   bound* first, without a rebuild where (F2) needs none: B with the strategies Z_a refuses masked and the
-   ring variable held to rings on ``a``, solved without the budget (below Z_a's optimum over those plans
-   whatever fits, by F1; the other axes first together, with the ring held to any of them); at or above
-   the best, Z_a is skipped.  Else Z_a is rebuilt (its build cache reuses every figure no collective on
-   ``a`` prices), its bound plan priced, and it is solved below the best.  LLaMA-3-8B on 2 x 4 x 8: B
-   1.1537 (ring on axis 2), C 1.1543, Z_2 held to its ring 1.1554; Z_0, Z_1 at least 1.193, never built.
+2. Z_a for the bound's ring axis, then for the other axes, while the best is above the bound.  With C's
+   optimum proven (F2 holds, under a budget too by F3), a *lower bound* first, without a rebuild: B with
+   the strategies Z_a refuses masked and the ring variable held to rings on ``a``, solved without the
+   budget (below Z_a's optimum over those plans whatever fits, by F1; the other axes first together, with
+   the ring held to any of them); at or above the best, Z_a is skipped.  Else Z_a is rebuilt (its build
+   cache reuses every figure no collective on ``a`` prices), its bound plan priced, and it is solved below
+   the best.  LLaMA-3-8B on 2 x 4 x 8: B 1.1537 (ring on axis 2), C 1.1543, Z_2 held to its ring 1.1554;
+   Z_0, Z_1 at least 1.193, never built.
 
 ``"zigzag"`` asked solves only the zigzag problems (no C, so no dominance).  Pipelined plans are not searched
 so: the stage search prices rings balanced and :func:`~autoshard.problem.context.choose_layout` picks the
@@ -147,7 +149,7 @@ class _Search:
         self.built, self.bound, self.rebuild = built, bound, rebuild
         self.method, self.time_limit, self.ceiling = method, time_limit, ceiling
         self.options = dataclasses.replace(built.options, cp_layout="contiguous")
-        self.reach = bound.objective * (1 + TIE)
+        self.reach = bound.lower_bound * (1 + TIE)  # B's optimum when proven, else its proven bound
         self.ring = _ring_variable(built)
         self.best: _Found | None = None
         self.proven: tuple[BuiltProblem, Solution] | None = None  # C and its optimum, proven: (F2) holds
@@ -191,7 +193,7 @@ class _Search:
     def zigzag(self, a: int) -> None:
         label, cluster = f"zigzag on axis {a}", zigzag_cluster(self.built.cluster, a)
         top = self._top()
-        held = self._held()
+        held = self.proven is not None  # (F2), under a budget too (F3)
         if held and self._bounded((a,), label, top):
             return
         try:
@@ -199,10 +201,6 @@ class _Search:
         except AutoshardError as e:
             self._fail(label, cluster, e)
             return
-        if not held and self.proven is not None:
-            held = _memory_covers(cand, self.proven[0])  # (F3): fits under Z_a => fits under C
-            if held and self._bounded((a,), label, top):
-                return
         found = _bound_plan(self.built, self.bound, cand)
         if found is None or found.objective > self.reach or found.objective >= top:
             try:
@@ -230,14 +228,10 @@ class _Search:
         """A later layout must be strictly below this (the tie rule)."""
         return math.inf if self.best is None else self.best.cost * (1 - TIE)
 
-    def _held(self) -> bool:
-        """(F2) with (F3) settled without a rebuild: C's optimum proven, and its optimum without the budget."""
-        return self.proven is not None and _unbudgeted(self.proven[0].problem, self.proven[1])
-
     def bounded(self, axes: tuple[int, ...]) -> bool:
         """Whether every layout zigzag on one of ``axes`` is skipped by one lower bound (:meth:`_bounded`)."""
         label = f"zigzag on axes {', '.join(map(str, axes))}"
-        return self._held() and self._bounded(axes, label, self._top())
+        return self.proven is not None and self._bounded(axes, label, self._top())
 
     def _bounded(self, axes: tuple[int, ...], label: str, top: float) -> bool:
         """Whether B's optimum over the plans a zigzag on one of ``axes`` could win with (its refusals masked,
@@ -282,34 +276,6 @@ class _Search:
         noted = dataclasses.replace(best.built, notes=(*best.built.notes, note))
         # without pins the unpinned problem stays the same object: ranked() then re-solves nothing for its price
         return noted if best.free is best.built else best.free, noted, best.solution
-
-
-def _unbudgeted(problem: SearchProblem, solution: Solution) -> bool:
-    """Whether ``solution`` is its problem's optimum without the memory budget (it fit): below every plan's
-    price, whatever fits."""
-    if problem.memory_limit is None:
-        return True
-    return solution.budget_binding is False and not solution.method.endswith("+peak")
-
-
-def _memory_covers(z: BuiltProblem, c: BuiltProblem) -> bool:
-    """Whether every plan holds at least as much memory under ``z`` as under ``c`` (module doc, F3): the same
-    node and temporary terms, and every FSDP weight gathered at least as large."""
-    p, q, zx, cx = z.problem, c.problem, z.extras, c.extras
-    if z.variables != c.variables or p.memory is None or q.memory is None or zx is None or cx is None:
-        return False
-    nodes = all(np.array_equal(p.memory[i], q.memory[i]) for i in range(len(c.variables)))
-    if not nodes or not all(np.array_equal(x, y) for x, y in zip(zx.temporary, cx.temporary, strict=True)):
-        return False
-    if len(zx.gathers) != len(cx.gathers):
-        return False
-    for g, h in zip(zx.gathers, cx.gathers, strict=True):
-        same = (g.producer, g.consumer) == (h.producer, h.consumer) and g.sizes.keys() == h.sizes.keys()
-        if not (same and np.array_equal(g.have, h.have) and np.array_equal(g.want, h.want)):
-            return False
-        if any(g.sizes[k] < h.sizes[k] for k in h.sizes):
-            return False
-    return True
 
 
 def _ring_variable(built: BuiltProblem) -> str | None:

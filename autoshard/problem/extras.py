@@ -10,6 +10,13 @@ Gathered weights.  A parameter stored with spec ``h`` and read by a consumer tha
 all-gathered before use when ``h -> w`` has an all-gather step; the gathered buffer (``Step.nbytes`` of the
 last gather: the tensor unsharded over that axis, in the dtype it is gathered in --
 :func:`~autoshard.problem.autocast.moved_itemsize`: bf16 under the amp recipe) lives while the consumer runs.
+The path is the one the emitted program runs: codegen lowers every edge with
+:func:`~autoshard.problem.moves.edge_steps` on the plan's *plain* cluster
+(:func:`autoshard.codegen.parallelize.plan_cluster`: a Plan records no sequence layout in its cluster),
+and the zigzag layout only adds its reordering copies to those steps (codegen/collectives.py).  So on a
+:class:`~autoshard.problem.context.ZigzagCluster`, whose raised move prices may pick other (cheapest) paths
+gathering other sizes, the sizes are still the plain cluster's paths' (:func:`runtime_steps`): a plan's
+gathered memory does not depend on its sequence layout (planner_layout.py, F3).
 The size depends on the *pair* of strategies, so each such parameter use gets an auxiliary node whose states
 are the pairs ``(w, b)`` of a wanted spec and a buffer size that occur: an edge to the consumer allows only states with
 its ``w``, an edge to the parameter only states whose ``b`` is what its ``h`` gathers into that ``w``
@@ -39,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.problem.autocast import moved_itemsize
+from autoshard.problem.context import plain_cluster
 from autoshard.problem.costs import CostOptions, _local_bytes
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.moves import StepCache
@@ -48,7 +56,7 @@ from autoshard.search.problem import format_bytes
 from autoshard.strategies import OpStrategy
 from cost_models.memory import PrecisionPolicy
 
-__all__ = ["GatherNode", "MemoryExtras", "extra_memory", "memory_extras"]
+__all__ = ["GatherNode", "MemoryExtras", "extra_memory", "memory_extras", "runtime_steps"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +139,14 @@ def memory_extras(
     prefetch = 1 + opts.overlap.prefetch
     precision = opts.precision
     if shared is None:
-        gathers = _gathers(uses, infos, template, strategies, cache, prefetch, precision)
+        gathers = _gathers(uses, infos, template, strategies, runtime_steps(cache), prefetch, precision)
     else:
-        gathers = shared.get(
+        owner = shared if shared.base is None else shared.base  # a zigzag cluster's: its plain cluster's
+        steps = runtime_steps(owner.steps)
+        gathers = owner.get(
             "gathers",
             (prefetch, precision),
-            lambda: _gathers(uses, infos, template, strategies, cache, prefetch, precision),
+            lambda: _gathers(uses, infos, template, strategies, steps, prefetch, precision),
         )
     temporary = tuple(_temporary(infos[v], strategies[v], keeps, opts, cache, shared) for v in variables)
     layers = {infos[g.producer].block[0] for g in gathers if infos[g.producer].block is not None}  # type: ignore[index]
@@ -147,6 +157,13 @@ def memory_extras(
             "upper bound: FSDP holds 1 + prefetch layers at a time); plan with blocks='auto' to count them once",
         )
     return MemoryExtras(gathers, offset, temporary, notes)
+
+
+def runtime_steps(cache: StepCache) -> StepCache:
+    """The step cache whose paths the emitted program runs: ``cache`` itself, or for a zigzag cluster its plain
+    cluster's, with the same spec ids (codegen lowers on the plain cluster: module doc)."""
+    plain = plain_cluster(cache.cluster)
+    return cache if plain is cache.cluster else StepCache(plain, specs=cache)
 
 
 def _gathers(

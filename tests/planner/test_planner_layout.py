@@ -20,9 +20,9 @@ from autoshard.runtime.verify import cluster_for
 class Causal(nn.Module):
     """One head over a long sequence: only a ring splits it."""
 
-    def __init__(self) -> None:
+    def __init__(self, d: int = 32) -> None:
         super().__init__()
-        self.proj, self.back = nn.Linear(32, 96), nn.Linear(32, 32)
+        self.proj, self.back = nn.Linear(d, 3 * d), nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.proj(x).unsqueeze(1).chunk(3, dim=-1)
@@ -90,8 +90,8 @@ def test_the_bound_plan_priced_under_a_layout_bounds_it_and_keeps_the_optimum(
 def test_the_layout_problems_bound_and_dominate_one_another_plan_by_plan() -> None:
     """The facts the search stands on (planner_layout.py F1-F3), checked on random plans of a 4-layer LLaMA on
     a 2 x 2 x 2 mesh: the balanced bound prices every plan at most as C and each Z_a do; a plan that rings
-    on no node over ``a`` costs at least as much under Z_a as under C; and where ``_memory_covers`` says so,
-    it holds at least as much memory under Z_a."""
+    on no node over ``a`` costs at least as much under Z_a as under C; and every plan holds the same memory
+    under B, C and each Z_a (so a budget refuses the same plans under every layout)."""
     from autoshard.capture import capture
     from autoshard.problem.build import build_problem
     from autoshard.problem.context import ring_axis_of, zigzag_cluster
@@ -107,8 +107,9 @@ def test_the_layout_problems_bound_and_dominate_one_another_plan_by_plan() -> No
     assert ring is not None
     rng = np.random.default_rng(0)
     for a in range(3):
-        zig = build_problem(captured, zigzag_cluster(cluster, a), CostOptions(cp_layout="contiguous"))
-        covers = layout._memory_covers(zig, contiguous)
+        zig = build_problem(
+            captured, zigzag_cluster(cluster, a), CostOptions(cp_layout="contiguous"), memory_limit=1e12
+        )
         rings_on_a = 0
         for _ in range(150):
             choice = [int(rng.integers(len(bound.strategies[v]))) for v in bound.variables]
@@ -119,7 +120,55 @@ def test_the_layout_problems_bound_and_dominate_one_another_plan_by_plan() -> No
                 rings_on_a += 1
             else:
                 assert prices[2] >= prices[1]  # F2
-            if covers:
-                memories = [memory_of(b.problem, b.full_choice(choice)) for b in (contiguous, zig)]
-                assert memories[1] >= memories[0]  # F3
+            memories = [memory_of(b.problem, b.full_choice(choice)) for b in (bound, contiguous, zig)]
+            assert memories[0] == memories[1] == memories[2]  # F3
         assert 0 < rings_on_a < 150
+
+
+def test_under_a_binding_budget_the_stop_at_the_bound_keeps_the_best_of_every_layout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """F3 with the budget binding.  The zigzag cluster's cheapest path of a weight gathers other sizes than
+    the plain cluster's, but the plain one is what runs (codegen lowers a zigzag plan on the plain cluster),
+    so every layout's problem prices those: the search's answer is the best of every layout solved in full."""
+    from autoshard.capture import capture
+    from autoshard.codegen.parallelize import plan_cluster
+    from autoshard.problem.build import build_problem
+    from autoshard.problem.context import zigzag_axis_of, zigzag_cluster
+    from autoshard.problem.costs import CostOptions, StepCache
+    from autoshard.problem.extras import _gathered
+
+    model, args = Causal(1024).to("meta"), (torch.randn(8, 4096, 1024, device="meta"),)
+    cluster = autoshard.load_cluster("a100x8", nodes=2, mesh=(2, 2, 4))
+    opts = CostOptions(cp_layout="contiguous")
+    captured = capture(model, args)
+    plain, zig = (build_problem(captured, c, opts) for c in (cluster, zigzag_cluster(cluster, 2)))
+    assert plain.extras is not None and zig.extras is not None
+    cheapest = StepCache(zig.cluster, specs=plain.cache)  # the zigzag cluster's own shortest paths
+    shapes = {g.producer: tuple(plain.infos[g.producer].outputs[0].shape) for g in plain.extras.gathers}  # type: ignore[union-attr]
+    assert any(
+        _gathered(cheapest, h, w, shapes[g.producer], 4) != size
+        for g in plain.extras.gathers
+        for (h, w), size in g.sizes.items()
+    ), "no gather whose zigzag path differs: F3 would hold here without the runtime's paths"
+    assert zig.extras.gathers is plain.extras.gathers
+
+    free = autoshard.plan(model, cluster, args, memory_limit=float("inf"))
+    limit = 0.98 * free.memory_per_device
+    plan = autoshard.plan(model, cluster, args, memory_limit=limit)
+    assert plan.memory_per_device <= limit and plan.solver.objective > free.solver.objective  # it binds
+    assert plan.solver.optimal and any("layout searched" in n for n in plan.notes)
+    if plan.context_layout == "zigzag":
+        assert zigzag_axis_of(plan_cluster(plan)) is None  # what parallelize lowers on
+
+    contiguous = layout._Search.contiguous
+
+    def everything(
+        self: Any,
+    ) -> None:  # no stop at the bound, no dominance: every layout solved below the best
+        contiguous(self)
+        self.reach, self.proven = -1.0, None
+
+    monkeypatch.setattr(layout._Search, "contiguous", everything)
+    full = autoshard.plan(model, cluster, args, memory_limit=limit)
+    assert plan.solver.objective == pytest.approx(full.solver.objective, rel=1e-12)

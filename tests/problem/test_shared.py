@@ -190,3 +190,8 @@ def test_a_zigzag_build_reuses_the_plain_clusters_figures_bit_for_bit(llama, mon
         alone.prices = PriceTable(zig)  # no plain cluster's graphs either
         assert _arrays(shared) == _arrays(build_problem(captured, zig, opts, cache=alone)), axis
         _node_arrays_match_scalar_pricing(shared)
+        # FSDP gathers run on the plain cluster's paths whatever the layout (codegen lowers there): the
+        # zigzag build's gather nodes are the plain build's own
+        plain = build_problem(captured, cluster, opts)
+        assert shared.extras is not None and plain.extras is not None
+        assert shared.extras.gathers is plain.extras.gathers
