@@ -21,8 +21,9 @@ What keys what (so nothing that changes a price can hit a stale entry):
   up to one per mesh axis): the kinds in :data:`COLLECTIVE_FREE` and each node's compute, casts,
   optimizer and memory figures come from there (problem/arrays.py prices only its dispatch and output
   reduction again), its spec ids are the plain cache's (one interning), and its layout graphs are the
-  plain ones with the moves on its axis repriced (problem/pricing.py).  Edge and fan-out tables and
-  gathered sizes are priced again: a raised move price changes shortest paths and the paths' gathers.
+  plain ones with the moves on its axis repriced (problem/pricing.py).  Edge and fan-out tables are
+  priced again (a raised move price changes shortest paths); gathered FSDP sizes are the plain cache's,
+  the path the runtime gathers on (problem/extras.runtime_steps).
   ``tests/problem/test_shared.py`` checks such a build against one sharing nothing, bit for bit;
 - ``CostOptions.training``, ``shard_optimizer`` and ``precision`` change stored per-node figures and key
   them (:func:`node_key`); ``training`` also keys the fan-out elements and edge tables, and
