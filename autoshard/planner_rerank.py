@@ -63,7 +63,7 @@ from autoshard.errors import InfeasibleError
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
-from autoshard.problem.unpaid import unpaid, unpaid_edges
+from autoshard.problem.unpaid import tail_backward, unpaid, unpaid_edges
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, evaluate, solve
 
 __all__ = ["RANK_TOLERANCE", "by_step", "hand_plan_masks", "lower_bound_problem", "rank_plan"]
@@ -91,12 +91,15 @@ def lower_bound_problem(built: BuiltProblem) -> SearchProblem | None:
         tu, tv, which, pos = record.use
         edge = edges[record.edge]
         forward = None
-        if record.gathers:
+        if record.gathers or record.sync:
             src, dst = built.strategies[tu], built.strategies[tv]
             forward = edge_matrix(built.infos[tu], which, src, dst, pos, forward_only, built.cache)
         hide = unpaid(edge.cost, forward, record)
         edges[record.edge] = Edge(edge.u, edge.v, np.maximum(edge.cost - hide, 0.0))  # inf stays inf
-    return dataclasses.replace(problem, edges=tuple(edges))
+    costs = list(problem.node_costs)
+    for i, seconds in tail_backward(built).items():  # backward after the last sync hides part of it
+        costs[i] = np.where(np.isfinite(costs[i]), np.maximum(costs[i] - seconds, 0.0), costs[i])
+    return dataclasses.replace(problem, edges=tuple(edges), node_costs=tuple(costs))
 
 
 def _without_tie_break(built: BuiltProblem) -> SearchProblem:

@@ -10,14 +10,19 @@ another, each stream in issue order:
 1. **Tensor- and sequence-parallel collectives are exposed.**  The next op needs their result; unless the plan
    asks for async TP (``OverlapPolicy.async_tp``: collective matmul, torch's ``_micro_pipeline_tp``), they add
    to the step in full.
-2. **Gradient synchronisation overlaps the rest of backward.**  Backward visits layers L … 1.  Gradients are
-   grouped, in that order, into buckets of at least ``bucket_bytes`` (DDP's ``bucket_cap_mb``; FSDP2 buckets
-   per module, i.e. per layer).  A bucket's reduction (all-reduce or reduce-scatter) is issued when the
-   backward of its last layer ends and runs on the communication stream after the previous bucket's.  The
-   communication stream's finish time minus the compute stream's is exposed.  For L identical layers, each
-   with backward compute c and reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward
-   compute after the last layer (embedding): the last bucket always shows, the others only where they are
-   slower than the compute that hides them (:func:`exposed_sync_repeated`).
+2. **Gradient synchronisation overlaps the rest of backward.**  Backward visits the step's units -- the
+   repeated layers L … 1 and every op outside them (an MLP's fc2, then fc1; a transformer's head, the layers,
+   then the embedding) -- in reverse forward order, and a parameter's gradient is ready when the backward of
+   its first consumer ends (``autoshard.problem.ready``).  Gradients are grouped, in that order, into buckets
+   of at least ``bucket_bytes`` (DDP's ``bucket_cap_mb``; FSDP2 buckets per module, i.e. per layer).  A
+   bucket's reduction (all-reduce or reduce-scatter) is issued when the backward of its last unit ends and
+   runs on the communication stream after the previous bucket's.  The communication stream's finish time
+   minus the compute stream's is exposed.  For L identical layers, each with backward compute c and
+   reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute after the last layer
+   (embedding): the last bucket always shows, the others only where they are slower than the compute that
+   hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data parallelism exposes fc1's sync
+   and whatever of fc2's outlasts fc1's backward; a one-layer model exposes its whole sync (nothing is left
+   to hide it).
 3. **FSDP all-gathers are prefetched** (``prefetch`` layers ahead, FSDP2's default 1): the gather of layer i + 1
    runs under the compute of layer i, so the first is exposed and each other one only beyond that compute:
    ``g_1 + Σ_{i≥2} max(0, g_i − c_{i−1})`` (:func:`exposed_prefetched_gathers`).  Without prefetch every
@@ -33,7 +38,8 @@ The intra-op solver adds per-node and per-edge costs, and ``max(0, s − c)`` co
 its compute, so the solver linearises item 2 for repeated layers: the gradient sync of one copy (the last
 layer's) is priced in full and the other L − 1 copies as hidden.  That is exact while a layer's sync is
 shorter than a layer's backward (the usual regime for large models), and optimistic beyond it; syncs outside
-the repeated layers and FSDP gathers are priced in full.  The plan's predicted step time is this critical
+the repeated layers and FSDP gathers are priced in full (the lower bound the planner proves its step
+against takes out what may hide: ``autoshard.problem.unpaid``).  The plan's predicted step time is this critical
 path (``Plan.predicted_step_time``), so where the linearisation is optimistic the plan says by how much;
 ``Plan.communication_time`` stays the sum of all collectives.
 
@@ -47,17 +53,20 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "DDP_BUCKET_BYTES",
     "OverlapPolicy",
+    "SyncExposure",
     "bucket_layers",
     "exposed_gradient_sync",
     "exposed_prefetched_gathers",
     "exposed_sync_repeated",
+    "sync_schedule",
 ]
 
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -105,6 +114,51 @@ class OverlapPolicy:
         return cls() if data is None else cls(**data)
 
 
+@dataclass(frozen=True, slots=True)
+class SyncExposure:
+    """A step's gradient sync and what of it the step pays (model item 2), as the report states it.
+
+    Attributes:
+        seconds: every gradient reduction of the step.
+        exposed: what backward compute does not hide (part of the predicted step time).
+        last: the parameters of the last bucket, ready only as backward ends (what always shows).
+        last_seconds: that bucket's reduction.
+    """
+
+    seconds: float
+    exposed: float
+    last: tuple[str, ...] = ()
+    last_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.exposed <= self.seconds * (1 + 1e-9) + 1e-12:
+            raise ValueError(
+                f"SyncExposure.exposed must lie in [0, seconds], got {self.exposed} of {self.seconds}"
+            )
+
+    def describe(self, seconds: Callable[[float], str], overlapped: bool = True) -> str:
+        """One line for the report: what is exposed and why; ``seconds`` formats a duration."""
+        head = f"grad sync {seconds(self.seconds)}, {seconds(self.exposed)} exposed"
+        if not overlapped:
+            return f"{head}: reduced after backward (overlap off)"
+        if self.exposed <= 1e-12:
+            return f"grad sync {seconds(self.seconds)}, none exposed: all of it hides under backward"
+        names = ", ".join(self.last[:3]) + (f" +{len(self.last) - 3} more" if len(self.last) > 3 else "")
+        last = f"the last bucket ({names}: {seconds(self.last_seconds)}) is ready only as backward ends"
+        if self.last_seconds >= self.seconds * (1 - 1e-9):
+            return f"{head}: {last}, and nothing is left to hide it"
+        if self.exposed <= self.last_seconds * (1 + 1e-9):
+            return f"{head}: {last}; the rest hides under backward"
+        return f"{head}: {last}; the rest outlasts the backward that hides it"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> SyncExposure | None:
+        if data is None:
+            return None
+        return cls(float(data["seconds"]), float(data["exposed"]), tuple(data.get("last", ())),
+                   float(data.get("last_seconds", 0.0)))  # fmt: skip
+
+
 def bucket_layers(grad_bytes: Sequence[float], bucket_bytes: float) -> list[list[int]]:
     """Group layers (in backward order) into buckets: add layers until a bucket holds ``bucket_bytes``."""
     buckets: list[list[int]] = []
@@ -130,25 +184,41 @@ def exposed_gradient_sync(
 ) -> float:
     """Exposed seconds of gradient reduction (model item 2).
 
-    ``backward[j]`` and ``sync[j]`` are the backward compute and the gradient reduction of the j-th layer *in
-    backward order*; ``grad_bytes[j]`` its gradient bytes (for bucketing; None: one bucket per layer);
-    ``tail_compute`` is backward compute that follows the last layer and hides its reduction too.
+    ``backward[j]`` and ``sync[j]`` are the backward compute and the gradient reduction of the j-th unit (a
+    layer, or an op outside the layers) *in backward order*; ``sync[j]`` becomes ready when ``backward[j]``
+    ends.  ``grad_bytes[j]`` its gradient bytes (for bucketing; None: one bucket per unit);
+    ``tail_compute`` is backward compute that follows the last unit and hides its reduction too.
     """
+    return sync_schedule(backward, sync, policy, grad_bytes, tail_compute)[0]
+
+
+def sync_schedule(
+    backward: Sequence[float],
+    sync: Sequence[float],
+    policy: OverlapPolicy,
+    grad_bytes: Sequence[float] | None = None,
+    tail_compute: float = 0.0,
+) -> tuple[float, list[int]]:
+    """(exposed seconds, the units of the last bucket with a reduction) of :func:`exposed_gradient_sync`.
+
+    The last bucket is what the report names: it is issued only once backward has (almost) ended.  Without
+    overlap every unit with a reduction is listed (all run after backward)."""
     if len(backward) != len(sync):
         raise ValueError(f"need one backward time per sync time, got {len(backward)} and {len(sync)}")
-    total_sync = sum(sync)
+    members = [j for j, s in enumerate(sync) if s > 0]  # a bucket holds gradients that are reduced
     if not policy.overlap_grad_sync:
-        return total_sync
-    groups = (
-        [[j] for j in range(len(sync))]
-        if grad_bytes is None
-        else bucket_layers(grad_bytes, policy.bucket_bytes)
-    )
-    clock = comm_end = 0.0
-    for group in groups:
-        clock += sum(backward[j] for j in group)  # the bucket is ready when its last layer's backward ends
-        comm_end = max(comm_end, clock) + sum(sync[j] for j in group)
-    return max(0.0, comm_end - (clock + tail_compute))
+        return float(sum(sync)), members
+    nbytes = [1.0] * len(sync) if grad_bytes is None else grad_bytes
+    size = 1.0 if grad_bytes is None else policy.bucket_bytes  # None: one bucket per unit
+    ready = list(itertools.accumulate(backward))  # unit j's gradients are ready when its backward ends
+    comm_end = 0.0
+    last: list[int] = []
+    for group in bucket_layers([nbytes[j] for j in members], size):
+        last = [members[i] for i in group]
+        # issued once its last member is ready (not when the next bucket starts filling), after the one before
+        comm_end = max(comm_end, ready[last[-1]]) + sum(sync[j] for j in last)
+    end = ready[-1] if ready else 0.0
+    return max(0.0, comm_end - (end + tail_compute)), last
 
 
 def exposed_sync_repeated(compute: float, sync: float, layers: int, tail_compute: float = 0.0) -> float:

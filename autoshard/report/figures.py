@@ -131,7 +131,13 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     exposed = plan.predicted_step_time - plan.compute_time
     memory = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in plan.memory_breakdown.items() if v > 0)
     second = f"overlap: {overlap}; {fmt_seconds(exposed)} comm exposed" + (f"; + {memory}" if memory else "")
-    return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ")
+    sync = plan.grad_sync  # what of the gradient sync is exposed and why (problem/step.py)
+    third = (
+        []
+        if sync is None
+        else wrap(sync.describe(fmt_seconds, plan.overlap.overlap_grad_sync), width, "    ", "  ")
+    )
+    return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ") + third
 
 
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
