@@ -14,11 +14,10 @@ of an MLP is ready one layer before fc1, whose backward then hides fc2's sync
 The lower-bound problem (:mod:`autoshard.problem.unpaid`) needs one unit whose sync is surely exposed:
 :meth:`Backward.final` -- layer 0 of a collapsed stack (the solver charges that copy's sync; the other copies
 are hidden), else the unit of the first parameter consumer (nothing before it has a backward to hide it).
-Every unit is a suffix bound's start: the sync of the final unit's bucket and all ready after it, less the
-backward of the units after it, is always exposed.  Which syncs share the final unit's bucket depends on the
-plan (a split gradient is smaller), with one exception the bound uses: when even the most every gradient
-ready before the final unit could sync (:func:`_most_sync_bytes`) stays under one bucket, no bucket can close
-before it, so every sync is in the last bucket and none hides (``Backward.merged``: a small model).
+Every unit is a suffix bound's start: the sync of the final unit and all ready after it, less the backward of
+the units after it, is always exposed.  Syncs ready before the final unit may all hide: even small ones that
+would share the final unit's bucket (a small model) are issued early in a plan whose final unit reduces
+nothing, and which plans do is not a linear term; so the bound is loose there, never above a step.
 
 Example::
 
@@ -28,8 +27,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,7 +51,6 @@ class Backward:
     ready: dict[str, Unit]  # parameter node -> the unit of its first consumer
     collapsed: bool  # a stack of N identical blocks was collapsed (the solver charges one copy's sync)
     index: dict[Unit, int]  # unit -> its position in ``order``
-    merged: bool = False  # every gradient ready before the final unit's surely shares its bucket
 
     def position(self, unit: Unit) -> int:
         return self.index[unit]
@@ -68,7 +64,7 @@ class Backward:
     def hidden(self, parameter: str) -> bool:
         """Whether ``parameter``'s gradient is ready before the final unit's in backward (its sync may hide)."""
         unit, final = self.ready.get(parameter), self.final()
-        if unit is None or final is None or self.merged:
+        if unit is None or final is None:
             return False
         return self.position(unit) > self.position(final)
 
@@ -100,27 +96,7 @@ def backward_units(built: BuiltProblem) -> Backward:
         for name in info.inputs:
             if built.infos[name].kind == "parameter" and name not in ready:
                 ready[name] = unit
-    index = {u: i for i, u in enumerate(order)}
-    units = Backward(tuple(order), ready, collapsed, index)
-    final = units.final()
-    if final is None:
-        return units
-    early = [p for p, u in ready.items() if index[u] > index[final]]  # ready before the final unit's
-    if collapsed:  # layers N-1 … 1 too: every copy of a parameter of the first block
-        first = [p for p in ready if built.infos[p].block is not None and built.infos[p].block[0] == 0]
-        early += first * (built.num_blocks - 1)
-    most = sum(_most_sync_bytes(built, p) for p in early)
-    return dataclasses.replace(units, merged=most < built.options.overlap.bucket_bytes)
-
-
-def _most_sync_bytes(built: BuiltProblem, parameter: str) -> float:
-    """The most gradient bytes any plan can synchronise for ``parameter``: per use, per mesh axis, the whole
-    gradient at 8 bytes an element (no reduction is of more than the whole buffer, fp64 at the widest)."""
-    meta = built.infos[parameter].outputs[0]
-    if meta is None:
-        return math.inf
-    uses = sum(e.weight for e in built.edges if e.producer == parameter) or 1
-    return float(meta.numel * 8 * len(built.cluster.mesh_shape) * uses)
+    return Backward(tuple(order), ready, collapsed, {u: i for i, u in enumerate(order)})
 
 
 def unit_backward(built: BuiltProblem, name: str, strategy: OpStrategy) -> float:
