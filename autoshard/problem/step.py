@@ -83,9 +83,7 @@ def critical_path(
     policy = built.options.overlap
     units = backward_units(built)
     fwd, bwd = _per_layer_compute(built, chosen)
-    sync: dict[Unit, float] = defaultdict(float)
-    sync_bytes: dict[Unit, float] = defaultdict(float)
-    names: dict[Unit, list[str]] = defaultdict(list)
+    syncs: dict[Unit, dict[str, list[float]]] = defaultdict(dict)  # unit -> parameter -> [seconds, bytes]
     gather: dict[int | None, float] = defaultdict(float)
     regather: dict[int | None, float] = defaultdict(float)
     exposed = stray = 0.0
@@ -95,30 +93,31 @@ def critical_path(
             if unit is None or unit not in units.index:  # no consumer in the graph: nothing hides it
                 stray += c.seconds
                 continue
-            sync[unit] += c.seconds
-            sync_bytes[unit] += c.nbytes
-            names[unit].append(c.node)
+            entry = syncs[unit].setdefault(c.node, [0.0, 0.0])
+            entry[0] += c.seconds
+            entry[1] += c.nbytes
         elif c.phase == "forward" and c.kind == "all_gather" and _moves_parameter(built, c):
             gather[c.layer] += c.seconds
         elif c.phase == "regather":  # FSDP's backward re-gathers, prefetched like the forward ones
             regather[c.layer] += c.seconds
         else:
             exposed += c.seconds
-    order = list(reversed(units.order))  # backward visits the last unit first
-    hidden, last = sync_schedule(
-        [bwd.get(u, 0.0) for u in order],
-        [sync.get(u, 0.0) for u in order],
-        policy,
-        grad_bytes=[sync_bytes.get(u, 0.0) for u in order],
-    )
-    total = sum(sync.values()) + stray
+    # backward visits the last unit first; inside a unit, every gradient is ready as its backward ends and
+    # joins its bucket in the runtime's order (reverse registration: a linear's bias, then its weight)
+    backward, seconds, nbytes, names = [], [], [], []
+    for u in reversed(units.order):
+        members = list(reversed(syncs[u].items())) if u in syncs else [("", [0.0, 0.0])]
+        for k, (name, (sec, size)) in enumerate(members):
+            backward.append(bwd.get(u, 0.0) if k == 0 else 0.0)
+            seconds.append(sec)
+            nbytes.append(size)
+            names.append(name)
+    hidden, last = sync_schedule(backward, seconds, policy, grad_bytes=nbytes)
+    total = sum(seconds) + stray
     grad_sync = None
     if total > 0:
         grad_sync = SyncExposure(
-            total,
-            hidden + stray,
-            tuple(n for j in last for n in names[order[j]]),
-            sum(sync[order[j]] for j in last),
+            total, hidden + stray, tuple(names[j] for j in last), sum(seconds[j] for j in last)
         )
     exposed += hidden + stray
     layers = sorted(
