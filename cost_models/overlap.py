@@ -53,7 +53,6 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +61,7 @@ __all__ = [
     "DDP_BUCKET_BYTES",
     "OverlapPolicy",
     "SyncExposure",
+    "SyncStream",
     "bucket_layers",
     "exposed_gradient_sync",
     "exposed_prefetched_gathers",
@@ -205,20 +205,67 @@ def sync_schedule(
     overlap every unit with a reduction is listed (all run after backward)."""
     if len(backward) != len(sync):
         raise ValueError(f"need one backward time per sync time, got {len(backward)} and {len(sync)}")
-    members = [j for j, s in enumerate(sync) if s > 0]  # a bucket holds gradients that are reduced
     if not policy.overlap_grad_sync:
-        return float(sum(sync)), members
-    nbytes = [1.0] * len(sync) if grad_bytes is None else grad_bytes
-    size = 1.0 if grad_bytes is None else policy.bucket_bytes  # None: one bucket per unit
-    ready = list(itertools.accumulate(backward))  # unit j's gradients are ready when its backward ends
-    comm_end = 0.0
-    last: list[int] = []
-    for group in bucket_layers([nbytes[j] for j in members], size):
-        last = [members[i] for i in group]
-        # issued once its last member is ready (not when the next bucket starts filling), after the one before
-        comm_end = max(comm_end, ready[last[-1]]) + sum(sync[j] for j in last)
-    end = ready[-1] if ready else 0.0
-    return max(0.0, comm_end - (end + tail_compute)), last
+        return float(sum(sync)), [j for j, s in enumerate(sync) if s > 0]
+    stream = SyncStream(policy.bucket_bytes if grad_bytes is not None else 0.0)
+    for j, (b, s) in enumerate(zip(backward, sync, strict=True)):
+        stream.add(b, s, grad_bytes[j] if grad_bytes is not None else 0.0, j)
+    return stream.exposed(tail_compute), stream.last()
+
+
+class SyncStream:
+    """The gradient-sync stream of model item 2, fed unit by unit in backward order (one rule for the
+    intra-op step and the pipeline's stages, which extend a stream layer by layer and copy it).
+
+    ``add(backward, seconds, nbytes)``: a unit whose backward takes ``backward`` and then makes gradients
+    that reduce in ``seconds`` (``nbytes`` of them; 0 s: nothing to reduce).  Reducing gradients join the
+    open bucket, which is issued once it holds ``bucket_bytes`` (0: every unit its own bucket) after the
+    bucket before it; the last, partly filled bucket is issued when its last member is ready."""
+
+    def __init__(self, bucket_bytes: float) -> None:
+        self.bucket_bytes = bucket_bytes
+        self.clock = self.comm_end = 0.0  # backward so far; when the issued buckets finish
+        self.held = self.pending = self.ready = (
+            0.0  # the open bucket: bytes, seconds, its last member's ready
+        )
+        self.members: list[int] = []  # the open bucket's units (or the last issued one's)
+        self.closed = True  # whether ``members`` is an issued bucket's
+
+    def copy(self) -> SyncStream:
+        twin = SyncStream(self.bucket_bytes)
+        twin.clock, twin.comm_end, twin.held, twin.pending = (
+            self.clock,
+            self.comm_end,
+            self.held,
+            self.pending,
+        )
+        twin.ready, twin.members, twin.closed = self.ready, list(self.members), self.closed
+        return twin
+
+    def add(self, backward: float, seconds: float, nbytes: float, unit: int = -1) -> None:
+        self.clock += backward
+        if seconds <= 0:
+            return
+        if self.closed:
+            self.members, self.closed = [], False
+        self.members.append(unit)
+        self.held, self.pending, self.ready = self.held + nbytes, self.pending + seconds, self.clock
+        if self.held >= self.bucket_bytes:
+            self._issue()
+
+    def _issue(self) -> None:
+        self.comm_end = max(self.comm_end, self.ready) + self.pending
+        self.held = self.pending = 0.0
+        self.closed = True
+
+    def exposed(self, tail_compute: float = 0.0) -> float:
+        """Seconds the stream finishes after the backward (plus ``tail_compute``), the open bucket issued."""
+        end = max(self.comm_end, self.ready) + self.pending if self.pending > 0 else self.comm_end
+        return max(0.0, end - (self.clock + tail_compute))
+
+    def last(self) -> list[int]:
+        """The units of the last bucket (open or issued)."""
+        return list(self.members)
 
 
 def exposed_sync_repeated(compute: float, sync: float, layers: int, tail_compute: float = 0.0) -> float:
