@@ -15,8 +15,7 @@ Why: the solver minimises a *linear* step model (node + edge costs), the report 
 * a repeated layer's parameter gathers (FSDP forward gathers and backward re-gathers) are charged on every
   copy: the critical path prefetches them and exposes at least one copy;
 * a sync outside the repeated layers is charged in full: the critical path hides it under the backward after
-  it when its gradient is ready before the last unit's (an MLP's fc2, a transformer's head), and the last
-  unit's under the backward that follows it (:mod:`autoshard.problem.unpaid` takes out both).
+  it when its gradient is ready before the last unit's (an MLP's fc2, a transformer's head).
 
 So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`: the gathers beyond one copy, a
 move several consumers may share beyond 1/m, the syncs that may hide; and the memory tie-break) is a lower bound
@@ -66,7 +65,7 @@ from autoshard.errors import InfeasibleError
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
-from autoshard.problem.unpaid import tail_backward, unpaid, unpaid_edges
+from autoshard.problem.unpaid import unpaid, unpaid_edges
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, evaluate, solve
 
 __all__ = ["RANK_TOLERANCE", "by_step", "hand_plan_masks", "lower_bound_problem", "rank_plan"]
@@ -99,10 +98,7 @@ def lower_bound_problem(built: BuiltProblem) -> SearchProblem | None:
             forward = edge_matrix(built.infos[tu], which, src, dst, pos, forward_only, built.cache)
         hide = unpaid(edge.cost, forward, record)
         edges[record.edge] = Edge(edge.u, edge.v, np.maximum(edge.cost - hide, 0.0))  # inf stays inf
-    costs = list(problem.node_costs)
-    for i, seconds in tail_backward(built).items():  # backward after the last sync hides part of it
-        costs[i] = np.where(np.isfinite(costs[i]), np.maximum(costs[i] - seconds, 0.0), costs[i])
-    return dataclasses.replace(problem, edges=tuple(edges), node_costs=tuple(costs))
+    return dataclasses.replace(problem, edges=tuple(edges))
 
 
 def _without_tie_break(built: BuiltProblem) -> SearchProblem:

@@ -171,12 +171,13 @@ def _sync_tables(
     fed to one :class:`~cost_models.overlap.SyncStream` in backward order as ``critical_path`` feeds it."""
     policy = built.options.overlap
     outside = [u for u in units.order if isinstance(u, str)]
-    backward = {u: unit_backward(built, u, chosen[built.template[u]]) for u in outside}
+    backward = {  # what hides syncs: not the backward after the final unit's (autoshard.problem.ready)
+        u: unit_backward(built, u, chosen[built.template[u]]) if units.hides(u) else 0.0 for u in outside
+    }
 
     def feed(stream: SyncStream, unit: Unit, seconds: float) -> None:
-        members = list(reversed(syncs[unit].values())) if unit in syncs else [[0.0, 0.0]]
-        for j, (sec, size) in enumerate(members):  # every gradient is ready as the unit's backward ends
-            stream.add(seconds if j == 0 else 0.0, sec, size)
+        members = syncs[unit].values() if unit in syncs else ()
+        stream.add(seconds, sum(s for s, _ in members), sum(b for _, b in members))  # as critical_path
 
     tables: dict[tuple[bool, bool], tuple[float, ...]] = {}
     for pre, post in itertools.product((False, True), repeat=2):

@@ -14,8 +14,12 @@ of an MLP is ready one layer before fc1, whose backward then hides fc2's sync
 The lower-bound problem (:mod:`autoshard.problem.unpaid`) needs one unit whose sync is surely exposed:
 :meth:`Backward.final` -- layer 0 of a collapsed stack (the solver charges that copy's sync; the other copies
 are hidden), else the unit of the first parameter consumer (nothing before it has a backward to hide it).
-Every unit is a suffix bound's start: the sync of the final unit and all ready after it, less the backward of
-the units after it, is always exposed.  Syncs ready before the final unit may all hide: even small ones that
+The backward of the units after the final one (what runs before the first layer in a stack: the embedding's
+scatter of its tokens' gradients) is not counted as hiding any sync (:meth:`Backward.hides`): it is short,
+and counted, no linear bound could tell how much of the final unit's sync it hides (that depends on which of
+its gradients share the embedding's bucket), so no plan could be proven optimal.  The step is then at most
+that backward above what runs, never below.  So the sync of the final unit and all ready after it is always
+exposed (a suffix bound).  Syncs ready before the final unit may all hide: even small ones that
 would share the final unit's bucket (a small model) are issued early in a plan whose final unit reduces
 nothing, and which plans do is not a linear term; so the bound is loose there, never above a step.
 
@@ -68,10 +72,10 @@ class Backward:
             return False
         return self.position(unit) > self.position(final)
 
-    def tail(self) -> tuple[Unit, ...]:
-        """The units whose backward runs after the final unit's (they hide part of its sync)."""
+    def hides(self, unit: Unit) -> bool:
+        """Whether ``unit``'s backward counts as hiding syncs: not after the final unit's (module docstring)."""
         final = self.final()
-        return () if final is None else self.order[: self.position(final)]
+        return final is None or self.position(unit) >= self.position(final)
 
 
 def unit_of(info: NodeInfo) -> Unit:

@@ -102,23 +102,20 @@ def critical_path(
             regather[c.layer] += c.seconds
         else:
             exposed += c.seconds
-    # backward visits the last unit first; inside a unit, every gradient is ready as its backward ends and
-    # joins its bucket in the runtime's order (reverse registration: a linear's bias, then its weight)
-    backward, seconds, nbytes, names = [], [], [], []
+    # backward visits the last unit first; a unit's gradients are all ready as its backward ends and join a
+    # bucket together (a bucket closes at a unit's end: what keeps one copy per repeated layer a tight bound)
+    backward, seconds, nbytes = [], [], []
     for u in reversed(units.order):
-        members = list(reversed(syncs[u].items())) if u in syncs else [("", [0.0, 0.0])]
-        for k, (name, (sec, size)) in enumerate(members):
-            backward.append(bwd.get(u, 0.0) if k == 0 else 0.0)
-            seconds.append(sec)
-            nbytes.append(size)
-            names.append(name)
+        backward.append(bwd.get(u, 0.0) if units.hides(u) else 0.0)
+        seconds.append(sum(sec for sec, _ in syncs[u].values()) if u in syncs else 0.0)
+        nbytes.append(sum(size for _, size in syncs[u].values()) if u in syncs else 0.0)
+    order = list(reversed(units.order))
     hidden, last = sync_schedule(backward, seconds, policy, grad_bytes=nbytes)
     total = sum(seconds) + stray
     grad_sync = None
     if total > 0:
-        grad_sync = SyncExposure(
-            total, hidden + stray, tuple(names[j] for j in last), sum(seconds[j] for j in last)
-        )
+        names = tuple(n for j in last for n in reversed(syncs[order[j]]))  # the runtime's order: bias first
+        grad_sync = SyncExposure(total, hidden + stray, names, sum(seconds[j] for j in last))
     exposed += hidden + stray
     layers = sorted(
         {u for u in units.order if isinstance(u, int)} | {k for k in (*gather, *regather) if k is not None}

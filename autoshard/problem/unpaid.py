@@ -11,10 +11,9 @@ Three reasons, all as :mod:`autoshard.problem.step` and :mod:`autoshard.problem.
   the ``copies`` layers, and prefetch exposes at least one copy: all but one may be hidden;
 * the gradient sync of a parameter outside the repeated layers whose gradient is ready before the final
   unit's (:meth:`~autoshard.problem.ready.Backward.hidden`: an MLP's fc2, a transformer's head) may hide
-  under the backward that follows; the final unit's sync and every one ready after it stay priced, less the
-  backward compute that runs after the final unit (:func:`tail_backward`, taken off node costs): the
-  critical path exposes at least that sum (the suffix of the communication stream from the final unit on
-  starts no earlier than that unit's backward ends);
+  under the backward that follows; the final unit's sync and every one ready after it stay priced: the
+  critical path exposes at least that sum (that suffix of the communication stream starts no earlier than
+  the final unit's backward ends, and the backward after it hides nothing, :mod:`autoshard.problem.ready`);
 * a move that ``consumers`` uses of one tensor may share is priced once per use (too many layouts for an
   exact fan-out node), and runs once per distinct layout: at least the dearest use, so at least ``1/m`` of
   their sum.
@@ -32,13 +31,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoshard.problem.fanout import split_uses
-from autoshard.problem.ready import backward_units, unit_backward, unit_of
+from autoshard.problem.ready import backward_units
 from autoshard.problem.recompute import rerun_share
 
 if TYPE_CHECKING:
     from autoshard.problem.build import BuiltProblem
 
-__all__ = ["Unpaid", "tail_backward", "unpaid", "unpaid_edges"]
+__all__ = ["Unpaid", "unpaid", "unpaid_edges"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,22 +100,3 @@ def unpaid(matrix: np.ndarray, forward: np.ndarray | None, record: Unpaid) -> np
     if record.consumers > 1:
         hide = np.where(np.isfinite(matrix), matrix - (matrix - hide) / record.consumers, 0.0)
     return hide
-
-
-def tail_backward(built: BuiltProblem) -> dict[int, np.ndarray]:
-    """Seconds to take off solver variable ``i``'s node cost, per strategy: the backward compute of its nodes
-    that run after the final unit's in backward (module docstring); empty without overlapped sync."""
-    opts = built.options
-    if not (opts.training and opts.overlap.overlap_grad_sync):
-        return {}
-    units = backward_units(built)
-    tail = set(units.tail())
-    index = {v: k for k, v in enumerate(built.variables)}
-    out: dict[int, np.ndarray] = {}
-    for name, info in built.infos.items():
-        if info.kind != "op" or unit_of(info) not in tail:
-            continue
-        var = built.template[name]
-        seconds = np.array([unit_backward(built, name, s) for s in built.strategies[var]])
-        out[index[var]] = out.get(index[var], 0.0) + seconds
-    return out
