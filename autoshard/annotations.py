@@ -34,7 +34,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
 import re
 from collections.abc import Mapping, Sequence
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from autoshard import annotation_ops as aops
+from autoshard.annotation_errors import no_attention, no_match
 from autoshard.errors import AnnotationError, ShardingError
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec, from_strategy_tuple
 from autoshard.problem.build import BuiltProblem
@@ -166,7 +166,7 @@ def _resolve_one(
         ops = [i for i in _shared(ops, infos, template) if i.op in _TUPLE_OPS]
         if not ops:
             raise AnnotationError(
-                _no_match(
+                no_match(
                     ann,
                     infos,
                     "operator (linear, matmul, embedding, convolution, grouped matmul) in a module",
@@ -177,13 +177,13 @@ def _resolve_one(
         return _ring_masks(ann, infos, strategies, template, mesh_shape, target)
     if isinstance(ann.choice, str) and ann.choice.split("@")[0] in _PATTERNS:
         if not by_module:
-            raise AnnotationError(_no_match(ann, infos, "module with parameters"))
+            raise AnnotationError(no_match(ann, infos, "module with parameters"))
         flip = aops.stored_transposed(infos)  # Conv1D's weights: [in, out]
         pinned = {i.name: _pattern_mask(ann, i, strategies[i.name], mesh_shape, i.name in stored, i.name in flip)
                   for i in by_module}  # fmt: skip
         return pinned | _computation_masks(ann, by_module, infos, strategies, template, mesh_shape)
     if not by_param:
-        raise AnnotationError(_no_match(ann, infos, "parameter, buffer or input"))
+        raise AnnotationError(no_match(ann, infos, "parameter, buffer or input"))
     spec = _parse_spec(ann, mesh_shape)
     return {i.name: _spec_mask(ann, i, strategies[i.name], spec) for i in by_param}
 
@@ -206,7 +206,7 @@ def _ring_masks(ann, infos, strategies, template, mesh_shape, target: str) -> di
         and _matches(target, i.module)
     ]  # fmt: skip
     if not ops:
-        raise AnnotationError(_no_match(ann, infos, "module running scaled_dot_product_attention"))
+        raise AnnotationError(no_attention(ann, infos))
     masks = {
         i.name: np.array([ring_axis_of(infos, i, s) == axis for s in strategies[i.name]], dtype=bool)
         for i in ops
@@ -349,17 +349,6 @@ def _tuple_mask(ann, info: NodeInfo, infos, options: Sequence[OpStrategy], mesh)
             f"that order; valid ones include {', '.join(map(str, list(valid)[:6]))}"
         )
     return mask
-
-
-def _no_match(ann: Annotation, infos: Mapping[str, NodeInfo], what: str) -> str:
-    names = sorted(
-        {i.fqn for i in infos.values() if i.fqn}
-        | {i.module for i in infos.values() if i.module}
-        | {i.name for i in infos.values() if i.kind == "user_input"}
-    )
-    close = difflib.get_close_matches(ann.target, names, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; targets are module paths or parameter names"
-    return f"annotation {ann.target!r} matches no {what}{hint}"
 
 
 def _placements(spec: ShardingSpec | None) -> tuple[Any, ...]:

@@ -19,6 +19,8 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 - context parallelism: ``context_layout`` is contiguous or zigzag, ``context_axis`` an axis of more than one
   device (required by zigzag);
 - precision: a recipe the cost model prices (``cost_models.memory.RECIPES``; absent in older files: bf16);
+  a ring transfer's ``itemsize`` (bytes per element as priced) 1, 2, 4 or 8 (0 or absent in older files);
+- optimizer gathers (ZeRO-1's, ``Plan.optimizer_gathers``): all-gathers of phase ``optimizer``;
 - ranking: a step claimed optimal (``solver.step_optimal``) has a ``step_bound`` it does not exceed.
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
@@ -85,6 +87,12 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         _known(c, Collective, source, f"collectives[{i}].")
     for i, r in enumerate(_list(data, "ring_transfers", source)):
         _known(r, RingTransfer, source, f"ring_transfers[{i}].")
+        if r.get("itemsize", 0) not in _ITEMSIZES:  # bytes per element of a hop (0: an older file)
+            raise _fail(source, f"ring_transfers[{i}].itemsize", f"{r['itemsize']!r} is not 0, 1, 2, 4 or 8")
+    for i, c in enumerate(_list(data, "optimizer_gathers", source)):
+        _known(c, Collective, source, f"optimizer_gathers[{i}].")
+        if c.get("phase") != "optimizer" or c.get("kind") != "all_gather":
+            raise _fail(source, f"optimizer_gathers[{i}]", "expected an all_gather of phase 'optimizer'")
     if not all(isinstance(p, str) for p in _list(data, "pinned", source)):
         raise _fail(source, "pinned", "expected a list of strings such as 'annotations' or 'no tp'")
     if isinstance(data.get("solver"), Mapping):
@@ -104,6 +112,9 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
     _context(data, mesh, source)
     _ranking(data, source)
     _precision(data, source)
+
+
+_ITEMSIZES = (0, 1, 2, 4, 8)
 
 
 def _precision(data: Mapping[str, Any], source: str) -> None:

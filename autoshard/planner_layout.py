@@ -1,33 +1,59 @@
 """The sequence layout of context parallelism, searched with the plan instead of chosen after it.
 
-Input: a problem built with ``CostOptions.cp_layout`` ``"auto"`` (rings priced balanced, no reordering: a lower
-bound on every layout, :mod:`autoshard.problem.context`) or ``"zigzag"``, its solution, and a way to rebuild
-and solve the same problem on another cluster and options.  Output: the problem, the solution and a note for
-the best (plan, layout) pair.
+Input: a problem built with ``CostOptions.cp_layout`` ``"auto"`` (rings priced balanced, no reordering: the
+*balanced bound* B, :mod:`autoshard.problem.context`) or ``"zigzag"``, its solution, and a way to rebuild it
+on another cluster and options.  Output: the problem, the solution and a note for the best (plan, layout).
 
-Why it is exact.  Every plan with a given layout is priced exactly by one problem: ``cp_layout="contiguous"``
-(every ring contiguous, with its causal imbalance) or the problem on a
-:class:`~autoshard.problem.context.ZigzagCluster` for axis ``a`` (zigzag on ``a``: balanced rings, every
-collective on ``a`` with its reordering copy, one-run ops refused there; contiguous elsewhere).  The optimum over
-both is the best of those problems' optima.  The balanced bound is below all of them, so:
+Layouts.  Every plan with a given layout is priced exactly by one problem: C (``cp_layout="contiguous"``:
+every ring contiguous, with its causal imbalance) or Z_a, the problem on a
+:class:`~autoshard.problem.context.ZigzagCluster` for axis ``a`` (rings on ``a`` balanced, every gather,
+reduce-scatter and all-to-all on ``a`` with its reordering copy, one-run ops split on ``a`` refused; rings
+on other axes contiguous).  The optimum over (plan, layout) pairs is the best of their optima.
 
-1. when its optimum rings on no axis, it is priced the same by the contiguous problem and is the optimum
-   (layout contiguous): nothing more is solved (the common case: most plans have no ring).  This holds for
-   ``"zigzag"`` asked too: a plan without a ring has no context axis, so nothing is reordered at run time
-   (:attr:`~autoshard.plans.Plan.zigzag_axis` is None) and the zigzag problems, which could only refuse
-   its one-run ops or price it the same, have nothing to add;
-2. otherwise the bound's own plan is priced (no solve) in each layout's problem, in tie order, where that
-   problem has all its strategies: a price reaching the bound makes that layout optimal, and only the layouts
-   that would win a tie against it are solved, with the bound as their ceiling (LLaMA-3-70B: contiguous
-   reaches it; zigzag on the ring axis is only proven not to tie).  Else the zigzag problem on the bound's
-   ring axis is solved first, then the contiguous one and the zigzag problems of the other axes, each with
-   the best so far as its ceiling (over it: "above <best>" in the note), stopping once one reaches the bound.
+Tie rule.  On equal price (within ``TIE``, relative) the layout earlier in the order contiguous -> zigzag on
+the bound's ring axis -> zigzag on the other axes wins (contiguous runs no reordering copy and refuses no
+one-run op; the optimum's value does not depend on the rule).  So each later layout has only to be
+*strictly* better than the best so far: it is solved with its ceiling just below it.
 
-A tie goes to zigzag on the plan's own ring axis (at run time it never computes more), then to contiguous.
-``"zigzag"`` asked solves only the zigzag problems.  The cost: nothing without a ring, else one to ``1 + axes``
-more solves.  Pipelined plans are not searched so: the stage search prices rings balanced and
-:func:`~autoshard.problem.context.choose_layout` picks the layout on its plan (imbalance against reordering),
-because re-pricing a 405B stage under each layout cost minutes; every stage then runs that layout.
+What the search stands on (prices: problem/context.py, problem/pricing.py, problem/arrays.py):
+
+(F1) B(p) <= C(p) and B(p) <= Z_a(p) for every plan p: B prices each ring balanced (its least time) and each
+     collective at the plain cluster's price, which a ZigzagCluster's only raises (by a copy >= 0, on
+     ``a``); redistribution prices are shortest paths over those move prices, so they do not fall either,
+     and B refuses nothing.  Float sums of terms that do not fall do not fall.
+(F2) Dominance: for a plan p that rings over ``a`` on no node, Z_a(p) >= C(p): Z_a prices p's rings (all
+     off ``a``) contiguous at C's hop prices, and the rest as in (F1).  So with C's optimum proven, Z_a can
+     only be strictly better with a plan that rings on ``a``: every other p has Z_a(p) >= C(p) >= C's
+     optimum >= the best so far.  Where one variable holds every ring strategy (LLaMA: the collapsed
+     blocks' attention), "rings on ``a``" is that variable's choice, and Z_a's problem is solved with it
+     held to its rings on ``a`` (a smaller problem); the answer is a plan of the whole Z_a problem.
+(F3) Memory: B, C and Z_a hold the same node and temporary memory, but a gathered FSDP weight's size is the
+     largest all-gather on the *cheapest* path (problem/extras.py), which under Z_a may gather more or less
+     (LLaMA-3-8B's Z_2: more; LLaMA-3-70B's Z_0..2: less).  So (F2) under a budget needs "fits under Z_a =>
+     fits under C": :func:`_memory_covers` checks every gathered size of Z_a is at least C's, unless C's
+     optimum is its optimum without the budget (then below every plan's price, fitting or not).  Caveat, as
+     before: the stop at the balanced bound takes B's budgeted optimum as a bound on every layout's; with a
+     binding budget and a zigzag path that gathers less, that is the model's premise, not proven (proving
+     it rebuilds and solves every layout: LLaMA-3-70B x 2.5).
+
+The search, after solving B.  When B's optimum rings on no axis, C prices it the same and it is the
+optimum, layout contiguous: nothing more is solved (``"zigzag"`` asked too: a plan without a ring has no
+context axis and reorders nothing).  Otherwise:
+
+1. C (``"auto"`` only; it shares B's build cache, :mod:`autoshard.problem.shared`): the bound's own plan
+   priced in C (no solve) reaching the bound makes C optimal (LLaMA-3-70B), else C is solved;
+2. Z_a for the bound's ring axis, then for the other axes, while the best is above the bound.  A *lower
+   bound* first, without a rebuild where (F2) needs none: B with the strategies Z_a refuses masked and the
+   ring variable held to rings on ``a``, solved without the budget (below Z_a's optimum over those plans
+   whatever fits, by F1; the other axes first together, with the ring held to any of them); at or above
+   the best, Z_a is skipped.  Else Z_a is rebuilt (its build cache reuses every figure no collective on
+   ``a`` prices), its bound plan priced, and it is solved below the best.  LLaMA-3-8B on 2 x 4 x 8: B
+   1.1537 (ring on axis 2), C 1.1543, Z_2 held to its ring 1.1554; Z_0, Z_1 at least 1.193, never built.
+
+``"zigzag"`` asked solves only the zigzag problems (no C, so no dominance).  Pipelined plans are not searched
+so: the stage search prices rings balanced and :func:`~autoshard.problem.context.choose_layout` picks the
+layout on its plan (imbalance against reordering), because re-pricing a 405B stage under each layout cost
+minutes; every stage then runs that layout.
 """
 
 from __future__ import annotations
@@ -35,21 +61,35 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
 
 from autoshard.cluster import Cluster
-from autoshard.errors import AutoshardError, ShardingError
+from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, ShardingError
 from autoshard.planner_steps import SearchMethod
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.context import one_run_ops, ring_axis_of_plan, zigzag_axis_of, zigzag_cluster
+from autoshard.problem.context import (
+    needs_one_run,
+    one_run_op,
+    one_run_ops,
+    ring_axis_of,
+    ring_axis_of_plan,
+    zigzag_axis_of,
+    zigzag_cluster,
+)
 from autoshard.problem.costs import CostOptions
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
 from autoshard.search.problem import evaluate, memory_of, relative_gap
 from autoshard.strategies import OpStrategy
 
-__all__ = ["search_layout"]
+__all__ = ["TIE", "search_layout"]
 
 Rebuild = Callable[[Cluster, CostOptions], tuple[BuiltProblem, BuiltProblem]]
 """(cluster, options) -> (the problem as priced, the same with the user's pins)."""
+
+TIE = 1e-12
+"""Relative price difference within which two layouts tie (the earlier in the tie order wins)."""
 
 
 def search_layout(
@@ -63,94 +103,251 @@ def search_layout(
     """The best (problem, solution) over the sequence layouts (module doc), each solved by
     :func:`~autoshard.search.solve` with ``method``, ``time_limit`` and ``ceiling``; the pinned problem
     carries a note with every layout's price."""
-
-    def run(problem: SearchProblem) -> Solution:
-        return solve(problem, method=method, time_limit=time_limit, ceiling=ceiling)
-
-    solution = run(built.problem)
+    solution = solve(built.problem, method=method, time_limit=time_limit, ceiling=ceiling)
     asked = built.options.cp_layout
     mesh = tuple(built.cluster.mesh_shape)
     axis = _ring_axis(built, solution)
     if asked == "contiguous" or zigzag_axis_of(built.cluster) is not None or axis is None:
         return free, built, solution  # the layout was priced already, or the bound is attained without a ring
-    options = dataclasses.replace(built.options, cp_layout="contiguous")
-    order = [axis] if axis is not None else []
-    order += [a for a in range(len(mesh)) if mesh[a] > 1 and a != axis]
-    candidates: list[tuple[str, Cluster]] = [
-        (f"zigzag on axis {a}", zigzag_cluster(built.cluster, a)) for a in order
-    ]
+    search = _Search(built, solution, rebuild, method, time_limit, ceiling)
     if asked == "auto":
-        candidates.insert(min(1, len(candidates)), ("contiguous", built.cluster))
-    bound = solution.objective
-    reach = bound * (1 + 1e-12)
-    built_of: dict[str, tuple[BuiltProblem, BuiltProblem] | AutoshardError] = {}
-
-    def rebuilt(label: str, cluster: Cluster) -> tuple[BuiltProblem, BuiltProblem]:
-        if label not in built_of:
-            try:
-                built_of[label] = rebuild(cluster, options)
-            except AutoshardError as e:
-                built_of[label] = e
-        got = built_of[label]
-        if isinstance(got, AutoshardError):
-            raise got
-        return got
-
-    # the bound's own plan priced under each layout (no solve): reaching the bound there makes it optimal
-    hit: tuple[int, Solution] | None = None
-    for i, (label, cluster) in enumerate(candidates):
-        try:
-            cand = rebuilt(label, cluster)[1]
-        except AutoshardError:
-            continue
-        priced = _bound_plan(built, solution, cand)
-        if priced is not None and priced.objective <= reach:
-            hit = (i, priced)
-            break
-    best: tuple[float, int, BuiltProblem, BuiltProblem, Solution] | None = None
-    prices: list[str] = []
-    error: AutoshardError | BoundExceeded | None = None
-    for i, (label, cluster) in enumerate(candidates):
-        if hit is not None and i == hit[0]:
-            found = hit[1]
-            cand_free, cand = rebuilt(label, cluster)
-        else:
-            if hit is not None and i > hit[0]:
-                continue  # the bound is reached: only a better-ranked layout could tie (solved above)
-            # after the first, a layout has only to beat the best so far (a bound-reaching hit: only tie it)
-            top = reach if hit is not None else (best[0] if best is not None else math.inf)
-            try:
-                cand_free, cand = rebuilt(label, cluster)
-                found = solve(cand.problem, method=method, time_limit=time_limit, ceiling=min(ceiling, top))
-            except BoundExceeded as e:
-                if not math.isfinite(top) or top >= ceiling:
-                    error = e
-                    prices.append(f"{label}: {_why_not(built, solution, cluster, e)}")
-                else:
-                    prices.append(f"{label} above {top:.4g} s")
-                continue
-            except AutoshardError as e:
-                error = e  # infeasible under this layout (a pin on a one-run op)
-                prices.append(f"{label}: {_why_not(built, solution, cluster, e)}")
-                continue
-        prices.append(f"{label} {found.objective:.4g} s")
-        rank = _tie_rank(cand, found, cluster)
-        cost = found.objective
-        if best is None or cost < best[0] * (1 - 1e-12) or (cost <= best[0] * (1 + 1e-12) and rank > best[1]):
-            best = (cost, rank, cand_free, cand, found)
-        if hit is None and best[0] <= reach:
+        search.contiguous()
+    others = [a for a in range(len(mesh)) if mesh[a] > 1 and a != axis]
+    for a in [axis, *others]:
+        if search.best is not None and search.best.cost <= search.reach:
             break  # nothing is below the balanced bound
-    if best is None:
-        assert error is not None
-        if asked == "zigzag" and axis is not None and _blockers(built, solution, axis):
-            raise ShardingError(f"cp_layout='zigzag' cannot be emitted: {_why_not(built, solution, cluster, error)}"
-                                "; use cp_layout='auto' or 'contiguous'")  # fmt: skip
-        raise error
-    _, _, cand_free, cand, found = best
-    note = f"context-parallel layout searched: {'; '.join(prices)} (balanced bound {bound:.4g} s)"
-    noted = dataclasses.replace(cand, notes=(*cand.notes, note))
-    # without pins the unpinned problem stays the same object: ranked() then re-solves nothing for its price
-    return noted if cand_free is cand else cand_free, noted, found
+        if len(others) > 1 and a == others[0] and search.bounded(tuple(others)):
+            break  # one lower bound for every other axis at once
+        search.zigzag(a)
+    return search.result(axis)
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """The best layout so far: its price, problems and solution."""
+
+    cost: float
+    free: BuiltProblem
+    built: BuiltProblem
+    solution: Solution
+
+
+class _Search:
+    """The layouts' problems in tie order, each against the best so far (module doc)."""
+
+    def __init__(
+        self,
+        built: BuiltProblem,
+        bound: Solution,
+        rebuild: Rebuild,
+        method: SearchMethod,
+        time_limit: float,
+        ceiling: float,
+    ) -> None:
+        self.built, self.bound, self.rebuild = built, bound, rebuild
+        self.method, self.time_limit, self.ceiling = method, time_limit, ceiling
+        self.options = dataclasses.replace(built.options, cp_layout="contiguous")
+        self.reach = bound.objective * (1 + TIE)
+        self.ring = _ring_variable(built)
+        self.best: _Found | None = None
+        self.proven: tuple[BuiltProblem, Solution] | None = None  # C and its optimum, proven: (F2) holds
+        self.prices: list[str] = []
+        self.error: AutoshardError | BoundExceeded | None = None
+
+    def _solve(self, problem: SearchProblem, top: float) -> Solution:
+        """``problem`` solved below ``top``, hinted by B's dominance removals on the nodes with B's
+        strategies (the solver checks each one on ``problem``; a zigzag problem's gathers may differ)."""
+        sizes = self.built.problem.sizes
+        hint = tuple(
+            c for c in self.bound.dominated if c[0] < len(sizes) and problem.sizes[c[0]] == sizes[c[0]]
+        )
+        return solve(
+            problem,
+            method=self.method,
+            time_limit=self.time_limit,
+            ceiling=min(self.ceiling, top),
+            dominated=hint,
+        )
+
+    def _fail(self, label: str, cluster: Cluster, error: AutoshardError | BoundExceeded) -> None:
+        self.error = error
+        self.prices.append(f"{label}: {_why_not(self.built, self.bound, cluster, error)}")
+
+    def contiguous(self) -> None:
+        cluster = self.built.cluster
+        try:
+            free, cand = self.rebuild(cluster, self.options)
+            found = _bound_plan(self.built, self.bound, cand)
+            if found is None or found.objective > self.reach:
+                found = self._solve(cand.problem, math.inf)
+        except (AutoshardError, BoundExceeded) as e:
+            self._fail("contiguous", cluster, e)
+            return
+        self.prices.append(f"contiguous {found.objective:.4g} s")
+        self.best = _Found(found.objective, free, cand, found)
+        if found.optimal and self.ring is not None:
+            self.proven = (cand, found)
+
+    def zigzag(self, a: int) -> None:
+        label, cluster = f"zigzag on axis {a}", zigzag_cluster(self.built.cluster, a)
+        top = self._top()
+        held = self._held()
+        if held and self._bounded((a,), label, top):
+            return
+        try:
+            free, cand = self.rebuild(cluster, self.options)
+        except AutoshardError as e:
+            self._fail(label, cluster, e)
+            return
+        if not held and self.proven is not None:
+            held = _memory_covers(cand, self.proven[0])  # (F3): fits under Z_a => fits under C
+            if held and self._bounded((a,), label, top):
+                return
+        found = _bound_plan(self.built, self.bound, cand)
+        if found is None or found.objective > self.reach or found.objective >= top:
+            try:
+                problem = cand.problem
+                if held:  # (F2): only a plan that rings on a can be strictly better
+                    problem = dataclasses.replace(
+                        problem, allowed=_masks(self.built, (a,), self.ring, problem)
+                    )
+                found = self._solve(problem, top)
+            except BoundExceeded as e:
+                if top >= self.ceiling:
+                    self._fail(label, cluster, e)
+                else:
+                    self.prices.append(f"{label} above {top:.4g} s")
+                return
+            except AutoshardError as e:  # infeasible under this layout (a pin on a one-run op)
+                self._fail(label, cluster, e)
+                return
+        ringing = f" (ring on axis {a})" if held else ""
+        self.prices.append(f"{label} {found.objective:.4g} s{ringing}")
+        if found.objective < top:
+            self.best = _Found(found.objective, free, cand, found)
+
+    def _top(self) -> float:
+        """A later layout must be strictly below this (the tie rule)."""
+        return math.inf if self.best is None else self.best.cost * (1 - TIE)
+
+    def _held(self) -> bool:
+        """(F2) with (F3) settled without a rebuild: C's optimum proven, and its optimum without the budget."""
+        return self.proven is not None and _unbudgeted(self.proven[0].problem, self.proven[1])
+
+    def bounded(self, axes: tuple[int, ...]) -> bool:
+        """Whether every layout zigzag on one of ``axes`` is skipped by one lower bound (:meth:`_bounded`)."""
+        label = f"zigzag on axes {', '.join(map(str, axes))}"
+        return self._held() and self._bounded(axes, label, self._top())
+
+    def _bounded(self, axes: tuple[int, ...], label: str, top: float) -> bool:
+        """Whether B's optimum over the plans a zigzag on one of ``axes`` could win with (its refusals masked,
+        the ring variable held to rings on that axis: module doc), without the budget, is at or above ``top``
+        (then noted)."""
+        masks = _masks(self.built, axes, self.ring, self.built.problem)
+        inside = all(m is None or bool(m[k]) for m, k in zip(masks, self.bound.choice, strict=True))
+        if inside and self.bound.objective < top:
+            return False  # the bound's own plan is one of them, below the best
+        try:  # an empty mask (a pin on a refused strategy) is refused as the problem is made
+            problem = dataclasses.replace(self.built.problem, allowed=masks, memory_limit=None)
+            lower = self._solve(problem, math.inf).lower_bound
+        except (InfeasibleError, AnnotationError):
+            lower = math.inf  # no such plan at all
+        except AutoshardError:
+            return False
+        if lower < top:
+            return False
+        if math.isfinite(lower):
+            self.prices.append(f"{label} at least {lower:.4g} s")
+        else:
+            cluster = zigzag_cluster(self.built.cluster, axes[0])
+            error = InfeasibleError("no plan rings there")
+            why = _why_not(self.built, self.bound, cluster, error) if len(axes) == 1 else str(error)
+            self.prices.append(f"{label}: {why}")
+        return True
+
+    def result(self, axis: int) -> tuple[BuiltProblem, BuiltProblem, Solution]:
+        if self.best is None:
+            assert self.error is not None
+            cluster = zigzag_cluster(self.built.cluster, axis)
+            if self.built.options.cp_layout == "zigzag" and _blockers(self.built, self.bound, axis):
+                why = _why_not(self.built, self.bound, cluster, self.error)
+                raise ShardingError(f"cp_layout='zigzag' cannot be emitted: {why}; use cp_layout='auto' or "
+                                    "'contiguous'")  # fmt: skip
+            raise self.error
+        best = self.best
+        note = (
+            f"context-parallel layout searched: {'; '.join(self.prices)} "
+            f"(balanced bound {self.bound.objective:.4g} s)"
+        )
+        noted = dataclasses.replace(best.built, notes=(*best.built.notes, note))
+        # without pins the unpinned problem stays the same object: ranked() then re-solves nothing for its price
+        return noted if best.free is best.built else best.free, noted, best.solution
+
+
+def _unbudgeted(problem: SearchProblem, solution: Solution) -> bool:
+    """Whether ``solution`` is its problem's optimum without the memory budget (it fit): below every plan's
+    price, whatever fits."""
+    if problem.memory_limit is None:
+        return True
+    return solution.budget_binding is False and not solution.method.endswith("+peak")
+
+
+def _memory_covers(z: BuiltProblem, c: BuiltProblem) -> bool:
+    """Whether every plan holds at least as much memory under ``z`` as under ``c`` (module doc, F3): the same
+    node and temporary terms, and every FSDP weight gathered at least as large."""
+    p, q, zx, cx = z.problem, c.problem, z.extras, c.extras
+    if z.variables != c.variables or p.memory is None or q.memory is None or zx is None or cx is None:
+        return False
+    nodes = all(np.array_equal(p.memory[i], q.memory[i]) for i in range(len(c.variables)))
+    if not nodes or not all(np.array_equal(x, y) for x, y in zip(zx.temporary, cx.temporary, strict=True)):
+        return False
+    if len(zx.gathers) != len(cx.gathers):
+        return False
+    for g, h in zip(zx.gathers, cx.gathers, strict=True):
+        same = (g.producer, g.consumer) == (h.producer, h.consumer) and g.sizes.keys() == h.sizes.keys()
+        if not (same and np.array_equal(g.have, h.have) and np.array_equal(g.want, h.want)):
+            return False
+        if any(g.sizes[k] < h.sizes[k] for k in h.sizes):
+            return False
+    return True
+
+
+def _ring_variable(built: BuiltProblem) -> str | None:
+    """The one variable with strategies that ring over an axis of more than one device (None: none or
+    several, where "the plan rings on ``a``" is no one variable's choice)."""
+    mesh = built.cluster.mesh_shape
+    found = [
+        name
+        for name in built.variables
+        if any(
+            (r := ring_axis_of(built.infos, built.infos[name], s)) is not None and mesh[r] > 1
+            for s in built.strategies[name]
+        )
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def _masks(
+    built: BuiltProblem, axes: tuple[int, ...], ring: str | None, problem: SearchProblem
+) -> tuple[np.ndarray | None, ...]:
+    """``problem``'s allowed masks (its nodes: ``built``'s variables first) less the strategies that a zigzag
+    on each of ``axes`` refuses (one-run ops split on it) or, given ``ring``, that do not ring on it (that
+    variable's)."""
+    masks = list(problem.allowed or (None,) * problem.num_nodes)
+    for k, name in enumerate(built.variables):
+        info = built.infos[name]
+        if name != ring and not one_run_op(info):
+            continue
+        axis = (ring_axis_of(built.infos, info, s) if name == ring else None for s in built.strategies[name])
+        keep = np.array(
+            [
+                any(not needs_one_run(info, s, a) and (name != ring or r == a) for a in axes)
+                for s, r in zip(built.strategies[name], axis, strict=True)
+            ]
+        )
+        if not keep.all():
+            masks[k] = keep if masks[k] is None else masks[k] & keep
+    return tuple(masks)
 
 
 def _bound_plan(built: BuiltProblem, bound: Solution, cand: BuiltProblem) -> Solution | None:
@@ -173,14 +370,6 @@ def _bound_plan(built: BuiltProblem, bound: Solution, cand: BuiltProblem) -> Sol
         return None
     gap = relative_gap(cost, bound.lower_bound)
     return dataclasses.replace(bound, choice=full, objective=cost, gap=gap, log=(), dominated=())
-
-
-def _tie_rank(built: BuiltProblem, solution: Solution, cluster: Cluster) -> int:
-    """On a tie: zigzag where the plan rings (2), then contiguous (1), then zigzag on another axis (0)."""
-    zigzag = zigzag_axis_of(cluster)
-    if zigzag is None:
-        return 1
-    return 2 if _ring_axis(built, solution) == zigzag else 0
 
 
 def _chosen(built: BuiltProblem, solution: Solution) -> dict[str, OpStrategy]:

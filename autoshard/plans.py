@@ -76,6 +76,7 @@ class RingTransfer:
     node: str
     module: str
     seconds: float  # the hops' transfer time per step, all copies
+    itemsize: int = 0  # bytes per element a hop carries as priced (amp: bf16); 0: older files
 
     def __str__(self) -> str:
         return f"{self.phase} ring K/V hops(axis={self.mesh_axis}, {self.hops} x {_bytes(self.nbytes)}) for {self.node}"
@@ -216,14 +217,14 @@ class Plan:
     context_layout: str = "contiguous"
     # The K/V hops of ring attention (point-to-point, overlapped with attention): listed beside the collectives
     ring_transfers: tuple[RingTransfer, ...] = ()
+    # ZeRO-1 gathers no gradient all-reduce pays (problem/zero_gathers.py); apart from the graph's ``collectives``
+    optimizer_gathers: tuple[Collective, ...] = ()
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
     # The precision recipe the plan was priced under (``cost_models.memory.RECIPES``): "bf16" (the model's own
     # dtypes, fp32 master + Adam moments for 16-bit weights) or "amp" (fp32 weights under bf16 autocast)
     precision: str = "bf16"
-    grad_sync: SyncExposure | None = (
-        None  # the gradient sync's exposed share and last bucket (problem/step.py)
-    )
+    grad_sync: SyncExposure | None = None  # what of the gradient sync is exposed, and why (problem/step.py)
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -330,6 +331,7 @@ class Plan:
                 context_axis=data.get("context_axis"),
                 context_layout=str(data.get("context_layout", "contiguous")),
                 ring_transfers=tuple(RingTransfer(**r) for r in data.get("ring_transfers", ())),
+                optimizer_gathers=tuple(Collective(**c) for c in data.get("optimizer_gathers", ())),
                 pinned=tuple(str(p) for p in data.get("pinned", ())),
                 precision=str(data.get("precision", "bf16")),
                 grad_sync=SyncExposure.from_json(data.get("grad_sync")),

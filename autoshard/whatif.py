@@ -37,6 +37,9 @@ plan runs.  :func:`crossovers` solves ``cost_a = cost_b`` exactly (``sympy.solve
 the others held at the reference, and keeps the roots where both plans run; where two plans do not cross,
 :func:`lead` says which is faster and by how much (the CLI asks it over the spans where both run).
 
+A pipelined plan (``plan.pipeline``) is refused here: its step is a schedule over stages, re-priced at one
+point by :mod:`autoshard.whatif_pipeline` instead (``whatif --set``).
+
 Example::
 
     dp, tp = plan_cost(load_plan("dp.json"), "dp"), plan_cost(load_plan("tp.json"), "tp")
@@ -157,8 +160,9 @@ def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
     if plan.pipeline is not None:  # its step is a stage schedule with a bubble, not the sum over nodes
         raise WhatIfError(
             f"plan of {plan.model} is pipelined ({len(plan.pipeline.stages)} stages, "
-            f"{plan.pipeline.schedule}): whatif cannot vary a pipelined step yet (its time is a stage "
-            "schedule with a bubble, not the node sum whatif scales); compare plans searched without --pp"
+            f"{plan.pipeline.schedule}): whatif cannot vary a pipelined step over a range (its time is a stage "
+            "schedule with a bubble, not the node sum whatif scales); re-price it at one point with "
+            "autoshard whatif PLAN.json --set inter_bandwidth=2 (or bandwidth, intra_bandwidth, memory=GiB)"
         )
     ref = _reference(plan)
     b, s, d, w = (SYMBOLS[k] for k in ("batch", "seq", "devices", "bandwidth"))

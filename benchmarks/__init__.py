@@ -1,7 +1,8 @@
 """autoshard's benchmark suite: one entry point, six sections, CSV + a markdown summary.
 
-    python -m benchmarks             # full run, ~20 minutes on the 2-core dev VM, writes results/
-    python -m benchmarks --quick     # subset in under 3 minutes, writes results/quick/
+    python -m benchmarks             # full run, ~20 minutes on the 2-core dev VM, writes out/benchmarks/
+    python -m benchmarks --write     # the same, recorded in results/ (the committed figures)
+    python -m benchmarks --quick     # subset in under 3 minutes, writes out/benchmarks/quick/
     python -m benchmarks --only scaling --only quality
 
 Sections, one module each (each returns :class:`~benchmarks.report.Table` records; nothing else writes files):

@@ -1,12 +1,16 @@
-"""``python -m benchmarks [--quick] [--only SECTION ...] [--out DIR]``: run the suite, write CSV + SUMMARY.md.
+"""``python -m benchmarks [--quick] [--only SECTION ...] [--out DIR | --write]``: run the suite, write CSV +
+SUMMARY.md.
 
 Sections run in the numbered order of the summary, each timed; a section that raises is reported in the
 summary as FAILED with its error and the run goes on, so one broken stage never costs the other results.
+
+Where the files go: ``out/benchmarks/`` (``out/benchmarks/quick/`` with ``--quick``; ``out/`` is ignored by git)
+unless ``--out DIR`` says otherwise.  The committed results in ``benchmarks/results/`` change only when a full
+run is asked to record itself there (``--write``); a ``--quick`` run never writes them.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 import time
@@ -15,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autoshard.cli.args import OneLineParser
 from benchmarks.report import Table, machine, write_results
 
 #: Wall time of the last full run on the 2-core dev VM (shared with other jobs), for --quick's summary.
@@ -32,6 +37,7 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("runtime", "5-6. Runtime: against DTensor, against eager on one device", "benchmarks.runtime"),
 )
 RESULTS = Path(__file__).resolve().parent / "results"
+SCRATCH = RESULTS.parents[1] / "out" / "benchmarks"  # the repository's out/, ignored by git
 
 
 def _run_section(module: str, quick: bool, log: Callable[[str], None]) -> list[Table]:
@@ -40,14 +46,17 @@ def _run_section(module: str, quick: bool, log: Callable[[str], None]) -> list[T
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the subset that runs in under 3 minutes")
     parser.add_argument("--only", action="append", choices=[k for k, _, _ in SECTIONS], help="run only these")
-    parser.add_argument(
-        "--out", type=Path, help="results folder (default results/, or results/quick/ with --quick)"
-    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, help="results folder (default out/benchmarks/, quick/ under it)")
+    where.add_argument("--write", action="store_true", help="a full run: record it in benchmarks/results/")
     args = parser.parse_args(argv)
-    out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    if args.write and args.quick:
+        parser.error("--write records a full run in benchmarks/results/; a --quick run writes to "
+                     "out/benchmarks/quick/ (or --out DIR)")  # fmt: skip
+    out = args.out or (RESULTS if args.write else SCRATCH / "quick" if args.quick else SCRATCH)
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

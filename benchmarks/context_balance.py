@@ -32,7 +32,7 @@ def _flops(layout: str, size: int, rank: int, seq: int) -> float:
     total = 0.0
     for owner in range(size):
         for _, _, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, torch.device("cpu"), None):  # type: ignore[arg-type]
-            total += 4.0 * HEADS * chunk * chunk * DIM * (0.5 if visible is not None else 1.0)
+            total += 4.0 * HEADS * chunk * chunk * DIM * (0.5 if visible == "causal" else 1.0)
     return total
 
 

@@ -19,7 +19,7 @@
   formulas' own paper: a consistency check), and, *independently*, torchtitan's measured H100 peaks planned
   by ``autoshard.plan`` (:mod:`benchmarks.fidelity_memory`; nothing fitted on them).
 
-    python -m benchmarks --only fidelity      # writes results/fidelity_*.csv and SUMMARY.md
+    python -m benchmarks --only fidelity --write   # writes results/fidelity_*.csv and SUMMARY.md
 """
 
 from __future__ import annotations

@@ -169,6 +169,14 @@ class PrecisionPolicy:
         fused_optimizer: torch's fused AdamW (one kernel over many tensors) rather than the ``foreach``
             default, which reads and writes the state in several passes (``cost_models.memory`` users price
             the update; :data:`FOREACH_ADAMW_BYTES`).
+        gather_dtype: the dtype a sharded parameter is cast to before it is all-gathered (None: its own),
+            FSDP2's ``MixedPrecisionPolicy.param_dtype`` (torch.distributed.fsdp ``fully_shard`` API docs:
+            the unsharded parameter, its all-gather and the compute take that dtype while the optimizer
+            steps the sharded parameter in its original one).  Read by
+            ``autoshard.problem.autocast.moved_itemsize`` under autocast.
+        reduce_dtype: the dtype a parameter's gradient is reduce-scattered or all-reduced in (None: its
+            own), ``MixedPrecisionPolicy.reduce_dtype`` (same docs: full-precision reduction under
+            low-precision compute).
     """
 
     param_dtype: str = "bfloat16"
@@ -178,6 +186,8 @@ class PrecisionPolicy:
     optimizer_states: int = 2
     autocast: str | None = None
     fused_optimizer: bool = True
+    gather_dtype: str | None = None
+    reduce_dtype: str | None = None
 
     def recipe(self) -> StateRecipe:
         """Bytes per parameter of weights, gradients and optimizer state under this policy."""
@@ -204,9 +214,15 @@ AMP_BF16 = PrecisionPolicy(
     master_weights=False,
     autocast="bfloat16",
     fused_optimizer=False,
+    gather_dtype="bfloat16",
+    reduce_dtype="float32",
 )
 """torch's default mixed precision: fp32 weights, gradients and Adam moments, ``torch.autocast(bfloat16)``
-around the forward, ``torch.optim.AdamW`` (foreach).  18 bytes per parameter with the kept casts."""
+around the forward, ``torch.optim.AdamW`` (foreach).  18 bytes per parameter with the kept casts.  Sharded
+(FSDP / ZeRO-3) parameters are gathered in bf16 and their gradients reduced in fp32, as FSDP2's
+``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` does (torchtitan's default
+``mixed_precision_param``/``mixed_precision_reduce``); the emitted program does the same under autocast
+(``autoshard.codegen.collectives.gather_dtype``)."""
 
 RECIPES: dict[str, PrecisionPolicy | None] = {"bf16": None, "amp": AMP_BF16}
 """Precision recipes a plan can be priced for, by name: ``bf16`` (the model's own dtypes; 16-bit weights get

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -106,15 +107,14 @@ def _layout(kind: str, mesh: tuple[int, ...]) -> dict[str, Any] | None:
         return {"input_ids": ids, "labels": ids, "lm_head": ((n, 1, 1), (1, 1)), "lm_head.weight": split,
                 **{f"*.{m}": ((n, 1, 1), (1, 1)) for m in (*columns, *rows)},
                 **{f"*.{m}.weight": split for m in (*columns, *rows)}}  # fmt: skip
-    if kind == "tp-dp":  # Megatron on the last axis, the batch split over the others
-        rep: tuple[str, ...] = ("R",) * (len(mesh) - 1)
-        split_batch: tuple[int, ...] = (*mesh[:-1], 1, 1)
-        dp = ("S(0)",) * (len(mesh) - 1) + ("R",)
-        return {"input_ids": dp, "labels": dp,
-                **{f"*.{m}.weight": (*rep, "S(0)") for m in columns}, **{f"*.{m}.weight": (*rep, "S(1)") for m in rows},
-                **{f"*.{m}": (split_batch,) for m in columns},
-                **{f"*.{m}": ((*mesh[:-1], 1, mesh[-1]),) for m in rows}}  # fmt: skip
-    raise SystemExit(f"unknown layout {kind!r}: use auto, fsdp or tp-dp")
+    # tp-dp (the parser allows no other): Megatron on the last axis, the batch split over the others
+    rep: tuple[str, ...] = ("R",) * (len(mesh) - 1)
+    split_batch: tuple[int, ...] = (*mesh[:-1], 1, 1)
+    dp = ("S(0)",) * (len(mesh) - 1) + ("R",)
+    return {"input_ids": dp, "labels": dp,
+            **{f"*.{m}.weight": (*rep, "S(0)") for m in columns}, **{f"*.{m}.weight": (*rep, "S(1)") for m in rows},
+            **{f"*.{m}": (split_batch,) for m in columns},
+            **{f"*.{m}": ((*mesh[:-1], 1, mesh[-1]),) for m in rows}}  # fmt: skip
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
@@ -122,7 +122,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     import autoshard
     from autoshard.runtime.verify import cluster_for
 
-    mesh = tuple(int(n) for n in args.mesh.split("x")) if args.mesh else (args.nproc,)
+    mesh = args.mesh or (args.nproc,)
     model = _meta_model(args.model)
     ids = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
     cluster = cluster_for(args.profile, args.nproc, mesh)
@@ -158,7 +158,6 @@ def cmd_run(args: argparse.Namespace) -> None:
     groups are destroyed here and their workers joined while the interpreter is whole.
     """
     import gc
-    import os
 
     import torch.distributed as dist
 
@@ -178,12 +177,11 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def check_run(args: argparse.Namespace, world: int | None = None) -> None:
     """Refuse, in one line and exit code 2, what ``run`` cannot do as asked, before any process group: a plan
-    for another number of ranks than the job has (``world``: ``--nproc`` in the launcher, else torchrun's
-    ``WORLD_SIZE``), and ``--zero 3`` (free gathered weights, ZeRO-3 / FSDP) with a plan that stores no weight
-    split and gathered (a TP x DP plan: ZeRO-1/2 apply); and a plan without token ids to train on."""
-    import os
-
+    for another model or another number of ranks than the job has (``world``: ``--nproc`` in the launcher, else
+    torchrun's ``WORLD_SIZE``), ``--zero 3`` (free gathered weights, FSDP) with a plan that stores no weight
+    split and gathered (TP x DP: ZeRO-1/2 apply), and a plan without token ids to train on."""
     import autoshard
+    from autoshard.plan_model import check_built
     from autoshard.report.groups import PlanView
     from autoshard.report.roles import fsdp_axes
     from autoshard.runtime.local_job import fail
@@ -192,6 +190,8 @@ def check_run(args: argparse.Namespace, world: int | None = None) -> None:
     plan_batch(plan)
     started = "torchrun started" if world is None else "--nproc asks for"
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    again = f"train.py plan --model {args.model} --nproc {world} --out PLAN.json"
+    check_built(plan, args.model, _meta_model(args.model), scaled=False, path=args.plan, replan=again)
     mesh = "x".join(map(str, plan.mesh_shape))
     problem = ""
     nproc = getattr(args, "nproc", 0)
@@ -331,24 +331,24 @@ def cmd_reference(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from autoshard.cli.args import OneLineParser, amount, positive, sizes  # usage errors: one line, exit 2
+
+    parser = OneLineParser(prog="train.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="write config.json + safetensors of a preset")
     init.add_argument("--preset", choices=sorted(PRESETS), default="llama-tiny")
-    init.add_argument("--shard-bytes", type=int, default=1 << 30)
+    init.add_argument("--shard-bytes", type=positive, default=1 << 30)
     plan = sub.add_parser("plan", help="plan on the meta device, save plan.json")
-    plan.add_argument("--nproc", type=int, required=True)
-    plan.add_argument("--mesh", default="")
+    plan.add_argument("--nproc", type=positive, required=True)
+    plan.add_argument("--mesh", type=sizes, default=None, help="axis sizes, e.g. 2x2 (default: one axis)")
     plan.add_argument("--layout", choices=["auto", "fsdp", "tp-dp"], default="auto")
     plan.add_argument("--profile", default="cpu")
-    plan.add_argument(
-        "--memory-limit", type=float, default=0.0, help="GiB per device (default: the profile's)"
-    )
+    plan.add_argument("--memory-limit", type=amount, help="GiB per device (default: the device's memory)")
     plan.add_argument("--out", default="plan.json")
     run = sub.add_parser("run", help="train under torchrun with a saved plan")
     run.add_argument("--plan", required=True)
     run.add_argument(
-        "--nproc", type=int, default=0, help="local ranks to start (default: the plan's); not under torchrun"
+        "--nproc", type=positive, help="local ranks to start (default: the plan's; not torchrun)"
     )
     run.add_argument("--zero", type=int, choices=[1, 2, 3], default=1)
     run.add_argument("--save", default="")
@@ -359,10 +359,10 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--model", required=True, help="directory with config.json (+ *.safetensors)")
         p.add_argument("--seed", type=int, default=0)
     for p in (plan, ref):
-        p.add_argument("--batch", type=int, default=4)
-        p.add_argument("--seq", type=int, default=32)
+        p.add_argument("--batch", type=positive, default=4)
+        p.add_argument("--seq", type=positive, default=32)
     for p in (run, ref):
-        p.add_argument("--steps", type=int, default=5)
+        p.add_argument("--steps", type=positive, default=5)
         p.add_argument("--lr", type=float, default=1e-3)
         p.add_argument("--metrics", default="", help="write the figures as JSON")
     args = parser.parse_args(argv)

@@ -16,7 +16,6 @@ the model replicated).
 
 from __future__ import annotations
 
-import argparse
 import copy
 from typing import Any
 
@@ -25,6 +24,7 @@ import torch.distributed as dist
 
 import autoshard
 from autoshard import zoo
+from autoshard.cli.args import OneLineParser, positive
 from autoshard.codegen import parallelize, shard_inputs
 from autoshard.runtime import init_from_env
 from autoshard.runtime.verify import cluster_for
@@ -49,11 +49,11 @@ def batches(steps: int, batch: int, seq: int, vocab: int) -> list[torch.Tensor]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="train_gpt2.py", description=__doc__.split("\n")[0])  # usage errors: one line
     parser.add_argument("--plan", choices=["dp", "megatron", "auto"], default="dp")
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--steps", type=positive, default=5)
+    parser.add_argument("--batch", type=positive, default=8)
+    parser.add_argument("--seq", type=positive, default=32)
     parser.add_argument("--lr", type=float, default=1e-2)
     args = parser.parse_args()
 

@@ -122,3 +122,31 @@ def test_the_fit_reproduces_the_bundled_a100_parameters():
     a100 = load_profile("a100x8")
     efficiency, attention, _ = fidelity.fit(a100)
     assert (efficiency, attention) == (a100.compute.efficiency_max, a100.compute.attention_efficiency)
+
+
+def test_quick_runs_never_write_the_committed_results(tmp_path, monkeypatch, capsys):
+    """A new-user trial found ``--quick`` rewriting tracked files (results/quick/): runs write under the
+    git-ignored out/benchmarks/ unless ``--out`` says otherwise, and only ``--write`` (a full run) records them
+    in benchmarks/results/."""
+    import subprocess
+
+    import benchmarks.__main__ as entry
+
+    assert entry.SCRATCH.parent.name == "out" and entry.SCRATCH.parents[1] == entry.RESULTS.parents[1]
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(entry.SCRATCH / "quick" / "SUMMARY.md")],
+                             cwd=entry.RESULTS.parents[1], check=False)  # fmt: skip
+    assert ignored.returncode == 0, "out/benchmarks/ must be ignored by git"
+    table = Table("t", "T", ("a",), [(1,)])
+    monkeypatch.setattr(entry, "_run_section", lambda module, quick, log: [table])
+    monkeypatch.setattr(entry, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(entry, "SCRATCH", tmp_path / "scratch")
+    assert main(["--quick", "--only", "optimality"]) == 0
+    assert (tmp_path / "scratch" / "quick" / "SUMMARY.md").exists() and not (tmp_path / "results").exists()
+    assert main(["--only", "optimality"]) == 0 and not (tmp_path / "results").exists()
+    assert (tmp_path / "scratch" / "t.csv").exists()
+    assert main(["--only", "optimality", "--write"]) == 0 and (tmp_path / "results" / "SUMMARY.md").exists()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(["--quick", "--write"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "a --quick run writes to" in err

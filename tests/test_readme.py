@@ -76,3 +76,13 @@ def test_single_process_snippets_run(tmp_path, monkeypatch) -> None:
         exec(compile(ast.Module(imports, []), "README imports", "exec"), namespace)
         exec(compile(blocks[k], f"README block {k}", "exec"), namespace)
     assert "weighted step" in namespace["multi"].summary()  # type: ignore[attr-defined]
+
+
+def test_the_model_list_names_every_zoo_model() -> None:
+    """A new-user trial found ``llama3-405b`` missing from the README's list: it names exactly ``zoo.names()``."""
+    from autoshard import zoo
+
+    text = " ".join(README.read_text().split())
+    listed = text.split("Built-in models (`--model`): ", 1)[1].split(" are built on the `meta` device", 1)[0]
+    names = set(re.findall(r"`([a-z0-9-]+)`", listed)) - {"verify"}
+    assert names == set(zoo.names()), names ^ set(zoo.names())

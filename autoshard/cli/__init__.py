@@ -32,10 +32,10 @@ import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from autoshard.cli import diff, dot, explain, ops, profile, search, shapes, show, verify, whatif
-from autoshard.cli.args import CliError, one_line, parse_choice
+from autoshard.cli.args import CliError, OneLineParser, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
 
@@ -55,13 +55,6 @@ COMMANDS: dict[str, ModuleType] = {
     "whatif": whatif,
     "ops": ops,
 }
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line (what, and where to read more), not argparse's usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
 def _warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> str:
@@ -120,14 +113,14 @@ class _ReaderMayLeave(io.TextIOBase):
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument(
         "--debug",
         action="store_true",
         default=argparse.SUPPRESS,
         help="print an error's traceback too (the exit code stays 2)",
     )
-    parser = _Parser(
+    parser = OneLineParser(
         prog="autoshard", description="Auto-parallel planner for PyTorch models.", parents=[common]
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

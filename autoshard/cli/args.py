@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import ast
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from autoshard.errors import AutoshardError
 
 __all__ = [
     "PATTERNS",
     "CliError",
+    "OneLineParser",
     "amount",
     "annotation",
     "first_clause",
@@ -20,6 +22,8 @@ __all__ = [
     "parse_choice",
     "pin_map",
     "positive",
+    "sizes",
+    "whole_in",
 ]
 
 PATTERNS = ("column", "row", "vocab", "replicate", "ring")  # ring: context-parallel attention
@@ -29,17 +33,30 @@ class CliError(AutoshardError, ValueError):
     """A command-line option that cannot work (a bad value, a missing file or tool)."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors in one line (what, and where to read more), not argparse's usage block; exit code 2.
+    Subparsers are of the same class.  ``examples/train.py`` parses with it too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def mesh(text: str) -> tuple[int, ...] | str:
     """Axis sizes (``2x8``), or ``auto``: search the mesh shape (:mod:`autoshard.meshsearch`)."""
     if text.strip().lower() == "auto":
         return "auto"
+    return sizes(text)
+
+
+def sizes(text: str) -> tuple[int, ...]:
+    """Mesh axis sizes: ``2x8`` (or ``2,8``) -> ``(2, 8)``."""
     try:
-        sizes = tuple(int(p) for p in text.lower().replace(",", "x").split("x"))
+        axes = tuple(int(p) for p in text.lower().replace(",", "x").split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"mesh {text!r}: write axis sizes like 2x8 or 16") from None
-    if not sizes or any(s < 1 for s in sizes):
+    if not axes or any(s < 1 for s in axes):
         raise argparse.ArgumentTypeError(f"mesh {text!r}: axis sizes must be positive integers, e.g. 2x8")
-    return sizes
+    return axes
 
 
 def positive(text: str) -> int:
@@ -50,6 +67,23 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value
+
+
+def whole_in(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """An argument type: a whole number from ``low`` to ``high``; ``why`` says where the bounds come from."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number ({low} to {high})") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is outside {low} to {high}{f' ({why})' if why else ''}"
+            )
+        return value
+
+    return parse
 
 
 def amount(text: str) -> float:

@@ -18,6 +18,7 @@ from autoshard.cli.args import (
     one_line,
     pin_map,
     positive,
+    whole_in,
 )
 from autoshard.errors import AutoshardError
 
@@ -34,6 +35,7 @@ __all__ = ["HELP", "add_arguments", "run"]
 
 HELP = "plan a model on a cluster, print the report"
 DEFAULT_MODEL = "gpt2"
+MAX_AXES = 4  # --max-axes: DP, FSDP/CP, TP and a pipeline or expert axis; more multiplies strategies per op
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -52,9 +54,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--max-axes",
-        type=positive,
+        type=whole_in(
+            1, MAX_AXES, f"--mesh auto tries meshes of at most {MAX_AXES} axes; 4-D can take minutes"
+        ),
         default=3,
-        help="with --mesh auto: the most mesh axes to try (default 3; 4-D meshes can take minutes to plan)",
+        help=f"with --mesh auto: the most mesh axes to try, 1 to {MAX_AXES} (default 3; 4-D meshes can take minutes)",
     )
     s.add_argument("--batch", type=positive, default=None, help="global batch size (zoo models)")
     s.add_argument("--seq", type=positive, default=None, help="sequence length (zoo models)")
@@ -94,6 +98,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument(
         "--schedule",
+        type=_schedule,
         default="auto",
         metavar="NAME",
         help="pipeline schedule: auto, gpipe, 1f1b, interleaved_1f1b, zb_v, interleaved_zb",
@@ -168,6 +173,16 @@ def _check_kinds(args: argparse.Namespace) -> None:
     from autoshard.steering import check_stages, forbidden_kinds
 
     check_stages(forbidden_kinds(args.allow, args.forbid), args.pp, stage_pin=False)
+
+
+def _schedule(text: str) -> str:
+    """``auto`` or a schedule the pipeline runs, refused before the model is built."""
+    from autoshard.pipeline.schedules import Schedule
+
+    names = ("auto", *(s.value for s in Schedule))
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a schedule; use one of {', '.join(names)}")
+    return text
 
 
 def _count_or_auto(text: str) -> int | str:

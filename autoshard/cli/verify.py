@@ -35,10 +35,21 @@ def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--allow-replicated", action="store_true", help="accept a check in which nothing distributed ran"
     )
+    v.add_argument(
+        "--seed", type=int, default=0, help="seed of the random inputs and output gradients (default 0)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Delegate to ``autoshard.runtime.verify.run_verify`` when this build has it (imported only here)."""
+    _check_options(args)
+    plan = None
+    if args.plan is not None:  # a --model the plan was not made for: refused before torch is imported
+        from autoshard.plan_model import check_spec
+        from autoshard.plans import load_plan
+
+        plan = load_plan(args.plan)
+        check_spec(plan, args.model, args.plan)
     try:
         found = importlib.util.find_spec(VERIFY_MODULE) is not None
     except ModuleNotFoundError:
@@ -47,11 +58,27 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             f"verify is not available in this build ({VERIFY_MODULE} is missing); plan with `autoshard search`"
         )
-    if args.mesh == "auto":
-        raise CliError("verify checks one plan on one mesh: give --mesh sizes, e.g. 2x2 (auto is for search)")
     run = getattr(importlib.import_module(VERIFY_MODULE), "run_verify", None)
     if not callable(run):
         raise CliError(f"verify is not available in this build ({VERIFY_MODULE} has no run_verify())")
+    options = {"annotations": pin_map(args.annotate), "float64": args.float64}
+    if args.seed:
+        options["seed"] = args.seed
+    if plan is not None:
+        options["plan"] = plan
+    if args.allow_replicated:
+        options["allow_replicated"] = True
+    if args.nodes is not None:
+        options["nodes"] = args.nodes
+    report = run(args.model, args.nproc, args.mesh, args.profile, **options)
+    print(report)
+    return 0 if getattr(report, "ok", False) else 1
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Options that cannot work together, refused before any file is read."""
+    if args.mesh == "auto":
+        raise CliError("verify checks one plan on one mesh: give --mesh sizes, e.g. 2x2 (auto is for search)")
     if args.plan is None and args.model is None:
         raise CliError("verify needs --plan PLAN.json (the plan you will deploy) or --model SPEC")
     if args.plan is not None and (args.nproc or args.nodes or args.mesh or args.annotate):
@@ -60,13 +87,3 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.nodes is not None and args.nproc is not None:
         raise CliError("--nodes and --nproc both size the cluster: give one")
-    options = {"annotations": pin_map(args.annotate), "float64": args.float64}
-    if args.plan is not None:
-        options["plan"] = args.plan
-    if args.allow_replicated:
-        options["allow_replicated"] = True
-    if args.nodes is not None:
-        options["nodes"] = args.nodes
-    report = run(args.model, args.nproc, args.mesh, args.profile, **options)
-    print(report)
-    return 0 if getattr(report, "ok", False) else 1

@@ -6,6 +6,9 @@ its batch split, memory over its budget: the rules ``search`` plans under), the 
 other plans becomes faster, naming both, or, for a plan that never crosses the first in the range, which of
 the two is faster where both run and by how much.  Nothing is re-planned: each plan keeps its strategies
 and the precision recipe it was priced for (named beside each plan when one is not bf16).
+
+``autoshard whatif PP.json --set inter_bandwidth=2 --set memory=40``: a pipelined plan re-priced on a changed
+cluster, its stage cut, schedule, microbatches and strategies kept (:mod:`autoshard.whatif_pipeline`).
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from autoshard.cli.args import CliError
 if TYPE_CHECKING:
     from autoshard.whatif import PlanCost
 
-__all__ = ["HELP", "add_arguments", "run", "vary"]
+__all__ = ["HELP", "add_arguments", "run", "setting", "vary"]
 
-HELP = "print where another saved plan becomes faster as batch, seq, devices or bandwidth vary"
+HELP = (
+    "print where another saved plan becomes faster as batch, seq, devices or bandwidth vary, or re-price a "
+    "pipelined plan on faster links or less memory (--set)"
+)
 
 
 def vary(text: str) -> tuple[str, float, float]:
@@ -44,24 +50,56 @@ def vary(text: str) -> tuple[str, float, float]:
     return name, lo, hi
 
 
+def setting(text: str) -> tuple[str, float]:
+    """``inter_bandwidth=2`` -> ``("inter_bandwidth", 2.0)``."""
+    name, _, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--set {text!r}: write NAME=VALUE, e.g. inter_bandwidth=2 or memory=40"
+        ) from None
+    return name, number
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", help="a plan saved with search --out")
     parser.add_argument(
-        "--against", nargs="+", required=True, metavar="PLAN.json", help="the other plans to compare with"
+        "--against", nargs="+", default=None, metavar="PLAN.json", help="the other plans to compare with"
     )
     parser.add_argument(
         "--vary",
         type=vary,
         action="append",
-        required=True,
+        default=None,
         metavar="NAME=LOW..HIGH",
         help="batch, seq, devices (plans on one mesh axis) or bandwidth (x the profile's); repeatable",
     )
     parser.add_argument("--show", action="store_true", help="print each plan's step-time expression")
+    parser.add_argument(
+        "--set",
+        type=setting,
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="pipelined plans: re-price on bandwidth, inter_bandwidth or intra_bandwidth (x the profile's) or "
+        "memory (GiB per device); repeatable",
+    )
+    parser.add_argument(
+        "--model", default=None, help="with --set: the model the plan was made for (default: the plan's)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from autoshard.plans import load_plan
+
+    if args.set:
+        return _run_set(args)
+    if not args.against or not args.vary:
+        raise CliError(
+            "whatif needs --against OTHER.json and --vary NAME=LOW..HIGH (or, for a pipelined plan, "
+            "--set NAME=VALUE)"
+        )
     from autoshard.whatif import check_same_model, check_varies, common, crossovers, lead, plan_cost
 
     paths = [args.plan, *args.against]
@@ -97,6 +135,29 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {lead(base, other, name, a, b)}")
             if not both:
                 print(f"  {base.name} and {other.name} never both run in {name} {lo:g}..{hi:g}")
+    return 0
+
+
+def _run_set(args: argparse.Namespace) -> int:
+    """``--set``: one pipelined plan re-priced under the settings (:mod:`autoshard.whatif_pipeline`)."""
+    from autoshard.plan_model import check_spec
+    from autoshard.plans import load_plan
+    from autoshard.whatif_pipeline import check_setting, pipeline_whatif, render
+
+    if args.against or args.vary:
+        raise CliError("--set re-prices one pipelined plan: drop --against and --vary (or drop --set)")
+    _names([args.plan])
+    settings = dict(args.set)
+    for name, value in settings.items():
+        check_setting(name, value)  # before the rebuild: a refused setting costs nothing
+    plan = load_plan(args.plan)
+    check_spec(plan, args.model, args.plan)  # before the model is built and captured
+    if plan.pipeline is None:
+        raise CliError(
+            f"--set re-prices a pipelined plan; {args.plan} has no stages: compare it with --against OTHER.json "
+            "--vary NAME=LOW..HIGH (bandwidth scales its links)"
+        )
+    print(render(pipeline_whatif(plan, settings, args.model)))
     return 0
 
 

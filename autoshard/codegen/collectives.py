@@ -55,6 +55,7 @@ __all__ = [
     "MeshComm",
     "RingHop",
     "format_steps",
+    "gather_dtype",
     "join_unused",
     "parse_steps",
     "redistribute",
@@ -78,6 +79,7 @@ class RingHop(NamedTuple):
     mesh_axis: int
     nbytes: int  # what this rank sent: its K and V (and, backward, their gradients)
     sends: int  # its point-to-point sends (one per tensor)
+    elements: int = 0  # the elements of those tensors (nbytes in any dtype: verify runs no autocast)
 
 
 class MeshComm:
@@ -91,7 +93,7 @@ class MeshComm:
     gather or split, so a gathered tensor is in global order again.
     """
 
-    __slots__ = ("coord", "groups", "hops", "log", "mesh_shape", "zigzag_axis")
+    __slots__ = ("coord", "groups", "hops", "log", "low_gathers", "mesh_shape", "zigzag_axis")
 
     def __init__(
         self,
@@ -107,6 +109,7 @@ class MeshComm:
         self.log: list[CollectiveRecord] | None = [] if record else None
         self.hops: list[RingHop] | None = [] if record else None
         self.zigzag_axis: int | None = None
+        self.low_gathers = False  # the plan's recipe gathers parameters in autocast's dtype (gather_dtype)
         if not (len(self.mesh_shape) == len(self.coord) == len(self.groups)):
             raise ValueError(
                 f"MeshComm needs one coordinate and one group per mesh axis: mesh {self.mesh_shape}, "
@@ -300,29 +303,50 @@ def run_steps(x: torch.Tensor, steps: Sequence[Step], comm: MeshComm, phase: str
 
 # -- autograd ----------------------------------------------------------------------------------------------------
 class _Redistribute(torch.autograd.Function):
-    """Forward: the edge's forward steps.  Backward: the edge's planned backward steps on the gradient."""
+    """Forward: the edge's forward steps (on ``x`` cast to ``low`` first, when given).  Backward: the edge's
+    planned backward steps on the gradient, in ``x``'s own dtype."""
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, comm: MeshComm, forward: tuple[Step, ...], backward: tuple[Step, ...]
+        ctx: Any,
+        x: torch.Tensor,
+        comm: MeshComm,
+        forward: tuple[Step, ...],
+        backward: tuple[Step, ...],
+        low: torch.dtype | None = None,
     ) -> torch.Tensor:
-        ctx.comm, ctx.steps = comm, backward
-        return run_steps(x, forward, comm, "forward")
+        ctx.comm, ctx.steps, ctx.dtype = comm, backward, x.dtype
+        return run_steps(x if low is None else x.to(low), forward, comm, "forward")
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        return run_steps(grad, ctx.steps, ctx.comm, "backward"), None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None, None]:
+        return run_steps(grad.to(ctx.dtype), ctx.steps, ctx.comm, "backward"), None, None, None, None
+
+
+def gather_dtype(x: torch.Tensor, comm: MeshComm) -> torch.dtype | None:
+    """The dtype the forward collectives of ``x`` run in: autocast's for a parameter of a module whose plan
+    gathers parameters in the 16-bit dtype (``comm.low_gathers``: the amp recipe, FSDP2's
+    ``MixedPrecisionPolicy.param_dtype``, :func:`autoshard.problem.autocast.recast_parameter`) while autocast
+    is on and narrower than ``x``, else None (its own)."""
+    device = x.device.type
+    if not (comm.low_gathers and isinstance(x, torch.nn.Parameter) and torch.is_autocast_enabled(device)):
+        return None
+    low = torch.get_autocast_dtype(device)
+    return low if low.itemsize < x.element_size() else None
 
 
 def redistribute(x: torch.Tensor, comm: MeshComm, forward: str, backward: str = "") -> torch.Tensor:
     """What the emitted graph calls on an edge: run ``forward`` now and ``backward`` on the gradient.
 
-    ``forward``/``backward`` are step lists in :func:`format_steps` notation.
+    ``forward``/``backward`` are step lists in :func:`format_steps` notation.  A parameter gathered under
+    the amp recipe (:func:`gather_dtype`) is cast to autocast's dtype before the forward steps and its
+    gradient back to its own before the backward ones: gathered in bf16, reduced in fp32, as priced.
     """
     fwd, bwd = parse_steps(forward), parse_steps(backward)
+    cast = gather_dtype(x, comm) if any(s.is_collective for s in fwd) else None
     if not (torch.is_grad_enabled() and x.requires_grad):
-        return run_steps(x, fwd, comm, "forward")
-    return _Redistribute.apply(x, comm, fwd, bwd)
+        return run_steps(x if cast is None else x.to(cast), fwd, comm, "forward")
+    return _Redistribute.apply(x, comm, fwd, bwd, cast)
 
 
 class _Join(torch.autograd.Function):

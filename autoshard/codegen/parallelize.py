@@ -138,6 +138,7 @@ def parallelize(
     where = torch.device(device) if device is not None else _default_device()
     cluster, zigzag = cluster or plan_cluster(plan), plan.zigzag_axis
     opts = CostOptions(training=plan.training, precision=recipe(plan.precision))  # amp: bytes as priced
+    comm.low_gathers = opts.precision is not None and opts.precision.gather_dtype is not None  # amp: bf16
     lowered = lower_graph(
         captured, strategies, cluster, comm.coord, training=plan.training, device=where, zigzag_axis=zigzag,
         opts=opts,

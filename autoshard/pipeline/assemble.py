@@ -151,6 +151,9 @@ def assemble(
         output_placements=tuple(widen(p) for p in intra.output_placements),
         collectives=collectives,
         ring_transfers=tuple(dataclasses.replace(r, mesh_axis=r.mesh_axis + 1) for r in intra.ring_transfers),
+        optimizer_gathers=tuple(
+            dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in intra.optimizer_gathers
+        ),
         nodes=_worst_device_nodes(candidate, intra),
         predicted_step_time=split.step_seconds + cut,
         communication_time=exposed + p2p + cut,

@@ -49,7 +49,14 @@ from autoshard.search import SearchProblem, Solution
 from autoshard.strategies import OpStrategy
 from cost_models.overlap import SyncStream
 
-__all__ = ["boundary_bytes", "part_costs", "runtime_reserve", "stage_memory_problem", "tied_weights"]
+__all__ = [
+    "boundary_bytes",
+    "part_costs",
+    "part_names",
+    "runtime_reserve",
+    "stage_memory_problem",
+    "tied_weights",
+]
 
 _PRE, _LAYER, _POST = 0, 1, 2
 
@@ -65,6 +72,12 @@ def _where(built: BuiltProblem) -> dict[str, int]:
         name: _LAYER if built.infos[name].block is not None else (_PRE if i < first else _POST)
         for i, name in enumerate(order)
     }
+
+
+def part_names(built: BuiltProblem) -> dict[str, str]:
+    """Each node's part by name, ``"pre"``, ``"layer"`` or ``"post"`` (the split :func:`part_costs` prices):
+    which chunks run it (the first, every one, the last)."""
+    return {name: ("pre", "layer", "post")[part] for name, part in _where(built).items()}
 
 
 def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:

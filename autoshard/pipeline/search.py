@@ -61,7 +61,7 @@ from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute, node_compute
 from autoshard.search import BoundExceeded, Solution, solve
 
-__all__ = ["Candidate", "Layout", "compute_floor", "layout", "search_pipeline"]
+__all__ = ["Candidate", "Layout", "compute_floor", "layout", "microbatch_args", "search_pipeline"]
 
 BuildFn = Callable[[Captured, Cluster, CostOptions, float], BuiltProblem]
 CaptureFn = Callable[[tuple[Any, ...], dict[str, Any]], Captured]
@@ -159,6 +159,11 @@ def _microbatch_args(
         return x
 
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+microbatch_args = _microbatch_args
+"""One microbatch's inputs (the first ``size`` samples of every batch-sized tensor), as the search captures
+them: :mod:`autoshard.pipeline_replay` rebuilds a saved plan's stage problem from the same cut."""
 
 
 def microbatch_sizes(batch: int, nodes: int) -> tuple[int, ...]:

@@ -27,30 +27,28 @@ def headline(plan: Plan) -> str:
     """One line: ``PP 8 (interleaved, v=3) × TP 8 × DP 16, 64 microbatches of 1`` (``CP 16 (zigzag)``).
 
     The degrees are derived again from the plan's axes (not read from ``Plan.degrees``, which a file saved by
-    an older version may hold differently), so the line matches the report's "mesh axes" section."""
-    from autoshard.report.axes import KIND_ORDER
+    an older version may hold differently), so the line matches the report's "mesh axes" section.  An axis
+    splitting weights and experts alike is named by both (``TP/EP 8``); a module an axis splits otherwise
+    than its kind says is named (``DP 16 (lm_head vocab-split on axis 0)``,
+    :func:`autoshard.report.axes.split_notes`); a plan that splits nothing says so (``replicated on 8
+    devices: no collective``).  ``autoshard search`` and ``show`` both print this line first."""
+    from autoshard.report.axes import KIND_ORDER, axis_uses, degrees, split_notes
+    from autoshard.report.groups import PlanView
 
-    found = degrees_of(plan, 0 if plan.pipeline is not None else None)
-    parts = []
-    for kind in KIND_ORDER:
-        size = found.get(kind, 1)
-        if size <= 1:
-            continue
-        text = f"{kind.upper()} {size}"
-        if kind == "pp" and plan.pipeline is not None:
-            name = Schedule(plan.pipeline.schedule).short
-            v = plan.pipeline.virtual_stages
-            text += f" ({name}, v={v})" if v > 1 else f" ({name})"
-        if kind == "cp" and plan.context_axis is not None:
-            text += f" ({plan.context_layout})"  # the ring axis's sequence layout (zigzag: load-balanced)
-        if kind == "fsdp":  # how many parameters, counted as the DP note and the body count them
-            text += _fsdp_note(plan)
-        if kind == "dp":  # some weights FSDP-sharded on a DP axis: say so (report.axes.dp_weights_note)
-            text += _dp_note(plan)
-        if kind == "ep":  # what every axis does to the experts (report.axes.experts_note)
-            text += _ep_note(plan)
-        parts.append(text)
-    head = " × ".join(parts) or "no parallelism (replicated)"
+    view = PlanView.of(plan)
+    uses = [u for u in axis_uses(view, 0 if plan.pipeline is not None else None) if u.kind is not None]
+    sizes: dict[str, int] = {}  # axis label -> degree, outermost kind first
+    for use in sorted(uses, key=lambda u: KIND_ORDER.index(str(u.kind))):
+        sizes[use.label] = sizes.get(use.label, 1) * use.size
+    notes = split_notes(view, uses)
+    parts, told = [], set()  # a note said once (TP/EP 8 × EP 2 share the experts note)
+    for label, size in sizes.items():
+        said = [note for kind in label.lower().split("/") for note in _kind_notes(plan, kind)]
+        said = [note for note in dict.fromkeys(said + notes.get(label, [])) if note not in told]
+        told |= set(said)
+        parts.append(f"{label} {size}" + (f" ({'; '.join(said)})" if said else ""))
+    head = " × ".join(parts) or _replicated(plan)
+    found = degrees(uses)
     batch = max((shape[0][0] for shape in plan.input_shapes.values() if shape[0]), default=0)
     replicas = found.get("dp", 1) * found.get("fsdp", 1)
     if plan.microbatches > 1 and batch:
@@ -59,25 +57,49 @@ def headline(plan: Plan) -> str:
     return f"{head}, 1 microbatch"
 
 
+def _replicated(plan: Plan) -> str:
+    """The headline of a plan no mesh axis splits: what every device waits for (``Plan.collectives``, ring
+    hops and ZeRO-1's ``Plan.optimizer_gathers``)."""
+    devices = f"{plan.num_devices} device{'s' * (plan.num_devices != 1)}"
+    moved = len(plan.collectives) + sum(r.hops for r in plan.ring_transfers)
+    waits = "no collective" if not moved else f"{moved} collective{'s' * (moved != 1)} of small ops"
+    gathers = len(plan.optimizer_gathers)
+    if gathers:
+        waits += (
+            f"{' but' if not moved else ','} ZeRO-1's {gathers} optimizer all-gather{'s' * (gathers != 1)}"
+        )
+    return f"replicated on {devices}: {waits}"
+
+
+def _kind_notes(plan: Plan, kind: str) -> list[str]:
+    """What the headline says beside one kind's degree (schedule, ring layout, parameter counts)."""
+    if kind == "pp" and plan.pipeline is not None:
+        name = Schedule(plan.pipeline.schedule).short
+        v = plan.pipeline.virtual_stages
+        return [f"{name}, v={v}" if v > 1 else name]
+    if kind == "cp" and plan.context_axis is not None:
+        return [plan.context_layout]  # the ring axis's sequence layout (zigzag: load-balanced)
+    note = {"fsdp": _fsdp_note, "dp": _dp_note, "ep": _ep_note}.get(kind)
+    text = note(plan) if note is not None else ""
+    return [text] if text else []
+
+
 def _ep_note(plan: Plan) -> str:
     from autoshard.report.axes import experts_note
     from autoshard.report.groups import PlanView
 
-    note = experts_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
-    return f" ({note})" if note else ""
+    return experts_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
 
 
 def _dp_note(plan: Plan) -> str:
     from autoshard.report.axes import dp_weights_note
     from autoshard.report.groups import PlanView
 
-    note = dp_weights_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
-    return f" ({note})" if note else ""
+    return dp_weights_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
 
 
 def _fsdp_note(plan: Plan) -> str:
     from autoshard.report.axes import fsdp_note
     from autoshard.report.groups import PlanView
 
-    note = fsdp_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
-    return f" ({note})" if note else ""
+    return fsdp_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)

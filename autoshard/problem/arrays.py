@@ -86,8 +86,23 @@ def node_parts(
     """The node's :class:`NodeParts`, priced strategy by strategy the first time (``output``: the node
     decides a graph output, whose Partial is reduced)."""
 
+    def collectives() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The parts a collective prices: dispatch (forward, backward) and the output's reduction.  The
+        rest (compute, casts, optimizer, memory) reads no collective price: a zigzag cluster, which differs
+        from its plain one in those prices alone, takes it from the plain one's cache."""
+        columns: list[list[float]] = [[], [], []]
+        for strat in strategies:
+            fixes = output_fix_steps(info, strat, cache.steps, opts.precision) if output else None
+            reduce = steps_time(fixes, cluster) if fixes is not None else 0.0
+            for column, value in zip(
+                columns, (*dispatch_times(info, strat, cluster, inputs), reduce), strict=True
+            ):
+                column.append(value)
+        df, db, fix = (_frozen(c) for c in columns)
+        return df, db, fix
+
     def make() -> NodeParts:
-        columns: list[list[float]] = [[] for _ in range(9)]
+        columns: list[list[float]] = [[] for _ in range(6)]
         sizes = operand_bytes(info, inputs)
         for strat in strategies:
             fwd, hidden = (
@@ -97,29 +112,33 @@ def node_parts(
                 if info.kind == "op"
                 else (0.0, (0.0, 0.0))
             )
-            reduce = (
-                steps_time(output_fix_steps(info, strat, cache.steps, opts.precision), cluster)
-                if output
-                else 0.0
-            )
             row = (
                 fwd,
                 *hidden,
-                *dispatch_times(info, strat, cluster, inputs),
                 optimizer_time(info, strat, cluster, opts),
                 node_memory(info, strat, cluster, opts, True),
                 node_memory(info, strat, cluster, opts, False),
-                reduce,
             )
             for column, value in zip(columns, row, strict=True):
                 column.append(value)
-        f, hf, hb, df, db, opt, kept, dropped, fix = (_frozen(c) for c in columns)
+        f, hf, hb, opt, kept, dropped = (_frozen(c) for c in columns)
         grads = grad_factor(info, inputs) if info.kind == "op" else 0.0
+        df, db, fix = collectives()
         return NodeParts(f, (hf, hb), grads, (df, db), opt, kept, dropped, fix)
 
     def shared() -> NodeParts:  # a node of an identical layer may have priced them already
         return cache.get("node", (_signature(info, inputs, strategies, output), node_key(opts)), make)
 
+    base = cache.base
+    if base is not None:  # a zigzag cluster: only the collectives are priced again
+
+        def repriced() -> NodeParts:
+            assert base is not None
+            plain = node_parts(info, strategies, inputs, base.cluster, opts, base, output)
+            df, db, fix = collectives()
+            return dataclasses.replace(plain, dispatch=(df, db), fix=fix)
+
+        return cache.get("node of", (info.name, output, node_key(opts)), repriced)
     return cache.get("node of", (info.name, output, node_key(opts)), shared)
 
 
@@ -188,7 +207,7 @@ def _compute(
     def ring(f: np.ndarray, b: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         back = np.broadcast_to(b, f.shape)
         pairs = [
-            ring_seconds(info, s, cluster, inputs, float(fk), float(bk), opts.cp_layout)
+            ring_seconds(info, s, cluster, inputs, float(fk), float(bk), opts.cp_layout, opts.precision)
             for s, fk, bk in zip(strategies, f, back, strict=True)
         ]
         return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
@@ -222,7 +241,8 @@ def edge_tables(
     duals = np.array([steps.intern(dual_spec(o) if o is not None else None) for o in outs])
     grads = np.array([steps.intern(s.input_grads[pos]) for s in dst_list])
     # a consumer that needs the value but yields no gradient (None) costs nothing backward
-    return forward, pairwise_ids(grads, duals, meta.shape, size, steps).T
+    back = moved_itemsize(producer, which, precision, gradient=True)
+    return forward, pairwise_ids(grads, duals, meta.shape, back, steps).T
 
 
 def priced_edge(

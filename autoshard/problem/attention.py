@@ -23,7 +23,9 @@ each K/V head repeated ``r`` times in a row, proven by :mod:`autoshard.capture.g
 contiguous heads of them come in runs of :func:`kv_stride` ``= gcd(r, h)`` equal heads.  The ring rotates one
 head of each run and copies it back per hop (:func:`autoshard.codegen.context.context_sdpa`), so a hop
 carries ``1 / kv_stride`` of the copied K/V's local bytes; :func:`ring_block_bytes` prices exactly that
-(read by :mod:`autoshard.problem.context` and :mod:`autoshard.problem.ring_hops`).
+(read by :mod:`autoshard.problem.context` and :mod:`autoshard.problem.ring_hops`), at the bytes per element
+the ring sends them in: under the amp recipe autocast's 16-bit dtype, whatever the captured one
+(:func:`autoshard.problem.autocast.ring_itemsize`).
 
 Pure: functions of the node record and the strategy.
 
@@ -37,12 +39,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from autoshard.capture.meta import TensorMeta
 from autoshard.placement import Shard, ShardingSpec
+from autoshard.problem.autocast import ring_itemsize
 from autoshard.problem.graph import NodeInfo
 from autoshard.strategies import OpStrategy
 from cost_models.compute import causal_share
+
+if TYPE_CHECKING:
+    from cost_models.memory import PrecisionPolicy
 
 __all__ = ["causal_attention", "kv_stride", "ring_block_bytes", "rows_split", "runs_causal"]
 
@@ -99,12 +106,16 @@ def ring_block_bytes(
     kv: tuple[TensorMeta, TensorMeta],
     specs: tuple[ShardingSpec | None, ShardingSpec | None],
     mesh: tuple[int, ...],
+    precision: PrecisionPolicy | None = None,
 ) -> float:
     """Bytes of this device's K and V as the ring rotates them, one forward hop (module doc): the local
-    pieces of K and V under ``specs``, each divided by its :func:`kv_stride`."""
+    pieces of K and V under ``specs``, each divided by its :func:`kv_stride`, at the bytes per element
+    ``precision`` (``CostOptions.precision``) sends them in."""
     total = 0.0
     for meta, spec in zip(kv, specs, strict=True):
-        local = meta.nbytes / _shards(spec, mesh)
+        size = ring_itemsize(info, meta.itemsize, precision)
+        nbytes = meta.nbytes if size == meta.itemsize else meta.nbytes // meta.itemsize * size
+        local = nbytes / _shards(spec, mesh)
         if info.kv_repeats > 1 and len(meta.shape) == 4:  # (B, H, S, E): heads on dim 1
             local /= kv_stride(info.kv_repeats, meta.shape[1] // _shards(spec, mesh, dim=1))
         total += local

@@ -28,7 +28,18 @@ output's shard (exact on one device).
 
 Moved (:func:`moved_itemsize`, read by every redistribution the intra-op problem prices and by the
 ``Plan.collectives`` it reports): a tensor moves, and its gradient comes back, in its producer's amp dtype --
-fp32 parameters and their gradients, a product's 16-bit output, the fp32 residual stream and norms.
+a product's 16-bit output, the fp32 residual stream and norms.  A parameter (fp32 under amp) moves as the
+recipe says, FSDP2's mixed precision (``PrecisionPolicy.gather_dtype`` / ``reduce_dtype``, torch's
+``fully_shard`` ``MixedPrecisionPolicy``): its shard is cast to the 16-bit dtype and all-gathered in it (half
+the bytes of an fp32 gather), its gradient reduced (reduce-scattered, or all-reduced when replicated) in fp32.
+The gathered buffer, held while its consumer runs, is the 16-bit one (:mod:`autoshard.problem.extras`).  The
+emitted program does the same under autocast (:func:`autoshard.codegen.collectives.gather_dtype`).
+
+Ring hops (:func:`ring_itemsize`, read by :func:`autoshard.problem.attention.ring_block_bytes`): autocast
+casts every float operand of fused attention to the 16-bit dtype before it runs, so a ring's K/V blocks and
+their gradients travel in it -- the K of HF's rotary (fp32 under amp: ``k * cos`` with fp32 ``cos``) at half
+its moved bytes.  :func:`autoshard.codegen.context.context_sdpa` casts q, k, v as autocast would before the
+ring when autocast is on, so the emitted hops carry exactly these bytes.
 """
 
 from __future__ import annotations
@@ -52,6 +63,8 @@ __all__ = [
     "autocast_scale",
     "autocast_seconds",
     "moved_itemsize",
+    "recast_parameter",
+    "ring_itemsize",
     "uses_autocast",
     "weight_bytes",
 ]
@@ -99,16 +112,46 @@ def uses_autocast(policy: PrecisionPolicy | None) -> bool:
     return policy is not None and policy.autocast is not None
 
 
-def moved_itemsize(info: NodeInfo, which: int, policy: PrecisionPolicy | None) -> int:
-    """Bytes per element of ``info``'s output ``which`` as a redistribution moves it, forward and as the
-    gradient coming back: its amp dtype's (``NodeInfo.autocast_dtype``) under an autocast ``policy``, else
-    the captured tensor's own.  Outputs of another dtype than the first (integer indices) keep theirs."""
+def moved_itemsize(
+    info: NodeInfo, which: int, policy: PrecisionPolicy | None, *, gradient: bool = False
+) -> int:
+    """Bytes per element of ``info``'s output ``which`` as a redistribution moves it forward, or (with
+    ``gradient``) as its gradient comes back: its amp dtype's (``NodeInfo.autocast_dtype``) under an
+    autocast ``policy``, else the captured tensor's own -- but an fp32 parameter moves (is all-gathered) in
+    the policy's ``gather_dtype`` and its gradient in its ``reduce_dtype`` (module doc).  Outputs of another
+    dtype than the first (integer indices) keep theirs."""
     meta = info.outputs[which]
     assert meta is not None
     amp, first = info.autocast_dtype, info.outputs[0]
-    if not uses_autocast(policy) or amp in ("", meta.dtype) or first is None or meta.dtype != first.dtype:
+    if not uses_autocast(policy) or first is None or meta.dtype != first.dtype:
         return meta.itemsize
-    return itemsize(amp)
+    assert policy is not None
+    recast = policy.reduce_dtype if gradient else policy.gather_dtype
+    if recast is not None and recast_parameter(info, policy):
+        return itemsize(recast)
+    return meta.itemsize if amp in ("", meta.dtype) else itemsize(amp)
+
+
+def recast_parameter(info: NodeInfo, policy: PrecisionPolicy | None) -> bool:
+    """Whether ``info`` is a parameter that moves in ``policy``'s gather and reduce dtypes (module doc): an
+    fp32 parameter under an autocast recipe that names them.  The emitted program casts those gathers
+    (:func:`autoshard.codegen.collectives.gather_dtype`)."""
+    return (
+        uses_autocast(policy)
+        and policy is not None
+        and (policy.gather_dtype, policy.reduce_dtype) != (None, None)
+        and info.kind == "parameter"
+        and info.autocast_dtype == "float32"
+    )
+
+
+def ring_itemsize(info: NodeInfo, captured: int, policy: PrecisionPolicy | None) -> int:
+    """Bytes per element of a K or V block (``captured`` bytes per element in the graph) as ring attention
+    ``info`` rotates it: under an autocast ``policy``, the attention's own amp dtype (autocast's 16-bit
+    dtype, to which it casts every float operand first: module doc), else ``captured``."""
+    if not uses_autocast(policy) or not info.autocast_dtype.startswith(_FLOATS):
+        return captured
+    return itemsize(info.autocast_dtype)
 
 
 def weight_bytes(itemsize: int, policy: PrecisionPolicy | None) -> int:

@@ -4,10 +4,10 @@ A ring strategy (:mod:`autoshard.strategies.rules.attention`) splits q, k, v and
 sequence over one mesh axis of ``n`` devices; :func:`autoshard.codegen.context.context_sdpa` runs it.  Per
 step of the ring each device attends its queries to the K/V block it holds while sending that block on:
 
-- forward: ``n - 1`` hops of the local K and V (of grouped-query copies, one head per run of copies:
-  :func:`autoshard.problem.attention.ring_block_bytes`).  A ring all-gather of ``S = n · b`` bytes is exactly
-  ``n - 1`` hops of ``b`` bytes (REFERENCE.md, ring all-gather ``(n−1)·α + (n−1)/n · S/B``), so the
-  hops cost ``collective_time("all_gather", n · b)`` on that axis;
+- forward: ``n - 1`` hops of the local K and V (of grouped-query copies, one head per run of copies; under
+  the amp recipe in autocast's 16-bit dtype: :func:`autoshard.problem.attention.ring_block_bytes`).  A
+  ring all-gather of ``S = n · b`` bytes is exactly ``n - 1`` hops of ``b`` bytes (REFERENCE.md, ring
+  all-gather ``(n−1)·α + (n−1)/n · S/B``), so the hops cost ``collective_time("all_gather", n · b)`` on that axis;
 - backward: ``n`` hops (the last brings the K/V gradients home) of K, V, dK and dV: ``n / (n − 1)`` times
   the all-gather of ``2 · n · b``;
 - overlap: each hop overlaps the block computed meanwhile, so only communication beyond the node's own
@@ -59,14 +59,18 @@ from autoshard.strategies import OpStrategy
 
 if TYPE_CHECKING:
     from autoshard.problem.build import BuiltProblem
+    from cost_models.memory import PrecisionPolicy
 
 __all__ = [
     "ContextChoice",
     "ZigzagCluster",
     "choose_layout",
     "context_degrees",
+    "needs_one_run",
+    "one_run_op",
     "one_run_ops",
     "permutation_seconds",
+    "plain_cluster",
     "reorder_seconds",
     "ring_axis_of",
     "ring_axis_of_plan",
@@ -103,6 +107,13 @@ def zigzag_cluster(cluster: Cluster, axis: int) -> ZigzagCluster:
     return ZigzagCluster(cluster.profile, cluster.nodes, cluster.mesh_shape, cluster.axis_names, axis)
 
 
+def plain_cluster(cluster: Cluster) -> Cluster:
+    """The cluster a :class:`ZigzagCluster` reorders on one axis (``cluster`` itself when it is plain)."""
+    if not isinstance(cluster, ZigzagCluster):
+        return cluster
+    return Cluster(cluster.profile, cluster.nodes, cluster.mesh_shape, cluster.axis_names)
+
+
 def zigzag_axis_of(cluster: Cluster) -> int | None:
     """The mesh axis a cluster prices in the zigzag layout, else None."""
     return cluster.zigzag_axis if isinstance(cluster, ZigzagCluster) else None
@@ -127,13 +138,14 @@ def ring_seconds(
     fwd: float,
     bwd: float,
     layout: str = "zigzag",
+    precision: PrecisionPolicy | None = None,
 ) -> tuple[float, float]:
     """(forward, backward) seconds context parallelism adds to a node's priced compute (module doc): a ring
     strategy's hops, causal work and imbalance; infinity for a one-run op split on a zigzag axis.
     ``layout``: ``"contiguous"`` prices rings off the cluster's zigzag axis contiguous, ``"zigzag"`` or
-    ``"auto"`` balanced."""
+    ``"auto"`` balanced; ``precision`` (``CostOptions.precision``): the bytes per element the hops carry."""
     zigzag = zigzag_axis_of(cluster)
-    if zigzag is not None and _needs_one_run(info, strategy, zigzag):
+    if zigzag is not None and needs_one_run(info, strategy, zigzag):
         return math.inf, math.inf
     if _SDPA not in info.target or len(inputs) < 3:
         return 0.0, 0.0
@@ -146,7 +158,7 @@ def ring_seconds(
     if axis is None or cluster.mesh_shape[axis] == 1:  # no ring (an axis of one device moves nothing)
         return 0.0, 0.0
     n = cluster.mesh_shape[axis]
-    local = ring_block_bytes(info, (k, v), (spec, strategy.inputs[2]), tuple(cluster.mesh_shape))
+    local = ring_block_bytes(info, (k, v), (spec, strategy.inputs[2]), tuple(cluster.mesh_shape), precision)
     hops = functools.partial(Cluster.collective_time, cluster, axis=axis)  # the hops reorder nothing
     comm_fwd = hops("all_gather", n * local)
     comm_bwd = n / (n - 1) * hops("all_gather", 2 * n * local)
@@ -244,17 +256,23 @@ losses, triangular masks, expert ranges): under zigzag a device holds two runs, 
 
 
 def one_run_ops(infos: Mapping[str, NodeInfo], chosen: Mapping[str, OpStrategy], axis: int) -> list[str]:
-    return [infos[name].module or name for name, s in chosen.items() if _needs_one_run(infos[name], s, axis)]
+    return [infos[name].module or name for name, s in chosen.items() if needs_one_run(infos[name], s, axis)]
 
 
-def _needs_one_run(info: NodeInfo, strategy: OpStrategy, axis: int) -> bool:
-    """Whether the op reads one run of a dim its strategy splits on ``axis`` (``_ONE_RUN``)."""
-    if not any(op in info.target for op in _ONE_RUN):
+def needs_one_run(info: NodeInfo, strategy: OpStrategy, axis: int) -> bool:
+    """Whether the op reads one run of a dim its strategy splits on ``axis`` (``_ONE_RUN``): a
+    :class:`ZigzagCluster` on ``axis`` refuses that strategy."""
+    if not one_run_op(info):
         return False
     if "embedding" in info.target:  # a lookup reads only its table's vocab offset (ids may split freely)
         table = strategy.inputs[0] if strategy.inputs else None
         return table is not None and table.placements[axis] == Shard(0)
     return any(spec is not None and isinstance(spec.placements[axis], Shard) for spec in strategy.inputs)
+
+
+def one_run_op(info: NodeInfo) -> bool:
+    """Whether some strategy of the node may need one run of a split dim (:func:`needs_one_run`)."""
+    return any(op in info.target for op in _ONE_RUN)
 
 
 def ring_axis_of(infos: Mapping[str, NodeInfo], info: NodeInfo, strategy: OpStrategy) -> int | None:

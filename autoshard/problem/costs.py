@@ -194,7 +194,7 @@ def node_compute(
     )
 
     def ring(f: float, b: float) -> tuple[float, float]:
-        return ring_seconds(info, strategy, cluster, inputs, f, b, opts.cp_layout)
+        return ring_seconds(info, strategy, cluster, inputs, f, b, opts.cp_layout, opts.precision)
 
     f, b = timed(info, fwd, hidden, grad_factor(info, inputs), opts, ring)
     return float(f), float(b)

@@ -41,6 +41,7 @@ from autoshard.problem.recompute import (
 from autoshard.problem.ring_hops import ring_transfers
 from autoshard.problem.runs import reads_into_run
 from autoshard.problem.step import critical_path
+from autoshard.problem.zero_gathers import zero_gathers
 from autoshard.redistribute import Step
 from autoshard.search import Solution
 from autoshard.strategies import OpStrategy
@@ -115,6 +116,7 @@ def extract_plan(
         },
         nodes=nodes,
         collectives=tuple(collectives),
+        optimizer_gathers=zero_gathers(built, pick, collectives),  # listed, not in the step (its doc)
         predicted_step_time=step,  # the critical path under options.overlap (autoshard.problem.step)
         compute_time=compute,
         communication_time=comm,

@@ -8,9 +8,10 @@ memory the budget constrained.
 
 Gathered weights.  A parameter stored with spec ``h`` and read by a consumer that wants spec ``w`` is
 all-gathered before use when ``h -> w`` has an all-gather step; the gathered buffer (``Step.nbytes`` of the
-last gather: the tensor unsharded over that axis) lives while the consumer runs.  The size depends on the
-*pair* of strategies, so each such parameter use gets an auxiliary node whose states are the pairs
-``(w, b)`` of a wanted spec and a buffer size that occur: an edge to the consumer allows only states with
+last gather: the tensor unsharded over that axis, in the dtype it is gathered in --
+:func:`~autoshard.problem.autocast.moved_itemsize`: bf16 under the amp recipe) lives while the consumer runs.
+The size depends on the *pair* of strategies, so each such parameter use gets an auxiliary node whose states
+are the pairs ``(w, b)`` of a wanted spec and a buffer size that occur: an edge to the consumer allows only states with
 its ``w``, an edge to the parameter only states whose ``b`` is what its ``h`` gathers into that ``w``
 (``inf`` otherwise, no cost), and the node's memory is ``b``.  (Pairs ``(h, w)`` would do too; keying by
 size merges the stored specs that gather the same bytes: 81 states become ~20 on a 2-D mesh.)  Exact and
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autoshard.problem.autocast import moved_itemsize
 from autoshard.problem.costs import CostOptions, _local_bytes
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.moves import StepCache
@@ -44,6 +46,7 @@ from autoshard.problem.shared import BuildCache
 from autoshard.search import Edge
 from autoshard.search.problem import format_bytes
 from autoshard.strategies import OpStrategy
+from cost_models.memory import PrecisionPolicy
 
 __all__ = ["GatherNode", "MemoryExtras", "extra_memory", "memory_extras"]
 
@@ -126,11 +129,14 @@ def memory_extras(
     ``shared``: the builds of one capture keep the gather nodes and each variable's output sizes there
     (:mod:`autoshard.problem.shared`); only ``keeps`` and the prefetch depth differ between builds."""
     prefetch = 1 + opts.overlap.prefetch
+    precision = opts.precision
     if shared is None:
-        gathers = _gathers(uses, infos, template, strategies, cache, prefetch)
+        gathers = _gathers(uses, infos, template, strategies, cache, prefetch, precision)
     else:
         gathers = shared.get(
-            "gathers", prefetch, lambda: _gathers(uses, infos, template, strategies, cache, prefetch)
+            "gathers",
+            (prefetch, precision),
+            lambda: _gathers(uses, infos, template, strategies, cache, prefetch, precision),
         )
     temporary = tuple(_temporary(infos[v], strategies[v], keeps, opts, cache, shared) for v in variables)
     layers = {infos[g.producer].block[0] for g in gathers if infos[g.producer].block is not None}  # type: ignore[index]
@@ -150,6 +156,7 @@ def _gathers(
     strategies: dict[str, tuple[OpStrategy, ...]],
     cache: StepCache,
     prefetch: int,
+    precision: PrecisionPolicy | None,
 ) -> tuple[GatherNode, ...]:
     gathers: list[GatherNode] = []
     seen: set[tuple[str, str, int, int]] = set()
@@ -161,7 +168,7 @@ def _gathers(
             continue
         seen.add(key)
         factor = prefetch if producer.block is not None else 1
-        node = _gather_node(producer, tu, tv, use.which, use.position, strategies, cache, factor)
+        node = _gather_node(producer, tu, tv, use.which, use.position, strategies, cache, factor, precision)
         if node is not None:
             for array in (node.memory, node.have, node.want):
                 array.setflags(write=False)  # shared by every build of the capture
@@ -178,16 +185,18 @@ def _gather_node(
     strategies: dict[str, tuple[OpStrategy, ...]],
     cache: StepCache,
     factor: int,
+    precision: PrecisionPolicy | None,
 ) -> GatherNode | None:
     meta = producer.outputs[which] if which < len(producer.outputs) else None
     if meta is None:
         return None
+    itemsize = moved_itemsize(producer, which, precision)  # amp: the recipe's gather dtype
     have = np.array(
         [cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in strategies[tu]]
     )
     want = np.array([cache.intern(s.inputs[pos]) for s in strategies[tv]])
     sizes = {
-        (int(h), int(w)): _gathered(cache, int(h), int(w), tuple(meta.shape), meta.itemsize)
+        (int(h), int(w)): _gathered(cache, int(h), int(w), tuple(meta.shape), itemsize)
         for h in np.unique(have)
         for w in np.unique(want)
     }

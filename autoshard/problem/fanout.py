@@ -253,7 +253,8 @@ def _tables(
         return forward, None
     duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
     grads = [g for _, g in elements]
-    return forward, pairwise_ids(grads, duals, meta.shape, size, cache).T
+    back = moved_itemsize(producer, which, opts.precision, gradient=True)
+    return forward, pairwise_ids(grads, duals, meta.shape, back, cache).T
 
 
 def _priced(

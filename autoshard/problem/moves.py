@@ -10,7 +10,8 @@ The backward of an edge ``u → v`` redistributes the gradient ``v``'s strategy 
 (``OpStrategy.input_grads``) to the dual of ``u``'s output spec (:func:`dual_spec`: ``S(d) → S(d)``,
 ``P → R``, ``R → R``); a model output left ``Partial`` is reduced before it is returned
 (:func:`output_fix_steps`).  Both move the tensor at the bytes per element
-:func:`~autoshard.problem.autocast.moved_itemsize` gives (under amp, its producer's autocast dtype).
+:func:`~autoshard.problem.autocast.moved_itemsize` gives (under amp, its producer's autocast dtype; a
+parameter's gather and its gradient's reduction in the recipe's gather and reduce dtypes).
 """
 
 from __future__ import annotations
@@ -69,11 +70,13 @@ class StepCache:
     placement objects; many edges of a transformer share shapes and spec pairs and so share entries.
     """
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, specs: StepCache | None = None) -> None:
+        """``specs``: a cache whose spec ids this one shares (a zigzag cluster's with its plain cluster's, so
+        the build caches' entries that hold ids mean the same specs: problem/shared.py)."""
         self.cluster = cluster
         self.mesh_shape = cluster.mesh_shape
-        self._ids: dict[ShardingSpec, int] = {}
-        self._specs: list[ShardingSpec] = []
+        self._ids: dict[ShardingSpec, int] = {} if specs is None else specs._ids
+        self._specs: list[ShardingSpec] = [] if specs is None else specs._specs
         self._steps: dict[tuple, tuple[Step, ...] | None] = {}
         self._times: dict[tuple, float] = {}
         self.prices = PriceTable.for_cluster(cluster)  # whole edge matrices at once (the builder's hot path)
@@ -146,7 +149,8 @@ def edge_steps(
     grad = dst.input_grads[position]
     if grad is None:
         return EdgeSteps(fwd, ())
-    bwd = cache.get(grad, dual_spec(have), meta.shape, size)
+    back = moved_itemsize(producer, which, opts.precision, gradient=True)
+    bwd = cache.get(grad, dual_spec(have), meta.shape, back)
     if bwd is None:
         return _INFEASIBLE
     return EdgeSteps(fwd, bwd)

@@ -1,15 +1,14 @@
 """Redistribution prices for whole edge-cost matrices at once: the same numbers, without a search per pair.
 
 :func:`autoshard.redistribute.redistribute_time` prices one (source spec, target spec) pair by a Dijkstra search
-over layouts.  An edge of the search problem needs that price for every pair of the producer's distinct
-output specs and the consumer's distinct input specs; on a 3-D mesh a LLaMA-3-8B problem asks for ~430k pairs
-over ~175 layout graphs, and one Python search per pair dominated planning (36 s of 54 s).
+over layouts; an edge needs every pair of the producer's and consumer's distinct specs (LLaMA-3-8B on a 3-D
+mesh: ~430k pairs over ~175 layout graphs; a Python search per pair took 36 s of 54 s of planning).
 
 Here each layout graph, one per (tensor shape, element size, mesh), is built once from the move list the
-search itself walks (``redistribute_steps._moves``: one description of the moves), priced by
-the cluster's ``collective_time``.  Shortest paths then come from a vectorised Bellman-Ford over every
-source layout an edge needs at once (numpy, rows = sources).  Per target, only the axes where the target is
-``P`` may be entered as ``P`` (as in the search), so there is one edge set per such axis mask.
+search itself walks (``redistribute_steps._moves``), priced by the cluster's ``collective_time`` (a zigzag
+cluster's: its plain cluster's graph with the moves on its axis repriced).  Shortest paths then come from a
+vectorised Bellman-Ford over every source layout an edge needs at once (numpy, rows = sources).  Per target,
+only the axes where the target is ``P`` may be entered as ``P`` (as in the search): one edge set per mask.
 
 Exactness: Bellman-Ford computes ``D[s, v] = min(D[s, v], D[s, u] + w(u, v))``, the same left-to-right float
 sums the Dijkstra search accumulates along a path, and both return the minimum over all paths of that sum;
@@ -30,6 +29,7 @@ specs cost 0, a spec that does not fit the tensor or a non-sum ``Partial`` makes
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -68,13 +68,16 @@ class _Graph:
     v: np.ndarray  # move targets
     w: np.ndarray  # seconds
     enters_p: np.ndarray  # (moves,) bool per axis: the axis whose move enters P, -1 for none
+    axis: np.ndarray  # the mesh axis of each move
+    moves: tuple[tuple[str, int, int], ...]  # (kind, bytes, axis) of each move: what its price is asked for
 
 
 class PriceTable:
-    """Memoised all-sources shortest paths per layout graph, for one cluster."""
+    """Memoised all-sources shortest paths per layout graph, for one cluster; ``base``: (the plain cluster's
+    table, the zigzag axis) for a :class:`~autoshard.problem.context.ZigzagCluster` (:meth:`_graph`)."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: Cluster, base: tuple[PriceTable, int] | None = None) -> None:
+        self.cluster, self.base = cluster, base
         self.mesh_shape = tuple(cluster.mesh_shape)
         self._graphs: dict[tuple[tuple[int, ...], int], _Graph] = {}
         # (shape, itemsize, P-axis mask) -> (start index -> row, distances (rows, layouts))
@@ -82,14 +85,19 @@ class PriceTable:
         self._prices: dict[tuple[str, int, int], float] = {}
         # pairwise(): (src specs, dst specs, shape, itemsize) -> table; _start(): (spec, shape) -> sorted-dims layout
         self._tables: dict[tuple, np.ndarray] = {}
-        self._starts: dict[tuple[ShardingSpec, tuple[int, ...]], tuple[int, ...] | str] = {}
+        self._starts: dict[tuple[ShardingSpec, tuple[int, ...]], tuple[int, ...] | str]
+        self._starts = base[0]._starts if base else {}  # a layout reads the mesh alone: shared with the plain
 
     @staticmethod
     @functools.lru_cache(maxsize=8)
     def for_cluster(cluster: Cluster) -> PriceTable:
         """One shared table per cluster: a re-plan on the same mesh (the recomputation retry, another
         input shape) reuses every layout graph and shortest path already priced."""
-        return PriceTable(cluster)
+        from autoshard.problem.context import plain_cluster, zigzag_axis_of
+
+        axis = zigzag_axis_of(cluster)
+        base = None if axis is None else (PriceTable.for_cluster(plain_cluster(cluster)), axis)
+        return PriceTable(cluster, base)
 
     # -- the public entry --------------------------------------------------------------------------------------
     def pairwise(
@@ -188,7 +196,16 @@ class PriceTable:
         key = (shape, itemsize)
         found = self._graphs.get(key)
         if found is None:
-            found = self._graphs[key] = self._build(shape, itemsize)
+            if self.base is None:
+                found = self._build(shape, itemsize)
+            else:  # the plain graph, the moves on the zigzag axis repriced: off it, a ZigzagCluster's
+                table, axis = self.base  # collective_time is the plain one's (the same float)
+                found = table._graph(shape, itemsize)
+                w = found.w.copy()
+                for k in np.flatnonzero(found.axis == axis):
+                    w[k] = self._price(*found.moves[k])
+                found = dataclasses.replace(found, w=w)
+            self._graphs[key] = found
         return found
 
     def _build(self, shape: tuple[int, ...], itemsize: int) -> _Graph:
@@ -203,18 +220,22 @@ class PriceTable:
         vs: list[int] = []
         ws: list[float] = []
         enters: list[int] = []
+        moves: list[tuple[str, int, int]] = []
         for lay in layouts:
             for axis, move, nxt in _moves(lay, shape, itemsize, mesh, targets):  # the search's move list
                 us.append(index[lay])
                 vs.append(index[nxt])
                 ws.append(self._price(move[0], move[3], axis))
                 enters.append(axis if nxt[axis] == _P else -1)
+                moves.append((move[0], move[3], axis))
         return _Graph(
             index,
             np.array(us, dtype=np.int64),
             np.array(vs, dtype=np.int64),
             np.array(ws, dtype=np.float64),
             np.array(enters, dtype=np.int64),
+            np.array([m[2] for m in moves], dtype=np.int64),
+            tuple(moves),
         )
 
     def _price(self, kind: str, nbytes: int, axis: int) -> float:

@@ -6,7 +6,8 @@ the terms :func:`autoshard.problem.context.ring_seconds` prices them:
 
 - forward: ``n - 1`` hops per device of its local K and V blocks on an axis of ``n`` devices, together the
   time of a ring all-gather of ``n`` such blocks; grouped-query K/V copies travel as one head per run of
-  copies (:func:`autoshard.problem.attention.ring_block_bytes`, the rule the emitted ring follows);
+  copies, under the amp recipe in autocast's 16-bit dtype (:func:`autoshard.problem.attention.ring_block_bytes`,
+  the rule the emitted ring follows);
 - backward: ``n`` hops of K, V, dK and dV (the last brings the gradients home), ``n / (n - 1)`` times the
   all-gather of ``2n`` blocks;
 - recomputation: a block recomputed in backward (full recomputation re-runs attention) runs its forward hops
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from autoshard.cluster import Cluster
 from autoshard.plans import RingTransfer
 from autoshard.problem.attention import ring_block_bytes
+from autoshard.problem.autocast import ring_itemsize
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.context import ring_axis_of
 from autoshard.problem.costs import recomputed, repeats
@@ -50,8 +52,9 @@ def ring_transfers(
         k, v = (built.infos[info.inputs[i]].outputs[info.input_outputs[i]] for i in (1, 2))
         if k is None or v is None:
             continue
-        block = ring_block_bytes(info, (k, v), (strategy.inputs[1], strategy.inputs[2]), cluster.mesh_shape)
         opts, blocks = built.options, (1 if name in built.runs else built.multiplicity[name])
+        specs = (strategy.inputs[1], strategy.inputs[2])
+        block = ring_block_bytes(info, (k, v), specs, cluster.mesh_shape, opts.precision)
         copies = blocks * repeats(opts, parameter=False, backward=False)
         training = opts.training and info.requires_grad
         runs = copies  # forward runs: once, and again in backward where recomputed (the first k blocks)
@@ -59,14 +62,15 @@ def ring_transfers(
             runs += round(blocks * opts.recompute_share) * repeats(opts, parameter=False, backward=False)
         hop = Cluster.collective_time  # the hops reorder nothing (as ring_seconds prices them)
         forward = hop(cluster, "all_gather", n * block, axis)
+        size = ring_itemsize(info, k.itemsize, opts.precision)
         out.append(
-            RingTransfer("forward", axis, (n - 1) * runs, int(block), name, info.module, forward * runs)
+            RingTransfer("forward", axis, (n - 1) * runs, int(block), name, info.module, forward * runs, size)
         )
         if training:
             backward = n / (n - 1) * hop(cluster, "all_gather", 2 * n * block, axis)
             out.append(
                 RingTransfer(
-                    "backward", axis, n * copies, int(2 * block), name, info.module, backward * copies
+                    "backward", axis, n * copies, int(2 * block), name, info.module, backward * copies, size
                 )
             )
     return tuple(out)

@@ -16,6 +16,14 @@ What keys what (so nothing that changes a price can hit a stale entry):
 - the capture (its ``GraphModule``, held weakly, and its repeated-block record) and the cluster (profile,
   mesh, a :class:`~autoshard.problem.context.ZigzagCluster`'s axis: compared with ``==``, which tells the
   two classes apart) are the cache's own: :func:`build_cache` hands out one per pair;
+- a zigzag cluster differs from its plain cluster only in ``collective_time`` on its axis (a reordering
+  copy added), so its cache rests on the plain cluster's (``BuildCache.base``; the layout search builds
+  up to one per mesh axis): the kinds in :data:`COLLECTIVE_FREE` and each node's compute, casts,
+  optimizer and memory figures come from there (problem/arrays.py prices only its dispatch and output
+  reduction again), its spec ids are the plain cache's (one interning), and its layout graphs are the
+  plain ones with the moves on its axis repriced (problem/pricing.py).  Edge and fan-out tables and
+  gathered sizes are priced again: a raised move price changes shortest paths and the paths' gathers.
+  ``tests/problem/test_shared.py`` checks such a build against one sharing nothing, bit for bit;
 - ``CostOptions.training``, ``shard_optimizer`` and ``precision`` change stored per-node figures and key
   them (:func:`node_key`); ``training`` also keys the fan-out elements and edge tables, and
   ``overlap.prefetch`` the gathered-buffer nodes;
@@ -37,7 +45,7 @@ import torch.fx as fx
 from autoshard.cluster import Cluster
 from autoshard.problem.costs import CostOptions, StepCache
 
-__all__ = ["BuildCache", "build_cache", "node_key"]
+__all__ = ["COLLECTIVE_FREE", "BuildCache", "build_cache", "node_key"]
 
 T = TypeVar("T")
 
@@ -48,15 +56,24 @@ class BuildCache:
     ``steps`` is the :class:`StepCache` the built problems carry: the interned spec ids stored here are
     its ids, so a cache is bound to one."""
 
-    def __init__(self, cluster: Cluster, blocks: object, steps: StepCache | None = None) -> None:
+    def __init__(
+        self, cluster: Cluster, blocks: object, steps: StepCache | None = None, base: BuildCache | None = None
+    ) -> None:
         self.cluster = cluster
         self.blocks = blocks  # the capture's BlockInfo: a capture re-cut differently is another graph
-        self.steps = steps if steps is not None else StepCache(cluster)
+        self.base = base  # a zigzag cluster's: the plain cluster's cache (module docstring)
+        if base is not None:
+            assert steps is None, "a zigzag cluster's cache interns its specs with its plain cluster's"
+            steps = StepCache(cluster, specs=base.steps)
+        self.steps: StepCache = steps if steps is not None else StepCache(cluster)
         self._entries: dict[tuple[str, Any], Any] = {}
         self.hits = 0  # entries served from the cache (tests and benchmarks read it)
 
     def get(self, kind: str, key: Any, make: Callable[[], T]) -> T:
-        """The entry ``(kind, key)``, made by ``make()`` the first time."""
+        """The entry ``(kind, key)``, made by ``make()`` the first time; a kind no collective prices
+        (:data:`COLLECTIVE_FREE`) comes from the plain cluster's cache when this one has it."""
+        if self.base is not None and kind in COLLECTIVE_FREE:
+            return self.base.get(kind, key, make)
         full = (kind, key)
         found: Any = self._entries.get(full)
         if found is None and full not in self._entries:
@@ -64,6 +81,13 @@ class BuildCache:
         else:
             self.hits += 1
         return found
+
+
+#: Entry kinds whose figures no collective prices (a local output's bytes: the mesh alone), served to a
+#: zigzag cluster's cache by its plain cluster's.  Per-node figures share their collective-free part the
+#: same way (problem/arrays.py ``node_parts``); edge tables, fan-out tables and gathered sizes are priced
+#: again (a zigzag axis raises some move prices, and with them shortest paths and the paths' gathers).
+COLLECTIVE_FREE = frozenset({"largest output"})
 
 
 def node_key(opts: CostOptions) -> tuple[bool, bool, object]:
@@ -77,9 +101,15 @@ _CACHES: weakref.WeakKeyDictionary[fx.GraphModule, dict[Cluster, BuildCache]] = 
 
 def build_cache(gm: fx.GraphModule, blocks: object, cluster: Cluster, steps: StepCache | None) -> BuildCache:
     """The cache of ``gm`` on ``cluster``; a new one when the capture's blocks differ or the caller brings
-    its own :class:`StepCache` (then bound to it, so the ids it interns stay consistent)."""
+    its own :class:`StepCache` (then bound to it, so the ids it interns stay consistent).  A zigzag
+    cluster's cache (no :class:`StepCache` of the caller's) rests on its plain cluster's."""
+    from autoshard.problem.context import plain_cluster
+
     per_cluster = _CACHES.setdefault(gm, {})
     found = per_cluster.get(cluster)
-    if found is None or found.blocks != blocks or (steps is not None and found.steps is not steps):
-        found = per_cluster[cluster] = BuildCache(cluster, blocks, steps)
+    plain = plain_cluster(cluster)
+    base = build_cache(gm, blocks, plain, None) if plain != cluster and steps is None else None
+    stale = found is not None and base is not None and found.base is not base
+    if found is None or stale or found.blocks != blocks or (steps is not None and found.steps is not steps):
+        found = per_cluster[cluster] = BuildCache(cluster, blocks, steps, base)
     return found

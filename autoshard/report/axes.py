@@ -31,6 +31,12 @@ kind                    when
 (none)                  nothing is split on the axis: every device of it computes the same
 ======================  ================================================================================
 
+An axis splitting experts by expert and weights otherwise (attention heads, column/row) is named by both
+kinds, ``TP/EP`` (:attr:`AxisUse.label`, thresholds :data:`MIXED_SHARE`, :data:`NOTE_SHARE`); its degree in
+``Plan.degrees`` stays under the larger share's kind.  A module whose weights an axis splits otherwise than
+its kind says (the LM head split over the vocabulary on a DP axis) is named beside the degree
+(:func:`split_notes`), so that the headline never says less than the body.
+
 Example::
 
     for use in axis_uses(PlanView.of(plan)):
@@ -43,12 +49,30 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from autoshard.report.groups import OpRow, PlanView
-from autoshard.report.labels import shard_dim
+from autoshard.report.labels import axes_text, shard_dim
 from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_params
 
-__all__ = ["KIND_ORDER", "AxisUse", "axis_uses", "degrees", "dp_weights_note", "experts_note", "fsdp_note"]
+__all__ = [
+    "KIND_ORDER",
+    "AxisUse",
+    "axis_uses",
+    "degrees",
+    "dp_weights_note",
+    "experts_note",
+    "fsdp_note",
+    "split_notes",
+]
 
 KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
+MIXED_SHARE = 0.10
+"""An EP axis whose weight splits (heads, column/row) hold at least this share of the weighted compute is
+named by both kinds ("TP/EP 8"): Mixtral's attention is ~17 % of a layer's matmul time beside its experts,
+its router below 1 % (a router split alone leaves the axis EP).  A TP axis that splits experts by expert
+is TP/EP from :data:`NOTE_SHARE` of the compute: splitting the experts is what makes an axis EP."""
+NOTE_SHARE = 0.01
+"""A module whose weights an axis splits otherwise than the axis's kind says (an LM head split over the
+vocabulary on a DP axis) is named in the headline from this share of the weighted compute (LLaMA-3-8B's
+head: 6.5 %; an embedding's lookup, ~0 %, is not: the strategy section shows it)."""
 _FAMILY = {
     "batch": "batch",
     "sequence": "sequence",
@@ -60,6 +84,8 @@ _FAMILY = {
     "experts": "experts",
 }
 _WEIGHTED = ("matmul", "grouped_mm", "attention", "embedding")
+_KIND_FAMILY = {"tp": "features", "ep": "experts", "dp": "batch", "fsdp": "batch", "sp": "sequence"}
+_KIND_FAMILY["cp"] = "sequence"
 _SAYS = {
     "batch": "activations split by batch",
     "sequence": "activations split by sequence",
@@ -82,6 +108,15 @@ class AxisUse:
     params: int
     gathered: bool  # some parameter stored split is all-gathered before use (FSDP)
     params_gathered: int = 0  # how many of them
+    also: str = ""  # a second kind the axis is named by ("ep" beside "tp": MIXED_SHARE), "" for none
+    also_share: float = 0.0  # its share of the weighted compute
+
+    @property
+    def label(self) -> str:
+        """The axis's name in the headline and the "mesh axes" lines: ``TP``, ``TP/EP``; "" when nothing
+        is split."""
+        kinds = sorted({self.kind, self.also} - {None, ""}, key=KIND_ORDER.index)
+        return "/".join(str(k).upper() for k in kinds)
 
     def __str__(self) -> str:
         head = f"axis {self.axis} ({self.size}): "
@@ -100,7 +135,10 @@ class AxisUse:
         if self.gathered:
             every = self.params_gathered in (0, self.params_split)
             stored += ", gathered before use" if every else f", {self.params_gathered} gathered before use"
-        return f"{head}{self.kind.upper()}: {what} ({self.share:.0%} of the weighted compute); {stored}"
+        share = f"{self.share:.0%} of the weighted compute"
+        if self.also:  # two weight splits on one axis: both shares
+            share = f"{self.share:.0%}; {_SAYS[_KIND_FAMILY[self.also]]}: {self.also_share:.0%} of the weighted compute"
+        return f"{head}{self.label}: {what} ({share}); {stored}"
 
 
 def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]:
@@ -114,7 +152,8 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
         if size == 1:
             continue
         split = sum(1 for spec in placements.values() if axis < len(spec) and spec[axis].startswith("S("))
-        family, share, ring = _compute(view, axis)
+        shares, ring = _shares(view, axis)
+        family, share = _largest(shares)
         fsdp = len(gathered.get(axis, ()))
         if axis == pipeline_axis:
             kind: str | None = "pp"
@@ -122,7 +161,13 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
             kind, ring = "cp", True
         else:
             kind = _kind(family, ring, fsdp, len(placements))
-        out.append(AxisUse(axis, size, kind, family, share, ring, split, len(placements), fsdp > 0, fsdp))
+        also, also_share = "", 0.0
+        if kind in ("tp", "ep"):  # weights split and experts split on one axis: name both (MIXED_SHARE)
+            other = "ep" if kind == "tp" else "tp"
+            also_share = shares.get(_KIND_FAMILY[other], 0.0)
+            also = other if also_share >= (MIXED_SHARE if other == "tp" else NOTE_SHARE) else ""
+        uses = (split, len(placements), fsdp > 0, fsdp)
+        out.append(AxisUse(axis, size, kind, family, share, ring, *uses, also, also_share if also else 0.0))
     return out
 
 
@@ -202,9 +247,77 @@ def _expert_use(view: PlanView, row: OpRow, axis: int) -> str:
     return "tokens split, experts " + ("gathered" if gathered else "replicated")
 
 
-def _compute(view: PlanView, axis: int) -> tuple[str, float, bool]:
-    """(family of the largest compute share, that share, attention split by sequence) on ``axis``."""
-    ulysses = any("attention" in all_to_all_axes(view, g).get(axis, set()) for g in view.groups())
+def split_notes(view: PlanView, uses: list[AxisUse]) -> dict[str, list[str]]:
+    """What the headline adds to each axis label (:attr:`AxisUse.label`) so that it never says less than
+    the body: the modules whose weights an axis splits otherwise than its kind says, from
+    :data:`NOTE_SHARE` of the weighted compute, largest first (at most :data:`MAX_NOTES`):
+    ``{"DP": ["lm_head vocab-split on axis 0"]}``.  A CP axis may split weights without a note (its
+    "mesh axes" line names both)."""
+    rows = [r for r in view.ops if r.kind in _WEIGHTED]
+    total = sum(r.node.compute_seconds for r in rows)
+    seconds: dict[tuple[str, str, str], float] = defaultdict(float)
+    axes: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for use in uses:
+        if use.kind is None or use.kind == "pp":
+            continue
+        named = {_KIND_FAMILY[use.kind], _KIND_FAMILY.get(use.also, "")}
+        named |= {use.compute} if use.kind == "cp" else set()
+        ulysses = _ulysses(view, use.axis)
+        for row in rows:
+            role = axis_role(row, use.axis)
+            family = _FAMILY.get(role or "")
+            if row.kind == "attention" and role == "heads" and ulysses:
+                family = "sequence"
+            if family not in ("features", "experts") or family in named or role is None:
+                continue
+            key = (use.label, _module_words(view, row), _SPLIT_WORDS[role](row))
+            seconds[key] += row.node.compute_seconds
+            if use.axis not in axes[key]:
+                axes[key].append(use.axis)
+    out: dict[str, list[str]] = defaultdict(list)
+    for key in sorted(seconds, key=lambda k: -seconds[k]):
+        label, module, split = key
+        if seconds[key] >= NOTE_SHARE * total > 0.0:
+            out[label].append(f"{module} {split} on {axes_text(axes[key])}")
+    return {label: _capped(notes) for label, notes in out.items()}
+
+
+MAX_NOTES = 3  # the headline names at most this many modules per axis label; the body lists them all
+_SPLIT_WORDS = {
+    "column": lambda r: "vocab-split" if r.part == "head" else "column-split",
+    "row": lambda r: "row-split",
+    "heads": lambda r: "split by heads",
+    "vocab": lambda r: "vocab-split",
+    "hidden": lambda r: "hidden-split",
+    "experts": lambda r: "split by expert",
+}
+_PART_WORDS = {"attention": "attention", "mlp": "MLP", "experts": "experts", "head": "output layer"}
+
+
+def _module_words(view: PlanView, row: OpRow) -> str:
+    """``lm_head``; in a stack, the stack and the part: ``model.layers.0–31 experts``."""
+    count = max((r.node.count for r in view.ops if r.group == row.group), default=1)
+    if count <= 1:
+        return row.group
+    return f"{row.group} {_PART_WORDS.get(row.part, row.local or row.part)}"
+
+
+def _capped(notes: list[str]) -> list[str]:
+    if len(notes) <= MAX_NOTES:
+        return notes
+    rest = len(notes) - MAX_NOTES
+    return [*notes[:MAX_NOTES], f"{rest} more module{'s' * (rest > 1)} split otherwise (mesh axes below)"]
+
+
+def _ulysses(view: PlanView, axis: int) -> bool:
+    """Attention heads exchanged for the sequence by all-to-all around attention on ``axis`` (Ulysses)."""
+    return any("attention" in all_to_all_axes(view, g).get(axis, set()) for g in view.groups())
+
+
+def _shares(view: PlanView, axis: int) -> tuple[dict[str, float], bool]:
+    """({family: share of the weighted ops' compute time} on ``axis``, attention split by sequence); the
+    families in the order the largest share wins ties in (plans without compute times: the most ops)."""
+    ulysses = _ulysses(view, axis)
     seconds: dict[str, float] = defaultdict(float)
     ops: dict[str, int] = defaultdict(int)  # ties (plans without compute times) go to the most ops
     total = 0.0
@@ -222,10 +335,13 @@ def _compute(view: PlanView, axis: int) -> tuple[str, float, bool]:
         ring = ring or (row.kind == "attention" and role == "sequence")
         seconds[family] += row.node.compute_seconds
         ops[family] += 1
-    if not seconds:
-        return "", 0.0, ring
-    family = max(seconds, key=lambda f: (seconds[f], ops[f], f))
-    return family, (seconds[family] / total if total else 0.0), ring
+    order = sorted(seconds, key=lambda f: (seconds[f], ops[f], f), reverse=True)
+    return {f: (seconds[f] / total if total else 0.0) for f in order}, ring
+
+
+def _largest(shares: dict[str, float]) -> tuple[str, float]:
+    """The family that wins (the first of :func:`_shares`' order) and its share; ``("", 0.0)`` for none."""
+    return next(iter(shares.items()), ("", 0.0))
 
 
 def _kind(family: str, ring: bool, gathered: int, params: int) -> str | None:

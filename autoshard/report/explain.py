@@ -58,40 +58,27 @@ class Explanation:
     chosen: Terms
     runner_up: Terms | None  # None: the node has one strategy
     options: int  # strategies the node had
+    stages: tuple[int, ...] = ()  # pipelined plans: the stages (chunks) that run this decision
 
 
 def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
     """The search problem the plan was solved on: its model rebuilt from ``plan.source`` (or ``spec``, a zoo
-    name; model files are never run from a plan), captured and priced on the plan's cluster."""
-    from autoshard import zoo
+    name; model files are never run from a plan), captured and priced on the plan's cluster.  A pipelined
+    plan's is its stage problem, as the pipeline search built it (:mod:`autoshard.pipeline_replay`: the stage
+    sub-mesh, one microbatch's shapes; refused when it does not price the plan's step)."""
     from autoshard.capture import capture
     from autoshard.capture.experts import plan_fuses_experts
     from autoshard.codegen.parallelize import plan_cluster
     from autoshard.problem.build import build_problem
     from autoshard.problem.costs import CostOptions, Recompute, recipe
 
-    if plan.pipeline is not None:  # its decisions do not cover the one whole-model problem rebuilt here
-        raise AutoshardError(
-            f"plan of {plan.model} is pipelined ({len(plan.pipeline.stages)} stages): explain does not "
-            "support pipelined plans yet (it rebuilds one whole-model problem, which the plan's per-stage "
-            "decisions do not cover); explain a plan searched without --pp"
-        )
+    if plan.pipeline is not None:  # the stage problem the pipeline search solved (its sub-mesh, microbatch)
+        from autoshard.pipeline_replay import replay
 
-    source = dict(plan.source)
-    name = spec or str(source.get("spec") or "")
-    if not name:
-        raise AutoshardError(f"the plan does not record its model ({plan.model}): pass --model SPEC")
-    if spec is None and name.rpartition(":")[0].endswith(".py"):
-        raise AutoshardError(
-            f"the plan was made from {name}; a plan never runs code it names: pass --model {name}"
-        )
-    batch, seq = source.get("batch"), source.get("seq")
-    if name.rpartition(":")[0].endswith(".py"):
-        case = zoo.load_spec(name)
-    else:
-        case = zoo.build(
-            name, batch=None if batch is None else int(batch), seq=None if seq is None else int(seq)
-        )
+        return replay(plan, spec).built
+    from autoshard.pipeline_replay import model_case
+
+    case = model_case(plan, spec)  # checks the built model's class and parameter names (plan_model)
     fuse = plan_fuses_experts(plan.nodes)  # the graph the plan was made on
     captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto", fuse_experts=fuse)
     layers = (
@@ -108,21 +95,12 @@ def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
 
 
 def _choices(plan: Plan, built: BuiltProblem) -> list[int]:
-    by_name = {n.name: n.strategy for n in plan.nodes}
-    choice = []
-    for v in built.variables:
-        labels = [str(s) for s in built.strategies[v]]
-        label = by_name.get(v)
-        if label not in labels:
-            raise AutoshardError(
-                f"graph node {v} of the rebuilt model has no decision {label!r} in the plan: the model or its "
-                "inputs differ from the planned ones (pass the --model it was planned with)"
-            )
-        choice.append(labels.index(label))
-    return choice
+    from autoshard.pipeline_replay import stage_choice
+
+    return list(stage_choice(plan, built))
 
 
-def _terms(built: BuiltProblem, i: int, choice: list[int]) -> list[Terms]:
+def _terms(built: BuiltProblem, i: int, choice: list[int], widen: bool = False) -> list[Terms]:
     """Each strategy of variable ``i`` priced with every other variable at the plan's choice.  Fan-out nodes
     (one shared redistribution per tensor, indices past the variables) take the state the choice then needs
     (``BuiltProblem.full_choice``), and the edges out of those fed by ``i`` count as its output's."""
@@ -142,29 +120,50 @@ def _terms(built: BuiltProblem, i: int, choice: list[int]) -> list[Terms]:
     labels = (
         p.strategy_labels[i] if p.strategy_labels else tuple(map(str, built.strategies[built.variables[i]]))
     )
+    if widen:  # a pipelined plan's labels are on the whole mesh, the pipeline axis first
+        from autoshard.pipeline.assemble import widen_label
+
+        labels = tuple(widen_label(str(s)) for s in built.strategies[built.variables[i]])
     return [
         Terms(labels[s], float(p.node_costs[i][s]), float(into[s]), float(out[s]), float(memory[s]))
         for s in range(len(labels))
     ]
 
 
-def explain(plan: Plan, built: BuiltProblem, node: str | None = None, top: int = 10) -> list[Explanation]:
+def explain(
+    plan: Plan, built: BuiltProblem, node: str | None = None, top: int = 10, stage: int | None = None
+) -> list[Explanation]:
     """Explanations for the graph nodes named ``node`` (a graph node name, a module path or a glob over
-    either), else for the ``top`` costliest computing nodes."""
+    either), else for the ``top`` costliest computing nodes.  A pipelined plan's ``built`` is its stage
+    problem (:func:`rebuild`); ``stage`` keeps the nodes that stage (chunk) runs."""
     choice = _choices(plan, built)
+    held = _stages_of(plan, built)
+    if stage is not None:
+        count = len(plan.pipeline.stages) if plan.pipeline is not None else 0
+        if not count:
+            raise AutoshardError(
+                f"--stage {stage}: the plan of {plan.model} has no pipeline stages; drop --stage"
+            )
+        if not 0 <= stage < count:
+            raise AutoshardError(f"--stage {stage}: the plan has stages 0..{count - 1}")
 
     def wanted(v: str) -> bool:
         info = built.infos[v]
+        if stage is not None and stage not in held.get(v, ()):
+            return False
         if node is None:
             return info.kind == "op"
         return any(fnmatch.fnmatchcase(t, node) for t in (v, info.module, info.fqn) if t)
 
     picked = [i for i, v in enumerate(built.variables) if wanted(v)]
     if node is not None and not picked:
-        raise AutoshardError(f"--node {node}: no graph node or module of the plan matches; try a module path")
+        where = "" if stage is None else f" in stage {stage}"
+        raise AutoshardError(
+            f"--node {node}: no graph node or module of the plan matches{where}; try a module path"
+        )
     out = []
     for i in picked:
-        terms = _terms(built, i, choice)
+        terms = _terms(built, i, choice, widen=plan.pipeline is not None)
         chosen = terms[choice[i]]
         others = sorted(
             (t for k, t in enumerate(terms) if k != choice[i] and math.isfinite(t.total)), key=_key
@@ -173,11 +172,31 @@ def explain(plan: Plan, built: BuiltProblem, node: str | None = None, top: int =
         info = built.infos[v]
         out.append(
             Explanation(v, info.fqn or info.module, info.target, built.multiplicity[v], chosen,
-                        others[0] if others else None, len(terms))
+                        others[0] if others else None, len(terms), held.get(v, ()))
         )  # fmt: skip
     if node is None:
         out = sorted(out, key=lambda e: -e.chosen.total)[:top]
     return out
+
+
+def _stages_of(plan: Plan, built: BuiltProblem) -> dict[str, tuple[int, ...]]:
+    """Pipelined plans: the stages (chunks) running each variable's decision -- the first chunk the part
+    before the layers, the last the part after, every chunk the layers (one decision for all of them)."""
+    if plan.pipeline is None:
+        return {}
+    from autoshard.pipeline.layers import part_names
+
+    chunks = tuple(s.index for s in plan.pipeline.stages)
+    ends = {"pre": chunks[:1], "post": chunks[-1:], "layer": chunks}
+    parts = part_names(built)
+    readers: dict[str, set[int]] = {}  # a graph input is held where it is read (a head weight: the last)
+    for use in built.edges:
+        readers.setdefault(built.template[use.producer], set()).update(ends[parts[use.consumer]])
+    held = {v: ends[parts[v]] for v in built.variables}
+    for v in built.variables:
+        if built.infos[v].kind != "op" and built.infos[v].block is None and v in readers:
+            held[v] = tuple(sorted(readers[v]))
+    return held
 
 
 def _key(t: Terms) -> tuple[float, float]:
@@ -189,7 +208,11 @@ def render(e: Explanation) -> str:
     head = f"graph node {e.name} ({e.target}) in {e.module or 'the model'}"
     if e.count > 1:
         head += f", x{e.count} repeated layers"
-    lines = [head, f"  {e.options} strategies; chosen {e.chosen.strategy}"]
+    lines = [head]
+    if e.stages:
+        which = f"stage {e.stages[0]}" if len(e.stages) == 1 else f"stages {e.stages[0]}..{e.stages[-1]}"
+        lines.append(f"  run by {which} (one decision, priced in the stage problem)")
+    lines.append(f"  {e.options} strategies; chosen {e.chosen.strategy}")
     if e.runner_up is None:
         return "\n".join([*lines, "  no other strategy fits this node"])
     a, b = e.chosen, e.runner_up

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoshard.plans import Plan
-from autoshard.report.labels import fmt_bytes, fmt_seconds, wrap
+from autoshard.report.labels import axes_text, fmt_bytes, fmt_seconds, wrap
 from cost_models.memory import RECIPES, itemsize
 from cost_models.profile import canonical_dtype
 
@@ -131,13 +131,50 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     exposed = plan.predicted_step_time - plan.compute_time
     memory = " + ".join(f"{k} {fmt_bytes(v)}" for k, v in plan.memory_breakdown.items() if v > 0)
     second = f"overlap: {overlap}; {fmt_seconds(exposed)} comm exposed" + (f"; + {memory}" if memory else "")
+    zero = zero_text(plan) if plan.training else ""
+    third = wrap(zero, width, "    ", "  ") if zero else []
     sync = plan.grad_sync  # what of the gradient sync is exposed and why (problem/step.py)
-    third = (
-        []
-        if sync is None
-        else wrap(sync.describe(fmt_seconds, plan.overlap.overlap_grad_sync), width, "    ", "  ")
-    )
+    if sync is not None:
+        third += wrap(sync.describe(fmt_seconds, plan.overlap.overlap_grad_sync), width, "    ", "  ")
     return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ") + third
+
+
+def zero_text(plan: Plan) -> str:
+    """Where the sharded optimizer state's collectives are (ZeRO-1: every parameter's Adam state split over
+    the devices on which the parameter is replicated): inside the gradient all-reduces (a reduce-scatter and
+    an all-gather each), and ``Plan.optimizer_gathers`` where a gradient is not reduced.  A plan never
+    claims sharded state without naming them (new-user trial: a replicated plan said "Adam sharded" and
+    listed no collective)."""
+    params = set(plan.param_placements)
+    mesh = plan.mesh_shape
+    replicated = any(
+        p == "R" and mesh[a] > 1 for spec in plan.param_placements.values() for a, p in enumerate(spec)
+    )
+    if not replicated:
+        return "" if plan.num_devices == 1 else "optimizer: Adam state split as the parameters are stored"
+    nodes = {n.name for n in plan.nodes if n.target == "placeholder" and n.module in params}
+    synced = any(c.phase == "backward" and c.tensor in nodes for c in plan.collectives)
+    gathers = plan.optimizer_gathers
+    where = []
+    if synced:
+        where.append("its reduce-scatters and all-gathers are the gradient syncs (bwd)")
+    if gathers:  # listed by the plan, not priced in its step yet (autoshard.problem.zero_gathers)
+        moved, seconds = (
+            fmt_bytes(sum(c.nbytes for c in gathers)),
+            fmt_seconds(sum(c.seconds for c in gathers)),
+        )
+        axes = axes_text(sorted({c.mesh_axis for c in gathers}))
+        count = f"{len(gathers)} all-gather{'s' * (len(gathers) != 1)}"
+        where.append(
+            f"{count} of updated shards on {axes} where gradients are not reduced ({moved}, {seconds}): the "
+            "runtime runs them, this step does not price them yet"
+        )
+    if not where:  # a file saved before Plan.optimizer_gathers: its gathers were never listed
+        return (
+            f"optimizer: Adam state sharded over {plan.num_devices} devices (ZeRO-1); this plan file lists none "
+            "of its all-gathers (saved by an older autoshard: search again)"
+        )
+    return f"optimizer: Adam state sharded over {plan.num_devices} devices (ZeRO-1): {'; '.join(where)}"
 
 
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

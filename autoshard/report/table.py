@@ -81,9 +81,7 @@ def render(
     start = time.perf_counter()
     view = PlanView.of(plan)
     sections = [
-        wrap(headline(plan), width, "  ", "")  # wrapped, never cut
-        if _parallel(view) or plan.pipeline is not None or plan.microbatches > 1
-        else [],
+        wrap(headline(plan), width, "  ", ""),  # wrapped, never cut; a replicated plan has one too
         _header(plan, width),
         _axes(view, width),
         _strategy(view, width),
@@ -99,11 +97,6 @@ def render(
     sections.append(_footer(plan, timing_text(plan, phases, planned_seconds), width))
     text = "\n\n".join("\n".join(lines) for lines in sections if lines)
     return "\n".join(_fit(line, width) for line in text.splitlines())
-
-
-def _parallel(view: PlanView) -> bool:
-    """Whether some mesh axis splits something (then the report opens with the headline)."""
-    return any(use.kind is not None for use in axis_uses(view))
 
 
 def _fit(line: str, width: int) -> str:
@@ -178,7 +171,9 @@ def _patterns(view: PlanView, width: int) -> list[str]:
     lines = ["patterns recognised"]
     for p in patterns:
         lines += wrap(str(p), width, "    ", "  ")
-    if not patterns:
+    if not patterns and any(use.kind is not None for use in axis_uses(view)):
+        lines.append("  none of the named ones (the mesh axes above say what each axis splits)")
+    elif not patterns:
         lines.append("  none: every device runs the whole model on the whole batch")
     return lines
 
@@ -251,6 +246,11 @@ def _collectives(view: PlanView, width: int) -> list[str]:
     if rest:
         n, secs = sum(r.count for r in rest), sum(r.seconds for r in rest)
         lines.append(f"  … {len(rest)} more rows: {n} collectives, {fmt_seconds(secs)}")
+    if not rows and view.plan.optimizer_gathers:  # ZeRO-1's, named on the "optimizer:" line
+        return [
+            "collectives of one step",
+            "  none in forward or backward (the optimizer's: see optimizer below)",
+        ]
     if not rows:
         return ["collectives of one step", "  none: no device ever waits for another"]
     lines += wrap(_totals(view.plan.collectives), width, " " * 9, "  total: ")  # wrapped, never cut
@@ -296,6 +296,7 @@ def report_data(plan: Plan, baseline: Baseline | None = None) -> dict[str, Any]:
     """The report's content as JSON-able data (groups, patterns, collective rows, baseline)."""
     view = PlanView.of(plan)
     data: dict[str, Any] = {
+        "headline": headline(plan),  # the text report's first line, the same function
         "groups": [
             {"name": g.name, "layers": g.count, "strategy": describe_group(view, g)} for g in view.groups()
         ],

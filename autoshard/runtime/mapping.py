@@ -205,6 +205,7 @@ def verify_plan(
     a plain ``nn.Module`` on meta is refused: return a small copy of it from the file).
     """
     from autoshard import zoo
+    from autoshard.plan_model import check_built, check_spec
     from autoshard.runtime.scaled import build_scaled, scalable, scale_hf
     from autoshard.runtime.verify import cluster_for, verify
 
@@ -214,6 +215,7 @@ def verify_plan(
             f"the plan was made from {recorded}; a plan file never runs code it names: pass --model {recorded} "
             "(a function returning a small copy of the model) to run it"
         )
+    check_spec(plan, spec)  # another zoo model: refused before anything is built
     spec = spec or recorded
     if not spec:
         raise AutoshardError(
@@ -228,11 +230,7 @@ def verify_plan(
     case = build_scaled(spec, dtype=dtype) if scalable(spec) else zoo.load_spec(spec)
     if any(p.device.type == "meta" for p in case.model.parameters()):  # a user's model at real size
         case = scale_hf(case, dtype=dtype)
-    if type(case.model).__name__ != plan.model:
-        raise AutoshardError(
-            f"the plan was made for a {plan.model}, but {spec} builds a {type(case.model).__name__}: pass --model "
-            "with the model the plan was made for"
-        )
+    check_built(plan, spec, case.model, scaled=True)  # a copy with fewer layers: its class, not its names
     model = case.model.to(torch.float64) if float64 else case.model
     mesh = shrink_mesh(tuple(plan.mesh_shape))
     cluster = cluster_for(str(plan.cluster.get("profile", "cpu")), math.prod(mesh), mesh)

@@ -35,7 +35,14 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from autoshard.codegen.collectives import MeshComm, issue_all_gather, parse_steps, redistribute, run_steps
+from autoshard.codegen.collectives import (
+    MeshComm,
+    gather_dtype,
+    issue_all_gather,
+    parse_steps,
+    redistribute,
+    run_steps,
+)
 from autoshard.codegen.parallelize import parallel_info
 
 __all__ = ["PREFETCH_ATTR", "Prefetcher", "layer_key", "prefetch_gathers"]
@@ -60,12 +67,13 @@ class _Gathered(torch.autograd.Function):
     def forward(
         ctx: Any, x: torch.Tensor, held: list[torch.Tensor], comm: MeshComm, backward: str
     ) -> torch.Tensor:
-        ctx.comm, ctx.steps = comm, parse_steps(backward)
+        ctx.comm, ctx.steps, ctx.dtype = comm, parse_steps(backward), x.dtype
         return held.pop()  # not an input: autograd makes it this node's output
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return run_steps(grad, ctx.steps, ctx.comm, "backward"), None, None, None
+        # a weight gathered in bf16 under amp (gather_dtype): its gradient reduced in the weight's dtype
+        return run_steps(grad.to(ctx.dtype), ctx.steps, ctx.comm, "backward"), None, None, None
 
 
 class Prefetcher(nn.Module):
@@ -91,6 +99,7 @@ class Prefetcher(nn.Module):
         self._served: dict[str, int] = defaultdict(int)
         self._local: dict[str, torch.Tensor] = {}
         self._done: set[str] = set()  # gathered (and used) in this forward
+        self._dtypes: dict[str, torch.dtype] = {}  # the dtype each parameter was last gathered in
 
     # -- forward -------------------------------------------------------------------------------------------
     def begin(self) -> None:
@@ -163,7 +172,11 @@ class Prefetcher(nn.Module):
 
     def _issue(self, x: torch.Tensor, phase: str, fqn: str) -> Callable[[], torch.Tensor]:
         (step,) = parse_steps(self.forward_steps[fqn])
-        wait = issue_all_gather(x.detach(), step, self.comm, async_op=True)
+        # under amp in autocast's dtype; a re-gather in the same one (backward runs without autocast)
+        if phase == "forward":
+            self._dtypes[fqn] = gather_dtype(x, self.comm) or x.dtype
+        x = x.detach().to(self._dtypes.get(fqn, x.dtype))
+        wait = issue_all_gather(x, step, self.comm, async_op=True)
         if self.comm.log is not None:
             from autoshard.codegen.collectives import CollectiveRecord
 

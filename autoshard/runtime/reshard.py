@@ -64,18 +64,18 @@ def _pack(t: torch.Tensor) -> Any:
     local, comm, forward, source = _GATHERED[base]
     if source is not None:
         source[0].packed(source[1])
-    return ("regather", local, comm, forward, source, tuple(t.shape), t.stride(), t.storage_offset())
+    return ("regather", local, comm, forward, source, tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
 
 
 def _unpack(saved: Any) -> torch.Tensor:
     if not (isinstance(saved, tuple) and saved and saved[0] == "regather"):
         return saved
-    _, local, comm, forward, source, shape, stride, offset = saved
+    _, local, comm, forward, source, shape, stride, offset, dtype = saved
     if source is not None:
         whole = source[0].regather(source[1])
-    else:
+    else:  # in the dtype it was gathered in (amp: autocast's, gather_dtype)
         with torch.no_grad():
-            whole = run_steps(local.detach(), parse_steps(forward), comm, "regather")
+            whole = run_steps(local.detach().to(dtype), parse_steps(forward), comm, "regather")
     return whole.as_strided(shape, stride, offset)  # offsets count from the storage: same layout as before
 
 

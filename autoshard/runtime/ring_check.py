@@ -8,6 +8,11 @@ gloo's ``isend``).  Output: the hops per device and step by ``"phase bytes on ax
 and what the ring runs must be one story; a plan file edited by hand, or emission sending other bytes than
 the pricing assumed (the grouped-query K/V copies, :func:`autoshard.problem.attention.kv_stride`), fails here.
 
+Under the amp recipe the plan prices the hops in autocast's 16-bit dtype (``RingTransfer.itemsize``), which
+verify, running the model in its own dtype without autocast, does not send: for such a plan the hops are
+counted by the elements they carry (``RingHop.elements``; the label shows them as the plan's bytes), every
+other plan by bytes.
+
 Per rank for :func:`autoshard.verify` (every rank of a ring sends the same hops; the whole batch at once);
 for a pipelined plan run as deployed (:mod:`autoshard.runtime.verify_pipeline`) every rank runs only its
 stage's layers, microbatch by microbatch, so the sum over all ranks is compared with the plan's hops
@@ -27,6 +32,7 @@ from autoshard.codegen.collectives import RingHop
 from autoshard.errors import VerifyError
 from autoshard.plans import Plan
 from autoshard.report.labels import fmt_bytes
+from cost_models.memory import RECIPES
 
 __all__ = ["check_ring_hops", "check_staged_ring_hops"]
 
@@ -38,10 +44,10 @@ def check_ring_hops(plan: Plan, per_rank: Sequence[Sequence[RingHop]]) -> dict[s
 
     The ranks run the whole batch at once: a plan of ``m`` microbatches (its pipeline run as one stage) lists
     ``m`` times the hops of ``1 / m`` of the bytes."""
-    m = max(1, plan.microbatches)
+    m, size = max(1, plan.microbatches), _elements_of(plan)
     planned = Counter({(p, a, b * m): n // m for (p, a, b), n in _planned(plan).items()})
     for rank, hops in enumerate(per_rank):
-        ran = Counter((h.phase, h.mesh_axis, h.nbytes) for h in hops)
+        ran = Counter((h.phase, h.mesh_axis, _sent(h, size)) for h in hops)
         if ran != planned:
             raise VerifyError(f"verify: rank {rank} {_difference(ran, planned)}")
     return _labels(planned)
@@ -53,12 +59,26 @@ def check_staged_ring_hops(
     """A pipelined plan's hops: the sum over every rank against ``plan.ring_transfers`` times ``stage_ranks``,
     by phase and bytes (a stage's modules number the mesh axes without the pipeline's)."""
     planned = Counter({(p, -1, b): n * stage_ranks for (p, _, b), n in _planned(plan).items()})
-    ran = Counter((h.phase, -1, h.nbytes) for hops in per_rank for h in hops)
+    size = _elements_of(plan)
+    ran = Counter((h.phase, -1, _sent(h, size)) for hops in per_rank for h in hops)
     if ran != planned:
         raise VerifyError(
             f"verify: the ranks together {_difference(ran, planned)} ({stage_ranks} ranks per stage)"
         )
     return _labels(Counter({(p, -1, b): n // stage_ranks for (p, _, b), n in planned.items()}))
+
+
+def _elements_of(plan: Plan) -> int:
+    """The plan's bytes per element when its hops are counted by elements (module doc), else 0."""
+    policy, sizes = RECIPES.get(plan.precision), {r.itemsize for r in plan.ring_transfers}
+    autocast = policy is not None and policy.autocast is not None  # a recipe verify does not run
+    return sizes.pop() if autocast and len(sizes) == 1 and 0 not in sizes else 0
+
+
+def _sent(hop: RingHop, size: int) -> int:
+    """A hop's bytes, or, counted by elements (``size`` bytes per element as planned), its elements' bytes
+    in the plan's dtype."""
+    return hop.elements * size if size else hop.nbytes
 
 
 def _planned(plan: Plan) -> Counter[_Key]:

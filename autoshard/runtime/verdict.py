@@ -8,11 +8,13 @@ differences.  :mod:`autoshard.runtime.verify` runs the ranks; this module only j
 Tolerances are per dtype (float64 to 1e-9 relative, float32 to 2e-4, lower precisions to 2e-2), or those of
 the least precise dtype the graph computes in when that is coarser.
 
-Known limit (top-k routing in bfloat16): a Mixtral copy runs bfloat16 (aten._grouped_mm has no float64 kernel),
-and a router logit that the split plan sums in another order can flip a near-tied top-k choice, which moves
-expert gradients by O(|ref|), not by rounding.  The h100x8 2-node Mixtral plan verifies OK on seeds 1 and 2 and
-fails on seeds 0 and 3 (layer-1 experts 10-14x tolerance) while single-device bfloat16 against float32 differs by
-0.5x tolerance: seed-dependent, so a route flip, not a plan error; no tolerance can cover it.
+Top-k routing (a mixture of experts' router): a split plan computes the router's scores in another order, and
+where two experts' scores are nearly tied the distributed run could choose another expert for a token, which
+moves that expert's gradients by O(|ref|), not by rounding (the h100x8 2-node Mixtral plan's scaled copy did
+so in bfloat16 on every seed tried, 8-14x tolerance in layer 1).  So verify runs every rank on the reference's
+choices (:mod:`autoshard.runtime.verify_routes`) and reports how many would have flipped (:class:`RoutePins`,
+a line of ``str(report)``); the tolerances stay those above.  (That plan's ring attention then still missed
+them by 1.04-1.27x on half the seeds: its bfloat16 log-sum-exp, now float32 in ``codegen/context.py``.)
 
 Example::
 
@@ -34,6 +36,7 @@ import torch
 from torch import nn
 
 from autoshard.plans import Plan
+from autoshard.runtime.verify_routes import RoutePins
 
 __all__ = ["Difference", "VerifyReport", "difference", "report_of"]
 
@@ -80,6 +83,8 @@ class VerifyReport:
     allow_replicated: bool = False  # the user accepts a check in which nothing distributed ran
     # context parallelism's K/V hops per device and step, checked against the plan (runtime/ring_check.py)
     ring_hops: dict[str, int] = dataclasses.field(default_factory=dict)
+    # top-k (routing) choices pinned to the reference's, and how many would have flipped (runtime/verify_routes.py)
+    routes: RoutePins | None = None
 
     @property
     def distributed(self) -> bool:
@@ -115,6 +120,8 @@ class VerifyReport:
         lines.append(f"collectives per step: {_counts(self.emitted)} (plan: {_counts(self.planned)})")
         if self.ring_hops:  # had any rank sent other hops than the plan lists, ring_check would have raised
             lines.append(f"ring K/V hops per device and step: {_counts(self.ring_hops)} (as the plan lists)")
+        if self.routes is not None:
+            lines.append(f"note: {self.routes}")
         if not self.ranks_agree:
             lines.append("FAIL ranks issued different collective sequences (see module.autoshard.comm.log)")
         if not self.distributed:

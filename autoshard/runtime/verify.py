@@ -51,6 +51,8 @@ from autoshard.plans import Plan
 from autoshard.runtime.launch import launch
 from autoshard.runtime.ring_check import check_ring_hops
 from autoshard.runtime.verdict import Difference, VerifyReport, report_of
+from autoshard.runtime.verify_routes import ReferenceRoute, RoutePins, pin_routes, record_routes, route_note
+from autoshard.strategies import OpStrategy
 
 __all__ = ["Difference", "VerifyReport", "cluster_for", "main", "run_verify", "verify"]
 
@@ -69,6 +71,7 @@ class _Job:
     out_grads: tuple[torch.Tensor, ...]
     fault: str | None = None  # a collective kind to break on purpose (tests of the verdict)
     rng_seed: int = 0  # the global RNG state every forward starts from (dropout draws the same masks)
+    routes: tuple[ReferenceRoute, ...] = ()  # the reference's top-k choices, pinned on every rank
 
 
 def verify(
@@ -111,34 +114,39 @@ def verify(
     captured = captured or capture(
         model, args, kwargs, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes)
     )
-    _refuse_unreproduced(captured, plan, name or type(model).__name__)
-    reference, ref_grads, out_grads = _reference(model, args, kwargs, seed)
+    strategies = _refuse_unreproduced(captured, plan, name or type(model).__name__)
+    (reference, ref_grads, out_grads), routes, unpinned = _reference(
+        model, args, kwargs, seed, captured, strategies
+    )
     values = graph_inputs(captured, model, args, kwargs)
     user = tuple(
         v for n, v in zip(captured.placeholders(), values, strict=True) if n.meta[META_KIND] == "user_input"
     )
-    job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads, fault, rng_seed=seed + 2)
+    job = _Job(model, plan, cluster, captured, args, kwargs, user, out_grads, fault, seed + 2, routes)
     results = launch(_rank_work, plan.num_devices, job, timeout=timeout)
     ring = check_ring_hops(plan, [r[3] for r in results])  # the K/V hops each rank sent, or VerifyError
     floor = _least_precise(captured)
     ran = [r[:3] for r in results]  # outputs, gradients, collectives
     report = report_of(name or type(model).__name__, model, plan, (reference, ref_grads), ran, start, floor)
-    return dataclasses.replace(report, allow_replicated=allow_replicated, ring_hops=ring)
+    pins = route_note(routes, [r[4] for r in results]) or unpinned  # top-k choices that would have flipped
+    return dataclasses.replace(report, allow_replicated=allow_replicated, ring_hops=ring, routes=pins)
 
 
-def _refuse_unreproduced(captured: Captured, plan: Plan, name: str) -> None:
+def _refuse_unreproduced(captured: Captured, plan: Plan, name: str) -> dict[str, OpStrategy]:
     """A random op the plan splits, other than dropout, cannot draw the single-device values: say so, not a
-    MISMATCH (:func:`~autoshard.runtime.rng.unreproduced`)."""
+    MISMATCH (:func:`~autoshard.runtime.rng.unreproduced`).  Returns the plan's strategy of every node."""
     from autoshard.codegen.assign import assign_strategies
     from autoshard.runtime.rng import unreproduced
 
-    odd = unreproduced(captured.graph_module.graph, assign_strategies(captured, plan))
+    strategies = assign_strategies(captured, plan)
+    odd = unreproduced(captured.graph_module.graph, strategies)
     if odd:
         raise AutoshardError(
             f"verify cannot compare {name}'s training step exactly: {', '.join(odd)} draws random numbers and the "
             "plan splits it, so each rank draws its own piece (only dropout and attention dropout draw the "
             "single-device values); verify in eval mode (model.eval()) or with that randomness off"
         )
+    return strategies
 
 
 def _least_precise(captured: Captured) -> torch.dtype | None:
@@ -174,12 +182,23 @@ def _random_inputs(
 
 
 def _reference(
-    model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], seed: int
-) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
-    """Outputs, parameter gradients and the random output gradients of one step on one device."""
+    model: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    seed: int,
+    captured: Captured,
+    strategies: Mapping[str, OpStrategy],
+) -> tuple[
+    tuple[list[torch.Tensor], dict[str, torch.Tensor], tuple[torch.Tensor, ...]],
+    tuple[ReferenceRoute, ...],
+    RoutePins | None,
+]:
+    """Outputs, parameter gradients and the random output gradients of one step on one device, and the
+    top-k (routing) choices its forward made (:func:`~autoshard.runtime.verify_routes.record_routes`)."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed + 2)  # the ranks start from the same state: dropout masks equal in training mode
-    outs = [t for t in pytree.tree_leaves(model(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+    result, routes, unpinned = record_routes(captured, strategies, lambda: model(*args, **kwargs))
+    outs = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
     gen = torch.Generator().manual_seed(seed + 1)
     out_grads = tuple(torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs)
     live = [(o, g) for o, g in zip(outs, out_grads, strict=True) if o.requires_grad]
@@ -187,7 +206,7 @@ def _reference(
         torch.autograd.backward([o for o, _ in live], [g for _, g in live])
     grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    return [o.detach() for o in outs], grads, out_grads
+    return ([o.detach() for o in outs], grads, out_grads), routes, unpinned
 
 
 def _break(kind: str) -> None:
@@ -197,7 +216,7 @@ def _break(kind: str) -> None:
     collectives._RUNNERS[kind] = lambda x, step, comm: (x.clone(), x.numel() * x.element_size())  # type: ignore[index]
 
 
-def _rank_work(job: _Job) -> tuple[Any, Any, list[Any], list[Any]]:
+def _rank_work(job: _Job) -> tuple[Any, Any, list[Any], list[Any], dict[str, set[int]]]:
     if job.fault is not None:
         _break(job.fault)
     module = parallelize(
@@ -205,6 +224,7 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any], list[Any]]:
     )
     info = parallel_info(module)
     mesh, coord = info.comm.mesh_shape, info.comm.coord
+    flipped = pin_routes(module, job.routes, mesh, coord, info.comm.zigzag_axis)  # the reference's routing
     local = [
         local_piece(v, spec, mesh, coord, info.comm.zigzag_axis)
         for v, (_, spec, _) in zip(job.user_inputs, info.inputs, strict=True)
@@ -228,8 +248,8 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any], list[Any]]:
     gathered = gather_outputs(module, tuple(o.detach() for o in outs))
     grads = full_grads(module)
     if coord != (0,) * len(coord):
-        return None, None, log, hops
-    return list(gathered), grads, log, hops
+        return None, None, log, hops, flipped
+    return list(gathered), grads, log, hops, flipped
 
 
 # -- the CLI ------------------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from autoshard.runtime.pipelining import build_pipeline, step
 from autoshard.runtime.ring_check import check_staged_ring_hops
 from autoshard.runtime.stages import prepare_stages
 from autoshard.runtime.verdict import VerifyReport, difference
+from autoshard.runtime.verify_routes import count_routes
 
 __all__ = ["verify_pipeline_plan", "verify_pipelined"]
 
@@ -94,7 +95,8 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
     pipe = plan.pipeline
     assert pipe is not None, "verify_pipelined checks plans with stages"
     labels = torch.roll(ids, -1, 1)
-    reference = _loss(model(ids).logits, labels)
+    logits, routes = count_routes(lambda: model(ids).logits)  # top-k choices: not pinned here, say so
+    reference = _loss(logits, labels)
     reference.backward()
     ref_grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -138,6 +140,7 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
         seconds=time.perf_counter() - start,
         split=True,
         ring_hops=hops,
+        routes=routes,
         source=(
             f"pipelined plan as deployed: {chunks} stages, {pipe.schedule}, {m} microbatches through "
             "torch.distributed.pipelining on gloo"

@@ -23,7 +23,26 @@ def test_no_match_reads_as_english(cli) -> None:
         assert r.code == 2 and f"'fcx' matches no {what}; did you mean" in r.err, r.err
         assert "no a " not in r.err
     r = cli(*MLP8, "--annotate", "fc1=ring")  # ring is a choice the command line accepts (README)
-    assert r.code == 2 and "matches no module running scaled_dot_product_attention" in r.err, r.err
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert "pins a module that runs scaled_dot_product_attention, and this model runs none" in r.err
+    assert (
+        "did you mean fc1" not in r.err and "column, row, vocab or replicate" in r.err
+    )  # the kinds that fit
+
+
+def test_ring_on_a_module_without_attention_says_where_attention_runs(cli) -> None:
+    """A new-user trial read "did you mean fc1, fc2?" for ``fc1=ring``: the target was right, the kind wrong."""
+    r = cli("search", "--profile", "a100x8", "--model", "gpt2-tiny", "--mesh", "8", "--no-baseline",
+            "--annotate", "transformer.h.0.mlp=ring")  # fmt: skip
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert (
+        "transformer.h.0.mlp matches none: attention runs in transformer.h.0.attn, transformer.h.1.attn"
+        in r.err
+    )
+    assert "(*.attn=ring pins them all); other choices are column, row" in r.err and "ring on an" not in r.err
+    r = cli(*MLP8, "--annotate", "fc1.weight=column")  # a name of another kind: its choices, not itself
+    assert r.code == 2 and "fc1.weight is no module with parameters; the choices are column" in r.err, r.err
+    assert "placements like '(R, S(0))' on a parameter" in r.err and "did you mean" not in r.err
 
 
 def test_budget_advice_leaves_out_what_was_done(cli) -> None:

@@ -111,11 +111,20 @@ def test_missing_plan_file(cli, tmp_path: Path) -> None:
         (("search", "--profile", "a100x8", "--annotate", "fc1=diagonal"), "neither a pattern"),
         (("search", "--profile", "a100x8", "--annotate", "fc1=((2, 0),)"), "split tuple looks like"),
         (("frobnicate",), "invalid choice: 'frobnicate'"),
+        (
+            ("search", "--profile", "a100x8", "--max-axes", "9"),
+            "'9' is outside 1 to 4 (--mesh auto tries meshes",
+        ),
+        (("search", "--profile", "a100x8", "--max-axes", "0"), "'0' is outside 1 to 4"),
+        (
+            ("search", "--profile", "a100x8", "--schedule", "foo"),
+            "'foo' is not a schedule; use one of auto, gpipe",
+        ),
     ],
 )
 def test_usage_errors_exit_2(cli, argv: tuple[str, ...], fragment: str) -> None:
     r = cli(*argv)
-    assert r.code == 2
+    assert r.code == 2 and r.err.count("\n") == 1
     assert fragment in r.err and "Traceback" not in r.err
 
 

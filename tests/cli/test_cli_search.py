@@ -58,6 +58,10 @@ def test_json_output_has_the_plan_fields_and_the_report(mlp_files: dict[str, Pat
     assert "Megatron column→row" in names
     assert data["report"]["baseline"]["step_time"] is None  # batch 1 cannot split over 8 devices
     assert "does not split over 8 devices" in data["report"]["baseline"]["reason"]
+    # the text report's first line, from the same function (``show`` prints it too)
+    assert (
+        data["report"]["headline"] == mlp_files["report"].read_text().splitlines()[0] == "TP 8, 1 microbatch"
+    )
 
 
 def test_saved_plan_loads_back_equal(mlp_files: dict[str, Path]) -> None:

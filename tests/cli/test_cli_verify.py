@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from autoshard.cli import VERIFY_MODULE
+from autoshard.plans import load_plan
 
 
 def test_verify_runs_a_tiny_model_on_two_processes(cli) -> None:
@@ -27,7 +28,7 @@ def test_verify_of_a_replicated_plan_is_not_ok(cli) -> None:
     assert r.code == 0 and " OK " in r.out.splitlines()[0]
 
 
-def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch) -> None:
+def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch, mlp_files) -> None:
     module = pytest.importorskip(VERIFY_MODULE)
     calls: list[tuple[Any, ...]] = []
 
@@ -43,16 +44,20 @@ def test_verify_passes_every_option_and_exits_1_on_a_difference(cli, monkeypatch
     assert r.code == 1
     assert calls == [("llama-tiny", 4, (2, 2), "a100x8", {"annotations": {"fc1": "column"}, "float64": True})]
     calls.clear()
-    assert cli("verify", "--plan", "p.json", "--allow-replicated").code == 1
+    assert cli("verify", "--plan", str(mlp_files["plan"]), "--allow-replicated").code == 1
+    plan = load_plan(mlp_files["plan"])  # read once by the CLI (its model checked), handed on as a Plan
     assert calls == [
         (
             None,
             None,
             None,
             "cpu",
-            {"annotations": None, "float64": False, "plan": "p.json", "allow_replicated": True},
+            {"annotations": None, "float64": False, "plan": plan, "allow_replicated": True},
         )
     ]
+    calls.clear()  # another draw of inputs and output gradients (a seed that flips a route, say)
+    assert cli("verify", "--plan", str(mlp_files["plan"]), "--seed", "3").code == 1
+    assert calls[0][4] == {"annotations": None, "float64": False, "seed": 3, "plan": plan}
 
 
 def test_verify_missing_from_the_build(cli, monkeypatch) -> None:

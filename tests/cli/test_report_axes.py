@@ -187,7 +187,10 @@ def test_fsdp_counts_agree_in_headline_axis_lines_and_patterns(per_layer: bool) 
     an FSDP axis line "226 of 291 stored split, 7 gathered before use" (per-layer templates) and a patterns
     line of 224; ``--forbid tp`` said "3 gathered" on the axis line, 96 in the patterns (new-user trial)."""
     report = render(_stack_with_fsdp(per_layer))
-    assert report.splitlines()[0] == "DP 16 (ZeRO-3/FSDP on 4 of 9 parameters), 1 microbatch"
+    # the head is used split over its output features (the vocabulary) on axis 1: the headline names it
+    # (new-user trial: LLaMA-3-8B --batch 16 was headed "DP 16" above a vocabulary-split LM head)
+    first = "DP 16 (ZeRO-3/FSDP on 4 of 9 parameters; head vocab-split on axis 1), 1 microbatch"
+    assert report.splitlines()[0] == first
     axes = " ".join(report.split("mesh axes")[1].split("\n\n")[0].split())
     assert "axis 0 (2): DP: activations split by batch (100% of the weighted compute); 8 of 9" in axes
     assert axes.count("parameters stored split, 4 gathered before use") == 2  # both axes: w's 4 layers

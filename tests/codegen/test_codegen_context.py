@@ -109,7 +109,7 @@ def _work(layout: str, size: int, rank: int) -> float:
     for owner in range(size):
         for _, _, visible in _blocks(ids, chunk_ids(owner, size, layout), chunk, torch.device("cpu"), None):  # type: ignore[arg-type]
             area = (chunk / 2) ** 2  # in zigzag-pair units of 2 x 2
-            total += area * (0.5 if visible is not None else 1.0)
+            total += area * (0.5 if visible == "causal" else 1.0)
     return total
 
 

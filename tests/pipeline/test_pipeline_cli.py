@@ -36,7 +36,7 @@ def test_search_with_stages_prints_the_headline_first(tmp_path) -> None:
         (("--pp", "3"), ["pipeline=3", "do not divide the 16 devices"]),
         (("--pp", "4"), ["pipeline=4", "more stages than", "2 repeated layers"]),
         (("--microbatches", "3"), ["microbatches=3", "does not divide the global batch"]),
-        (("--pp", "2", "--schedule", "zigzag"), ["schedule='zigzag'", "gpipe, 1f1b"]),
+        (("--pp", "2", "--schedule", "zigzag"), ["'zigzag' is not a schedule", "gpipe, 1f1b"]),
         (("--annotate", "model.layers.1.mlp=stage", "--pp", "2"), ["cut inside a layer"]),
         # 2 layers cannot make 2 stages x 2 chunks: it read "no schedule and cut fits the memory" (new-user trial)
         (

@@ -52,7 +52,9 @@ def test_a_move_carries_its_producers_amp_dtype(llama: tuple[torch.nn.Module, to
         assert _meta(info).itemsize == 4 and moved_itemsize(info, 0, None) == 4  # plain fp32
     assert moved_itemsize(linear, 0, AMP_BF16) == 2  # autocast's product: bf16
     assert moved_itemsize(residual, 0, AMP_BF16) == 4  # the residual stream stays fp32
-    assert moved_itemsize(weight, 0, AMP_BF16) == 4  # fp32 weights, fp32 gradients
+    # fp32 weights, gathered in bf16 (FSDP2's MixedPrecisionPolicy(param_dtype=bf16)), gradients reduced in fp32
+    assert moved_itemsize(weight, 0, AMP_BF16) == 2
+    assert moved_itemsize(weight, 0, AMP_BF16, gradient=True) == 4
     assert moved_itemsize(gated, 0, AMP_BF16) == 2  # silu(gate) * up: both 16-bit products
 
 

@@ -32,6 +32,7 @@ from autoshard.problem.costs import (
     steps_time,
 )
 from autoshard.problem.dispatch import dispatch_seconds
+from autoshard.problem.pricing import PriceTable
 from autoshard.problem.recompute import node_memory_total
 from autoshard.problem.shared import build_cache
 
@@ -167,3 +168,25 @@ def test_routed_experts_share_their_dispatch_figures() -> None:
         built = build_problem(captured, cluster, opts)
         assert _arrays(built) == _arrays(_cold(captured, cluster, opts))
         _node_arrays_match_scalar_pricing(built)
+
+
+def test_a_zigzag_build_reuses_the_plain_clusters_figures_bit_for_bit(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A zigzag cluster's cache rests on its plain cluster's: compute, memory and output sizes come from there,
+    its layout graphs are the plain ones with the moves on its axis repriced, and the problem equals one built
+    with nothing shared (its own spec ids, layout graphs priced move by move), bit for bit."""
+    captured, cluster = llama
+    gm, blocks = captured.graph_module, captured.blocks
+    computed = Counter[str]()
+    real = arrays.compute_parts
+    monkeypatch.setattr(arrays, "compute_parts", lambda *a, **k: (computed.update(["c"]), real(*a, **k))[1])
+    for axis in range(len(MESH)):
+        zig, opts = zigzag_cluster(cluster, axis), CostOptions(cp_layout="contiguous")
+        build_problem(captured, cluster, CostOptions())  # the plain cluster's cache is warm
+        before = computed["c"]
+        shared = build_problem(captured, zig, opts)
+        assert computed["c"] == before, "a zigzag build priced compute the plain cluster's cache holds"
+        assert build_cache(gm, blocks, zig, None).base is build_cache(gm, blocks, cluster, None)
+        alone = StepCache(zig)
+        alone.prices = PriceTable(zig)  # no plain cluster's graphs either
+        assert _arrays(shared) == _arrays(build_problem(captured, zig, opts, cache=alone)), axis
+        _node_arrays_match_scalar_pricing(shared)

@@ -46,7 +46,9 @@ def test_planned_ring_attention_runs_and_matches_one_device(tmp_path: Path, monk
     assert plan.degrees == {"cp": 4}
     # an implicit causal mask: contiguous chunks would leave the last rank 7/4 of the average work
     assert (plan.context_axis, plan.context_layout) == (0, "zigzag")
-    assert any("context-parallel layout searched: zigzag on axis 0" in n for n in plan.notes)
+    assert any(
+        "context-parallel layout searched: contiguous" in n and "; zigzag on axis 0" in n for n in plan.notes
+    )
     assert "CP 4 (zigzag)" in headline(plan)
     hops = count_hops(tmp_path, monkeypatch)
     report = autoshard.verify(model, (x,), plan=plan)

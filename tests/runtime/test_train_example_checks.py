@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def _check(plan: Path, zero: int, world: int, rank: int, monkeypatch, capsys) ->
     monkeypatch.setenv("WORLD_SIZE", str(world))
     monkeypatch.setenv("RANK", str(rank))
     try:
-        _train().check_run(argparse.Namespace(plan=str(plan), zero=zero))
+        _train().check_run(argparse.Namespace(plan=str(plan), zero=zero, model=str(plan.parent / "ckpt")))
     except SystemExit as e:
         return int(e.code or 0), capsys.readouterr().err
     return None, capsys.readouterr().err
@@ -63,7 +64,8 @@ def test_nproc_under_torchrun_must_agree_with_it(plans, monkeypatch, capsys) -> 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(SystemExit) as stop:
-        _train().check_run(argparse.Namespace(plan=str(plans["tp-dp"]), zero=1, nproc=2))
+        model = str(plans["tp-dp"].parent / "ckpt")
+        _train().check_run(argparse.Namespace(plan=str(plans["tp-dp"]), zero=1, nproc=2, model=model))
     err = capsys.readouterr().err
     assert (
         stop.value.code == 2 and "--nproc 2 under torchrun, which started 4 ranks: leave --nproc out" in err
@@ -88,6 +90,16 @@ def test_zero_3_needs_a_plan_that_gathers_weights(plans, monkeypatch, capsys) ->
         ),
         (["plan", "--nproc", "3", "--mesh", "2x2"], "mesh (2, 2) has 4 devices"),
         (["reference", "--model", "{root}/nockpt"], "no config.json there"),
+        # usage errors: one line (argparse printed its usage block, 3-5 lines, before)
+        (
+            ["run", "--plan", "{tp-dp}", "--zero", "5"],
+            "train.py run: error: argument --zero: invalid choice: 5",
+        ),
+        (["run", "--plan", "{tp-dp}", "--nproc", "two"], "argument --nproc: 'two' is not a whole number"),
+        (["plan", "--nproc", "4", "--mesh", "2xa"], "argument --mesh: mesh '2xa': write axis sizes like 2x8"),
+        (["plan", "--nproc", "0"], "argument --nproc: '0' must be at least 1; see `train.py plan --help`"),
+        (["plan", "--nproc", "2", "--memory-limit", "-1"], "--memory-limit: '-1' must be a positive finite"),
+        (["plan", "--nproc", "2", "--layout", "megatron"], "--layout: invalid choice: 'megatron'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(plans, tmp_path, monkeypatch, capsys, argv, expected) -> None:
@@ -101,6 +113,22 @@ def test_bad_input_is_one_line_and_exit_2(plans, tmp_path, monkeypatch, capsys, 
         _train().main([a.format(**names) for a in argv] + model)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err and expected in err
+
+
+def test_a_plan_for_another_model_is_refused(plans, tmp_path, monkeypatch, capsys) -> None:
+    """A plan of the 2-layer checkpoint given a 3-layer one ran silently (the repeated layers share decisions):
+    refused in one line with the command that plans it, before any rank starts."""
+    monkeypatch.setenv("RANK", "0")
+    config = json.loads((plans["fsdp"].parent / "ckpt" / "config.json").read_text())
+    (tmp_path / "deeper").mkdir()
+    (tmp_path / "deeper" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    with pytest.raises(SystemExit) as stop:
+        _train().main(["run", "--plan", str(plans["fsdp"]), "--model", str(tmp_path / "deeper")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"plan {plans['fsdp']} was made for a LlamaForCausalLM (" in err
+    assert "has 9 parameters the plan lacks (model.layers.2." in err
+    assert f"re-plan with `train.py plan --model {tmp_path / 'deeper'} --nproc 2 --out PLAN.json`" in err
 
 
 def _subprocess(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -126,7 +126,7 @@ def test_plan_for_another_model_is_refused(llama70b_plan: Plan, tmp_path, capsys
     llama70b_plan.save(path)
     assert main(["verify", "--plan", str(path), "--model", "gpt2-tiny"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "made for a LlamaForCausalLM" in err[0] and "GPT2LMHeadModel" in err[0]
+    assert len(err) == 1 and "made for llama3-70b (LlamaForCausalLM" in err[0] and "not gpt2-tiny;" in err[0]
 
 
 def test_float64_mixtral_is_refused_in_one_line() -> None:

@@ -1,0 +1,95 @@
+"""Is this the model the plan was made for?  Asked before anything expensive runs on a plan and a model.
+
+A plan records its model's class (``Plan.model``), its parameter names (``Plan.param_placements``), its
+graph nodes (``Plan.nodes``) and, when the CLI made it, the spec it was built from (``Plan.source["spec"]``: a
+zoo name or ``path/to/file.py:function``).  ``verify --plan`` and ``explain`` take another ``--model`` too
+(a plan file never runs code it names, and a model of your own may be rebuilt small), as does
+``examples/train.py run`` (a checkpoint directory); a model the plan was not made for used to run the whole
+check and fail late on a node it could not match, or pass on a same-class model of another size.  Two checks,
+both one line:
+
+* :func:`check_spec`, before any model is built: two zoo names that differ are two models.  A file on either
+  side may build the same model (a small copy of it, say), so it is left to the next check.
+* :func:`check_built`, once the model is built (on meta: no weights): its class, and, for a rebuild at the
+  plan's own size, its parameter names, must be the plan's.
+
+Example::
+
+    check_spec(load_plan("g.json"), "llama3-8b", "g.json")
+    # PlanModelError: plan g.json was made for gpt2 (GPT2LMHeadModel, 97 graph nodes), not llama3-8b; ...
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoshard.errors import PlanFileError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from autoshard.plans import Plan
+
+__all__ = ["PlanModelError", "check_built", "check_spec", "is_file_spec"]
+
+
+class PlanModelError(PlanFileError):
+    """A plan was given a model it was not made for."""
+
+
+def is_file_spec(spec: str) -> bool:
+    """``path/to/file.py:function`` (else a zoo name), as :func:`autoshard.zoo.load_spec` reads it."""
+    path, sep, _ = spec.rpartition(":")
+    return bool(sep) and path.endswith(".py")
+
+
+def check_spec(plan: Plan, spec: str | None, path: str | None = None) -> None:
+    """Refuse ``spec`` when the plan records another zoo name; nothing is built or imported."""
+    recorded = str(plan.source.get("spec") or "")
+    if not spec or not recorded or is_file_spec(spec) or is_file_spec(recorded) or spec == recorded:
+        return
+    raise PlanModelError(_refusal(plan, spec, spec, path))
+
+
+def check_built(
+    plan: Plan, spec: str, model: nn.Module, *, scaled: bool, path: str | None = None, replan: str = ""
+) -> None:
+    """Refuse a built ``model`` of another class than the plan's, or, unless ``scaled`` (a smaller copy with
+    fewer layers), with other parameter names.  ``replan``: the command that plans ``spec`` (default: the
+    ``autoshard search`` on the plan's cluster)."""
+    built = type(model).__name__
+    if built != plan.model:
+        raise PlanModelError(_refusal(plan, spec, f"{spec}, a {built}", path, replan))
+    if scaled:
+        return
+    names = {name for name, _ in model.named_parameters()}
+    planned = set(plan.param_placements)
+    if names != planned:
+        extra, missing = sorted(names - planned), sorted(planned - names)
+        differs = f"has {len(extra)} parameters the plan lacks ({extra[0]}, ...)" if extra else (
+            f"lacks {len(missing)} of the plan's parameters ({missing[0]}, ...)"
+        )  # fmt: skip
+        raise PlanModelError(_refusal(plan, spec, f"{spec}, whose {built} {differs}", path, replan))
+
+
+def _refusal(plan: Plan, spec: str, given: str, path: str | None, replan: str = "") -> str:
+    """``plan g.json was made for gpt2 (GPT2LMHeadModel, 97 graph nodes), not llama3-8b; re-plan ...``."""
+    recorded = str(plan.source.get("spec") or "")
+    nodes = f"{len(plan.nodes)} graph nodes"
+    made_for = f"{recorded} ({plan.model}, {nodes})" if recorded else f"a {plan.model} ({nodes})"
+    own = recorded and not is_file_spec(recorded)  # else --model is needed: a plan never runs a file it names
+    return (
+        f"{f'plan {path}' if path else 'the plan'} was made for {made_for}, not {given}; re-plan "
+        f"with `{replan or _search_line(plan, spec)}`, or "
+        + ("drop --model to use the plan's own model" if own else "pass the --model the plan was made from")
+    )
+
+
+def _search_line(plan: Plan, spec: str) -> str:
+    """The ``autoshard search`` that plans ``spec`` on the plan's own cluster and mesh."""
+    nodes = int(plan.cluster.get("nodes", 1) or 1)
+    profile = plan.cluster.get("profile", "PROFILE")
+    return (
+        f"autoshard search --profile {profile} --model {spec}{f' --nodes {nodes}' if nodes > 1 else ''} "
+        f"--mesh {'x'.join(map(str, plan.mesh_shape))} --out PLAN.json"
+    )
