@@ -19,7 +19,8 @@ another, each stream in issue order:
    runs on the communication stream after the previous bucket's.  The communication stream's finish time
    minus the compute stream's is exposed.  For L identical layers, each with backward compute c and
    reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute after the last layer
-   (embedding): the last bucket always shows, the others only where they are slower than the compute that
+   (the embedding's, which ``autoshard.problem.step`` does not count: ``autoshard.problem.ready`` says why):
+   the last bucket always shows, the others only where they are slower than the compute that
    hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data parallelism exposes fc1's sync
    and whatever of fc2's outlasts fc1's backward; a one-layer model exposes its whole sync (nothing is left
    to hide it).

@@ -16,10 +16,10 @@ The lower-bound problem (:mod:`autoshard.problem.unpaid`) needs one unit whose s
 are hidden), else the unit of the first parameter consumer (nothing before it has a backward to hide it).
 The backward of the units after the final one (what runs before the first layer in a stack: the embedding's
 scatter of its tokens' gradients) is not counted as hiding any sync (:meth:`Backward.hides`): it is short,
-and counted, no linear bound could tell how much of the final unit's sync it hides (that depends on which of
-its gradients share the embedding's bucket), so no plan could be proven optimal.  The step is then at most
-that backward above what runs, never below.  So the sync of the final unit and all ready after it is always
-exposed (a suffix bound).  Syncs ready before the final unit may all hide: even small ones that
+and what it hides, ``min(its time, the final unit's sync)``, is no linear term: a bound taking all of it off
+every plan is loose wherever the final unit reduces less, and proves nothing there.  The step is then at
+most that backward above what runs, never below.  So the sync of the final unit and all ready after it is
+always exposed (a suffix bound).  Syncs ready before the final unit may all hide: even small ones that
 would share the final unit's bucket (a small model) are issued early in a plan whose final unit reduces
 nothing, and which plans do is not a linear term; so the bound is loose there, never above a step.
 
