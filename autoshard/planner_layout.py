@@ -369,7 +369,9 @@ def _bound_plan(built: BuiltProblem, bound: Solution, cand: BuiltProblem) -> Sol
     if not math.isfinite(cost) or (limit is not None and memory_of(cand.problem, full) > limit):
         return None
     gap = relative_gap(cost, bound.lower_bound)
-    return dataclasses.replace(bound, choice=full, objective=cost, gap=gap, log=(), dominated=())
+    # B's dominance removals travel on as hints (the recompute-count search and the ranking reduce with them;
+    # a hint is re-checked on the problem that receives it, search/reduce.py)
+    return dataclasses.replace(bound, choice=full, objective=cost, gap=gap, log=())
 
 
 def _chosen(built: BuiltProblem, solution: Solution) -> dict[str, OpStrategy]:

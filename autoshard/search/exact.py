@@ -41,12 +41,16 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoshard.errors import InfeasibleError
 from autoshard.search.order import EliminationPlan, FactorCapExceeded, Step, plan_elimination
 from autoshard.search.problem import Edge, PairwiseForm, SearchProblem, pairwise_form
+
+if TYPE_CHECKING:
+    from autoshard.search.marginals import Buckets
 
 __all__ = [
     "MAX_FACTOR_SIZE",
@@ -131,6 +135,7 @@ class ExactSolver:
         self.form = form
         self.sizes = tuple(u.size for u in form.unary)
         self._own: tuple[tuple[int, ...], float] | None = None  # the optimum at the form's own costs
+        self.last: Buckets | None = None  # the buckets of the last elimination (without conditioning)
         n = len(self.sizes)
         adj = form.neighbours()
         self._adj = adj
@@ -232,13 +237,13 @@ class ExactSolver:
         return best
 
     def _eliminate(self, unary: Sequence[np.ndarray], choice: np.ndarray) -> float:
-        factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        factors: dict[int, tuple[tuple[int, ...], np.ndarray, int]] = {}  # scope, table, step that sent it
         bucket: dict[int, set[int]] = {s.var: set() for s in self.steps}
         next_id = iter(range(1 << 62))
 
-        def add(scope: tuple[int, ...], table: np.ndarray) -> None:
+        def add(scope: tuple[int, ...], table: np.ndarray, origin: int = -1) -> None:
             fid = next(next_id)
-            factors[fid] = (scope, table)
+            factors[fid] = (scope, table, origin)
             for w in scope:
                 bucket[w].add(fid)
 
@@ -247,27 +252,31 @@ class ExactSolver:
         for (a, b), mat in self.form.pairs.items():
             if a in bucket and b in bucket:  # pairs with a conditioned node are in the unary costs
                 add((a, b), mat)
-        total = 0.0
+        roots: dict[int, float] = {}
         backs = []
-        for step in self.steps:
+        for k, step in enumerate(self.steps):
             parts = []
             for fid in sorted(bucket.pop(step.var)):
-                fscope, arr = factors.pop(fid)
-                for w in fscope:
+                part = factors.pop(fid)
+                for w in part[0]:
                     if w != step.var:
                         bucket[w].discard(fid)
-                parts.append((fscope, arr))
+                parts.append(part)
             # min, not argmin: the argmin is needed only at the one assignment of ``rest`` the plan ends up
             # with, and _back recomputes it there
-            best = self.reduced(step.var, parts, step.rest)
+            best = self.reduced(step.var, [(f, t) for f, t, _ in parts], step.rest)
             backs.append(parts)
             if step.rest:
-                add(step.rest, best)
+                add(step.rest, best, k)
             else:
-                total += float(best)
+                roots[k] = float(best)
+        if not self.conditioned:  # min-marginals at these costs start from these buckets
+            from autoshard.search.marginals import Buckets  # it builds on this class
+
+            self.last = Buckets(tuple(unary), tuple(backs), roots)
         for step, parts in zip(reversed(self.steps), reversed(backs), strict=True):
-            choice[step.var] = self._back(step.var, parts, choice)
-        return total
+            choice[step.var] = self._back(step.var, [(f, t) for f, t, _ in parts], choice)
+        return sum(roots.values())
 
     @staticmethod
     def _back(var: int, parts: list[tuple[tuple[int, ...], np.ndarray]], choice: np.ndarray) -> int:

@@ -255,9 +255,10 @@ def _sweep(
     survived the reductions, else from the current least-memory plan; ``first``: a multiplier to probe
     before the cutting planes; ``known``: relaxed solves already made on this problem, by multiplier."""
     rp = run.current
-    here = run.restrict(best)
+    here = run.carry(best)
     start = tuple(s for s in here if s is not None)
-    if len(start) != rp.num_nodes:
+    fits = len(start) == rp.num_nodes and memory_of(rp, start) <= (rp.memory_limit or 0.0)
+    if not (fits and math.isfinite(evaluate(rp, start))):
         start, _ = min_memory_plan(rp, max_factor_size=max_factor)
     plan, value = ex.solve()
     lag = Lagrange(start, evaluate(rp, start), value, 0.0)

@@ -242,25 +242,40 @@ class _Interned:
     """The placements of one :func:`expand` call as small integers, and one spec object per layout.
 
     torch's placements hash and compare in Python; a combination is looked up by a tuple of ints instead,
-    and one layout always yields the same :class:`ShardingSpec` object (so ``is`` compares specs)."""
+    and one layout always yields the same :class:`ShardingSpec` object (so ``is`` compares specs).  The ints
+    are those of :data:`_PLACEMENT_IDS` (shared by every call), so what a layout means for a tensor is
+    cached across calls by ints alone (:func:`_layout_spec`)."""
 
     def __init__(self, mesh_shape: tuple[int, ...]) -> None:
         self.mesh_shape = mesh_shape
-        self.ids: dict[Placement, int] = {}
-        self.placements: list[Placement] = []
         self.canonical: dict[tuple[int, ...], ShardingSpec] = {}
 
     def column(self, placements: list[Placement | None], shape: tuple[int, ...], is_float: bool) -> _Column:
         """One role or output: per choice, the id of its placement (``None`` is ``Replicate()``)."""
-        ids = []
-        for p in placements:
-            p = _or_r(p)
-            k = self.ids.get(p)
-            if k is None:
-                k = self.ids[p] = len(self.placements)
-                self.placements.append(p)
-            ids.append(k)
-        return _Column(self, ids, [isinstance(self.placements[k], Replicate) for k in ids], shape, is_float)
+        ids = [_placement_id(_or_r(p)) for p in placements]
+        return _Column(self, ids, [isinstance(_PLACEMENTS[k], Replicate) for k in ids], shape, is_float)
+
+
+#: every placement :func:`expand` has met, numbered in order of first sight (never renumbered)
+_PLACEMENT_IDS: dict[Placement, int] = {}
+_PLACEMENTS: list[Placement] = []
+
+
+def _placement_id(p: Placement) -> int:
+    k = _PLACEMENT_IDS.get(p)
+    if k is None:
+        k = _PLACEMENT_IDS[p] = len(_PLACEMENTS)
+        _PLACEMENTS.append(p)
+    return k
+
+
+@functools.lru_cache(maxsize=65536)
+def _layout_spec(
+    layout: tuple[int, ...], shape: tuple[int, ...], is_float: bool, mesh_shape: tuple[int, ...]
+) -> ShardingSpec | None:
+    """The spec of ``layout`` (ids of :data:`_PLACEMENTS` per axis), or None where it does not fit."""
+    placements = tuple(_PLACEMENTS[k] for k in layout)
+    return _spec(placements) if _valid(placements, shape, is_float, mesh_shape) else None
 
 
 class _Column:
@@ -280,12 +295,9 @@ class _Column:
         except KeyError:
             pass
         t = self.table
-        placements = tuple(t.placements[k] for k in layout)
-        found = None
-        if _valid(placements, self.shape, self.is_float, t.mesh_shape):
-            found = t.canonical.get(layout)
-            if found is None:
-                found = t.canonical[layout] = _spec(placements)
+        found = _layout_spec(layout, self.shape, self.is_float, t.mesh_shape)
+        if found is not None:  # the first object met for this layout in this call stands for all
+            found = t.canonical.setdefault(layout, found)
         self._specs[layout] = found
         return found
 

@@ -148,3 +148,19 @@ def test_min_marginals_match_brute_force(seed: int) -> None:
             want[i][s] = min(want[i][s], value)
     got = solver.min_marginals()
     assert all(np.allclose(g, w, rtol=1e-9, atol=1e-12) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_min_marginals_after_a_solve_at_the_same_costs_reuse_its_buckets(seed: int) -> None:
+    # the Lagrangian sweep's last probe is at the multiplier fixing asks about: its upward pass is kept
+    p = random_problem(seed + 900, max_nodes=8, cyclic=True)
+    solver = ExactSolver(pairwise_form(p))
+    fresh = ExactSolver(pairwise_form(p)).min_marginals()
+    other = [u + 1.0 for u in solver.form.unary]
+    solver.solve(other)  # buckets at other costs: not used below
+    assert solver.plan is None or solver.last is not None
+    assert solver.last is None or not solver.last.made_from(solver.form.unary)
+    solver.solve([u.copy() for u in solver.form.unary])  # equal costs, other arrays: the buckets serve
+    assert solver.plan is None or (solver.last is not None and solver.last.made_from(solver.form.unary))
+    reused = solver.min_marginals()
+    assert all(np.array_equal(a, b) for a, b in zip(reused, fresh, strict=True))

@@ -59,6 +59,15 @@ def test_validation_says_what_is_wrong(kw: dict[str, object], match: str) -> Non
         _two(**kw)
 
 
+@pytest.mark.parametrize("bad", [np.nan, -1.0])
+def test_edge_costs_are_checked_when_the_edge_is_made(bad: float) -> None:
+    # once per edge, not per problem: problems made from one another (a budget changed) share their edges
+    cost = np.zeros((2, 3))
+    cost[1, 2] = bad
+    with pytest.raises(ValueError, match=r"edge \(0, 1\) cost has NaN or negative"):
+        Edge(0, 1, cost)
+
+
 def test_self_edge_and_empty_mask_are_refused() -> None:
     with pytest.raises(ValueError, match="self-edge"):
         Edge(1, 1, np.zeros((2, 2)))

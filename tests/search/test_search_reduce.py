@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,6 +20,7 @@ from autoshard.search import (
     solve_exact,
 )
 from autoshard.search.reduce import prune_domains
+from autoshard.search.run import carry
 
 inf = math.inf
 
@@ -130,3 +132,29 @@ def test_restrict_maps_hints_onto_pruned_domains() -> None:
     )
     red = reduce_problem(p, eliminate_free=False, dominance=False)
     assert red.restrict((2, 1)) == [1, 1] and red.restrict((1, 0)) == [None, 0]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_carry_maps_any_plan_to_a_kept_one_no_dearer_and_no_larger(seed: int) -> None:
+    # dominance removed strategies: a plan using them is carried to its dominators (the sweep's start)
+    p = random_problem(seed + 1300, max_nodes=8, memory=seed % 2 == 0)
+    p = dataclasses.replace(p, memory_limit=None) if seed % 4 == 2 else p
+    try:
+        red = reduce_problem(p)
+    except InfeasibleError:
+        return
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        plan = tuple(int(rng.integers(0, s)) for s in p.sizes)
+        cost = evaluate(p, plan)
+        if not math.isfinite(cost):
+            continue
+        carried = carry(red, plan)
+        assert None not in carried
+        local = tuple(int(x) for x in carried if x is not None)
+        assert evaluate(red.problem, local) + red.cost_offset <= cost * (1 + 1e-9) + 1e-12
+        if p.memory_limit is not None and red.problem.memory is not None:  # memory kept only under a budget
+            assert memory_of(red.problem, local) + red.memory_offset <= memory_of(p, plan) + 1e-9
+        if red.restrict(plan) == carried:
+            continue
+        assert any(x is None for x in red.restrict(plan))  # it differs only where restrict has a hole
