@@ -78,6 +78,7 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         RingTransfer,
         SolverReport,
     )
+    from cost_models.overlap import SyncExposure
 
     _known(data, Plan, source, "", _EXTRA_TOP)
     for i, node in enumerate(_list(data, "nodes", source)):
@@ -96,6 +97,8 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         raise _fail(source, "pinned", "expected a list of strings such as 'annotations' or 'no tp'")
     if isinstance(data.get("solver"), Mapping):
         _known(data["solver"], SolverReport, source, "solver.")
+    if data.get("grad_sync") is not None:  # cost_models.overlap.SyncExposure: its own check says the range
+        _known(data["grad_sync"], SyncExposure, source, "grad_sync.")
     pipeline = data.get("pipeline")
     if isinstance(pipeline, Mapping):
         _known(pipeline, PipelinePlan, source, "pipeline.")

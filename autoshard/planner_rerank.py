@@ -7,24 +7,26 @@ Output: the plan with the lowest reported step among a few candidates, its
 :class:`~autoshard.plans.SolverReport` filled with ``step_bound``, ``step_optimal``, ``chosen`` and ``ranked``.
 
 Why: the solver minimises a *linear* step model (node + edge costs), the report prints the critical path
-(:mod:`autoshard.problem.step`: bucketed gradient sync, prefetched FSDP gathers).  They differ in two ways:
+(:mod:`autoshard.problem.step`: bucketed gradient sync, prefetched FSDP gathers).  They differ in three ways:
 
 * a repeated layer's gradient sync is charged once (the other copies hidden under backward): the critical
   path exposes at least that much (its last bucket holds the last layer's sync), more when a layer's sync
   outlasts a layer's backward or buckets hold several layers;
 * a repeated layer's parameter gathers (FSDP forward gathers and backward re-gathers) are charged on every
-  copy: the critical path prefetches them and exposes at least one copy.
+  copy: the critical path prefetches them and exposes at least one copy;
+* a sync outside the repeated layers is charged in full: the critical path hides it under the backward after
+  it when its gradient is ready before the last unit's (an MLP's fc2, a transformer's head).
 
-So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`: the gathers beyond one
-copy, a move several consumers may share beyond 1/m; and the memory tie-break) is a lower bound on every
-plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same solver) gives
+So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`: the gathers beyond one copy, a
+move several consumers may share beyond 1/m, the syncs that may hide; and the memory tie-break) is a lower bound
+on every plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same solver) gives
 ``B <= step(p)`` for every plan ``p`` of the problem. The candidates -- the solver's optimum and the lower-bound
-problem's optimum, then, unless one of them already reaches ``B``, the hand plans everyone compares against
-(pure data parallel, FSDP on every axis), each the best completion under the same pins -- are priced by the
-critical path and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has
-a lower reported step: the plan is proven optimal *by the reported step* (``step_optimal``). Otherwise the
-report says "optimal under the linear step model; step within X of the bound" -- never "optimal" alone. What
-is not enumerated (the plans between the best candidate and ``B``) is covered by that X.
+problem's optimum, then, unless one of them already reaches ``B``, the hand plans everyone compares against (pure
+data parallel, FSDP on every axis), each the best completion under the same pins -- are priced by the critical
+path and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower
+reported step: the plan is proven optimal *by the reported step* (``step_optimal``). Otherwise the report says
+"optimal under the linear step model; step within X of the bound" -- never "optimal" alone. What is not enumerated
+(the plans between the best candidate and ``B``) is covered by that X.
 
 Shortcut (why the ranking usually prices one or two plans, not four).  Every candidate is a plan of the
 same problem (the lower-bound optimum, and the hand plans, which are that problem with some strategies
@@ -91,7 +93,7 @@ def lower_bound_problem(built: BuiltProblem) -> SearchProblem | None:
         tu, tv, which, pos = record.use
         edge = edges[record.edge]
         forward = None
-        if record.gathers:
+        if record.gathers or record.sync:
             src, dst = built.strategies[tu], built.strategies[tv]
             forward = edge_matrix(built.infos[tu], which, src, dst, pos, forward_only, built.cache)
         hide = unpaid(edge.cost, forward, record)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autoshard.errors import PlanFileError
-from cost_models.overlap import OverlapPolicy
+from cost_models.overlap import OverlapPolicy, SyncExposure
 
 __all__ = [
     "Collective",
@@ -224,6 +224,7 @@ class Plan:
     # The precision recipe the plan was priced under (``cost_models.memory.RECIPES``): "bf16" (the model's own
     # dtypes, fp32 master + Adam moments for 16-bit weights) or "amp" (fp32 weights under bf16 autocast)
     precision: str = "bf16"
+    grad_sync: SyncExposure | None = None  # what of the gradient sync is exposed, and why (problem/step.py)
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -333,6 +334,7 @@ class Plan:
                 optimizer_gathers=tuple(Collective(**c) for c in data.get("optimizer_gathers", ())),
                 pinned=tuple(str(p) for p in data.get("pinned", ())),
                 precision=str(data.get("precision", "bf16")),
+                grad_sync=SyncExposure.from_json(data.get("grad_sync")),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -10,14 +10,20 @@ another, each stream in issue order:
 1. **Tensor- and sequence-parallel collectives are exposed.**  The next op needs their result; unless the plan
    asks for async TP (``OverlapPolicy.async_tp``: collective matmul, torch's ``_micro_pipeline_tp``), they add
    to the step in full.
-2. **Gradient synchronisation overlaps the rest of backward.**  Backward visits layers L … 1.  Gradients are
-   grouped, in that order, into buckets of at least ``bucket_bytes`` (DDP's ``bucket_cap_mb``; FSDP2 buckets
-   per module, i.e. per layer).  A bucket's reduction (all-reduce or reduce-scatter) is issued when the
-   backward of its last layer ends and runs on the communication stream after the previous bucket's.  The
-   communication stream's finish time minus the compute stream's is exposed.  For L identical layers, each
-   with backward compute c and reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward
-   compute after the last layer (embedding): the last bucket always shows, the others only where they are
-   slower than the compute that hides them (:func:`exposed_sync_repeated`).
+2. **Gradient synchronisation overlaps the rest of backward.**  Backward visits the step's units -- the
+   repeated layers L … 1 and every op outside them (an MLP's fc2, then fc1; a transformer's head, the layers,
+   then the embedding) -- in reverse forward order, and a parameter's gradient is ready when the backward of
+   its first consumer ends (``autoshard.problem.ready``).  Gradients are grouped, in that order, into buckets
+   of at least ``bucket_bytes`` (DDP's ``bucket_cap_mb``; FSDP2 buckets per module, i.e. per layer).  A
+   bucket's reduction (all-reduce or reduce-scatter) is issued when the backward of its last unit ends and
+   runs on the communication stream after the previous bucket's.  The communication stream's finish time
+   minus the compute stream's is exposed.  For L identical layers, each with backward compute c and
+   reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute after the last layer
+   (the embedding's, which ``autoshard.problem.step`` does not count: ``autoshard.problem.ready`` says why):
+   the last bucket always shows, the others only where they are slower than the compute that
+   hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data parallelism exposes fc1's sync
+   and whatever of fc2's outlasts fc1's backward; a one-layer model exposes its whole sync (nothing is left
+   to hide it).
 3. **FSDP all-gathers are prefetched** (``prefetch`` layers ahead, FSDP2's default 1): the gather of layer i + 1
    runs under the compute of layer i, so the first is exposed and each other one only beyond that compute:
    ``g_1 + Σ_{i≥2} max(0, g_i − c_{i−1})`` (:func:`exposed_prefetched_gathers`).  Without prefetch every
@@ -33,7 +39,8 @@ The intra-op solver adds per-node and per-edge costs, and ``max(0, s − c)`` co
 its compute, so the solver linearises item 2 for repeated layers: the gradient sync of one copy (the last
 layer's) is priced in full and the other L − 1 copies as hidden.  That is exact while a layer's sync is
 shorter than a layer's backward (the usual regime for large models), and optimistic beyond it; syncs outside
-the repeated layers and FSDP gathers are priced in full.  The plan's predicted step time is this critical
+the repeated layers and FSDP gathers are priced in full (the lower bound the planner proves its step
+against takes out what may hide: ``autoshard.problem.unpaid``).  The plan's predicted step time is this critical
 path (``Plan.predicted_step_time``), so where the linearisation is optimistic the plan says by how much;
 ``Plan.communication_time`` stays the sum of all collectives.
 
@@ -47,17 +54,20 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "DDP_BUCKET_BYTES",
     "OverlapPolicy",
+    "SyncExposure",
+    "SyncStream",
     "bucket_layers",
     "exposed_gradient_sync",
     "exposed_prefetched_gathers",
     "exposed_sync_repeated",
+    "sync_schedule",
 ]
 
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -105,6 +115,51 @@ class OverlapPolicy:
         return cls() if data is None else cls(**data)
 
 
+@dataclass(frozen=True, slots=True)
+class SyncExposure:
+    """A step's gradient sync and what of it the step pays (model item 2), as the report states it.
+
+    Attributes:
+        seconds: every gradient reduction of the step.
+        exposed: what backward compute does not hide (part of the predicted step time).
+        last: the parameters of the last bucket, ready only as backward ends (what always shows).
+        last_seconds: that bucket's reduction.
+    """
+
+    seconds: float
+    exposed: float
+    last: tuple[str, ...] = ()
+    last_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.exposed <= self.seconds * (1 + 1e-9) + 1e-12:
+            raise ValueError(
+                f"SyncExposure.exposed must lie in [0, seconds], got {self.exposed} of {self.seconds}"
+            )
+
+    def describe(self, seconds: Callable[[float], str], overlapped: bool = True) -> str:
+        """One line for the report: what is exposed and why; ``seconds`` formats a duration."""
+        head = f"grad sync {seconds(self.seconds)}, {seconds(self.exposed)} exposed"
+        if not overlapped:
+            return f"{head}: reduced after backward (overlap off)"
+        if self.exposed <= 1e-12:
+            return f"grad sync {seconds(self.seconds)}, none exposed: all of it hides under backward"
+        names = ", ".join(self.last[:3]) + (f" +{len(self.last) - 3} more" if len(self.last) > 3 else "")
+        last = f"the last bucket ({names}: {seconds(self.last_seconds)}) is ready only as backward ends"
+        if self.last_seconds >= self.seconds * (1 - 1e-9):
+            return f"{head}: {last}, and nothing is left to hide it"
+        if self.exposed <= self.last_seconds * (1 + 1e-9):
+            return f"{head}: {last}; the rest hides under backward"
+        return f"{head}: {last}; the rest outlasts the backward that hides it"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> SyncExposure | None:
+        if data is None:
+            return None
+        return cls(float(data["seconds"]), float(data["exposed"]), tuple(data.get("last", ())),
+                   float(data.get("last_seconds", 0.0)))  # fmt: skip
+
+
 def bucket_layers(grad_bytes: Sequence[float], bucket_bytes: float) -> list[list[int]]:
     """Group layers (in backward order) into buckets: add layers until a bucket holds ``bucket_bytes``."""
     buckets: list[list[int]] = []
@@ -130,25 +185,88 @@ def exposed_gradient_sync(
 ) -> float:
     """Exposed seconds of gradient reduction (model item 2).
 
-    ``backward[j]`` and ``sync[j]`` are the backward compute and the gradient reduction of the j-th layer *in
-    backward order*; ``grad_bytes[j]`` its gradient bytes (for bucketing; None: one bucket per layer);
-    ``tail_compute`` is backward compute that follows the last layer and hides its reduction too.
+    ``backward[j]`` and ``sync[j]`` are the backward compute and the gradient reduction of the j-th unit (a
+    layer, or an op outside the layers) *in backward order*; ``sync[j]`` becomes ready when ``backward[j]``
+    ends.  ``grad_bytes[j]`` its gradient bytes (for bucketing; None: one bucket per unit);
+    ``tail_compute`` is backward compute that follows the last unit and hides its reduction too.
     """
+    return sync_schedule(backward, sync, policy, grad_bytes, tail_compute)[0]
+
+
+def sync_schedule(
+    backward: Sequence[float],
+    sync: Sequence[float],
+    policy: OverlapPolicy,
+    grad_bytes: Sequence[float] | None = None,
+    tail_compute: float = 0.0,
+) -> tuple[float, list[int]]:
+    """(exposed seconds, the units of the last bucket with a reduction) of :func:`exposed_gradient_sync`.
+
+    The last bucket is what the report names: it is issued only once backward has (almost) ended.  Without
+    overlap every unit with a reduction is listed (all run after backward)."""
     if len(backward) != len(sync):
         raise ValueError(f"need one backward time per sync time, got {len(backward)} and {len(sync)}")
-    total_sync = sum(sync)
     if not policy.overlap_grad_sync:
-        return total_sync
-    groups = (
-        [[j] for j in range(len(sync))]
-        if grad_bytes is None
-        else bucket_layers(grad_bytes, policy.bucket_bytes)
-    )
-    clock = comm_end = 0.0
-    for group in groups:
-        clock += sum(backward[j] for j in group)  # the bucket is ready when its last layer's backward ends
-        comm_end = max(comm_end, clock) + sum(sync[j] for j in group)
-    return max(0.0, comm_end - (clock + tail_compute))
+        return float(sum(sync)), [j for j, s in enumerate(sync) if s > 0]
+    stream = SyncStream(policy.bucket_bytes if grad_bytes is not None else 0.0)
+    for j, (b, s) in enumerate(zip(backward, sync, strict=True)):
+        stream.add(b, s, grad_bytes[j] if grad_bytes is not None else 0.0, j)
+    return stream.exposed(tail_compute), stream.last()
+
+
+class SyncStream:
+    """The gradient-sync stream of model item 2, fed unit by unit in backward order (one rule for the
+    intra-op step and the pipeline's stages, which extend a stream layer by layer and copy it).
+
+    ``add(backward, seconds, nbytes)``: a unit whose backward takes ``backward`` and then makes gradients
+    that reduce in ``seconds`` (``nbytes`` of them; 0 s: nothing to reduce).  Reducing gradients join the
+    open bucket, which is issued once it holds ``bucket_bytes`` (0: every unit its own bucket) after the
+    bucket before it; the last, partly filled bucket is issued when its last member is ready."""
+
+    def __init__(self, bucket_bytes: float) -> None:
+        self.bucket_bytes = bucket_bytes
+        self.clock = self.comm_end = 0.0  # backward so far; when the issued buckets finish
+        self.held = self.pending = self.ready = (
+            0.0  # the open bucket: bytes, seconds, its last member's ready
+        )
+        self.members: list[int] = []  # the open bucket's units (or the last issued one's)
+        self.closed = True  # whether ``members`` is an issued bucket's
+
+    def copy(self) -> SyncStream:
+        twin = SyncStream(self.bucket_bytes)
+        twin.clock, twin.comm_end, twin.held, twin.pending = (
+            self.clock,
+            self.comm_end,
+            self.held,
+            self.pending,
+        )
+        twin.ready, twin.members, twin.closed = self.ready, list(self.members), self.closed
+        return twin
+
+    def add(self, backward: float, seconds: float, nbytes: float, unit: int = -1) -> None:
+        self.clock += backward
+        if seconds <= 0:
+            return
+        if self.closed:
+            self.members, self.closed = [], False
+        self.members.append(unit)
+        self.held, self.pending, self.ready = self.held + nbytes, self.pending + seconds, self.clock
+        if self.held >= self.bucket_bytes:
+            self._issue()
+
+    def _issue(self) -> None:
+        self.comm_end = max(self.comm_end, self.ready) + self.pending
+        self.held = self.pending = 0.0
+        self.closed = True
+
+    def exposed(self, tail_compute: float = 0.0) -> float:
+        """Seconds the stream finishes after the backward (plus ``tail_compute``), the open bucket issued."""
+        end = max(self.comm_end, self.ready) + self.pending if self.pending > 0 else self.comm_end
+        return max(0.0, end - (self.clock + tail_compute))
+
+    def last(self) -> list[int]:
+        """The units of the last bucket (open or issued)."""
+        return list(self.members)
 
 
 def exposed_sync_repeated(compute: float, sync: float, layers: int, tail_compute: float = 0.0) -> float:

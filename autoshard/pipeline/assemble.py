@@ -231,7 +231,8 @@ def _exposed(
         )
     ends = {device_of_chunk(split.schedule, c, split.degree) for c in (0, chunks - 1)}
     p2p = m * sends * _p2p_seconds(candidate) + (tied if worst in ends and len(ends) > 1 else 0.0)
-    return m * per_microbatch + once + costs.exposed_sync(held), p2p, cut
+    synced = costs.exposed_sync(held, 0 in mine, chunks - 1 in mine)
+    return m * per_microbatch + once + synced, p2p, cut
 
 
 def _communication(collectives: tuple[Collective, ...], share: float) -> float:

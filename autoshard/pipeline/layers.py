@@ -15,9 +15,10 @@ so a stage of ``k`` layers is priced as the intra-op planner prices a plan of th
   redistributions count once): tensor parallel and resharding exposed, per microbatch, where their consumer
   is; a layer's FSDP all-gather prefetched under the previous layer's forward, so a chunk of ``k`` layers
   exposes ``g`` once (:attr:`StageCosts.gather_head`) and ``max(0, g - f)`` per layer;
-* gradient synchronisation once per step: the layers' syncs bucketed and hidden under the backward of the
-  layers after them in the last microbatch (:attr:`StageCosts.sync_exposed`, by layer count, from
-  :func:`cost_models.overlap.exposed_gradient_sync`); syncs outside the layers exposed in full;
+* gradient synchronisation once per step, as ``critical_path`` prices it: every gradient ready where its
+  parameter's first consumer's backward ends (:mod:`autoshard.problem.ready`), bucketed and hidden under
+  the backward that follows in the last microbatch (:attr:`StageCosts.sync_parts`, by layer count and
+  whether the device holds the part before / after the layers, one :class:`cost_models.overlap.SyncStream`);
 * memory: a tied parameter (GPT-2's embedding and head) counts in every part that reads it, as each stage
   holding a reader keeps a copy; the bytes of its local gradient, which the copies sum every step when the
   first and last stage differ (:attr:`StageCosts.tied_bytes`, :func:`tied_weights`);
@@ -32,6 +33,7 @@ have when cuts are balanced) and its microbatches in flight.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import defaultdict
 
 import numpy as np
@@ -42,8 +44,10 @@ from autoshard.problem.autocast import autocast_scale
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import node_compute, node_memory, optimizer_time
 from autoshard.problem.extract import plan_collectives
+from autoshard.problem.ready import Backward, Unit, backward_units, unit_backward
 from autoshard.search import SearchProblem, Solution
-from cost_models.overlap import exposed_gradient_sync
+from autoshard.strategies import OpStrategy
+from cost_models.overlap import SyncStream
 
 __all__ = [
     "boundary_bytes",
@@ -110,9 +114,11 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
             sums[part]["static"] += memory
         else:
             sums[part]["activation"] += memory
-    gather = regather = sync = sync_bytes = 0.0  # one layer's, per microbatch (gathers) and per step (sync)
+    gather = regather = 0.0  # one layer's, per microbatch
     exposed = [0.0, 0.0, 0.0]  # per microbatch, by part: the collectives added to forward / backward
-    once = [0.0, 0.0, 0.0]  # per step, by part: syncs outside the layers
+    once = [0.0, 0.0, 0.0]  # per step, by part: syncs no unit's backward can hide
+    units = backward_units(built)
+    syncs: dict[Unit, dict[str, list[float]]] = defaultdict(dict)  # per step: unit -> parameter -> [s, bytes]
     for c in plan_collectives(built, solution):
         moved = built.infos.get(c.tensor)
         parameter = moved is not None and moved.kind == "parameter"
@@ -123,11 +129,14 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         else:  # everything else serves its consumer (a tied head's gather runs where the head does)
             part, share = where.get(c.node, _POST), 1.0
         if c.phase == "backward" and parameter:  # gradient synchronisation: once per step
-            if part == _LAYER:
-                sync, sync_bytes = sync + c.seconds * share, sync_bytes + c.nbytes * share
-            else:  # outside the layers: exposed in full (critical_path says why)
+            ready = units.ready.get(c.tensor)
+            if part != _LAYER and not isinstance(ready, str):  # no unit outside the layers: exposed in full
                 sums[part]["once"] += c.seconds
                 once[part] += c.seconds
+                continue
+            unit: Unit = _LAYER if part == _LAYER or ready is None else ready
+            entry = syncs[unit].setdefault(c.tensor, [0.0, 0.0])  # one layer: the copies' mean
+            entry[0], entry[1] = entry[0] + c.seconds * share, entry[1] + c.nbytes * share
             continue
         seconds = c.seconds * share / m
         if c.phase == "forward" and c.kind == "all_gather" and parameter and part == _LAYER:
@@ -142,10 +151,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
     sums[_LAYER]["forward"] += per_layer
     per_layer_back = max(0.0, regather - layer_bwd)  # what the next layer's backward does not hide
     sums[_LAYER]["backward"] += per_layer_back
-    exposed_sync = tuple(
-        exposed_gradient_sync([layer_bwd] * k, [sync] * k, opts.overlap, grad_bytes=[sync_bytes] * k)
-        for k in range(n + 1)
-    )
+    tables = _sync_tables(built, chosen, where, units, syncs, layer_bwd, n)
     pre, layer, post = (Part(**dict(s)) for s in sums)
     tied = sum(nbytes for _, nbytes in tied_weights(built, solution))
     return StageCosts(
@@ -157,11 +163,57 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         reserve=runtime_reserve(built),
         # a chunk's first gather has no previous layer, its last re-gather no next one: exposed whole
         gather_head=gather - per_layer + regather - per_layer_back,
-        sync_exposed=exposed_sync,
+        sync_exposed=tables[(False, False)],
+        sync_parts=tables,
         tied_bytes=float(tied),
         exposed_comm=(exposed[_LAYER] + per_layer + per_layer_back, exposed[_PRE], exposed[_POST]),
         exposed_once=(once[_PRE], once[_POST]),
     )
+
+
+def _sync_tables(
+    built: BuiltProblem,
+    chosen: dict[str, OpStrategy],
+    where: dict[str, int],
+    units: Backward,
+    syncs: dict[Unit, dict[str, list[float]]],
+    layer_bwd: float,
+    n: int,
+) -> dict[tuple[bool, bool], tuple[float, ...]]:
+    """(pre held, post held) -> [k]: the exposed gradient sync of a device holding k layers and those parts,
+    fed to one :class:`~cost_models.overlap.SyncStream` in backward order as ``critical_path`` feeds it."""
+    policy = built.options.overlap
+    outside = [u for u in units.order if isinstance(u, str)]
+    backward = {  # what hides syncs: not the backward after the final unit's (autoshard.problem.ready)
+        u: unit_backward(built, u, chosen[built.template[u]]) if units.hides(u) else 0.0 for u in outside
+    }
+
+    def feed(stream: SyncStream, unit: Unit, seconds: float) -> None:
+        members = syncs[unit].values() if unit in syncs else ()
+        stream.add(seconds, sum(s for s, _ in members), sum(b for _, b in members))  # as critical_path
+
+    tables: dict[tuple[bool, bool], tuple[float, ...]] = {}
+    for pre, post in itertools.product((False, True), repeat=2):
+        if not policy.overlap_grad_sync:  # all after backward: the sum of what the device holds
+            held = [u for u in outside if (pre and where[u] == _PRE) or (post and where[u] == _POST)]
+            fixed = sum(s for u in held if u in syncs for s, _ in syncs[u].values())
+            per = sum(s for s, _ in syncs[_LAYER].values()) if _LAYER in syncs else 0.0
+            tables[(pre, post)] = tuple(fixed + k * per for k in range(n + 1))
+            continue
+        stream, row = SyncStream(policy.bucket_bytes), []
+        for u in reversed(outside):  # backward: the part after the layers first
+            if post and where[u] == _POST:
+                feed(stream, u, backward[u])
+        for k in range(n + 1):
+            if k:
+                feed(stream, _LAYER, layer_bwd)
+            tail = stream.copy()
+            for u in reversed(outside):  # then, after the layers, the part before them
+                if pre and where[u] == _PRE:
+                    feed(tail, u, backward[u])
+            row.append(tail.exposed())
+        tables[(pre, post)] = tuple(row)
+    return tables
 
 
 def tied_weights(built: BuiltProblem, solution: Solution) -> list[tuple[str, int]]:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -84,6 +84,8 @@ class StageCosts:
     reserve: float = 0.0  # bytes every device holds before the model (CUDA context, NCCL, allocator)
     gather_head: float = 0.0  # per microbatch: a chunk's first FSDP gather, which no layer's compute hides
     sync_exposed: tuple[float, ...] = ()  # [k]: exposed gradient sync of k layers on one device, per step
+    # the same with the parts outside the layers on that device: (pre, post) -> [k] (their syncs included)
+    sync_parts: dict[tuple[bool, bool], tuple[float, ...]] = field(default_factory=dict)
     tied_bytes: float = 0.0  # local gradient bytes of weights read before and after the layers (tied)
     tied_sync: float = 0.0  # per step: their all-reduce between the first and last chunk's devices
     # the communication inside those figures that no compute hides (the report's split, not the DP's input):
@@ -91,9 +93,11 @@ class StageCosts:
     exposed_comm: tuple[float, float, float] = (0.0, 0.0, 0.0)
     exposed_once: tuple[float, float] = (0.0, 0.0)
 
-    def exposed_sync(self, layers: int) -> float:
-        """Seconds of the gradient sync of ``layers`` layers that their backward does not hide."""
-        return self.sync_exposed[layers] if layers < len(self.sync_exposed) else 0.0
+    def exposed_sync(self, layers: int, pre: bool = False, post: bool = False) -> float:
+        """Seconds of the gradient sync of ``layers`` layers (and of the part before / after them when the
+        device holds it) that their backward does not hide (:func:`autoshard.problem.step.critical_path`)."""
+        table = self.sync_parts.get((pre, post), self.sync_exposed)
+        return table[layers] if layers < len(table) else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +164,11 @@ def price_split(
     held = [0] * degree
     for c in range(chunks):
         held[device_of_chunk(schedule, c, degree)] += bounds[c + 1] - bounds[c]
-    once = [p.once + costs.exposed_sync(k) for p, k in zip(per_device, held, strict=True)]
+    first, last = device_of_chunk(schedule, 0, degree), device_of_chunk(schedule, chunks - 1, degree)
+    once = [
+        p.once + costs.exposed_sync(k, d == first, d == last)
+        for d, (p, k) in enumerate(zip(per_device, held, strict=True))
+    ]
     memory = [
         costs.reserve + p.static + in_flight(schedule, d, degree, virtual, microbatches) * p.activation
         for d, p in enumerate(per_device)
@@ -191,8 +199,12 @@ def _tables(
     lay = costs.layer
     shape = (chunks, n + 1, n + 1)
     t, o, fits = np.full(shape, np.inf), np.full(shape, np.inf), np.zeros(shape, dtype=bool)
-    synced = np.array([costs.exposed_sync(j) for j in range(n + 1)])  # a chunk's own sync tail, by layers
     for c in range(chunks):
+        ends = (
+            c == 0,
+            c == chunks - 1,
+        )  # a chunk's own sync tail, by layers (with pre / post when it holds them)
+        synced = np.array([costs.exposed_sync(j, *ends) for j in range(n + 1)])
         extra = _chunk(costs, schedule, degree, c, chunks, 0, 0)  # pre / post / p2p of this chunk, no layers
         d = device_of_chunk(schedule, c, degree)
         flight = in_flight(schedule, d, degree, virtual, microbatches)

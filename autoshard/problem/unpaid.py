@@ -5,10 +5,15 @@ edge of its search problem that the reported (critical-path) step may not pay in
 :func:`unpaid`, the seconds to subtract from that edge's price so that the linear objective bounds every
 plan's reported step from below (:mod:`autoshard.planner_rerank` solves that problem).
 
-Two reasons, both as :mod:`autoshard.problem.step` and :mod:`autoshard.problem.extract` report a plan:
+Three reasons, all as :mod:`autoshard.problem.step` and :mod:`autoshard.problem.extract` report a plan:
 
 * a repeated layer's parameter gathers (FSDP forward gathers, backward re-gathers) are priced on each of
   the ``copies`` layers, and prefetch exposes at least one copy: all but one may be hidden;
+* the gradient sync of a parameter outside the repeated layers whose gradient is ready before the final
+  unit's (:meth:`~autoshard.problem.ready.Backward.hidden`: an MLP's fc2, a transformer's head) may hide
+  under the backward that follows; the final unit's sync and every one ready after it stay priced: the
+  critical path exposes at least that sum (that suffix of the communication stream starts no earlier than
+  the final unit's backward ends, and the backward after it hides nothing, :mod:`autoshard.problem.ready`);
 * a move that ``consumers`` uses of one tensor may share is priced once per use (too many layouts for an
   exact fan-out node), and runs once per distinct layout: at least the dearest use, so at least ``1/m`` of
   their sum.
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoshard.problem.fanout import split_uses
+from autoshard.problem.ready import backward_units
 from autoshard.problem.recompute import rerun_share
 
 if TYPE_CHECKING:
@@ -41,7 +47,8 @@ class Unpaid:
     ``edge``: its index in ``SearchProblem.edges``; ``use``: (producer, consumer, output, input position)
     of the builder's weighted use; ``copies``: its weight (layer copies); ``share``: how often backward
     re-runs its forward moves (FSDP re-gather, recomputation); ``consumers``: uses that may share its move;
-    ``gathers``: its forward moves are a repeated layer's parameter gathers that prefetch hides."""
+    ``gathers``: its forward moves are a repeated layer's parameter gathers that prefetch hides; ``sync``:
+    its backward moves are a gradient sync ready before the final unit's (module docstring)."""
 
     edge: int
     use: tuple[str, str, int, int]
@@ -49,6 +56,7 @@ class Unpaid:
     share: float
     consumers: int
     gathers: bool
+    sync: bool = False
 
 
 def unpaid_edges(built: BuiltProblem) -> tuple[Unpaid, ...] | None:
@@ -61,6 +69,7 @@ def unpaid_edges(built: BuiltProblem) -> tuple[Unpaid, ...] | None:
             weights[(group.producer, consumer, group.which, pos)] = group.weight
             apart[(group.producer, consumer, group.which, pos)] = len(group.entries)
     opts, edges, index = built.options, built.problem.edges, {v: k for k, v in enumerate(built.variables)}
+    units = backward_units(built) if opts.training and opts.overlap.overlap_grad_sync else None
     out: list[Unpaid] = []
     k = 0
     for (tu, tv, which, pos), weight in weights.items():
@@ -71,20 +80,23 @@ def unpaid_edges(built: BuiltProblem) -> tuple[Unpaid, ...] | None:
         producer = built.infos[tu]
         repeated = weight > 1 and producer.kind == "parameter" and producer.block is not None
         gathers = repeated and opts.training and opts.overlap.prefetch > 0
+        sync = weight == 1 and producer.kind == "parameter" and units is not None and units.hidden(tu)
         m = apart.get((tu, tv, which, pos), 1)
-        if gathers or m > 1:
+        if gathers or sync or m > 1:
             share = rerun_share(producer, built.infos[tv], opts)
-            out.append(Unpaid(k, (tu, tv, which, pos), weight, share, m, gathers))
+            out.append(Unpaid(k, (tu, tv, which, pos), weight, share, m, gathers, sync))
         k += 1
     return tuple(out)
 
 
 def unpaid(matrix: np.ndarray, forward: np.ndarray | None, record: Unpaid) -> np.ndarray:
     """Seconds of ``matrix`` the reported step may not pay; ``forward``: the edge's forward moves for one
-    layer copy (needed when ``record.gathers``)."""
+    layer copy (needed when ``record.gathers`` or ``record.sync``)."""
     hide = np.zeros_like(matrix)
     if record.gathers and forward is not None:
         hide = forward * (record.copies - 1) * (1 + record.share)
+    if record.sync and forward is not None:  # all but its forward moves (and their re-gathers): the sync
+        hide = np.where(np.isfinite(matrix), np.maximum(matrix - forward * (1 + record.share), 0.0), 0.0)
     if record.consumers > 1:
         hide = np.where(np.isfinite(matrix), matrix - (matrix - hide) / record.consumers, 0.0)
     return hide

@@ -133,6 +133,9 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     second = f"overlap: {overlap}; {fmt_seconds(exposed)} comm exposed" + (f"; + {memory}" if memory else "")
     zero = zero_text(plan) if plan.training else ""
     third = wrap(zero, width, "    ", "  ") if zero else []
+    sync = plan.grad_sync  # what of the gradient sync is exposed and why (problem/step.py)
+    if sync is not None:
+        third += wrap(sync.describe(fmt_seconds, plan.overlap.overlap_grad_sync), width, "    ", "  ")
     return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ") + third
 
 

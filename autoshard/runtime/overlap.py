@@ -86,7 +86,8 @@ class _Buckets:
         nbytes = chunk * ways * member.element_size()
         last = self.buckets[-1] if self.buckets else None
         fits = last is not None and (last.axis, last.ways) == (axis, ways)
-        if last is None or not fits or (last.members and last.nbytes + nbytes > self.bucket_bytes):
+        # a bucket closes once it holds bucket_bytes (DDP's rule, and cost_models.overlap.bucket_layers')
+        if last is None or not fits or last.nbytes >= self.bucket_bytes:
             last = _Bucket(axis, ways)
             self.buckets.append(last)
         last.index[id(member)] = len(last.members)

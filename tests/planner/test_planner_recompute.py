@@ -88,7 +88,10 @@ def test_full_recompute_reissues_the_forward_collectives_inside_blocks() -> None
     assert inside, "Megatron moves inside the layers"
     assert all(runs[k] == (2 if k in inside else 1) for k in runs)
     assert full.collective_counts("backward") == none.collective_counts("backward")
-    assert none.collective_counts("forward")["all_reduce"] == 4  # after o_proj and down_proj, per layer
+    # after o_proj and down_proj, per layer; the last may reduce-scatter into a sequence split of the final
+    # norm and head instead (their gradient syncs hide under the layers' backward: problem/step.py)
+    forward = none.collective_counts("forward")
+    assert forward["all_reduce"] + forward.get("reduce_scatter", 0) == 4
 
 
 def test_plan_records_the_choice_through_json(tmp_path) -> None:

@@ -14,7 +14,7 @@ from autoshard import zoo
 from autoshard.annotations import pin_problem
 from autoshard.capture import capture
 from autoshard.errors import InfeasibleError
-from autoshard.planner_rerank import hand_plan_masks
+from autoshard.planner_rerank import hand_plan_masks, lower_bound_problem
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.mix import best_share, share_problem
@@ -57,8 +57,10 @@ def test_fsdp_gathers_and_the_temporary_are_inside_the_budget() -> None:
     plan = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none", memory_limit=limit)
     # the plan is the candidate with the lowest reported step (autoshard.planner_rerank): solve that one
     chosen = plan.solver.chosen.split(" = ")[0]
-    masks = None if chosen == "solver optimum" else hand_plan_masks(built, chosen)
-    solution = solve(dataclasses.replace(built.problem, allowed=masks) if masks else built.problem)
+    masks = None if chosen.endswith("optimum") else hand_plan_masks(built, chosen)
+    problem = lower_bound_problem(built) if chosen == "lower-bound optimum" else built.problem
+    assert problem is not None
+    solution = solve(dataclasses.replace(problem, allowed=masks) if masks else problem)
     assert plan.memory_per_device <= limit
     assert plan.memory_per_device == pytest.approx(memory_of(built.problem, solution.choice), rel=1e-9)
     assert set(plan.memory_breakdown) == {"runtime reserve", "gathered weights", "largest temporary"}

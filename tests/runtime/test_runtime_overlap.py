@@ -108,3 +108,58 @@ def test_fsdp_gathers_are_prefetched_forward_and_backward() -> None:
         assert layers == ["model.layers.0", "model.layers.1", "lm_head.weight"]
         _ahead(last, "forward", layers)
         _ahead(last, "regather", list(reversed(layers)))
+
+
+def _mlp_dp_priced(bucket_bytes: int) -> Any:
+    """The fp64 MLP (fc1 8 -> 16, fc2 16 -> 8) as pure data parallelism, priced under ``bucket_bytes``."""
+    import math
+
+    import numpy as np
+
+    from autoshard.planner_steps import reader
+    from autoshard.problem.build import build_problem
+    from autoshard.problem.costs import CostOptions
+    from autoshard.runtime.verify import cluster_for
+    from autoshard.search import solve
+
+    m = model("mlp")
+    dp = plan("mlp", 2, None, (("x", ("S(0)",)), ("fc1", ((2, 1), (1, 1))), ("fc2", ((2, 1), (1, 1)))))
+    opts = CostOptions(overlap=OverlapPolicy(bucket_bytes=bucket_bytes))
+    built = build_problem(m.captured, cluster_for("cpu", 2), opts)
+    picked = {n.name: n.strategy for n in dp.nodes}  # the same strategies, priced under this policy
+    masks = tuple(np.array([str(s) == picked[v] for s in built.strategies[v]]) for v in built.variables)
+    masks += (None,) * (built.problem.num_nodes - len(masks))  # fan-out and gather states: the best
+    found = solve(dataclasses.replace(built.problem, allowed=masks), method="exact")
+    return reader(m.model, m.captured, {}, [], math.inf, ())(built, found)
+
+
+def _train_mlp_dp() -> tuple[list[list[str]], list[tuple[int, int]], dict[str, int], tuple[str, ...]]:
+    m = model("mlp")
+    p = _mlp_dp_priced(1024)  # fc2's bias + weight (64 + 1024 B) fill one bucket, fc1's (128 + 1024 B) one
+    assert p.grad_sync is not None
+    module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
+    opt = torch.optim.SGD(module.parameters(), lr=1e-2)
+    sync, _ = apply_overlap(module, opt)
+    names = {id(t): n for n, t in module.named_parameters()}
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        x = torch.randn(8, 8, generator=gen, dtype=torch.float64)
+        module(*shard_inputs(p, x)).square().sum().backward()
+        opt.step()
+    buckets = [[names[id(t)] for t in b.members] for b in sync.buckets]
+    return buckets, sync.events, _counts(module), p.grad_sync.last
+
+
+@pytest.mark.slow
+def test_dp_buckets_and_their_issue_are_the_priced_ones() -> None:
+    """The runtime's buckets are the cost model's (DDP's rule), fc2's bucket is issued while fc1's gradients
+    are still to come (hidden, as priced), and the bucket issued as backward ends is the priced last one."""
+    for buckets, events, counts, last in launch(_train_mlp_dp, 2):
+        assert buckets == [["fc2.bias", "fc2.weight"], ["fc1.bias", "fc1.weight"]]
+        assert set(last) == {"fc1.bias", "fc1.weight"}  # priced: the last bucket, exposed
+        assert counts["backward:all_reduce"] == 2 * STEPS  # the buckets' all-reduces ran, one each per step
+        per_step = [events[i * 2 : (i + 1) * 2] for i in range(STEPS)]
+        for issued in per_step:
+            assert issued[0] == (0, 2)  # fc2's bucket: issued with fc1's two gradients still to come
+            assert issued[1] == (1, 0) and set(buckets[1]) == set(last)  # issued as backward ends

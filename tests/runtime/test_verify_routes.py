@@ -69,7 +69,9 @@ def test_a_flipped_route_is_pinned_and_reported(monkeypatch: pytest.MonkeyPatch)
     assert "1 route pinned to the reference on every rank" in str(report)
     # something distributed ran, as the plan lists: the token dispatch and the router's partial logits
     assert report.emitted == report.planned and report.ranks_agree
-    assert report.emitted["forward all_to_all"] == 3 and report.emitted["backward all_to_all"] == 2
+    # the dispatch's all-to-alls at least (the free parts' layout may add a pair: a sync outside the layers
+    # that hides under backward is priced so since autoshard/problem/step.py places it where it is ready)
+    assert report.emitted["forward all_to_all"] >= 3 and report.emitted["backward all_to_all"] >= 2
     assert report.emitted["forward reduce_scatter"] == 1
 
     # the ranks on their own choices (forked after the patch): that one route fails the expert gradients
