@@ -5,8 +5,7 @@ node's chosen strategy, every collective of one training step (forward and backw
 split into compute and communication, the memory per device, and the solver's optimality certificate.
 It saves to versioned JSON (never pickle) and loads back equal.
 
-(The module is ``plans`` rather than ``plan`` so that importing it never shadows the ``autoshard.plan()``
-function.)
+(``plans``, not ``plan``: importing it never shadows the ``autoshard.plan()`` function.)
 
 Example::
 
@@ -221,10 +220,10 @@ class Plan:
     optimizer_gathers: tuple[Collective, ...] = ()
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
-    # The precision recipe the plan was priced under (``cost_models.memory.RECIPES``): "bf16" (the model's own
-    # dtypes, fp32 master + Adam moments for 16-bit weights) or "amp" (fp32 weights under bf16 autocast)
+    # The precision recipe priced (``cost_models.memory.RECIPES``): "bf16" (the model's dtypes, fp32 master +
+    # Adam moments for 16-bit weights) or "amp" (fp32 weights under bf16 autocast); grad_sync: problem/step.py
     precision: str = "bf16"
-    grad_sync: SyncExposure | None = None  # what of the gradient sync is exposed, and why (problem/step.py)
+    grad_sync: SyncExposure | None = None  # what of the gradient sync is exposed, and why
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
