@@ -3,9 +3,7 @@
 A :class:`Plan` is immutable and self-contained: it names every parameter's placement per mesh axis, every
 node's chosen strategy, every collective of one training step (forward and backward), the predicted step time
 split into compute and communication, the memory per device, and the solver's optimality certificate.
-It saves to versioned JSON (never pickle) and loads back equal.
-
-(``plans``, not ``plan``: importing it never shadows the ``autoshard.plan()`` function.)
+It saves to versioned JSON (never pickle) and loads back equal.  (``plans``, not ``plan``: no shadowing.)
 
 Example::
 
