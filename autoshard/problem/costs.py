@@ -249,8 +249,7 @@ def operand_bytes(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> tuple[int | N
 
 
 def grad_factor(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> float:
-    """Backward kernels per forward: 2 for a matrix product (a gradient per operand), else
-    :func:`_grad_operands`."""
+    """Backward kernels per forward: 2 for a matrix product (a gradient per operand), else :func:`_grad_operands`."""
     if info.op in ("linear", "mm", "matmul", "bmm"):  # no gradient for an operand that needs none
         return float(max(1, sum(1 for src in inputs[:2] if src.requires_grad)))
     return 2.0 if info.is_matmul_like else _grad_operands(info, inputs)
