@@ -53,6 +53,11 @@ class Baseline:
 
     @classmethod
     def impossible(cls, reason: str, name: str = "data parallel") -> Baseline:
+        """The baseline ``name`` has no plan; the solver's "no plan fits ..." is said of ``name``'s plans only
+        (new-user trial: under a fitting plan, "no plan fits" read as if this plan did not fit either)."""
+        kind = name.replace(" ", "-")
+        for generic in ("no plan", "every plan", "the least-memory plan"):
+            reason = reason.replace(generic, f"{generic.removesuffix(' plan')} {kind} plan")
         return cls(name, reason=reason)
 
     @classmethod
