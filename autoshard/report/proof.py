@@ -42,7 +42,7 @@ def proof_line(plan: Plan) -> str:
     others = _other_policies(plan, s.bound_scope)
     if others and gap <= RANK_TOLERANCE:  # the bound is reached, and every other policy is bounded above it
         return (
-            f"optimal by the reported (critical-path) step across recomputation policies: bound "
+            f"optimal across recomputation policies by the reported (critical-path) step: bound "
             f"{fmt_seconds(s.step_bound)} for {s.bound_scope}; {others} ({_picked(s.chosen, len(s.ranked))}; "
             "per-block mixes ruled out under the linear step model)"
         )
