@@ -151,7 +151,7 @@ class AxisUse:
 def unsplit_parts(uses: list[AxisUse]) -> list[str]:
     """What the headline says of the axes no kind names (their compute is not split), after the kinds: an
     axis storing weights split and gathering them is no replica (``ZeRO-3 2 (axis 1: 2 of 31
-    parameters stored split, gathered before use; compute not split)``); the others, together, replicate the rest
+    parameters stored split and gathered, compute not split)``); the others, together, replicate the rest
     (``replicated 2 (axis 1 splits nothing)``).  ``[]`` when every axis has a kind."""
     parts, plain, size = [], [], 1
     for use in uses:
@@ -161,7 +161,11 @@ def unsplit_parts(uses: list[AxisUse]) -> list[str]:
             plain.append(use.axis)
             size *= use.size
             continue
-        parts.append(f"ZeRO-3 {use.size} (axis {use.axis}: {use._stored()}; compute not split)")
+        stored = f"{use.params_split} of {use.params} parameters stored split"
+        if use.gathered:
+            every = use.params_gathered in (0, use.params_split)
+            stored += " and gathered" if every else f", {use.params_gathered} gathered"
+        parts.append(f"ZeRO-3 {use.size} (axis {use.axis}: {stored}, compute not split)")
     if plain:
         verb = "splits" if len(plain) == 1 else "split"
         parts.append(f"replicated {size} ({axes_text(plain)} {verb} nothing)")

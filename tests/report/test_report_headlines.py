@@ -223,7 +223,7 @@ def test_stored_expert_weights_gathered_are_not_replicated() -> None:
     report = render(plan)
     body = " ".join(report.split())  # the body's lines are wrapped
     first = (
-        "ZeRO-3 2 (axis 1: 1 of 2 parameters stored split, gathered before use; compute not split)"
+        "ZeRO-3 2 (axis 1: 1 of 2 parameters stored split and gathered, compute not split)"
         " × replicated 4 (axis 0 splits nothing), 1 microbatch"
     )
     assert headline(plan) == first and "replicated on" not in first
