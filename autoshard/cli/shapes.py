@@ -15,8 +15,11 @@ HELP = "plan one parameter layout for several weighted input shapes (sequence bu
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, float]]:
-    """``"8x2048:0.7,8x8192:0.3"`` -> ``[(8, 2048, 0.7), (8, 8192, 0.3)]`` (batch x seq : weight)."""
-    out = []
+    """``"8x2048:0.7,8x8192:0.3"`` -> ``[(8, 2048, 0.7), (8, 8192, 0.3)]`` (batch x seq : weight).
+
+    Every shape carries a weight or none does (then each weighs ``1 / n``): a mix is refused (new-user
+    trial: a missing weight became 1 and the weighted step a sum)."""
+    out, weighted = [], []
     for item in text.split(","):
         size, _, weight = item.strip().partition(":")
         batch, _, seq = size.partition("x")
@@ -24,11 +27,18 @@ def parse_shapes(text: str) -> list[tuple[int, int, float]]:
             out.append((int(batch), int(seq), float(weight) if weight else 1.0))
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"shape {item!r}: write BATCHxSEQ:WEIGHT, e.g. 8x2048:0.7 (weight optional, default 1)"
+                f"shape {item!r}: write BATCHxSEQ:WEIGHT, e.g. 8x2048:0.7 (weights on every shape or on none)"
             ) from None
         if out[-1][0] < 1 or out[-1][1] < 1 or not out[-1][2] > 0:
             raise argparse.ArgumentTypeError(f"shape {item!r}: batch, sequence and weight must be positive")
-    return out
+        weighted.append(bool(weight))
+    if any(weighted) and not all(weighted):
+        bare = ", ".join(item.strip() for item, w in zip(text.split(","), weighted, strict=True) if not w)
+        raise argparse.ArgumentTypeError(
+            f"{bare}: no weight where other shapes have one; give every shape a weight (e.g. 8x512:0.7,"
+            "8x1024:0.3) or none (equal weights)"
+        )
+    return out if all(weighted) else [(b, s, 1 / len(out)) for b, s, _ in out]
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -39,7 +49,11 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--nodes", type=positive, default=1, help="number of nodes (default 1)")
     s.add_argument("--mesh", default=None, help="mesh axis sizes, e.g. 4x2 (default: one axis)")
     s.add_argument(
-        "--shapes", type=parse_shapes, required=True, metavar="BxS:W,...", help="e.g. 8x2048:0.7,8x8192:0.3"
+        "--shapes",
+        type=parse_shapes,
+        required=True,
+        metavar="BxS:W,...",
+        help="e.g. 8x2048:0.7,8x8192:0.3 (no weights: equal)",
     )
     s.add_argument(
         "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"

@@ -8,6 +8,8 @@ headline and the body cannot disagree.  No torch: the report imports this.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from autoshard.pipeline.schedules import Schedule
 from autoshard.plans import Plan
 
@@ -32,11 +34,12 @@ def headline(plan: Plan) -> str:
     than its kind says is named (``DP 16 (lm_head vocab-split on axis 0)``,
     :func:`autoshard.report.axes.split_notes`); a plan that splits nothing says so (``replicated on 8
     devices: no collective``).  ``autoshard search`` and ``show`` both print this line first."""
-    from autoshard.report.axes import KIND_ORDER, axis_uses, degrees, split_notes
+    from autoshard.report.axes import KIND_ORDER, axis_uses, degrees, split_notes, unsplit_parts
     from autoshard.report.groups import PlanView
 
     view = PlanView.of(plan)
-    uses = [u for u in axis_uses(view, 0 if plan.pipeline is not None else None) if u.kind is not None]
+    every = axis_uses(view, 0 if plan.pipeline is not None else None)
+    uses = [u for u in every if u.kind is not None]
     sizes: dict[str, int] = {}  # axis label -> degree, outermost kind first
     for use in sorted(uses, key=lambda u: KIND_ORDER.index(str(u.kind))):
         sizes[use.label] = sizes.get(use.label, 1) * use.size
@@ -47,7 +50,8 @@ def headline(plan: Plan) -> str:
         said = [note for note in dict.fromkeys(said + notes.get(label, [])) if note not in told]
         told |= set(said)
         parts.append(f"{label} {size}" + (f" ({'; '.join(said)})" if said else ""))
-    head = " × ".join(parts) or _replicated(plan)
+    rest = unsplit_parts(every)  # axes no kind names: weights stored split, or plain replicas
+    head = " × ".join(parts + rest) if parts or any(p.startswith("ZeRO") for p in rest) else _replicated(plan)
     found = degrees(uses)
     batch = max((shape[0][0] for shape in plan.input_shapes.values() if shape[0]), default=0)
     replicas = found.get("dp", 1) * found.get("fsdp", 1)
@@ -77,11 +81,12 @@ def _kind_notes(plan: Plan, kind: str) -> list[str]:
         name = Schedule(plan.pipeline.schedule).short
         v = plan.pipeline.virtual_stages
         return [f"{name}, v={v}" if v > 1 else name]
+    said = []
     if kind == "cp" and plan.context_axis is not None:
-        return [plan.context_layout]  # the ring axis's sequence layout (zigzag: load-balanced)
-    note = {"fsdp": _fsdp_note, "dp": _dp_note, "ep": _ep_note}.get(kind)
+        said.append(plan.context_layout)  # the ring axis's sequence layout (zigzag: load-balanced)
+    note = {"fsdp": _fsdp_note, "dp": _dp_note, "ep": _ep_note}.get(kind, _weights_note(kind))
     text = note(plan) if note is not None else ""
-    return [text] if text else []
+    return [*said, text] if text else said
 
 
 def _ep_note(plan: Plan) -> str:
@@ -96,6 +101,17 @@ def _dp_note(plan: Plan) -> str:
     from autoshard.report.groups import PlanView
 
     return dp_weights_note(PlanView.of(plan), 0 if plan.pipeline is not None else None)
+
+
+def _weights_note(kind: str) -> Callable[[Plan], str] | None:
+    """A ring or sequence axis storing parameters split and gathering them says so as a DP axis does
+    (``CP 8 (contiguous; ZeRO-3/FSDP on 560 of 723 parameters)``)."""
+    if kind not in ("cp", "sp"):
+        return None
+    from autoshard.report.axes import dp_weights_note
+    from autoshard.report.groups import PlanView
+
+    return lambda plan: dp_weights_note(PlanView.of(plan), 0 if plan.pipeline is not None else None, kind)
 
 
 def _fsdp_note(plan: Plan) -> str:

@@ -61,6 +61,7 @@ __all__ = [
     "experts_note",
     "fsdp_note",
     "split_notes",
+    "unsplit_parts",
 ]
 
 KIND_ORDER = ("pp", "tp", "sp", "cp", "ep", "fsdp", "dp")  # the headline's order, outermost kind first
@@ -122,8 +123,10 @@ class AxisUse:
         head = f"axis {self.axis} ({self.size}): "
         if self.kind == "pp":
             return head + "PP: pipeline stages"
-        if self.kind is None:
+        if self.kind is None and not self.params_split:
             return head + "nothing split: every device of this axis computes the same"
+        if self.kind is None:  # weights stored split (and gathered before use), the compute not split
+            return f"{head}compute not split: every device of this axis computes the same; {self._stored()}"
         what = _SAYS[self.compute] if self.compute else ""
         if (
             self.kind == "cp" and self.compute != "sequence"
@@ -131,14 +134,42 @@ class AxisUse:
             what = "attention split by sequence (ring K/V)" + (f", {what}" if what else "")
         elif self.compute == "sequence":
             what += ", attention too (ring)" if self.attention_by_sequence else ", attention not by sequence"
-        stored = f"{self.params_split} of {self.params} parameters stored split"
-        if self.gathered:
-            every = self.params_gathered in (0, self.params_split)
-            stored += ", gathered before use" if every else f", {self.params_gathered} gathered before use"
+        stored = self._stored()
         share = f"{self.share:.0%} of the weighted compute"
         if self.also:  # two weight splits on one axis: both shares
             share = f"{self.share:.0%}; {_SAYS[_KIND_FAMILY[self.also]]}: {self.also_share:.0%} of the weighted compute"
         return f"{head}{self.label}: {what} ({share}); {stored}"
+
+    def _stored(self) -> str:
+        stored = f"{self.params_split} of {self.params} parameters stored split"
+        if self.gathered:
+            every = self.params_gathered in (0, self.params_split)
+            stored += ", gathered before use" if every else f", {self.params_gathered} gathered before use"
+        return stored
+
+
+def unsplit_parts(uses: list[AxisUse]) -> list[str]:
+    """What the headline says of the axes no kind names (their compute is not split), after the kinds: an
+    axis storing weights split and gathering them is no replica (``ZeRO-3 2 (axis 1: 2 of 31
+    parameters stored split and gathered, compute not split)``); the others, together, replicate the rest
+    (``replicated 2 (axis 1 splits nothing)``).  ``[]`` when every axis has a kind."""
+    parts, plain, size = [], [], 1
+    for use in uses:
+        if use.kind is not None:
+            continue
+        if not use.params_split:
+            plain.append(use.axis)
+            size *= use.size
+            continue
+        stored = f"{use.params_split} of {use.params} parameters stored split"
+        if use.gathered:
+            every = use.params_gathered in (0, use.params_split)
+            stored += " and gathered" if every else f", {use.params_gathered} gathered"
+        parts.append(f"ZeRO-3 {use.size} (axis {use.axis}: {stored}, compute not split)")
+    if plain:
+        verb = "splits" if len(plain) == 1 else "split"
+        parts.append(f"replicated {size} ({axes_text(plain)} {verb} nothing)")
+    return parts
 
 
 def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]:
@@ -180,11 +211,12 @@ def degrees(uses: list[AxisUse]) -> dict[str, int]:
     return out
 
 
-def dp_weights_note(view: PlanView, pipeline_axis: int | None = None) -> str:
+def dp_weights_note(view: PlanView, pipeline_axis: int | None = None, kind: str = "dp") -> str:
     """What the headline adds to ``DP n`` when parameters are stored split and gathered (ZeRO-3 / FSDP) on a
     data-parallel axis, yet too few of them for the axis to count as FSDP: ``"ZeRO-3/FSDP on 1 of 148
-    parameters"``; ``""`` when the DP axes shard no parameter."""
-    uses = [u for u in axis_uses(view, pipeline_axis) if u.kind == "dp"]
+    parameters"``; ``""`` when the DP axes shard no parameter.  The same for the axes of another ``kind``
+    (``"cp"``: a ring axis may store most parameters split and gather them, LLaMA-3-70B's CP 8)."""
+    uses = [u for u in axis_uses(view, pipeline_axis) if u.kind == kind]
     gathered = fsdp_params(view)  # every parameter by its own name, as the axis lines and patterns count
     names = {fqn for u in uses for fqn in gathered.get(u.axis, ())}
     if not names:

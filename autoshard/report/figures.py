@@ -53,6 +53,11 @@ class Baseline:
 
     @classmethod
     def impossible(cls, reason: str, name: str = "data parallel") -> Baseline:
+        """The baseline ``name`` has no plan; the solver's "no plan fits ..." is said of ``name``'s plans only
+        (new-user trial: under a fitting plan, "no plan fits" read as if this plan did not fit either)."""
+        kind = name.replace(" ", "-")
+        for generic in ("no plan", "every plan", "the least-memory plan"):
+            reason = reason.replace(generic, f"{generic.removesuffix(' plan')} {kind} plan")
         return cls(name, reason=reason)
 
     @classmethod
@@ -122,6 +127,7 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     if plan.recompute_blocks is not None and plan.recompute != "none":
         recompute += f" on {plan.recompute_blocks} blocks, none on the rest"
     batches = f"{plan.microbatches} micro-batch{'es' * (plan.microbatches > 1)}"
+    batches = ", ".join(filter(None, (priced_shape(plan), batches)))
     first = f"assumes: {recipe_text(plan.precision)}, {batches}, recompute {recompute}"
     overlap = plan.overlap.describe()
     if not plan.training:  # a forward pass: nothing to sync, no optimizer, no activations kept for backward
@@ -137,6 +143,15 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     if sync is not None:
         third += wrap(sync.describe(fmt_seconds, plan.overlap.overlap_grad_sync), width, "    ", "  ")
     return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ") + third
+
+
+def priced_shape(plan: Plan) -> str:
+    """The global input the figures are for, from the first input: "batch 8 × seq 4096" for token ids or
+    hidden states, "batch 8" otherwise; '' when the plan records none (new-user trial: never stated)."""
+    shape, dtype = next(iter(plan.input_shapes.values()), ((), ""))
+    if len(shape) >= 2 and ("int" in dtype or len(shape) >= 3):
+        return f"batch {shape[0]} × seq {shape[1]}"
+    return f"batch {shape[0]}" if shape else ""
 
 
 def zero_text(plan: Plan) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from autoshard.report.describe import describe_group
 from autoshard.report.groups import Group, OpRow, PlanView
 from autoshard.report.labels import axes_text, fmt_bytes
-from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_params
+from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_params, gathered_param
 
 __all__ = ["Pattern", "axis_role", "describe_group", "recognise"]
 
@@ -50,7 +50,7 @@ class Pattern:
 def recognise(view: PlanView) -> list[Pattern]:
     """Every named pattern the plan shows, in a fixed order."""
     ndim = len(view.plan.mesh_shape)
-    found = _data_parallel(view)
+    found = _pipeline(view) + _data_parallel(view)
     for detector in (_fsdp, _megatron, _heads, _vocab, _sequence, _experts):
         per_axis = [detector(view, axis) for axis in range(ndim)]
         found += _merge_axes([p for p in per_axis if p is not None])
@@ -70,6 +70,20 @@ def _matmul_share(view: PlanView, axis: int, role: str) -> float:
     total = sum(r.node.compute_seconds for r in rows)
     share = sum(r.node.compute_seconds for r in rows if axis_role(r, axis) == role)
     return share / total if total else 0.0
+
+
+def _pipeline(view: PlanView) -> list[Pattern]:
+    """The stages laid along one mesh axis (``Plan.pipeline``): each device runs its stage's layers only."""
+    from autoshard.pipeline.schedules import Schedule  # no torch; the pipeline package is imported lazily
+
+    pipe = view.plan.pipeline
+    if pipe is None:
+        return []
+    v = pipe.virtual_stages
+    chunks = f", {v} chunks per device" if v > 1 else ""
+    evidence = f"{len(pipe.stages)} stages{chunks}, {Schedule(pipe.schedule).short} schedule, "
+    evidence += f"{view.plan.microbatches} microbatch{'es' * (view.plan.microbatches != 1)}"
+    return [Pattern("pipeline", (pipe.mesh_axis,), (), evidence)]
 
 
 def _data_parallel(view: PlanView) -> list[Pattern]:
@@ -98,13 +112,14 @@ def _replicated(placements: dict[str, tuple[str, ...]], axis: int) -> set[str]:
 
 
 def _fsdp(view: PlanView, axis: int) -> Pattern | None:
+    nodes = {n.name: n for n in view.plan.nodes}
     gathers = [
         c
         for c in view.plan.collectives
         if c.phase == "forward"
         and c.kind == "all_gather"
         and c.mesh_axis == axis
-        and c.tensor in view.param_nodes
+        and gathered_param(view, c.tensor, nodes) is not None
     ]
     if not gathers:
         return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from autoshard.plans import NodePlan
 from autoshard.report.groups import Group, OpRow, PlanView
 from autoshard.report.labels import Spec, shard_dim
 
@@ -95,10 +96,11 @@ def all_to_all_axes(view: PlanView, group: Group) -> dict[int, set[str]]:
 def fsdp_axes(view: PlanView, fqns: set[str] | None = None) -> dict[int, list[str]]:
     """axis -> parameters stored split on it and all-gathered in the forward (FSDP / ZeRO-3)."""
     out: dict[int, list[str]] = defaultdict(list)
+    nodes = {n.name: n for n in view.plan.nodes}
     for c in view.plan.collectives:
-        if c.phase != "forward" or c.kind != "all_gather" or c.tensor not in view.param_nodes:
+        fqn = gathered_param(view, c.tensor, nodes) if c.phase == "forward" else None
+        if c.kind != "all_gather" or fqn is None:
             continue
-        fqn = view.param_nodes[c.tensor]
         if (fqns is None or fqn in fqns) and fqn not in out[c.mesh_axis]:
             out[c.mesh_axis].append(fqn)
     return out
@@ -113,10 +115,11 @@ def fsdp_params(view: PlanView) -> dict[int, set[str]]:
     placements = view.plan.param_placements
     prefix = view.block_prefix
     out: dict[int, set[str]] = defaultdict(set)
+    nodes = {n.name: n for n in view.plan.nodes}
     for c in view.plan.collectives:
-        if c.phase != "forward" or c.kind != "all_gather" or c.tensor not in view.param_nodes:
+        fqn = gathered_param(view, c.tensor, nodes) if c.phase == "forward" else None
+        if c.kind != "all_gather" or fqn is None:
             continue
-        fqn = view.param_nodes[c.tensor]
         names = {fqn}
         if prefix and fqn.startswith(prefix + "."):
             rest = re.sub(rf"^{re.escape(prefix)}\.\d+", "", fqn)
@@ -125,6 +128,22 @@ def fsdp_params(view: PlanView) -> dict[int, set[str]]:
         axis = c.mesh_axis
         out[axis] |= {f for f in names if f in placements and _stored_split(placements[f], axis)}
     return {axis: names for axis, names in out.items() if names}
+
+
+_VIEWS = ("aten.t.", "aten.transpose.", "aten.permute.", "aten.view.", "aten.reshape.", "aten._unsafe_view.")
+
+
+def gathered_param(view: PlanView, tensor: str, nodes: dict[str, NodePlan] | None = None) -> str | None:
+    """The parameter an all-gathered ``tensor`` is, through the views taken of it (a routed expert weight is
+    gathered as its transpose, Mixtral's ``transpose_4``); ``None`` for an activation.  ``nodes``: the plan's
+    nodes by name, when the caller asks for many tensors."""
+    nodes = nodes if nodes is not None else {n.name: n for n in view.plan.nodes}
+    while tensor not in view.param_nodes:
+        node = nodes.get(tensor)
+        if node is None or len(node.inputs) != 1 or not node.target.startswith(_VIEWS):
+            return None
+        tensor = node.inputs[0]
+    return view.param_nodes[tensor]
 
 
 def _stored_split(spec: tuple[str, ...], axis: int) -> bool:

@@ -80,7 +80,7 @@ def test_data_parallel_baseline_that_does_not_fit(cli) -> None:
     # TP fits 4 GiB; the replicated 8192 x 32768 MLP (16 bytes per parameter with Adam) cannot
     r = cli("search", "--profile", "a100x8", "--model", "mlp", "--batch", "8", "--memory-limit", "4")
     assert r.code == 0, r.err
-    assert "data parallel: does not fit: no plan fits the memory budget of 4.00 GiB" in r.out
+    assert "data parallel: does not fit: no data-parallel plan fits the memory budget of 4.00 GiB" in r.out
     assert "memory budget 4.0 GiB: this plan uses" in r.out
 
 

@@ -39,3 +39,14 @@ def test_collapse_layers_keeps_runs_with_one_value() -> None:
 def test_shapes_refuses_a_malformed_bucket(cli) -> None:
     r = cli("shapes", "--profile", "a100x8", "--model", "gpt2-tiny", "--shapes", "8by16")
     assert r.code == 2 and "BATCHxSEQ:WEIGHT" in r.err
+
+
+def test_shapes_weights_every_shape_or_none(cli) -> None:
+    """New-user trial: ``8x512:0.7,8x1024`` gave the bare shape weight 1 and summed the steps."""
+    from autoshard.cli.shapes import parse_shapes
+
+    assert parse_shapes("8x16,8x64") == [(8, 16, 0.5), (8, 64, 0.5)]  # none: equal weights
+    assert parse_shapes("8x16:0.7,8x64:0.3") == [(8, 16, 0.7), (8, 64, 0.3)]
+    r = cli("shapes", "--profile", "a100x8", "--model", "gpt2-tiny", "--shapes", "8x512:0.7,8x1024")
+    assert r.code == 2 and "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1
+    assert "8x1024: no weight where other shapes have one" in r.err

@@ -52,7 +52,8 @@ def _headline_kinds(line: str) -> list[str]:
 def test_context_parallel_axis_is_cp_not_fsdp() -> None:
     plan = context_parallel_with_a_gathered_embedding()
     report = render(plan)
-    assert report.splitlines()[0] == "CP 8 × DP 4, 1 microbatch"
+    # the embedding stored split and gathered on the CP axis is said, as on a DP axis (ZeRO-3)
+    assert report.splitlines()[0] == "CP 8 (ZeRO-3/FSDP on 1 of 3 parameters) × DP 4, 1 microbatch"
     assert "attention by sequence (context parallel) on axis 1" in report  # the body says the same
     assert "axis 1 (8): CP: activations split by sequence, attention too (ring)" in report
     assert degrees_of(plan) == {"cp": 8, "dp": 4}

@@ -2,7 +2,10 @@
 
 1. an axis splitting experts was named TP; 2. a replicated plan had no headline; 3. LLaMA-3-8B ``--batch 16``
 was headed ``DP 16`` above a vocabulary-split LM head; 4. a replicated plan claimed sharded optimizer state
-with no collective.  Hand-written plans (``tests/cli/report_cases.py``) for 1-3, a tiny planned MLP for 4.
+with no collective; 5. a DP or CP axis storing parameters split and gathering them (through a view: Mixtral's
+routed experts) did not say so; 6. a plan storing pinned expert weights split and gathering them was headed
+"replicated"; 7. a PP 2 plan hid its replicated axis, and its patterns said "every device runs the whole
+model".  Hand-written plans (``tests/cli/report_cases.py``) for 1-3, a tiny planned MLP for 4.
 ``autoshard search`` and ``autoshard show`` print :func:`autoshard.pipeline.summary.headline` first (through
 :func:`autoshard.report.table.render`), so asserting ``render``'s first line covers both.
 """
@@ -21,7 +24,7 @@ from torch import nn
 import autoshard
 from autoshard.errors import AutoshardError
 from autoshard.pipeline.summary import degrees_of, headline
-from autoshard.plans import Collective, Plan
+from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan
 from autoshard.report.table import render
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))  # the hand-written plans of the report tests
@@ -177,3 +180,74 @@ def test_a_data_parallel_plan_has_no_optimizer_gathers() -> None:
         "optimizer: Adam state sharded over 8 devices (ZeRO-1): its reduce-scatters and all-gathers are"
         in report
     )
+
+
+def _gathered_through_view(plan: Plan, fqn: str, axis: int) -> Plan:
+    """``plan`` with ``fqn`` all-gathered on ``axis`` in the forward as its transpose, as Mixtral's routed
+    expert weights are (``transpose_4`` of ``p_model_layers_0_mlp_experts_gate_up_proj``)."""
+    view = NodePlan("t", "outside:99", "aten.transpose.int", fqn, "S(0) -> S(1)", 1, 0.0, 0.0,
+                    (cases.param_node(fqn),))  # fmt: skip
+    gather = cases.collective("all_gather", "forward", "t", "linear", fqn.rsplit(".", 1)[0], axis=axis)
+    return dataclasses.replace(plan, nodes=(*plan.nodes, view), collectives=(*plan.collectives, gather))
+
+
+def test_a_dp_axis_gathering_a_weight_through_a_view_says_zero3() -> None:
+    ops = [(f"linear{'_' * i}{i or ''}", f"fc{i}", LINEAR, "S(0), R -> S(0)") for i in range(3)]
+    params = {"fc0.weight": ("S(0)",), "fc1.weight": ("R",), "fc2.weight": ("R",)}
+    plan = _gathered_through_view(cases.make_plan((2,), params, ops), "fc0.weight", 0)
+    report = render(plan)
+    body = " ".join(report.split())  # the body's lines are wrapped
+    assert report.splitlines()[0] == "DP 2 (ZeRO-3/FSDP on 1 of 3 parameters), 1 microbatch"
+    assert "1 of 3 parameters stored split, gathered before use" in body  # the axis line agrees
+    assert "FSDP / ZeRO-3 on axis 0 (1 parameter stored split" in body  # and so do the patterns
+
+
+def test_a_cp_axis_storing_weights_split_says_zero3() -> None:
+    seq = "S(1), R -> S(1)"
+    ops = [("linear", "attn.q", LINEAR, seq), ("sdpa", "attn", SDPA, "S(2), S(2), S(2) -> S(2)"),
+           ("linear_1", "attn.o", LINEAR, seq)]  # fmt: skip
+    params = {"attn.q.weight": ("S(0)",), "attn.o.weight": ("S(0)",)}
+    gathers = [cases.collective("all_gather", "forward", cases.param_node(f"attn.{m}.weight"), n, f"attn.{m}")
+               for m, n in (("q", "linear"), ("o", "linear_1"))]  # fmt: skip
+    plan = dataclasses.replace(cases.make_plan((2,), params, ops, gathers), context_axis=0)
+    assert headline(plan) == "CP 2 (contiguous; ZeRO-3/FSDP on 2 of 2 parameters), 1 microbatch"
+
+
+def test_stored_expert_weights_gathered_are_not_replicated() -> None:
+    """mixtral-tiny with its experts pinned (R, S(0)): nothing computed split, the experts stored split on
+    axis 1 and all-gathered before use."""
+    rep = "(R, R), (R, R) -> (R, R)"
+    ops = [("linear", "experts", LINEAR, rep), ("linear_1", "head", LINEAR, rep)]
+    params = {"experts.weight": ("R", "S(0)"), "head.weight": ("R", "R")}
+    plan = _gathered_through_view(cases.make_plan((4, 2), params, ops), "experts.weight", 1)
+    report = render(plan)
+    body = " ".join(report.split())  # the body's lines are wrapped
+    first = (
+        "ZeRO-3 2 (axis 1: 1 of 2 parameters stored split and gathered, compute not split)"
+        " × replicated 4 (axis 0 splits nothing), 1 microbatch"
+    )
+    assert headline(plan) == first and "replicated on" not in first
+    assert "axis 1 (2): compute not split: every device of this axis computes the same; 1 of 2" in body
+    assert "axis 1 (2): nothing split" not in body
+    assert degrees_of(plan) == {}  # Plan.degrees: no kind of parallelism on either axis
+
+
+def test_a_pipeline_headline_names_its_replicated_axis_and_pattern() -> None:
+    """llama-tiny --mesh 2x2 --pp 2: two stages on axis 0, every op replicated on axis 1."""
+    rep = "(R, R), (R, R) -> (R, R)"
+    ops = [("linear", "layers.0.mlp", LINEAR, rep), ("linear_1", "lm_head", LINEAR, rep)]
+    params = {"layers.0.mlp.weight": ("R", "R"), "lm_head.weight": ("R", "R")}
+    stages = (PipelineStage(0, ("layers.0",), (0, 1), (0, 1)), PipelineStage(1, ("lm_head",), None, (2, 3)))
+    plan = dataclasses.replace(
+        cases.make_plan((2, 2), params, ops),
+        pipeline=PipelinePlan(stages, "gpipe"),
+        microbatches=4,
+        input_shapes={"x": ((8, 16), "torch.int64")},
+    )
+    report = render(plan)
+    body = " ".join(report.split())  # the body's lines are wrapped
+    assert (
+        report.splitlines()[0] == "PP 2 (GPipe) × replicated 2 (axis 1 splits nothing), 4 microbatches of 2"
+    )
+    assert "pipeline on axis 0 (2 stages, GPipe schedule, 4 microbatches)" in body
+    assert "every device runs the whole model" not in body
