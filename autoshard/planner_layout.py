@@ -271,8 +271,11 @@ class _Search:
         best = self.best
         note = (
             f"context-parallel layout searched: {'; '.join(self.prices)} "
-            f"(balanced bound {self.bound.objective:.4g} s)"
+            f"(balanced bound {self.bound.objective:.4g} s; each the solver's linear objective, not the "
+            "reported critical-path step)"
         )
+        if _unproven_mask(best.built, best.solution):  # C = B: no triangle, so no causal imbalance to price
+            note += "; its attention reads an explicit mask not proven causal: priced as the full square"
         noted = dataclasses.replace(best.built, notes=(*best.built.notes, note))
         # without pins the unpinned problem stays the same object: ranked() then re-solves nothing for its price
         return noted if best.free is best.built else best.free, noted, best.solution
@@ -345,6 +348,16 @@ def _chosen(built: BuiltProblem, solution: Solution) -> dict[str, OpStrategy]:
         name: built.strategies[name][k]
         for name, k in zip(built.variables, solution.choice[: len(built.variables)], strict=True)
     }
+
+
+def _unproven_mask(built: BuiltProblem, solution: Solution) -> bool:
+    """Whether a ringing attention of the plan reads an explicit mask that capture did not prove causal."""
+    mesh = tuple(built.cluster.mesh_shape)
+    return any(
+        len(info.inputs) > 3 and not info.causal_mask and (r := ring_axis_of(built.infos, info, s)) is not None
+        and mesh[r] > 1
+        for info, s in ((built.infos[name], s) for name, s in _chosen(built, solution).items())
+    )  # fmt: skip
 
 
 def _ring_axis(built: BuiltProblem, solution: Solution) -> int | None:

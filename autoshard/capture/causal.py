@@ -9,7 +9,7 @@ zigzag layout was never chosen for these models.
 
 This pass proves causality without building the ``S × S`` mask (131072² booleans would be 16 GiB):
 
-- nodes no larger than a few times their longest dim (position vectors, per batch row) and small nodes are
+- nodes no larger than a few times their longest dim per batch row (position vectors) and small nodes are
   *evaluated*, on the CPU, from their inputs: they depend on nothing but constants and shapes (a node that
   reads a user input, a parameter or a buffer, or draws random numbers, is unknown, and so is everything
   after it);
@@ -53,7 +53,10 @@ aten = torch.ops.aten
 _SMALL = 4096
 """Elements up to which a node is evaluated whatever its shape (a scalar ``new_ones``, a few-token mask)."""
 _WIDE = 64
-"""A node of at most ``_WIDE`` times its longest dim is evaluated (positions per batch row); a square is not."""
+"""A node of at most ``_WIDE`` times its longest dim per index of its leading (batch) dim is evaluated
+(positions per batch row, whatever the batch); a square is not."""
+_BATCHED = 1 << 24
+"""Elements up to which such a batched node is evaluated (int64: 128 MiB; batch 1024 x sequence 16384)."""
 
 _COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "eq": operator.eq, "ne": operator.ne, "le": operator.le, "lt": operator.lt, "ge": operator.ge,
@@ -150,7 +153,9 @@ def _compute(node: fx.Node, forms: dict[fx.Node, _Form]) -> _Form:
     if not isinstance(val, torch.Tensor):
         return None
     shape = tuple(int(s) for s in val.shape)
-    if val.numel() <= max(_SMALL, _WIDE * max(shape, default=1)):
+    rows = shape[0] if len(shape) > 1 else 1  # a batch of position vectors: counted per row
+    size = val.numel()
+    if size <= _SMALL or (size <= _BATCHED and size <= rows * _WIDE * max(shape, default=1)):
         return _evaluate(node, forms)
     name = getattr(node.target, "__name__", "").split(".")[0]
     if len(shape) < 2 or val.dtype != torch.bool:  # a symbolic mask is a boolean (..., Lq, Lk) square

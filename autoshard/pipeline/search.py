@@ -313,6 +313,7 @@ def _price(
         method=search_method,  # type: ignore[arg-type]
         time_limit=time_limit,
         hint=hint,
+        incumbent=hint,  # under a binding budget the Lagrangian sweep starts from it (CP-SAT reads only hint)
         max_factor_size=STAGE_MAX_FACTOR,
     )
     costs = part_costs(built, solution)

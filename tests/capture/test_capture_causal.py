@@ -31,6 +31,13 @@ def test_hf_llama_masks_are_proven_causal(seq: int) -> None:
     assert any("explicit attention masks proven causal" in n for n in cap.notes)
 
 
+def test_a_large_batch_of_position_vectors_is_still_evaluated() -> None:
+    # batch 72 > _WIDE: the (72, 128) positions exceed 64 x their longest dim but not 64 per batch row; before,
+    # every batch over 64 left HF's mask unproven (LLaMA-3-70B at batch 1024: attention priced as a full square)
+    case = zoo.build("llama-tiny", batch=72, seq=128)
+    assert _marked(case.model, *case.args) == [True, True]
+
+
 def test_a_padding_mask_from_the_inputs_is_not_causal() -> None:
     case = zoo.build("llama-tiny", batch=2, seq=64)
     cap = capture(case.model, case.args, {"attention_mask": torch.ones(2, 64, dtype=torch.long)})
