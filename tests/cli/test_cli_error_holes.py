@@ -179,7 +179,8 @@ def test_timing_line_splits_every_mesh_candidate_and_the_baseline(cli) -> None:
     assert names[:2] == ["model", "capture"] and names[-1] in ("report", "other"), footer
     assert {"mesh 8", "mesh 4x2", "mesh 2x2x2", "data-parallel baseline", "report"} <= set(names), footer
     for mesh in ("8", "4x2", "2x2x2"):  # planned (its stages) or bounded before planning (said so)
-        planned = rf"mesh {mesh} [\d.]+ [mu]?s \(strategies [\d.]+ [mu]?s, solve"
+        # a stage under 0.5 ms is not listed (report/timing.py): mesh 8's strategies now take ~0.5 ms
+        planned = rf"mesh {mesh} [\d.]+ [mu]?s \((strategies [\d.]+ [mu]?s, )?solve"
         assert re.search(planned, footer) or re.search(
             rf"mesh {mesh} [\d.]+ [mu]?s \(bounded, pruned", footer
         ), footer
