@@ -36,6 +36,7 @@ Grouped-query K/V reach these functions already expanded to the query heads (nei
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import torch
@@ -99,9 +100,29 @@ def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Kernel | None:
     if q.device.type == "cpu":
         return "cpu" if q.dtype in _CPU_DTYPES else None
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        _slow(q, f"{q.dtype} on {q.device.type} has no fused op wired here")
         return None
     params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, False, False)
-    return "cuda" if torch.backends.cuda.can_use_flash_attention(params) else None
+    if torch.backends.cuda.can_use_flash_attention(params):
+        return "cuda"
+    _slow(q, "torch's flash attention refuses these inputs")
+    return None
+
+
+_SAID: set[str] = set()
+
+
+def _slow(q: torch.Tensor, why: str) -> None:
+    """No fused op: said once per reason on an accelerator (the plan priced fused attention; the math path
+    materialises each block's scores in float32), silent on the CPU (verify, tests) and meta."""
+    if q.device.type not in ("cpu", "meta") and why not in _SAID:
+        _SAID.add(why)
+        warnings.warn(
+            f"autoshard ring attention runs explicit math, not a fused kernel ({why}): slower than the plan "
+            "priced, and each block's scores are held in float32; use bf16/fp16 inputs for the flash path",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def block_dtype(fused: Kernel | None, visible: Visibility, dtype: torch.dtype) -> torch.dtype:

@@ -113,3 +113,25 @@ def test_cuda_flash_branch_calls_the_ops_by_their_schemas() -> None:
     assert block_dtype("cuda", "all", torch.bfloat16) == torch.bfloat16  # tensor cores: blocks stay 16-bit
     assert block_dtype("cpu", "all", torch.bfloat16) == torch.float32
     assert block_dtype("cuda", q, torch.bfloat16) == torch.float32  # a partial mask: math in float32
+
+
+def test_a_gpu_ring_leaving_the_fused_path_says_so_once() -> None:
+    """The plan priced fused attention: a ring on an accelerator that falls to the math path warns (once per
+    reason); the CPU, where verify and tests run rings, stays quiet."""
+    import types
+    import warnings
+
+    from autoshard.codegen import ring_kernels
+
+    gpu = types.SimpleNamespace(device=torch.device("cuda"))
+    ring_kernels._SAID.clear()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ring_kernels._slow(gpu, "float32 has no fused op")  # type: ignore[arg-type]
+        ring_kernels._slow(gpu, "float32 has no fused op")  # type: ignore[arg-type]
+        cpu = torch.zeros(1, 2, 4, 8)
+        assert ring_kernels.kernel(cpu, cpu, cpu) == "cpu"
+    assert [str(w.message).split(" (")[0] for w in seen] == [
+        "autoshard ring attention runs explicit math, not a fused kernel"
+    ]
+    ring_kernels._SAID.clear()
