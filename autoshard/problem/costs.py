@@ -249,10 +249,18 @@ def operand_bytes(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> tuple[int | N
 
 
 def grad_factor(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> float:
-    """Backward kernels per forward: 2 for a matrix product (a gradient per operand), else :func:`_grad_operands`."""
-    if info.op in ("linear", "mm", "matmul", "bmm"):  # no gradient for an operand that needs none
-        return float(max(1, sum(1 for src in inputs[:2] if src.requires_grad)))
-    return 2.0 if info.is_matmul_like else _grad_operands(info, inputs)
+    """Backward kernels per forward, each about its forward: a product's or quotient's, one per operand that
+    needs a gradient (torch's derivatives.yaml: d(a·b) = b·da + a·db; fc1 on the user's input: the weight's
+    only); 2 for another matrix-like op; 1 for every other elementwise op."""
+    operands = _PRODUCTS.get(info.op)
+    if operands is None:
+        return 2.0 if info.is_matmul_like else 1.0
+    return float(max(1, sum(1 for src in inputs[operands] if src.requires_grad)))
+
+
+#: Products by their operands among a node's inputs (a matrix product's first two: x and the weight)
+_PRODUCTS: dict[str, slice] = {op: slice(2) for op in ("linear", "mm", "matmul", "bmm")}
+_PRODUCTS |= {"mul": slice(None), "div": slice(None)}
 
 
 def timed(
@@ -281,14 +289,6 @@ def timed(
 
 def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
     return a[0] + b[0], a[1] + b[1]
-
-
-def _grad_operands(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> float:
-    """Kernels a product's or quotient's backward runs, each about its forward: one per tensor operand that
-    needs a gradient (torch's derivatives.yaml: d(a·b) = b·da + a·db); 1 for every other elementwise op."""
-    if info.op not in ("mul", "div"):
-        return 1.0
-    return float(max(1, sum(1 for src in inputs if src.requires_grad)))
 
 
 def recomputed(info: NodeInfo, policy: Recompute) -> bool:

@@ -21,7 +21,7 @@ Each term is a kernel torch runs that the graph shows only indirectly, measured 
   output element.  Its backward runs the same loop once per full-size operand that needs a gradient;
 * **a broadcast operand's gradient**: ``d(w * x)/dw`` is the full-size product summed over the broadcast
   dimensions, a reduction that reads the product once more (the product itself is already priced as the
-  op's backward kernel, :func:`autoshard.problem.costs._grad_operands`);
+  op's backward kernel, :func:`autoshard.problem.costs.grad_factor`);
 * **master-weight casts** (:func:`master_cast_seconds`, the optimizer's): 16-bit weights updated through an
   fp32 master copy cast each gradient up and each master back down, ``MASTER_CAST_BYTES`` per element;
 * **a linear layer's bias gradient**: the output gradient summed over the rows, one more read of it
