@@ -41,6 +41,7 @@ import numpy as np
 
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
+from autoshard.problem.pairs import spec_pairs
 from autoshard.redistribute_steps import (
     _P,
     _R,
@@ -279,12 +280,7 @@ def pairwise_ids(
 ) -> np.ndarray:
     """``T[i, j]`` = seconds of interned spec ``src[i]`` -> ``dst[j]`` (-1 is None: free), as
     :meth:`StepCache.time` prices one pair, each distinct pair priced once, a whole table at a time."""
-    us, si = np.unique(np.asarray(src, dtype=np.int64), return_inverse=True)
-    ud, di = np.unique(np.asarray(dst, dtype=np.int64), return_inverse=True)
-    table = cache.prices.pairwise(
-        [cache.spec(int(a)) for a in us], [cache.spec(int(b)) for b in ud], tuple(shape), int(itemsize)
-    )
-    return table[si][:, di]
+    return spec_pairs(src, dst, shape, itemsize, cache).table(cache.prices)
 
 
 _spec_layout = functools.lru_cache(maxsize=4096)(_encode_layout)  # the layout does not depend on the shape

@@ -88,7 +88,7 @@ class BuildCache:
 #: zigzag cluster's cache by its plain cluster's.  Per-node figures share their collective-free part the
 #: same way (problem/arrays.py ``node_parts``); edge tables, fan-out tables and gathered sizes are priced
 #: again (a zigzag axis raises some move prices, and with them shortest paths and the paths' gathers).
-COLLECTIVE_FREE = frozenset({"largest output"})
+COLLECTIVE_FREE = frozenset({"largest output", "edge pairs", "fanout pairs"})
 
 
 def node_key(opts: CostOptions) -> tuple[bool, bool, object]:
