@@ -42,6 +42,7 @@ import numpy as np
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.pairs import spec_pairs
+from autoshard.problem.shortest import bellman_ford as _bellman_ford
 from autoshard.redistribute_steps import (
     _P,
     _R,
@@ -318,79 +319,3 @@ def _fits(layout: tuple[int, ...], shape: tuple[int, ...], mesh: tuple[int, ...]
         if p >= 0:
             counts[p] *= n
     return all(size % c == 0 for size, c in zip(shape, counts, strict=True))
-
-
-def _allowed(graph: _Graph, mask: tuple[bool, ...]) -> np.ndarray:
-    """Per move, whether it may be taken when only the ``mask`` axes may be entered as ``P``."""
-    return np.array([True, *mask])[graph.enters_p + 1]  # enters_p == -1 -> index 0 (always allowed)
-
-
-def _bellman_ford(
-    graph: _Graph,
-    mask: tuple[bool, ...],
-    starts: list[int],
-    warm: tuple[tuple[bool, ...], np.ndarray] | None = None,
-) -> np.ndarray:
-    """Shortest path prices from each of ``starts`` to every layout, moves into ``P`` only on ``mask`` axes.
-
-    Rows of the working table are layouts and columns the starts, so a relaxation gathers whole rows (moves
-    sorted by target: one ``minimum.reduceat`` per round takes the best move into each layout).
-
-    ``warm``: a smaller mask and its converged prices from the same starts.  Those are prices of paths that
-    exist here too, and they already satisfy every move of the smaller graph, so only the moves added since
-    can lower them at first.  The result is the same bit for bit: once no move lowers anything, each entry
-    is the least left-to-right float sum over all paths, whatever upper bounds the search started from
-    (rounding is monotone: ``a <= b`` gives ``a + w <= b + w``).
-
-    A round relaxes only the moves out of layouts whose price just fell, and only the start columns where a
-    price fell (a column's prices depend on that column alone): after the first rounds few starts still
-    change (70B on 16 x 8 x 8: 15-40 of 234)."""
-    allowed = _allowed(graph, mask)
-    u, v, w = graph.u[allowed], graph.v[allowed], graph.w[allowed]
-    order = np.argsort(v, kind="stable")
-    u, v, w = u[order], v[order, None], w[order, None]
-    every_head = np.flatnonzero(np.r_[True, v[1:, 0] != v[:-1, 0]])
-    changed = np.zeros(len(graph.index), dtype=bool)
-    if warm is None:
-        dist = np.full((len(graph.index), len(starts)), math.inf)  # (layouts, starts)
-        dist[starts, np.arange(len(starts))] = 0.0
-        column = np.full(len(graph.index), -1)
-        column[starts] = np.arange(len(starts))
-        first = column[u] >= 0  # the first round in closed form: one move out of a start costs 0.0 + w == w
-        np.minimum.at(dist, (v[first, 0], column[u[first]]), w[first, 0])
-        changed[v[first, 0]] = True
-        active = changed[u]  # only moves out of a layout whose price just fell can lower anything
-    else:
-        dist = np.array(warm[1].T)
-        active = ~_allowed(graph, warm[0])[allowed][order]  # the moves the smaller mask did not allow
-    cols: np.ndarray | None = None  # the start columns that may still fall (None: every one)
-    for _ in range(len(graph.index)):
-        count = np.count_nonzero(active)
-        if not count:
-            break
-        if count == len(u):
-            au, aw, heads, targets = u, w, every_head, v[every_head, 0]
-        else:
-            au, av, aw = u[active], v[active, 0], w[active]
-            heads = np.flatnonzero(np.r_[True, av[1:] != av[:-1]])
-            targets = av[heads]
-        if cols is None:
-            relaxed = np.minimum.reduceat(dist[au] + aw, heads, axis=0)
-            current = dist[targets]
-        else:
-            relaxed = np.minimum.reduceat(dist[au[:, None], cols] + aw, heads, axis=0)
-            current = dist[targets[:, None], cols]
-        better = relaxed < current
-        changed[:] = False
-        changed[targets] = better.any(axis=1)
-        fell = better.any(axis=0)
-        if cols is None:
-            dist[targets] = np.minimum(relaxed, current)
-            cols = np.flatnonzero(fell)
-        else:
-            dist[targets[:, None], cols] = np.minimum(relaxed, current)
-            cols = cols[fell]
-        if 2 * len(cols) > len(starts):  # gathering a column subset costs more than relaxing them all
-            cols = None
-        active = changed[u]
-    return dist.T
