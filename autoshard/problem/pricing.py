@@ -74,6 +74,18 @@ class _Graph:
     moves: tuple[tuple[str, int, int], ...]  # (kind, bytes, axis) of each move: what its price is asked for
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one table reads of the layouts alone, no price (a zigzag cluster's table reads its plain one's)."""
+
+    template: np.ndarray  # zeros, inf where a side does not fit or is a non-sum partial (read-only)
+    free: np.ndarray  # bool: the pairs that never move (equal specs, None on a side), set to 0 last
+    canon: tuple[int, ...]  # the shape the layout graph is built on (module docstring: "Dim order")
+    live: list[int]  # the source specs that are layouts of the graph
+    start_idx: list[int]  # ... their layouts
+    groups: tuple[tuple[tuple[bool, ...], list[int], list[int]], ...]  # (P-axis mask, goal columns, layouts)
+
+
 class PriceTable:
     """Memoised all-sources shortest paths per layout graph, for one cluster; ``base``: (the plain cluster's
     table, the zigzag axis) for a :class:`~autoshard.problem.context.ZigzagCluster` (:meth:`_graph`)."""
@@ -87,6 +99,7 @@ class PriceTable:
         self._prices: dict[tuple[str, int, int], float] = {}
         # pairwise(): (src specs, dst specs, shape, itemsize) -> table; _start(): (spec, shape) -> sorted-dims layout
         self._tables: dict[tuple, np.ndarray] = {}
+        self._plans: dict[tuple, _Plan] = {}  # _plan(): the same keys
         self._starts: dict[tuple[ShardingSpec, tuple[int, ...]], tuple[int, ...] | str]
         self._starts = base[0]._starts if base else {}  # a layout reads the mesh alone: shared with the plain
 
@@ -118,6 +131,29 @@ class PriceTable:
         found = self._tables.get(key)
         if found is not None:
             return found
+        # a zigzag cluster's table reads the layouts of its plain cluster's: only the prices differ
+        plan = (self.base[0] if self.base else self)._plan(key)
+        table = plan.template.copy()
+        if plan.groups:
+            graph = self._graph(plan.canon, itemsize)
+            for mask, cols, goal_idx in plan.groups:
+                rows, dist = self._distances(plan.canon, itemsize, mask, graph, plan.start_idx)
+                table[np.ix_(plan.live, cols)] = dist[np.ix_([rows[s] for s in plan.start_idx], goal_idx)]
+        table[plan.free] = 0.0
+        table.setflags(write=False)
+        self._tables[key] = table
+        return table
+
+    def _plan(self, key: tuple) -> _Plan:
+        """What the table ``key`` reads of the layouts alone (no price): kept per key."""
+        found = self._plans.get(key)
+        if found is None:
+            found = self._plans[key] = self._layouts(*key)
+        return found
+
+    def _layouts(
+        self, src: tuple[ShardingSpec | None, ...], dst: tuple[ShardingSpec | None, ...], shape, itemsize: int
+    ) -> _Plan:
         table = np.zeros((len(src), len(dst)))
         # one layout graph per shape up to the order of its dims (module docstring: "Dim order")
         canon, perm = _canonical(shape)
@@ -133,37 +169,32 @@ class PriceTable:
             if not isinstance(s, tuple) and s != "none":
                 table[i, :] = math.inf
         live = [i for i, s in enumerate(starts) if isinstance(s, tuple)]
-        if not live or not by_mask:
-            return self._keep(key, self._fix_equal(table, src, dst, starts))
-        graph = self._graph(canon, itemsize)
-        start_idx = [graph.index[starts[i]] for i in live]  # type: ignore[index]
-        for mask, cols in by_mask.items():
-            rows, dist = self._distances(canon, itemsize, mask, graph, start_idx)
-            goal_idx = [graph.index[goals[j]] for j in cols]  # type: ignore[index]
-            sub = dist[np.ix_([rows[s] for s in start_idx], goal_idx)]
-            table[np.ix_(live, cols)] = sub
-        return self._keep(key, self._fix_equal(table, src, dst, starts))
-
-    def _keep(self, key: tuple, table: np.ndarray) -> np.ndarray:
         table.setflags(write=False)
-        self._tables[key] = table
-        return table
+        free = self._free(src, dst, starts)
+        if not live or not by_mask:
+            return _Plan(table, free, canon, live, [], ())
+        index = self._graph(canon, itemsize).index
+        start_idx = [index[starts[i]] for i in live]  # type: ignore[index]
+        groups = tuple((m, cols, [index[goals[j]] for j in cols]) for m, cols in by_mask.items())  # type: ignore[index]
+        return _Plan(table, free, canon, live, start_idx, groups)
 
     @staticmethod
-    def _fix_equal(table: np.ndarray, src: Sequence, dst: Sequence, starts: list) -> np.ndarray:
+    def _free(src: Sequence, dst: Sequence, starts: list) -> np.ndarray:
         """Equal specs that fit never move (a non-sum partial may stay as it is); None on either side is free."""
+        free = np.zeros((len(src), len(dst)), dtype=bool)
         where = {spec: j for j, spec in enumerate(dst)}
         for i, spec in enumerate(src):
             j = where.get(spec)
             if spec is not None and j is not None and starts[i] != "unfit":
-                table[i, j] = 0.0
+                free[i, j] = True
         for i, s in enumerate(starts):
             if s == "none":
-                table[i, :] = 0.0
+                free[i, :] = True
         for j, spec in enumerate(dst):
             if spec is None:
-                table[:, j] = 0.0
-        return table
+                free[:, j] = True
+        free.setflags(write=False)
+        return free
 
     def _start(
         self, spec: ShardingSpec | None, shape: tuple[int, ...], perm: tuple[int, ...]
