@@ -98,6 +98,9 @@ def node_parts(
         """The parts a collective prices: dispatch (forward, backward) and the output's reduction.  The
         rest (compute, casts, optimizer, memory) reads no collective price: a zigzag cluster, which differs
         from its plain one in those prices alone, takes it from the plain one's cache."""
+        if not (output or may_dispatch(info, inputs)):  # no all-to-all, no output to reduce: 0 s each
+            zeros = _frozen([0.0] * len(strategies))
+            return zeros, zeros, zeros
         columns: list[list[float]] = [[], [], []]
         for strat in strategies:
             fixes = output_fix_steps(info, strat, cache.steps, opts.precision) if output else None
@@ -112,6 +115,7 @@ def node_parts(
     def make() -> NodeParts:
         columns: list[list[float]] = [[] for _ in range(6)]
         sizes = operand_bytes(info, inputs)
+        state: dict[tuple, tuple[float, float, float]] = {}  # per first output spec
         for strat in strategies:
             fwd, hidden = (
                 compute_parts(
@@ -120,13 +124,14 @@ def node_parts(
                 if info.kind == "op"
                 else (0.0, (0.0, 0.0))
             )
-            row = (
-                fwd,
-                *hidden,
-                optimizer_time(info, strat, cluster, opts),
-                node_memory(info, strat, cluster, opts, True),
-                node_memory(info, strat, cluster, opts, False),
-            )
+            held = state.get(strat.outputs[:1])
+            if held is None:  # the optimizer and the memory read the strategy's first output spec alone
+                held = state[strat.outputs[:1]] = (
+                    optimizer_time(info, strat, cluster, opts),
+                    node_memory(info, strat, cluster, opts, True),
+                    node_memory(info, strat, cluster, opts, False),
+                )
+            row = (fwd, *hidden, *held)
             for column, value in zip(columns, row, strict=True):
                 column.append(value)
         f, hf, hb, opt, kept, dropped = (_frozen(c) for c in columns)
