@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autoshard.codegen.collectives import CollectiveRecord, MeshComm, parse_steps
+from autoshard.codegen.collectives import CollectiveRecord, MeshComm, parse_steps, reduce_scatter_single
 
 __all__ = ["BUCKET_BYTES", "GradBuckets", "GradSyncOverlap", "apply_overlap"]
 
@@ -116,7 +116,7 @@ class _Buckets:
             bucket.out, bucket.work = flat, dist.all_reduce(flat, group=group, async_op=True)
         else:
             bucket.out = flat.new_empty(bucket.width)
-            bucket.work = dist.reduce_scatter_tensor(bucket.out, flat, group=group, async_op=True)
+            bucket.work = reduce_scatter_single(bucket.out, flat, group=group, async_op=True)
         if self.comm.log is not None:
             nbytes = flat.numel() * flat.element_size()
             self.comm.log.append(CollectiveRecord("backward", self.kind, bucket.axis, nbytes))
