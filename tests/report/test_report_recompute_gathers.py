@@ -14,6 +14,7 @@ import autoshard
 from autoshard import zoo
 from autoshard.errors import PlanFileError
 from autoshard.plans import Plan
+from autoshard.report.dot import to_dot
 from autoshard.report.table import render
 
 FSDP = {"input_ids": ("S(0)",), "*_proj.weight": ("S(0)",)}  # 7 weights per layer stored split
@@ -41,6 +42,8 @@ def test_the_report_lists_them_as_recomputation_regathers(full: Plan) -> None:
     assert "regather 14 (288.0 KiB, 158.6 us; 14 for recomputation)" in report
     assert "total: forward 15 " in report  # 14 weights + the embedding's output, not 29
     assert "(288.0 KiB per step, 288.0 KiB more re-gathered to recompute)" in report
+    dot = to_dot(full)
+    assert "bwd recompute all_gather axis 0" in dot and "fwd all_gather axis 0" in dot
 
 
 def test_the_mark_survives_json_and_plan_check_refuses_it_elsewhere(full: Plan, tmp_path: Path) -> None:
