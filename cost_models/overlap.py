@@ -60,6 +60,7 @@ from typing import Any
 
 __all__ = [
     "DDP_BUCKET_BYTES",
+    "GradBucket",
     "OverlapPolicy",
     "SyncExposure",
     "SyncStream",
@@ -67,6 +68,7 @@ __all__ = [
     "exposed_gradient_sync",
     "exposed_prefetched_gathers",
     "exposed_sync_repeated",
+    "sync_buckets",
     "sync_schedule",
 ]
 
@@ -158,6 +160,61 @@ class SyncExposure:
             return None
         return cls(float(data["seconds"]), float(data["exposed"]), tuple(data.get("last", ())),
                    float(data.get("last_seconds", 0.0)))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class GradBucket:
+    """One gradient bucket of a step as priced (model item 2) and as the runtime issues it
+    (``autoshard.runtime.overlap``): the reductions of one mesh axis that one :class:`SyncStream` bucket holds.
+
+    Attributes:
+        mesh_axis: the axis the bucket's one collective runs on.
+        kind: the collective priced, ``all_reduce`` or ``reduce_scatter`` (ZeRO-2 runs an all-reduce's
+            bytes as a reduce-scatter).
+        params: the members' parameter names as the runtime's module names them, in buffer order (the
+            order backward makes them ready; within a unit the plan's order, bias first).
+        nbytes: bytes of the collective, the sum of the members' priced reductions (nccl-tests convention).
+        unit: the backward unit after whose backward the bucket is issued (a repeated layer ``layer 3``, or
+            an op node's name): the unit of its stream bucket's last member.
+        index: the stream bucket, in issue order; a stream bucket holding reductions on several axes is one
+            record per axis, all with its index.
+        bucket_bytes: the ``OverlapPolicy.bucket_bytes`` the buckets were formed under.
+    """
+
+    mesh_axis: int
+    kind: str
+    params: tuple[str, ...]
+    nbytes: int
+    unit: str
+    index: int
+    bucket_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("all_reduce", "reduce_scatter"):
+            raise ValueError(f"GradBucket.kind must be all_reduce or reduce_scatter, got {self.kind!r}")
+        if not self.params or self.nbytes < 0 or self.index < 0 or self.mesh_axis < 0:
+            raise ValueError(
+                f"GradBucket needs members, bytes >= 0, index >= 0 and an axis >= 0, got {len(self.params)} "
+                f"members, {self.nbytes} B, index {self.index}, axis {self.mesh_axis}"
+            )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GradBucket:
+        return cls(int(data["mesh_axis"]), str(data["kind"]), tuple(str(p) for p in data["params"]),
+                   int(data["nbytes"]), str(data["unit"]), int(data["index"]), int(data["bucket_bytes"]))  # fmt: skip
+
+
+def sync_buckets(sync: Sequence[float], grad_bytes: Sequence[float], bucket_bytes: float) -> list[list[int]]:
+    """The units (indices, backward order) of each bucket :class:`SyncStream` issues, in issue order: the
+    stream's own rule, replayed without times (``sync[j] > 0``: unit j reduces ``grad_bytes[j]``)."""
+    stream, buckets = SyncStream(bucket_bytes), []
+    for j, (seconds, nbytes) in enumerate(zip(sync, grad_bytes, strict=True)):
+        stream.add(0.0, seconds, nbytes, j)
+        if seconds > 0 and stream.closed:
+            buckets.append(stream.last())
+    if not stream.closed:
+        buckets.append(stream.last())
+    return buckets
 
 
 def bucket_layers(grad_bytes: Sequence[float], bucket_bytes: float) -> list[list[int]]:

@@ -190,7 +190,8 @@ class ZeroOptimizer:
         policy = info.plan.overlap  # the policy the plan priced, unless the caller overrides it
         overlap = policy.overlap_grad_sync if overlap is None else overlap
         size = policy.bucket_bytes if bucket_bytes is None else bucket_bytes
-        self.buckets = GradBuckets(split, self.comm, size) if overlap and stage >= 2 else None
+        planned = info.plan.grad_buckets  # followed unless bucket_bytes differs (runtime/overlap.py)
+        self.buckets = GradBuckets(split, self.comm, size, planned) if overlap and stage >= 2 else None
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook(flat, master))
             for p, flat, master in self.params
