@@ -22,7 +22,7 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
   a ring transfer's ``itemsize`` (bytes per element as priced) 1, 2, 4 or 8 (0 or absent in older files);
 - optimizer gathers (ZeRO-1's, ``Plan.optimizer_gathers``): all-gathers of phase ``optimizer``;
 - gradient buckets (``Plan.grad_buckets``, absent in older files): each a known record on an axis of more
-  than one device, its members parameters of the plan, each at most once per axis, in issue order; none on
+  than one device, its members parameters of the plan, each at most once per axis and kind, in issue order; none on
   a pipelined plan (its stages sync once per step, after the schedule);
 - ranking: a step claimed optimal (``solver.step_optimal``) has a ``step_bound`` it does not exceed.
 
@@ -126,7 +126,7 @@ def _buckets(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> Non
     buckets, params = _list(data, "grad_buckets", source), data.get("param_placements", {})
     if buckets and data.get("pipeline") is not None:
         raise _fail(source, "grad_buckets", "a pipelined plan syncs once per step: its buckets must be empty")
-    seen: set[tuple[int, str]] = set()
+    seen: set[tuple[int, Any, str]] = set()
     index = 0
     for i, b in enumerate(buckets):
         field, axis, members = f"grad_buckets[{i}]", b.get("mesh_axis"), b.get("params")
@@ -137,9 +137,10 @@ def _buckets(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> Non
         for name in members:
             if name not in params:
                 raise _fail(source, f"{field}.params", f"{name!r} is not a parameter of the plan")
-            if (axis, name) in seen:
-                raise _fail(source, f"{field}.params", f"{name!r} is in two buckets on axis {axis}")
-            seen.add((axis, name))
+            if (axis, b.get("kind"), name) in seen:
+                where = f"{b.get('kind')} buckets on axis {axis}"
+                raise _fail(source, f"{field}.params", f"{name!r} is in two {where}")
+            seen.add((axis, b.get("kind"), name))
         if not isinstance(b.get("index"), int) or b["index"] < index:
             raise _fail(source, f"{field}.index", f"{b.get('index')!r} is not in issue order (after {index})")
         index = b["index"]

@@ -162,6 +162,9 @@ class SyncExposure:
                    float(data.get("last_seconds", 0.0)))  # fmt: skip
 
 
+_SYNC_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
 @dataclass(frozen=True, slots=True)
 class GradBucket:
     """One gradient bucket of a step as priced (model item 2) and as the runtime issues it
@@ -169,8 +172,8 @@ class GradBucket:
 
     Attributes:
         mesh_axis: the axis the bucket's one collective runs on.
-        kind: the collective priced, ``all_reduce`` or ``reduce_scatter`` (ZeRO-2 runs an all-reduce's
-            bytes as a reduce-scatter).
+        kind: the collective priced: ``all_reduce`` (data parallel; ZeRO-2 runs its bytes as a
+            reduce-scatter), ``reduce_scatter`` (FSDP), or what else moves a gradient between layouts.
         params: the members' parameter names as the runtime's module names them, in buffer order (the
             order backward makes them ready; within a unit the plan's order, bias first).
         nbytes: bytes of the collective, the sum of the members' priced reductions (nccl-tests convention).
@@ -190,8 +193,8 @@ class GradBucket:
     bucket_bytes: int
 
     def __post_init__(self) -> None:
-        if self.kind not in ("all_reduce", "reduce_scatter"):
-            raise ValueError(f"GradBucket.kind must be all_reduce or reduce_scatter, got {self.kind!r}")
+        if self.kind not in _SYNC_KINDS:
+            raise ValueError(f"GradBucket.kind must be one of {', '.join(_SYNC_KINDS)}, got {self.kind!r}")
         if not self.params or self.nbytes < 0 or self.index < 0 or self.mesh_axis < 0:
             raise ValueError(
                 f"GradBucket needs members, bytes >= 0, index >= 0 and an axis >= 0, got {len(self.params)} "

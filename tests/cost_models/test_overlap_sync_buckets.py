@@ -22,7 +22,7 @@ def test_units_without_a_reduction_join_no_bucket_and_size_zero_is_a_bucket_per_
 
 
 def test_a_grad_bucket_says_what_is_wrong() -> None:
-    with pytest.raises(ValueError, match="all_reduce or reduce_scatter"):
-        GradBucket(0, "all_gather", ("w",), 4, "linear", 0, 25)
+    with pytest.raises(ValueError, match="must be one of all_reduce, reduce_scatter"):
+        GradBucket(0, "send", ("w",), 4, "linear", 0, 25)
     with pytest.raises(ValueError, match="needs members"):
         GradBucket(0, "all_reduce", (), 4, "linear", 0, 25)

@@ -4,7 +4,9 @@ backward units), saved and loaded with the plan, and checked on load (plan_check
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,23 +55,25 @@ def test_the_plan_records_the_priced_buckets_in_issue_order(dp_plan: autoshard.P
     assert dp_plan.grad_sync is not None and set(dp_plan.grad_sync.last) == set(buckets[-1].params)
 
 
-def _file(plan: autoshard.Plan, tmp_path: Path, edit: object = None) -> Path:
+def _file(plan: autoshard.Plan, tmp_path: Path, edit: Callable[[dict[str, Any]], Any] | None = None) -> Path:
     data = plan.to_json()
-    if callable(edit):
+    if edit is not None:
         edit(data)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(data))
     return path
 
 
-def test_buckets_round_trip_and_an_older_file_loads_without_them(dp_plan: autoshard.Plan, tmp_path: Path) -> None:
+def test_buckets_round_trip_and_an_older_file_loads_without_them(
+    dp_plan: autoshard.Plan, tmp_path: Path
+) -> None:
     assert autoshard.load_plan(_file(dp_plan, tmp_path)) == dp_plan
     older = autoshard.load_plan(_file(dp_plan, tmp_path, lambda d: d.pop("grad_buckets")))
     assert older.grad_buckets == ()  # the runtime then says it uses its own order (runtime/overlap.py)
 
 
-def _set(i: int, key: str, value: object):  # noqa: ANN202
-    def edit(data: dict) -> None:
+def _set(i: int, key: str, value: object) -> Callable[[dict[str, Any]], None]:
+    def edit(data: dict[str, Any]) -> None:
         data["grad_buckets"][i][key] = value
 
     return edit
@@ -79,16 +83,18 @@ def _set(i: int, key: str, value: object):  # noqa: ANN202
     ("edit", "says"),
     [
         (_set(0, "params", ["fc9.weight"]), "'fc9.weight' is not a parameter of the plan"),
-        (_set(1, "params", ["fc2.weight"]), "'fc2.weight' is in two buckets on axis 0"),
+        (_set(1, "params", ["fc2.weight"]), "'fc2.weight' is in two all_reduce buckets on axis 0"),
         (_set(1, "index", 0), None),  # two records of one stream bucket: allowed
         (_set(0, "index", 2), "is not in issue order"),
         (_set(0, "mesh_axis", 1), "is not an axis of more than one device"),
-        (_set(0, "kind", "all_gather"), "must be all_reduce or reduce_scatter"),
+        (_set(0, "kind", "broadcast"), "must be one of all_reduce"),
         (_set(0, "color", "red"), "unknown field"),
         (lambda d: d.update(pipeline={"stages": [], "schedule": "gpipe"}), "syncs once per step"),
     ],
 )
-def test_plan_check_refuses_broken_buckets(dp_plan: autoshard.Plan, tmp_path: Path, edit, says) -> None:  # noqa: ANN001
+def test_plan_check_refuses_broken_buckets(
+    dp_plan: autoshard.Plan, tmp_path: Path, edit: Callable[[dict[str, Any]], None], says: str | None
+) -> None:
     path = _file(dp_plan, tmp_path, edit)
     if says is None:
         autoshard.load_plan(path)

@@ -47,7 +47,9 @@ def _planned(p: Any, kind: str) -> list[tuple[str, int, int]]:
     return [(kind, b.mesh_axis, b.nbytes) for b in p.grad_buckets]
 
 
-def _train_dp() -> tuple[dict[str, torch.Tensor], list[tuple[str, int, int]], list[tuple[int, int]], Any, str]:
+def _train_dp() -> tuple[
+    dict[str, torch.Tensor], list[tuple[str, int, int]], list[tuple[int, int]], Any, str
+]:
     m, p = model("llama"), _priced("llama", DP, 64 << 10)
     module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-2, weight_decay=0.1)
@@ -181,7 +183,9 @@ def _priced(name: str, annotations: Any, bucket_bytes: int) -> Any:
     opts = CostOptions(overlap=OverlapPolicy(bucket_bytes=bucket_bytes))
     built = build_problem(m.captured, cluster_for("cpu", 2), opts)
     picked = {n.name: n.strategy for n in dp.nodes}  # the same strategies, priced under this policy
-    masks = tuple(np.array([str(s) == picked[v] for s in built.strategies[v]]) for v in built.variables)
+    masks: tuple[Any, ...] = tuple(
+        np.array([str(s) == picked[v] for s in built.strategies[v]]) for v in built.variables
+    )
     masks += (None,) * (built.problem.num_nodes - len(masks))  # fan-out and gather states: the best
     found = solve(dataclasses.replace(built.problem, allowed=masks), method="exact")
     return reader(m.model, m.captured, {}, [], math.inf, ())(built, found)
@@ -189,7 +193,9 @@ def _priced(name: str, annotations: Any, bucket_bytes: int) -> Any:
 
 def _train_mlp_dp() -> tuple[list[list[str]], list[tuple[int, int]], dict[str, int], tuple[str, ...]]:
     m = model("mlp")
-    p = _priced("mlp", MLP_DP, 1024)  # fc2's bias + weight (64 + 1024 B) fill one bucket, fc1's (128 + 1024 B) one
+    p = _priced(
+        "mlp", MLP_DP, 1024
+    )  # fc2's bias + weight (64 + 1024 B) fill one bucket, fc1's (128 + 1024 B) one
     assert p.grad_sync is not None
     module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
     opt = torch.optim.SGD(module.parameters(), lr=1e-2)
