@@ -139,13 +139,15 @@ class SyncExposure:
                 f"SyncExposure.exposed must lie in [0, seconds], got {self.exposed} of {self.seconds}"
             )
 
-    def describe(self, seconds: Callable[[float], str], overlapped: bool = True) -> str:
-        """One line for the report: what is exposed and why; ``seconds`` formats a duration."""
-        head = f"grad sync {seconds(self.seconds)}, {seconds(self.exposed)} exposed"
+    def describe(self, seconds: Callable[[float], str], overlapped: bool = True, buckets: int = 0) -> str:
+        """One line for the report: what is exposed and why; ``seconds`` formats a duration, ``buckets``
+        counts the plan's buckets (``Plan.grad_buckets``; 0: not said)."""
+        count = f" in {buckets} bucket{'s' if buckets > 1 else ''}" if buckets else ""
+        head = f"grad sync {seconds(self.seconds)}{count}, {seconds(self.exposed)} exposed"
         if not overlapped:
             return f"{head}: reduced after backward (overlap off)"
         if self.exposed <= 1e-12:
-            return f"grad sync {seconds(self.seconds)}, none exposed: all of it hides under backward"
+            return f"grad sync {seconds(self.seconds)}{count}, none exposed: all of it hides under backward"
         names = ", ".join(self.last[:3]) + (f" +{len(self.last) - 3} more" if len(self.last) > 3 else "")
         last = f"the last bucket ({names}: {seconds(self.last_seconds)}) is ready only as backward ends"
         if self.last_seconds >= self.seconds * (1 - 1e-9):

@@ -53,6 +53,7 @@ def test_the_plan_records_the_priced_buckets_in_issue_order(dp_plan: autoshard.P
         assert b.nbytes == sum(syncs[p] for p in b.params)
     assert buckets[1].nbytes == (2048 * 4096 + 4096) * 4
     assert dp_plan.grad_sync is not None and set(dp_plan.grad_sync.last) == set(buckets[-1].params)
+    assert "in 2 buckets, " in " ".join(dp_plan.summary().split())  # the report's grad-sync line counts them
 
 
 def _file(plan: autoshard.Plan, tmp_path: Path, edit: Callable[[dict[str, Any]], Any] | None = None) -> Path:
