@@ -23,7 +23,9 @@ Where the run cannot follow the plan it says so, once per reason (:class:`PlanMi
   ``bucket_bytes`` (DDP's rule);
 - a planned member this runtime does not reduce by one collective on that bucket's axis (a gradient summed
   over two axes keeps the synchronous path, after backward); a gradient the plan's buckets do not hold: its
-  own buckets after the plan's.
+  own buckets after the plan's;
+- planned buckets of other collectives (FSDP's reduce-scatters): the emitted graph runs them per parameter
+  inside backward, not bucketed.
 
 **Data parallel** (:class:`GradSyncOverlap`): the one gradient-sync pass
 (:func:`autoshard.runtime.grad_sync.defer_gradient_sync`) takes the parameters' all-reduces out of the
@@ -119,6 +121,13 @@ class _Buckets:
         """The plan's all-reduce buckets over ``members`` (name -> member, in the runtime's own order), then
         any member they do not hold; the runtime's own order where the plan's cannot be followed."""
         usable = [b for b in planned if b.kind == "all_reduce"]
+        other = [b for b in planned if b.kind != "all_reduce"]
+        if other:  # FSDP's reduce-scatters: the emitted graph runs them where the gradient is made
+            kinds = ", ".join(sorted({b.kind for b in other}))
+            _say(
+                f"{len(other)} planned {kinds} bucket(s) (e.g. {other[0].params[0]}) run per parameter inside "
+                "backward, where the emitted graph reduces them: not bucketed as priced"
+            )
         sizes = {b.bucket_bytes for b in usable}
         if not usable or sizes != {self.bucket_bytes}:
             why = (

@@ -72,3 +72,13 @@ def test_members_the_run_cannot_follow_are_said() -> None:
     assert "2 planned member(s) are not reduced here" in text and "e.g. b" in text
     assert "2 gradient(s) outside the plan's buckets (e.g. b)" in text
     assert [bk.names for bk in buckets.buckets] == [["a"], ["b"], ["extra"]]
+
+
+def test_buckets_of_other_collectives_are_said_not_bucketed() -> None:
+    fsdp = GradBucket(0, "reduce_scatter", ("w",), 16, "linear", 0, 64)
+    buckets = _Buckets("all_reduce", Any, 64)  # type: ignore[arg-type]
+    with pytest.warns(
+        PlanMismatchWarning, match=r"1 planned reduce_scatter bucket\(s\) \(e.g. w\) run per parameter"
+    ):
+        buckets.lay_out((fsdp, _bucket(("n",), 0)), _members(n=(4, 0)))
+    assert [b.names for b in buckets.buckets] == [["n"]]  # the all-reduce bucket: as planned
