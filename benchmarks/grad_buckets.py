@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
 import warnings
 from typing import Any
 
@@ -30,7 +28,7 @@ import autoshard
 from autoshard.codegen import parallel_info, parallelize, shard_inputs
 from autoshard.runtime.launch import launch
 from autoshard.runtime.verify import cluster_for
-from benchmarks.overlap_run import DP, _model
+from benchmarks.overlap_run import DP, _model, timed_steps
 
 
 def _variant(plan: Any, model: torch.nn.Module, ids: torch.Tensor, steps: int) -> dict[str, Any]:
@@ -41,20 +39,12 @@ def _variant(plan: Any, model: torch.nn.Module, ids: torch.Tensor, steps: int) -
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         sync, _ = apply_overlap(module, opt)
-    local = shard_inputs(plan, ids)
-    wall, cpu = [], []
-    for _ in range(steps + 1):
-        t0, c0 = time.perf_counter(), time.process_time()
-        opt.zero_grad()
-        module(*local).float().square().mean().backward()
-        opt.step()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+    wall, cpu = timed_steps(module, opt, shard_inputs(plan, ids), steps)
     log = [r.nbytes for r in parallel_info(module).comm.log or () if r.phase == "backward"]
     per_step = len(log) // (steps + 1)
     return {
-        "wall": statistics.median(wall[1:]),
-        "cpu": statistics.median(cpu[1:]),
+        "wall": wall,
+        "cpu": cpu,
         "ran": log[-per_step:] if per_step else [],
         "waiting": [w for _, w in sync.events[-per_step:]] if per_step else [],
         "said": [str(w.message) for w in said],

@@ -133,7 +133,8 @@ class _Buckets:
             why = (
                 "the plan records none (a file from before Plan.grad_buckets)"
                 if not usable
-                else f"{self.bucket_bytes} B asked, the plan's formed for {', '.join(map(str, sorted(sizes)))} B"
+                else f"buckets of {self.bucket_bytes} B asked (bucket_bytes=, or an edited Plan.overlap), the "
+                f"plan's formed for {', '.join(map(str, sorted(sizes)))} B"
             )
             if members:
                 _say(f"{why}: the runtime's own order (reverse registration, {self.bucket_bytes} B buckets)")
