@@ -17,7 +17,9 @@ another, each stream in issue order:
    of at least ``bucket_bytes`` (DDP's ``bucket_cap_mb``; FSDP2 buckets per module, i.e. per layer).  A
    bucket's reduction (all-reduce or reduce-scatter) is issued when the backward of its last unit ends and
    runs on the communication stream after the previous bucket's.  The communication stream's finish time
-   minus the compute stream's is exposed.  For L identical layers, each with backward compute c and
+   minus the compute stream's is exposed.  The plan records these buckets (:class:`GradBucket`, one per
+   mesh axis of a bucket: members, bytes, the unit after which it is issued) and the runtime issues
+   exactly them, in that order (``autoshard.runtime.overlap``).  For L identical layers, each with backward compute c and
    reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute after the last layer
    (the embedding's, which ``autoshard.problem.step`` does not count: ``autoshard.problem.ready`` says why):
    the last bucket always shows, the others only where they are slower than the compute that

@@ -23,6 +23,12 @@ always exposed (a suffix bound).  Syncs ready before the final unit may all hide
 would share the final unit's bucket (a small model) are issued early in a plan whose final unit reduces
 nothing, and which plans do is not a linear term; so the bound is loose there, never above a step.
 
+The buckets the step prices are recorded for the runtime (:func:`priced_buckets`, ``Plan.grad_buckets``):
+``cost_models.overlap.SyncStream``'s buckets over these units, one record per mesh axis a bucket reduces
+on, with its members' names, bytes and the unit after which it is issued; the runtime builds exactly those
+and issues each as its last member's gradient arrives (:mod:`autoshard.runtime.overlap` says why that is
+never later than priced).
+
 Example::
 
     units = backward_units(built)

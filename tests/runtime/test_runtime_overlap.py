@@ -79,10 +79,12 @@ def test_dp_runs_the_plans_buckets_in_its_order_during_backward() -> None:
         assert names == [b.params for b in p.grad_buckets]  # the members, in the plan's buffer order
         assert ran == _planned(p, "all_reduce") * STEPS  # one all-reduce per bucket, in order, none per edge
         per_step = [events[i * buckets : (i + 1) * buckets] for i in range(STEPS)]
+        # at each issue, every later bucket's gradients were still to come, and no more: each bucket left as
+        # its last member arrived, at its unit's end as priced (the embedding's, the last, as backward ends)
+        later = [sum(len(b.params) for b in p.grad_buckets[k + 1 :]) for k in range(buckets)]
+        assert later == [20, 10, 1, 0]
         for issued in per_step:
-            assert [b for b, _ in issued] == list(range(buckets))  # each bucket once, in the plan's order
-            assert all(waiting > 0 for _, waiting in issued[:-1])  # issued while gradients were still to come
-            assert issued[-1][1] == 0  # the embedding's: as backward ends (the priced last bucket)
+            assert issued == list(zip(range(buckets), later, strict=True))  # each once, in the plan's order
         assert "all_reduce" not in code  # the edges' all-reduces left the graph
 
 
