@@ -17,15 +17,12 @@ another in issue order, so an earlier issue can only end it earlier, and the pri
 bound on what runs (equal where the unit's last member is its last op, as a linear layer's weight is).
 Where the run cannot follow the plan it says so, once per reason (:class:`PlanMismatchWarning`):
 
-- a plan without buckets (a file from before ``Plan.grad_buckets``) or a bucket size other than the one
-  the plan's buckets were formed under (``bucket_bytes=``, or a plan whose ``overlap`` was replaced): the
-  runtime's own order -- parameters in reverse registration order, a bucket closing once it holds
+- no buckets (a file from before them), or another size than theirs (``bucket_bytes=``, an edited
+  ``Plan.overlap``): the runtime's own order -- reverse registration, a bucket closing once it holds
   ``bucket_bytes`` (DDP's rule);
-- a planned member this runtime does not reduce by one collective on that bucket's axis (a gradient summed
-  over two axes keeps the synchronous path, after backward); a gradient the plan's buckets do not hold: its
-  own buckets after the plan's;
-- planned buckets of other collectives (FSDP's reduce-scatters): the emitted graph runs them per parameter
-  inside backward, not bucketed.
+- a member not reduced here by one collective on its bucket's axis (a sum over two axes: synchronous, after
+  backward); a gradient outside the plan's buckets: its own buckets after them; buckets of other
+  collectives (FSDP's reduce-scatters): run per parameter where the emitted graph makes the gradient.
 
 **Data parallel** (:class:`GradSyncOverlap`): the one gradient-sync pass
 (:func:`autoshard.runtime.grad_sync.defer_gradient_sync`) takes the parameters' all-reduces out of the
@@ -44,7 +41,9 @@ bytes the plan's where each member's elements divide by the ranks; else padded t
 (called by ``step()``) waits for all and hands each member its reduced chunk.  Other parameters (Partial
 over two axes, or gradients already whole) keep the synchronous path.
 
-Every rank fills and issues buckets in the same order, so the collectives match across ranks.
+Every rank fills and issues buckets in the same order, so the collectives match across ranks.  With
+``Plan.microbatches`` m > 1 the buckets are due in a step's m-th backward pass, as priced (one reduction per
+step); a gradient reaching a bucket already reduced raises :class:`GradSyncError`, never left out of a sum.
 
 Example::
 
@@ -66,9 +65,10 @@ import torch.distributed as dist
 
 from autoshard.codegen.assign import PlanMismatchWarning
 from autoshard.codegen.collectives import CollectiveRecord, MeshComm, parse_steps
+from autoshard.errors import AutoshardError
 from cost_models.overlap import GradBucket
 
-__all__ = ["BUCKET_BYTES", "GradBuckets", "GradSyncOverlap", "apply_overlap"]
+__all__ = ["BUCKET_BYTES", "GradBuckets", "GradSyncError", "GradSyncOverlap", "apply_overlap"]
 
 BUCKET_BYTES = 25 * 2**20
 """Default bucket size: torch DDP's default ``bucket_cap_mb`` (25 MB)."""
@@ -77,6 +77,10 @@ Member = tuple[torch.Tensor, int, int, int, int]
 """What a bucket holds of one gradient: (member tensor, mesh axis, numel, ways, chunk)."""
 
 _SAID: set[str] = set()
+
+
+class GradSyncError(AutoshardError, RuntimeError):
+    """A gradient reached a bucket already reduced this step (more backward passes than the plan's)."""
 
 
 def _say(what: str) -> None:
@@ -111,8 +115,9 @@ class _Buckets:
     (``ways`` 1: every rank keeps the sum) or ``reduce_scatter`` (``ways`` rows: rank ``r`` keeps row ``r``)
     issued with ``async_op=True``, in bucket order."""
 
-    def __init__(self, kind: str, comm: MeshComm, bucket_bytes: int) -> None:
+    def __init__(self, kind: str, comm: MeshComm, bucket_bytes: int, rounds: int = 1) -> None:
         self.kind, self.comm, self.bucket_bytes = kind, comm, bucket_bytes
+        self.rounds = max(1, rounds)  # backward passes per step (the plan's microbatches): due on the last
         self.buckets: list[_Bucket] = []
         self.where: dict[int, _Bucket] = {}
         self.next = 0  # the first bucket not issued in this step
@@ -192,13 +197,26 @@ class _Buckets:
         last.nbytes += nbytes
         self.where[id(member)] = last
 
-    def arrive(self, bucket: _Bucket) -> list[_Bucket]:
-        """Count one member's gradient; the buckets now due, in order (full, and every one before issued)."""
+    def check(self, member: torch.Tensor) -> _Bucket:
+        """``member``'s bucket, refused once reduced this step: its gradient would be lost from the sum."""
+        bucket = self.where[id(member)]
+        if bucket.work is not None:
+            raise GradSyncError(
+                f"the gradient of {bucket.names[bucket.index[id(member)]]} arrived after its bucket was reduced: "
+                f"the step ran more than the plan's {self.rounds} backward pass(es) (Plan.microbatches) before "
+                "the optimizer step; step (or call finish()) after each step's microbatches"
+            )
+        return bucket
+
+    def arrive(self, member: torch.Tensor) -> list[_Bucket]:
+        """Count one member's gradient; the buckets now due, in order (every member's gradient arrived once per
+        backward pass of the step, and every bucket before issued)."""
+        bucket = self.check(member)
         bucket.arrived += 1
         due = []
         while self.next < len(self.buckets):
             head = self.buckets[self.next]
-            if head.arrived < len(head.members):
+            if head.arrived < len(head.members) * self.rounds:
                 break
             due.append(head)
             self.next += 1
@@ -256,8 +274,9 @@ class GradBuckets(_Buckets):
         comm: MeshComm,
         bucket_bytes: int = BUCKET_BYTES,
         planned: Sequence[GradBucket] = (),
+        rounds: int = 1,
     ) -> None:
-        super().__init__("reduce_scatter", comm, bucket_bytes)
+        super().__init__("reduce_scatter", comm, bucket_bytes, rounds)
         members = {
             flat.fqn: (master, flat.axes[0], flat.numel, flat.ways, flat.chunk)
             for flat, master in reversed(entries)
@@ -270,7 +289,9 @@ class GradBuckets(_Buckets):
 
     def add(self, master: torch.Tensor, grad: torch.Tensor) -> None:
         """Copy one parameter's whole local gradient into its bucket; issue the buckets now due."""
-        for bucket in self.arrive(self.put(master, grad)):
+        self.check(master)  # never into a buffer being reduced
+        self.put(master, grad)
+        for bucket in self.arrive(master):
             self.issue(bucket)
 
     def finish(self) -> None:
@@ -299,7 +320,7 @@ class GradSyncOverlap:
         mine = unclaimed(module, defer_gradient_sync(module))
         claim(module, {d.param for d in mine})
         self.others = []  # syncs of several steps: run whole in finish()
-        self._sums = _Buckets("all_reduce", info.comm, size)
+        self._sums = _Buckets("all_reduce", info.comm, size, info.plan.microbatches)
         self.buckets = self._sums.buckets
         members: dict[str, Member] = {}
         for item in reversed(mine):  # the runtime's own order: roughly the order backward produces them
@@ -323,7 +344,7 @@ class GradSyncOverlap:
 
     def _arrived(self, param: torch.Tensor) -> None:
         self._waiting -= 1
-        for bucket in self._sums.arrive(self._sums.where[id(param)]):
+        for bucket in self._sums.arrive(param):
             if self.overlap:
                 self._issue(bucket)
 

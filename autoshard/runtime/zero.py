@@ -191,7 +191,10 @@ class ZeroOptimizer:
         overlap = policy.overlap_grad_sync if overlap is None else overlap
         size = policy.bucket_bytes if bucket_bytes is None else bucket_bytes
         planned = info.plan.grad_buckets  # followed unless bucket_bytes differs (runtime/overlap.py)
-        self.buckets = GradBuckets(split, self.comm, size, planned) if overlap and stage >= 2 else None
+        rounds = info.plan.microbatches  # backward passes per step: the buckets are due in the last
+        self.buckets = (
+            GradBuckets(split, self.comm, size, planned, rounds) if overlap and stage >= 2 else None
+        )
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook(flat, master))
             for p, flat, master in self.params

@@ -11,7 +11,7 @@ import torch
 
 import autoshard.runtime.overlap as overlap
 from autoshard.codegen.assign import PlanMismatchWarning
-from autoshard.runtime.overlap import _Buckets
+from autoshard.runtime.overlap import GradSyncError, _Buckets
 from cost_models.overlap import GradBucket
 
 
@@ -41,12 +41,27 @@ def test_the_plans_buckets_are_laid_out_exactly_and_issued_in_its_order() -> Non
     assert [b.names for b in buckets.buckets] == [["b2", "w2"], ["n"], ["b1"], ["w1"]]
     assert [b.axis for b in buckets.buckets] == [0, 1, 0, 0]
     where = {n: buckets.where[id(m[0])] for n, m in members.items()}
+    arrive = {n: m[0] for n, m in members.items()}
     # w1 (the last bucket's) arrives early: nothing is due before every bucket ahead of it is issued
-    assert buckets.arrive(where["w1"]) == []
-    assert buckets.arrive(where["w2"]) == []
-    assert buckets.arrive(where["b2"]) == [where["b2"]]
-    assert buckets.arrive(where["b1"]) == []  # "n" (bucket 1 on axis 1) is still out
-    assert buckets.arrive(where["n"]) == [where["n"], where["b1"], where["w1"]]
+    assert buckets.arrive(arrive["w1"]) == []
+    assert buckets.arrive(arrive["w2"]) == []
+    assert buckets.arrive(arrive["b2"]) == [where["b2"]]
+    assert buckets.arrive(arrive["b1"]) == []  # "n" (bucket 1 on axis 1) is still out
+    assert buckets.arrive(arrive["n"]) == [where["n"], where["b1"], where["w1"]]
+
+
+def test_with_microbatches_buckets_are_due_in_the_last_pass_and_a_late_gradient_is_refused() -> None:
+    members = _members(w=(4, 0), b=(4, 0))
+    buckets = _Buckets("all_reduce", Any, 64, rounds=2)  # type: ignore[arg-type]  # 2 microbatches a step
+    buckets.lay_out((_bucket(("b", "w"), 0),), members)
+    w, b = members["w"][0], members["b"][0]
+    assert buckets.arrive(w) == [] and buckets.arrive(b) == []  # the first pass: gradients accumulate
+    assert buckets.arrive(w) == [] and buckets.arrive(b) == buckets.buckets  # the second: reduced
+    buckets.buckets[0].work = object()  # issued (as _Buckets.issue leaves it)
+    with pytest.raises(
+        GradSyncError, match=r"gradient of w arrived after its bucket was reduced: .* plan's 2"
+    ):
+        buckets.arrive(w)
 
 
 def test_without_the_plans_buckets_the_runtime_says_so_once_and_uses_its_own_order() -> None:
