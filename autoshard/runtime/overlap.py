@@ -332,7 +332,7 @@ class GradSyncOverlap:
             members[item.param] = (param, steps[0].mesh_axis, param.numel(), 1, param.numel())
         self._sums.lay_out(info.plan.grad_buckets, members)
         self.events: list[tuple[int, int]] = []  # (bucket, gradients of the step still to come) at issue
-        self._waiting = len(self._sums.where)
+        self._waiting = len(self._sums.where) * self._sums.rounds  # gradient arrivals still due this step
         arrived = weakref.WeakMethod(self._arrived)  # a hook on a parameter must not keep the groups alive
 
         def hook(param: torch.Tensor) -> None:
@@ -365,7 +365,7 @@ class GradSyncOverlap:
                 self._issue(bucket)
         for p, part in self._sums.wait():
             p.grad = part.view_as(p).clone()
-        self._waiting = len(self._sums.where)
+        self._waiting = len(self._sums.where) * self._sums.rounds
         sync_gradients(self.module, tuple(self.others), claimed=True)
 
     def remove_hooks(self) -> None:

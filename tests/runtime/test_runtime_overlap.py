@@ -5,6 +5,7 @@ AdamW."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -17,10 +18,12 @@ import torch
 from runtime_cases import model, plan
 from test_runtime_zero import DP, FSDP, STEPS, _batches, _reference
 
+import autoshard
 from autoshard.codegen import full_state_dict, parallel_info, parallelize, shard_inputs
 from autoshard.codegen.assign import PlanMismatchWarning
 from autoshard.runtime.launch import launch
 from autoshard.runtime.overlap import apply_overlap
+from autoshard.runtime.verify import cluster_for
 from autoshard.runtime.zero import ZeroOptimizer
 from cost_models.overlap import OverlapPolicy
 
@@ -226,3 +229,39 @@ def test_dp_buckets_and_their_issue_are_the_priced_ones() -> None:
         for issued in per_step:
             assert issued[0] == (0, 2)  # fc2's bucket: issued with fc1's two gradients still to come
             assert issued[1] == (1, 0) and set(buckets[1]) == set(last)  # issued as backward ends
+
+
+def _train_mlp_accumulating(
+    p: Any,
+) -> tuple[list[tuple[str, int]], list[tuple[int, int]], dict[str, torch.Tensor]]:
+    m = model("mlp")
+    module = parallelize(m.model, p, (m.args[0][:4],), record=True)  # the graph of one microbatch
+    opt = torch.optim.SGD(module.parameters(), lr=1e-2)
+    sync, _ = apply_overlap(module, opt)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        for half in (m.args[0][:4], m.args[0][4:]):  # the plan's 2 microbatches, gradients accumulated
+            module(*shard_inputs(p, half)).square().sum().backward()
+        opt.step()
+    ran = [(r.kind, r.nbytes) for r in parallel_info(module).comm.log or () if r.phase == "backward"]
+    return ran, sync.events, full_state_dict(module)
+
+
+@pytest.mark.slow
+def test_with_microbatches_the_buckets_reduce_once_in_the_last_backward_pass() -> None:
+    """Gradient accumulation over the plan's 2 microbatches: each bucket is reduced once per step, in the second
+    backward pass (as priced), and the weights equal single-device SGD on the same microbatches."""
+    m = model("mlp")
+    p = autoshard.plan(m.model, cluster_for("cpu", 2), m.args, annotations=dict(MLP_DP), microbatches=2)
+    assert p.microbatches == 2 and len(p.grad_buckets) == 1  # fc2's and fc1's 2.2 KiB: one bucket
+    reference = copy.deepcopy(m.model)
+    opt = torch.optim.SGD(reference.parameters(), lr=1e-2)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        for half in (m.args[0][:4], m.args[0][4:]):
+            reference(half).square().sum().backward()
+        opt.step()
+    for ran, events, state in launch(_train_mlp_accumulating, 2, p):
+        assert ran == [("all_reduce", p.grad_buckets[0].nbytes)] * STEPS  # once a step, not once a pass
+        assert events == [(0, 0)] * STEPS  # as the second pass's last gradient arrived
+        _equal(state, {k: v.detach() for k, v in reference.state_dict().items()})
