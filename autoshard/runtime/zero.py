@@ -20,7 +20,7 @@ exactly that:
 - ``stage=2`` (ZeRO-2): the reduce-scatter runs in each parameter's post-accumulate-grad hook during backward
   and the whole gradient is freed at once; only chunks of gradients stay.
 - ``overlap`` (with ``stage=2``; default ``Plan.overlap.overlap_grad_sync``): those reduce-scatters are
-  bucketed (``Plan.overlap.bucket_bytes``) and issued asynchronously while backward goes on
+  bucketed as the plan's buckets (``Plan.grad_buckets``) and issued asynchronously while backward goes on
   (:mod:`autoshard.runtime.overlap`).
 - ``stage=3`` (FSDP / ZeRO-3) is a *plan*: parameters placed ``S(d)`` over the data axes, which the emitted
   module all-gathers before use and whose gradients its backward reduce-scatters (the edges the cost model
