@@ -160,8 +160,9 @@ class _Buckets:
                 fresh = False
         rest = [name for name in members if name not in placed]
         if missing:  # a gradient summed over two axes is missing from each axis's bucket: counted once
+            count = len(dict.fromkeys(missing))
             _say(
-                f"{len(dict.fromkeys(missing))} planned member(s) are not reduced here by one {self.kind} on the bucket's "
+                f"{count} planned member(s) are not reduced here by one {self.kind} on the bucket's "
                 f"axis (e.g. {missing[0]}): they keep the synchronous path, exposed beyond the plan's price"
             )
         if rest:
