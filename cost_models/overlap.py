@@ -19,11 +19,11 @@ another, each stream in issue order:
    runs on the communication stream after the previous bucket's.  The communication stream's finish time
    minus the compute stream's is exposed.  The plan records these buckets (:class:`GradBucket`, one per
    mesh axis of a bucket: members, bytes, the unit after which it is issued) and the runtime issues
-   exactly them, in that order (``autoshard.runtime.overlap``).  For L identical layers, each with backward compute c and
-   reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute after the last layer
-   (the embedding's, which ``autoshard.problem.step`` does not count: ``autoshard.problem.ready`` says why):
-   the last bucket always shows, the others only where they are slower than the compute that
-   hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data parallelism exposes fc1's sync
+   exactly them, in that order (``autoshard.runtime.overlap``).  For L identical layers, each with
+   backward compute c and reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute
+   after the last layer (the embedding's, which ``autoshard.problem.step`` does not count:
+   ``autoshard.problem.ready`` says why): the last bucket always shows, the others only where they are
+   slower than the compute that hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data parallelism exposes fc1's sync
    and whatever of fc2's outlasts fc1's backward; a one-layer model exposes its whole sync (nothing is left
    to hide it).
 3. **FSDP all-gathers are prefetched** (``prefetch`` layers ahead, FSDP2's default 1): the gather of layer i + 1
