@@ -23,9 +23,9 @@ another, each stream in issue order:
    backward compute c and reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute
    after the last layer (the embedding's, which ``autoshard.problem.step`` does not count:
    ``autoshard.problem.ready`` says why): the last bucket always shows, the others only where they are
-   slower than the compute that hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data parallelism exposes fc1's sync
-   and whatever of fc2's outlasts fc1's backward; a one-layer model exposes its whole sync (nothing is left
-   to hide it).
+   slower than the compute that hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data
+   parallelism exposes fc1's sync and whatever of fc2's outlasts fc1's backward; a one-layer model exposes
+   its whole sync (nothing is left to hide it).
 3. **FSDP all-gathers are prefetched** (``prefetch`` layers ahead, FSDP2's default 1): the gather of layer i + 1
    runs under the compute of layer i, so the first is exposed and each other one only beyond that compute:
    ``g_1 + Σ_{i≥2} max(0, g_i − c_{i−1})`` (:func:`exposed_prefetched_gathers`).  Without prefetch every
