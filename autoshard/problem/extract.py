@@ -71,7 +71,7 @@ def extract_plan(
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
     collectives += _dispatch_collectives(built, chosen, layer_of)
     comm = sum(c.seconds for c in collectives)
-    step, _exposed, grad_sync = critical_path(built, chosen, collectives, compute)
+    step, _exposed, grad_sync, grad_buckets = critical_path(built, chosen, collectives, compute)
     context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
     step += context.extra_seconds
     notes = (*notes, context.note) if context.note else notes
@@ -143,6 +143,7 @@ def extract_plan(
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
         grad_sync=grad_sync,  # what of the gradient sync the step pays, and why (problem/step.py)
+        grad_buckets=grad_buckets,  # its buckets, as the runtime issues them (runtime/overlap.py)
     )
 
 
