@@ -21,6 +21,8 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 - precision: a recipe the cost model prices (``cost_models.memory.RECIPES``; absent in older files: bf16);
   a ring transfer's ``itemsize`` (bytes per element as priced) 1, 2, 4 or 8 (0 or absent in older files);
 - optimizer gathers (ZeRO-1's, ``Plan.optimizer_gathers``): all-gathers of phase ``optimizer``;
+- a collective's ``recompute`` flag (re-run in backward by recomputation): a boolean, set only on forward
+  moves of a plan whose ``recompute`` is not none;
 - gradient buckets (``Plan.grad_buckets``, absent in older files): each a known record on an axis of more
   than one device, its members parameters of the plan, each at most once per axis and kind, in issue order; none on
   a pipelined plan (its stages sync once per step, after the schedule);
@@ -89,6 +91,7 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         _known(node, NodePlan, source, f"nodes[{i}].")
     for i, c in enumerate(_list(data, "collectives", source)):
         _known(c, Collective, source, f"collectives[{i}].")
+        _recomputed(c, data, source, f"collectives[{i}].recompute")
     for i, r in enumerate(_list(data, "ring_transfers", source)):
         _known(r, RingTransfer, source, f"ring_transfers[{i}].")
         if r.get("itemsize", 0) not in _ITEMSIZES:  # bytes per element of a hop (0: an older file)
@@ -351,6 +354,20 @@ def _degrees(data: Mapping[str, Any], devices: int, source: str) -> None:
         ranks: Sequence[Any] = st.get("ranks", ())
         if not all(isinstance(r, int) and 0 <= r < devices for r in ranks):
             raise _fail(source, f"pipeline.stages[{i}].ranks", f"ranks must lie in 0..{devices - 1}")
+
+
+def _recomputed(c: Mapping[str, Any], data: Mapping[str, Any], source: str, field: str) -> None:
+    """A collective marked ``recompute`` (backward re-runs it with its block) is a forward move of a plan
+    that recomputes (absent in older files: false)."""
+    flag = c.get("recompute", False)
+    if not isinstance(flag, bool):
+        raise _fail(source, field, f"{flag!r} must be true or false")
+    if flag and c.get("phase") != "forward":
+        raise _fail(
+            source, field, f"marks a {c.get('phase')!r} collective; only forward moves are recomputed"
+        )
+    if flag and data.get("recompute", "none") == "none":
+        raise _fail(source, field, "marks a recomputed move but the plan's recompute is none")
 
 
 def _recompute(data: Mapping[str, Any], source: str) -> None:

@@ -53,6 +53,7 @@ class Collective:
     module: str  # user-module path of the node it serves
     seconds: float
     layer: int | None = None  # repeated-layer index, when the node belongs to one
+    recompute: bool = False  # a forward move backward runs again to recompute its block (phase stays forward)
 
     def __str__(self) -> str:
         return f"{self.phase} {self.kind}(axis={self.mesh_axis}, {_bytes(self.nbytes)}) for {self.node}"

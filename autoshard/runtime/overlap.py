@@ -36,7 +36,7 @@ backward -- exposed, as priced.
 overlap=True`` from each parameter's post-accumulate-grad hook): parameters whose gradient is Partial over
 exactly one mesh axis (data parallel; the plan prices their all-reduce, ZeRO runs its bytes as a
 reduce-scatter) fill the plan's buckets.  A bucket is one buffer laid out rank-major -- row ``r`` holds every
-member's chunk ``r`` -- so one ``reduce_scatter_tensor`` leaves each rank exactly its members' chunks (its
+member's chunk ``r`` -- so one ``reduce_scatter_single`` leaves each rank exactly its members' chunks (its
 bytes the plan's where each member's elements divide by the ranks; else padded to them).  ``finish()``
 (called by ``step()``) waits for all and hands each member its reduced chunk.  Other parameters (Partial
 over two axes, or gradients already whole) keep the synchronous path.
@@ -64,7 +64,7 @@ import torch
 import torch.distributed as dist
 
 from autoshard.codegen.assign import PlanMismatchWarning
-from autoshard.codegen.collectives import CollectiveRecord, MeshComm, parse_steps
+from autoshard.codegen.collectives import CollectiveRecord, MeshComm, parse_steps, reduce_scatter_single
 from autoshard.errors import AutoshardError
 from cost_models.overlap import GradBucket
 
@@ -242,7 +242,7 @@ class _Buckets:
             bucket.out, bucket.work = flat, dist.all_reduce(flat, group=group, async_op=True)
         else:
             bucket.out = flat.new_empty(bucket.width)
-            bucket.work = dist.reduce_scatter_tensor(bucket.out, flat, group=group, async_op=True)
+            bucket.work = reduce_scatter_single(bucket.out, flat, group=group, async_op=True)
         if self.comm.log is not None:
             nbytes = flat.numel() * flat.element_size()
             self.comm.log.append(CollectiveRecord("backward", self.kind, bucket.axis, nbytes))
