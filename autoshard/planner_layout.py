@@ -82,7 +82,8 @@ from autoshard.problem.context import (
 )
 from autoshard.problem.costs import CostOptions
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
-from autoshard.search.problem import evaluate, memory_of, relative_gap
+from autoshard.search.problem import evaluate, memory_of, peak_floor, relative_gap
+from autoshard.search.reduce import Certificates
 from autoshard.strategies import OpStrategy
 
 __all__ = ["TIE", "search_layout"]
@@ -156,19 +157,27 @@ class _Search:
         self.prices: list[str] = []
         self.error: AutoshardError | BoundExceeded | None = None
 
-    def _solve(self, problem: SearchProblem, top: float) -> Solution:
+    def _solve(self, problem: SearchProblem, top: float, incumbent: Solution | None = None) -> Solution:
         """``problem`` solved below ``top``, hinted by B's dominance removals on the nodes with B's
-        strategies (the solver checks each one on ``problem``; a zigzag problem's gathers may differ)."""
-        sizes = self.built.problem.sizes
-        hint = tuple(
-            c for c in self.bound.dominated if c[0] < len(sizes) and problem.sizes[c[0]] == sizes[c[0]]
-        )
+        strategies (the solver checks each one on ``problem``; a zigzag problem's gathers may differ), by
+        B's budget multiplier (probed first: every layout holds B's bytes, F3, so the budget binds alike)
+        and by ``incumbent`` (the bound's plan priced there: where the sweep starts).  Hints change only
+        the work, never the answer (:func:`~autoshard.search.solve`)."""
         return solve(
             problem,
             method=self.method,
             time_limit=self.time_limit,
             ceiling=min(self.ceiling, top),
-            dominated=hint,
+            dominated=self._hint(problem),
+            multiplier=self.bound.multiplier,
+            incumbent=None if incumbent is None else incumbent.choice,
+        )
+
+    def _hint(self, problem: SearchProblem) -> Certificates:
+        """B's dominance removals on the nodes with B's strategies (the solver checks each on ``problem``)."""
+        sizes = self.built.problem.sizes
+        return tuple(
+            c for c in self.bound.dominated if c[0] < len(sizes) and problem.sizes[c[0]] == sizes[c[0]]
         )
 
     def _fail(self, label: str, cluster: Cluster, error: AutoshardError | BoundExceeded) -> None:
@@ -179,9 +188,10 @@ class _Search:
         cluster = self.built.cluster
         try:
             free, cand = self.rebuild(cluster, self.options)
-            found = _bound_plan(self.built, self.bound, cand)
+            priced = _bound_plan(self.built, self.bound, cand)
+            found = priced
             if found is None or found.objective > self.reach:
-                found = self._solve(cand.problem, math.inf)
+                found = self._solve(cand.problem, math.inf, priced)
         except (AutoshardError, BoundExceeded) as e:
             self._fail("contiguous", cluster, e)
             return
@@ -201,7 +211,7 @@ class _Search:
         except AutoshardError as e:
             self._fail(label, cluster, e)
             return
-        found = _bound_plan(self.built, self.bound, cand)
+        found = priced = _bound_plan(self.built, self.bound, cand)
         if found is None or found.objective > self.reach or found.objective >= top:
             try:
                 problem = cand.problem
@@ -209,7 +219,8 @@ class _Search:
                     problem = dataclasses.replace(
                         problem, allowed=_masks(self.built, (a,), self.ring, problem)
                     )
-                found = self._solve(problem, top)
+                self._dual(problem, top)
+                found = self._solve(problem, top, priced)
             except BoundExceeded as e:
                 if top >= self.ceiling:
                     self._fail(label, cluster, e)
@@ -224,6 +235,23 @@ class _Search:
         if found.objective < top:
             self.best = _Found(found.objective, free, cand, found)
 
+    def _dual(self, problem: SearchProblem, top: float) -> None:
+        """Raise :class:`BoundExceeded` when the Lagrangian bound of ``problem``'s budget at B's multiplier
+        ``lam`` reaches ``top`` (module doc, step 2): one solve without the budget, of cost + ``lam`` x bytes.
+        Every plan ``x`` that fits has ``bytes(x) + peak(x) <= L`` and ``peak(x)`` at least the least peak
+        ``f`` any plan has, so ``cost(x) >= cost(x) + lam * bytes(x) - lam * (L - f)``, whose least value
+        over all plans (the solve's proven bound) is a lower bound on the budgeted optimum."""
+        lam, limit, memory = self.bound.multiplier, problem.memory_limit, problem.memory
+        top = min(self.ceiling, top)
+        if lam is None or not 0.0 < lam < math.inf or not math.isfinite(top) or limit is None or memory is None:
+            return
+        costs = tuple(c + lam * m for c, m in zip(problem.node_costs, memory, strict=True))
+        free = dataclasses.replace(problem, node_costs=costs, memory=None, memory_limit=None, peak=None)
+        relaxed = solve(free, method=self.method, time_limit=self.time_limit, dominated=self._hint(problem))
+        bound = relaxed.lower_bound - lam * (limit - peak_floor(problem))
+        if bound >= top:
+            raise BoundExceeded(bound, top)
+
     def _top(self) -> float:
         """A later layout must be strictly below this (the tie rule)."""
         return math.inf if self.best is None else self.best.cost * (1 - TIE)
@@ -235,17 +263,22 @@ class _Search:
 
     def _bounded(self, axes: tuple[int, ...], label: str, top: float) -> bool:
         """Whether B's optimum over the plans a zigzag on one of ``axes`` could win with (its refusals masked,
-        the ring variable held to rings on that axis: module doc), without the budget, is at or above ``top``
-        (then noted)."""
+        the ring variable held to rings on that axis: module doc), under B's budget, is at or above ``top``
+        (then noted).  Solved with ``top`` as its ceiling: a Lagrangian bound that reaches it (B's
+        multiplier, probed first) ends the solve."""
         masks = _masks(self.built, axes, self.ring, self.built.problem)
         inside = all(m is None or bool(m[k]) for m, k in zip(masks, self.bound.choice, strict=True))
         if inside and self.bound.objective < top:
             return False  # the bound's own plan is one of them, below the best
+        why = "no plan rings there"
         try:  # an empty mask (a pin on a refused strategy) is refused as the problem is made
-            problem = dataclasses.replace(self.built.problem, allowed=masks, memory_limit=None)
-            lower = self._solve(problem, math.inf).lower_bound
+            problem = dataclasses.replace(self.built.problem, allowed=masks)
+            why = "no plan that rings there fits the memory budget or has a finite price"
+            lower = self._solve(problem, top).lower_bound
+        except BoundExceeded as e:
+            lower = e.bound
         except (InfeasibleError, AnnotationError):
-            lower = math.inf  # no such plan at all
+            lower = math.inf  # no such plan at all (that fits: F3)
         except AutoshardError:
             return False
         if lower < top:
@@ -254,7 +287,7 @@ class _Search:
             self.prices.append(f"{label} at least {lower:.4g} s")
         else:
             cluster = zigzag_cluster(self.built.cluster, axes[0])
-            error = InfeasibleError("no plan rings there")
+            error = InfeasibleError(why)
             why = _why_not(self.built, self.bound, cluster, error) if len(axes) == 1 else str(error)
             self.prices.append(f"{label}: {why}")
         return True
