@@ -163,10 +163,13 @@ def best_count(
     an interval is dropped when nothing fits its relaxation (costs at its low end, memory at its high end)
     or when a lower bound of it reaches the best objective so far (``ceiling``: the solve stops at the
     first Lagrangian bound that does); otherwise it is halved, lower ``k`` first (less recomputation is
-    cheaper).  A single ``k`` is solved exactly.  ``solve(problem, method=..., ceiling=...)`` is
-    :func:`autoshard.search.solve` with the caller's settings; ``method`` is passed only as ``"exact"``
-    (a Lagrangian bound before the full solve).  After ``max_intervals`` intervals it stops with what it
-    found, not claimed optimal."""
+    cheaper).  A single ``k`` is solved exactly.  ``solve(problem, method=..., ceiling=...,
+    dominance_search=...)`` is :func:`autoshard.search.solve` with the caller's settings; ``method`` is passed
+    only as ``"exact"`` (a Lagrangian bound before the full solve), and with it ``dominance_search=False``:
+    that bound usually stops after one or two exact probes, so its reduction applies only the hinted
+    removals (``solve(dominated=)``) instead of searching for more (LLaMA-3-70B on 16 x 8 x 8: ~0.07 s CPU
+    less per interval; the same bound, as dominance only shrinks the tables).  After ``max_intervals``
+    intervals it stops with what it found, not claimed optimal."""
     best: tuple[int, Solution] | None = None
     bound = incumbent
     first = least_fitting(p0, p1, n)
@@ -184,7 +187,7 @@ def best_count(
         try:
             # exact solves only: the Lagrangian bound usually shows the interval cannot win (the ceiling
             # stops there), sparing CP-SAT, which is what closes a binding budget's last gap
-            rough = solve(problem, method="exact", ceiling=ceiling)
+            rough = solve(problem, method="exact", ceiling=ceiling, dominance_search=False)
         except (InfeasibleError, BoundExceeded):
             continue  # too few blocks recomputed to fit anywhere in a..b, or none of a..b beats the best
         if rough.lower_bound >= ceiling:

@@ -287,6 +287,7 @@ def solve(
     multiplier: float | None = None,
     dominated: Certificates = (),
     incumbent: Sequence[int] | None = None,
+    dominance_search: bool = True,
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
@@ -300,6 +301,8 @@ def solve(
 
     ``dominated``: a similar problem's :attr:`Solution.dominated` (same nodes and strategies, other costs),
     checked and applied before the reduction's own dominance search; only its speed depends on it.
+    ``dominance_search=False``: the first reduction applies only those removals (``reduce_problem(search=)``:
+    for a solve expected to stop after a probe or two under a ``ceiling``); only the speed depends on it.
 
     ``incumbent``: a plan of this problem (a similar one's optimum); under a binding budget the Lagrangian
     sweep starts from it when it fits (:meth:`Run.start_plan`).  Only the work depends on it.
@@ -322,6 +325,7 @@ def solve(
             multiplier=multiplier,
             dominated=dominated,
             incumbent=incumbent,
+            dominance_search=dominance_search,
         )
         return solve_with_peak(problem, solve, max_factor_size=max_factor_size, ceiling=ceiling, **kwargs)
     start = time.perf_counter()
@@ -341,7 +345,7 @@ def solve(
                 raise BoundExceeded(cheapest, ceiling)
     # Folding free nodes creates the pair matrices on which dominance prunes most (the LLaMA problems
     # reduce to nothing), and it shrinks the CP-SAT model.
-    red = reduce_problem(problem, hint=dominated)
+    red = reduce_problem(problem, hint=dominated, search=dominance_search)
     run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
     if method == "propagate":
         run.log.insert(0, "propagate: the plan has inf cost or breaks the budget; solving exactly instead")
