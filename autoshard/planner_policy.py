@@ -83,7 +83,10 @@ def search_counts(
         )
 
     def run(
-        p: SearchProblem, method: SearchMethod = method, ceiling: float = math.inf, dominance_search: bool = True
+        p: SearchProblem,
+        method: SearchMethod = method,
+        ceiling: float = math.inf,
+        dominance_search: bool = True,
     ) -> Solution:
         return solve(
             p,
