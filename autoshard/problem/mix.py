@@ -26,7 +26,9 @@ plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per pol
 dropped after its reduction and that one exact solve; full's needs the sweep), where the halving from
 ``1..N-1`` took 8 full solves and 16 s.  Each interval's reduction is most of it: dominance depends on the
 values, so the uniform policy's reduction cannot stand in, but its removals, re-checked on the interval's
-costs, do most of the work (``solve(dominated=)``: 0.24 -> 0.10 s CPU each).  After :data:`MAX_INTERVALS`
+costs, do most of the work (``solve(dominated=)``: 0.24 -> 0.10 s CPU each), and the rough bound's
+reduction stops there (``dominance_search=False``: the search for more cost more than the one or two exact
+probes it would speed up; 0.10 -> ~0.03 s each, the same bounds).  After :data:`MAX_INTERVALS`
 interval solves for one policy the search stops, and the plan it found is not claimed optimal
 (``Solution.optimal`` False): it stops by work, never by the clock, so the plan does not depend on machine
 load.  Without a binding budget recomputation never pays and nothing here runs.
