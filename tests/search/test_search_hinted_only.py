@@ -5,7 +5,6 @@ reduction: the same optimum (brute force), the same budgeted solve and ceiling a
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pytest
