@@ -5,6 +5,7 @@ reduction: the same optimum (brute force), the same budgeted solve and ceiling a
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
@@ -62,3 +63,15 @@ def test_the_optimum_and_the_ceiling_answer_do_not_change(seed: int) -> None:
                 assert ceiling <= want * (1 + 1e-9) + 1e-12  # none above the optimum
                 continue
             assert found.lower_bound <= want * (1 + 1e-9) + 1e-12
+
+
+def test_a_wide_remainder_searches_dominance_after_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the hinted removals leave tables over ``_HINTED_TABLE`` (here: any), the solve reduces with
+    the dominance search after all: the same reduction and optimum as the default."""
+    dispatch = importlib.import_module("autoshard.search.solve")  # the package's `solve` is the function
+    p = random_problem(4, max_nodes=7, memory=True)
+    want = solve(p)
+    monkeypatch.setattr(dispatch, "_HINTED_TABLE", 0)
+    got = solve(p, dominance_search=False)
+    assert got.log[0] == want.log[0]  # the reduction's line: the same removals
+    assert close(got.objective, want.objective)
