@@ -12,7 +12,7 @@ along such a dim run on the compact tensors (the rules below); every other op ru
 (stride-0 views, no copy) as it did before, and its result is compacted again along its stride-0 dims.
 Rules:
 
-- pointwise ops (torch's ``pointwise`` tag, the bitwise ``&``, ``|``, ``^``, dtype copies) and
+- pointwise ops (torch's ``pointwise`` tag, the bitwise ``&``, ``|``, ``^``, dtype casts) and
   ``unsqueeze``: the output at an index depends on the inputs at that index only, so the broadcast of the
   compact inputs is the compact output;
 - ``expand`` and ``slice``: views; a dim held once stays held once;
@@ -156,9 +156,11 @@ def _slice(node: fx.Node, inputs: Mapping[fx.Node, Value], shape: tuple[int, ...
 
 def _along(node: fx.Node, inputs: Mapping[fx.Node, Value], shape: tuple[int, ...]) -> Any:
     """``cumsum``, ``cumprod``, ``diff``: whole along ``dim``, held once along the dims every input holds once."""
-    if any(len(v.shape) != len(shape) for v in inputs.values()):
-        return None
     dim = _bound(node).get("dim", -1) % len(shape)
+    if any(len(v.shape) != len(shape) for v in inputs.values()) or any(
+        v.shape[d] != shape[d] for v in inputs.values() for d in range(len(shape)) if d != dim
+    ):
+        return None  # inputs of the output's shape off ``dim``, as the op requires
     held = [max(v.compact.shape[d] for v in inputs.values()) for d in range(len(shape))]
     wide = {
         n: v.compact.expand(*(v.shape[d] if d == dim else held[d] for d in range(len(shape))))
@@ -190,15 +192,19 @@ def _index(node: fx.Node, inputs: Mapping[fx.Node, Value], shape: tuple[int, ...
 _Rule = Callable[[fx.Node, Mapping[fx.Node, Value], tuple[int, ...]], Any]
 
 _RULES: dict[str, _Rule] = {
-    "__and__": _compacts, "__or__": _compacts, "__xor__": _compacts, "_to_copy": _compacts,
+    "__and__": _compacts, "__or__": _compacts, "__xor__": _compacts, "_to_copy": _compacts, "to": _compacts,
     "unsqueeze": _compacts, "expand": _expand, "slice": _slice, "cumsum": _along, "cumprod": _along,
     "diff": _along, "index": _index,
 }  # fmt: skip
 
 
 def _rule(target: Any) -> _Rule | None:
-    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
-        return None
+    if (
+        not isinstance(target, torch._ops.OpOverload)
+        or target.namespace != "aten"
+        or target._schema.is_mutable
+    ):
+        return None  # in-place ops run on full tensors (where writing through a stride-0 view fails)
     if torch.Tag.pointwise in target.tags:
         return _compacts
     rule = _RULES.get(target._schema.name.removeprefix("aten::"))

@@ -50,6 +50,37 @@ def test_compact_values_equal_full_evaluation(model: str, batch: int, seq: int) 
     assert isinstance(cumsum, compact.Value) and cumsum.shape == (batch, seq) and cumsum.compact.shape[0] == 1
 
 
+class Positions(nn.Module):
+    """Every compact rule on positions expanded over the batch, some rows made to differ."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        rows = torch.arange(b, device=x.device)[:, None]  # (B, 1)
+        pos = torch.arange(s, device=x.device).expand(b, s)  # held once along the batch
+        diff = torch.diff(pos, dim=1, prepend=pos[:, :1] - 1)  # slice off the held dim, diff with prepend
+        runs = torch.cumsum(diff != 1, -1) + torch.cumprod(diff, -1)
+        picked = runs[
+            rows[:, :, None], torch.arange(s, device=x.device)[None, None, :] - s
+        ]  # negative indices
+        shifted = torch.where(rows == b - 1, pos.flip(1), pos)  # the last row differs
+        head = pos[1:, 2:].to(torch.float32).unsqueeze(-1)  # slices along the held dim and the other
+        total = picked.sum() + shifted.sum() + head.sum()
+        return x + total.to(x.dtype)
+
+
+def test_each_compact_rule_equals_full_evaluation() -> None:
+    gm = capture(Positions(), (torch.randn(5, 12, 8),)).graph_module
+    held = _forms(gm)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compact, "_rule", lambda target: None)
+        full = _forms(gm)
+    assert [n.name for n in held if not _same(held[n], full[n])] == []
+    by_op = {str(n.target): v for n, v in held.items() if isinstance(v, compact.Value)}
+    for op in ("aten.diff.default", "aten.cumsum.default", "aten.cumprod.default", "aten.index.Tensor"):
+        assert by_op[op].compact.shape[0] == 1, op  # computed on one row
+    assert by_op["aten.where.self"].compact.shape == (5, 12)  # rows that differ are held apart
+
+
 class RowMasked(nn.Module):
     """Attention over a (B, 1, S, S) mask built per batch row from constants: ``kind`` picks how rows differ."""
 
