@@ -141,7 +141,11 @@ def dual_search(
     budget, else it is probed at ``lambda = 0``); without a fitting one, ``lam0`` is multiplied by 4 until
     the minimiser fits.  ``tolerance > 0`` stops early once the crossing, the most any multiplier can still
     prove, is within ``tolerance`` x the remaining gap of the bound reached (the bound stays a true one; the
-    caller that states the gap rather than fixing strategies by it saves the last, confirming probes).
+    caller that states the gap rather than fixing strategies by it saves the last, confirming probes).  That
+    gap is measured only once a probe's minimiser fits: a starting plan (the least-memory one, an incumbent)
+    was never compared with a relaxation, so its cost says nothing of what the sweep can still find; a gap
+    anchored on it (a least-memory plan at 176.9 s where the sweep finds 21-27 s) let the stop fire before
+    any probe and hand that plan back.
     ``descend``: without a line over the budget, probe ``lam0``, ``lam0 / 4``, ... before ``lambda = 0``: the
     unbudgeted problem is the widest relaxation (memory ties keep its strategies from being dominated), and
     any minimiser over the budget at some ``lambda >= 0`` proves the budget binds (see
@@ -156,6 +160,7 @@ def dual_search(
     assert problem.memory is not None and problem.memory_limit is not None
     limit = problem.memory_limit
     lines: dict[bool, tuple[float, float] | None] = {True: None, False: None}  # fits -> (cost, mem)
+    minimiser_fits = [False]  # whether some probe's minimiser fits (only then may ``tolerance`` stop early)
 
     def probe(lam: float) -> tuple[float, float, bool] | None:
         found = relaxed(lam)
@@ -170,6 +175,7 @@ def dual_search(
         fits = mem <= limit
         if not fits:
             lag.over.append(plan)
+        minimiser_fits[0] |= fits
         if fits and cost < lag.cost:
             lag.plan, lag.cost = plan, cost
         return cost, mem, fits
@@ -215,7 +221,7 @@ def dual_search(
         if not lam > 0.0 or not math.isfinite(lam):
             break
         peak = _at(over, lam, limit)
-        if peak - lag.bound <= tolerance * (lag.cost - lag.bound):
+        if minimiser_fits[0] and peak - lag.bound <= tolerance * (lag.cost - lag.bound):
             break
         got = probe(lam)
         if got is None:

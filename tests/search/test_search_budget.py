@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 from search_cases import close, random_problem, transformer_problem
 
@@ -214,3 +215,19 @@ def test_climbing_the_gap_finds_the_optimum_fixing_at_the_whole_gap_finds(
         assert close(climbed.objective, whole.objective, 1e-12)
         assert memory_of(q, climbed.choice) <= limit
         assert climbed.lower_bound <= climbed.objective * (1 + 1e-12)
+
+
+def test_dual_search_early_stop_waits_for_a_fitting_minimiser() -> None:
+    # The least-memory plan (2) costs 100, the optimum (1) costs 1, the plan without the budget (0) is just
+    # over it.  The first crossing lies at 1.64, within a tenth of the gap anchored on the starting plan
+    # (100 - 0): the old stop fired before any probe and returned the plan at 100.  The gap is now measured
+    # once a probe's minimiser fits: the sweep goes on to the optimum, with a bound within a tenth of that
+    # gap of max g (1/11, where the lines of plans 0 and 1 cross).
+    p = SearchProblem(
+        (np.array([0.0, 1.0, 100.0]),), (), ("a",), memory=(np.array([6.1, 5.0, 0.0]),), memory_limit=6.0
+    )
+    ex = ExactSolver(pairwise_form(p))
+    lag = lagrangian_sweep(ex, p, Lagrange((2,), 100.0, 0.0, 0.0), lam0=1.0, seeds=((0,),), tolerance=0.1)
+    assert lag.solves >= 1
+    assert lag.plan == (1,) and lag.cost == 1.0
+    assert 0.0 <= lag.bound <= 1.0 / 11.0 <= lag.bound + 0.1 * (lag.cost - lag.bound)
