@@ -10,7 +10,7 @@ import pytest
 from search_cases import close, random_problem, transformer_problem
 
 from autoshard.errors import InfeasibleError
-from autoshard.search import SearchProblem, brute_force, memory_of, solve
+from autoshard.search import SearchProblem, brute_force, budget, memory_of, solve
 from autoshard.search.budget import Lagrange, fixing_masks, lagrangian_sweep
 from autoshard.search.exact import ExactSolver, min_memory_plan
 from autoshard.search.problem import evaluate, pairwise_form
@@ -231,3 +231,25 @@ def test_dual_search_early_stop_waits_for_a_fitting_minimiser() -> None:
     assert lag.solves >= 1
     assert lag.plan == (1,) and lag.cost == 1.0
     assert 0.0 <= lag.bound <= 1.0 / 11.0 <= lag.bound + 0.1 * (lag.cost - lag.bound)
+
+
+@pytest.mark.parametrize("seed", [0, 4, 24, 61, 97])
+def test_far_starting_line_changes_only_the_probes(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    # lam0 and 4 lam0 probed before a least-memory line's far crossing (seeds 24, 61 and 97 have one): the
+    # same max g (tolerance 0)
+    p = _binding(seed + 2000)
+    if p is None:
+        return
+    ex = ExactSolver(pairwise_form(p))
+    least, _ = min_memory_plan(p)
+    plan, value = ex.solve()
+    lam0 = value / memory_of(p, plan)
+
+    def sweep() -> Lagrange:
+        return lagrangian_sweep(ex, p, Lagrange(least, evaluate(p, least), value, 0.0), lam0, seeds=(plan,))
+
+    near = sweep()
+    monkeypatch.setattr(budget, "_FAR", math.inf)
+    far = sweep()
+    assert near.bound == pytest.approx(far.bound, rel=1e-9, abs=1e-12)
+    assert near.bound <= brute_force(p).objective * (1 + 1e-9)
