@@ -145,17 +145,19 @@ def dual_search(
     probes where bisection took 23-24, reaching the same bound and plan; on the 405B-shaped LLaMA's stage
     problem 5.  The first lines are free: ``lag.plan`` (fits) and ``seeds`` (e.g. the optimum without the
     budget, else it is probed at ``lambda = 0``); without a fitting one, ``lam0`` is multiplied by 4 until
-    the minimiser fits.  A starting plan far dearer than the relaxation's minimisers (the least-memory plan: 2,670 s
-    on LLaMA-3-70B on 16 x 8 x 8 where they cost 10-15 s) crosses the rising line far out (350 x ``lam0`` there),
-    where the probe finds a poor fitting plan; when the crossing lies beyond ``_FAR * lam0``, ``lam0`` and ``4 *
-    lam0`` are probed first, unless ``descend`` probed ``lam0`` already (70B's balanced-bound and contiguous solves:
-    4 -> 3 probes, the same bound, multiplier and plan). Cutting planes are exact from any lines: only the probes
-    depend on this.  ``tolerance > 0`` stops early once the crossing, the most any multiplier can still prove, is
-    within ``tolerance`` x the remaining gap of the bound reached (the bound stays a true one; the caller that
-    states the gap rather than fixing strategies by it saves the last, confirming probes).  That gap is measured
-    only once a probe's minimiser fits: a starting plan (the least-memory one, an incumbent) was never compared with
-    a relaxation, so its cost says nothing of what the sweep can still find; a gap anchored on it (a least-memory
-    plan at 176.9 s where the sweep finds 21-27 s) let the stop fire before any probe and hand that plan back.
+    the minimiser fits.  A starting plan far dearer than the relaxation's minimisers (the least-memory plan:
+    2,670 s on LLaMA-3-70B on 16 x 8 x 8 where they cost 10-15 s) crosses the rising line far out (350 x
+    ``lam0`` there), where the probe finds a poor fitting plan; when the crossing lies beyond ``_FAR * lam0``,
+    ``lam0`` and ``4 * lam0`` are probed first, unless ``descend`` probed ``lam0`` already (70B's
+    balanced-bound and contiguous solves: 4 -> 3 probes, the same bound, multiplier and plan).  Cutting
+    planes are exact from any lines: only the probes depend on this.
+    ``tolerance > 0`` stops early once the crossing, the most any multiplier can still prove, is within
+    ``tolerance`` x the remaining gap of the bound reached (the bound stays a true one; the caller that states
+    the gap rather than fixing strategies by it saves the last, confirming probes).  That gap is measured only
+    once a probe's minimiser fits: a starting plan (the least-memory one, an incumbent) was never compared with
+    a relaxation, so its cost says nothing of what the sweep can still find; a gap anchored on it (a
+    least-memory plan at 176.9 s where the sweep finds 21-27 s) let the stop fire before any probe and hand
+    that plan back.
     ``descend``: without a line over the budget, probe ``lam0``, ``lam0 / 4``, ... before ``lambda = 0``: the
     unbudgeted problem is the widest relaxation (memory ties keep its strategies from being dominated), and
     any minimiser over the budget at some ``lambda >= 0`` proves the budget binds (see
