@@ -66,5 +66,5 @@ def _unary(scope: tuple[int, ...], origin: int) -> bool:
 def _same(kept: np.ndarray, part: _Part) -> bool:
     scope, table, origin = part
     if _unary(scope, origin):  # the same bits
-        return kept.shape == table.shape and kept.tobytes() == table.tobytes()
+        return kept.dtype == table.dtype and kept.shape == table.shape and kept.tobytes() == table.tobytes()
     return kept is table
