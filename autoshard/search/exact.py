@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoshard.errors import InfeasibleError
+from autoshard.search.messages import message
 from autoshard.search.order import EliminationPlan, FactorCapExceeded, Step, plan_elimination
 from autoshard.search.problem import Edge, PairwiseForm, SearchProblem, pairwise_form
 
@@ -136,6 +137,7 @@ class ExactSolver:
         self.sizes = tuple(u.size for u in form.unary)
         self._own: tuple[tuple[int, ...], float] | None = None  # the optimum at the form's own costs
         self.last: Buckets | None = None  # the buckets of the last elimination (without conditioning)
+        self.memo: dict[int, tuple[tuple[np.ndarray, ...], np.ndarray]] = {}  # search/messages.py
         n = len(self.sizes)
         adj = form.neighbours()
         self._adj = adj
@@ -263,8 +265,8 @@ class ExactSolver:
                         bucket[w].discard(fid)
                 parts.append(part)
             # min, not argmin: the argmin is needed only at the one assignment of ``rest`` the plan ends up
-            # with, and _back recomputes it there
-            best = self.reduced(step.var, [(f, t) for f, t, _ in parts], step.rest)
+            # with, and _back recomputes it there; the last solve's message where it holds (search/messages.py)
+            best = message(self, k, step, parts)
             backs.append(parts)
             if step.rest:
                 add(step.rest, best, k)
