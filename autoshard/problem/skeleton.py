@@ -12,7 +12,7 @@ A layout graph (:mod:`autoshard.problem.pricing`) depends on a tensor's sizes in
 
 So two shapes of one rank whose every dim gives the same answers to every ``size % c == 0`` test (the
 :func:`signature`) have the same layouts, the same moves in the same order, and bytes that follow from
-``(m, d)`` per move (LLaMA-3-70B on 16 x 8 x 8: 27 graphs, of 13 structures by the bld count).  The prices, and so
+``(m, d)`` per move (LLaMA-3-70B on 16 x 8 x 8: 13 skeletons for 27 graphs).  The prices, and so
 every table, are then the floats a graph built from scratch gives (``tests/problem/test_skeleton.py`` checks
 the moves one by one, ``test_pricing.py`` the tables against the search).
 """
