@@ -137,6 +137,7 @@ class ExactSolver:
         self.sizes = tuple(u.size for u in form.unary)
         self._own: tuple[tuple[int, ...], float] | None = None  # the optimum at the form's own costs
         self.last: Buckets | None = None  # the buckets of the last elimination (without conditioning)
+        self.earlier: Buckets | None = None  # and of the one before (search/marginals.py)
         self.memo: dict[int, tuple[tuple[np.ndarray, ...], np.ndarray]] = {}  # search/messages.py
         n = len(self.sizes)
         adj = form.neighbours()
@@ -275,7 +276,7 @@ class ExactSolver:
         if not self.conditioned:  # min-marginals at these costs start from these buckets
             from autoshard.search.marginals import Buckets  # it builds on this class
 
-            self.last = Buckets(tuple(unary), tuple(backs), roots)
+            self.earlier, self.last = self.last, Buckets(tuple(unary), tuple(backs), roots)
         for step, parts in zip(reversed(self.steps), reversed(backs), strict=True):
             choice[step.var] = self._back(step.var, [(f, t) for f, t, _ in parts], choice)
         return sum(roots.values())
