@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,13 +42,11 @@ from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
 from autoshard.problem.pairs import spec_pairs
 from autoshard.problem.shortest import bellman_ford as _bellman_ford
+from autoshard.problem.skeleton import skeleton
 from autoshard.redistribute_steps import (
     _P,
-    _R,
     COLLECTIVE_KINDS,
-    _moves,
     _non_sum_partial,
-    _targets,
 )
 from autoshard.redistribute_steps import (
     _encode as _encode_layout,
@@ -242,34 +239,12 @@ class PriceTable:
         return found
 
     def _build(self, shape: tuple[int, ...], itemsize: int) -> _Graph:
-        mesh = self.mesh_shape
-        # every placement on every axis, P included (the search's targets for a goal that is P everywhere);
-        # each target's P-axis mask then filters the moves entering P, as the search's own targets do
-        targets = _targets((_P,) * len(mesh), len(shape), mesh)
-        domains = [t or (_R,) for t in targets]
-        layouts = [lay for lay in itertools.product(*domains) if _fits(lay, shape, mesh)]
-        index = {lay: k for k, lay in enumerate(layouts)}
-        us: list[int] = []
-        vs: list[int] = []
-        ws: list[float] = []
-        enters: list[int] = []
-        moves: list[tuple[str, int, int]] = []
-        for lay in layouts:
-            for axis, move, nxt in _moves(lay, shape, itemsize, mesh, targets):  # the search's move list
-                us.append(index[lay])
-                vs.append(index[nxt])
-                ws.append(self._price(move[0], move[3], axis))
-                enters.append(axis if nxt[axis] == _P else -1)
-                moves.append((move[0], move[3], axis))
-        return _Graph(
-            index,
-            np.array(us, dtype=np.int64),
-            np.array(vs, dtype=np.int64),
-            np.array(ws, dtype=np.float64),
-            np.array(enters, dtype=np.int64),
-            np.array([m[2] for m in moves], dtype=np.int64),
-            tuple(moves),
-        )
+        """The skeleton of ``shape`` (shared by shapes that divide alike: :mod:`autoshard.problem.skeleton`),
+        its moves' bytes and prices for this shape and cluster."""
+        sk = skeleton(shape, self.mesh_shape)
+        moves = tuple(zip(sk.kinds, sk.nbytes(shape, itemsize), sk.axis.tolist(), strict=True))
+        w = np.array([self._price(*m) for m in moves], dtype=np.float64)
+        return _Graph(sk.index, sk.u, sk.v, w, sk.enters_p, sk.axis, moves)
 
     def _price(self, kind: str, nbytes: int, axis: int) -> float:
         if kind not in COLLECTIVE_KINDS:
@@ -342,11 +317,3 @@ def _relabel(layout: tuple[int, ...] | str, perm: tuple[int, ...]) -> tuple[int,
     if isinstance(layout, str):
         return layout
     return tuple(perm[p] if p >= 0 else p for p in layout)
-
-
-def _fits(layout: tuple[int, ...], shape: tuple[int, ...], mesh: tuple[int, ...]) -> bool:
-    counts = [1] * len(shape)
-    for p, n in zip(layout, mesh, strict=True):
-        if p >= 0:
-            counts[p] *= n
-    return all(size % c == 0 for size, c in zip(shape, counts, strict=True))
