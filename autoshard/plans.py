@@ -280,7 +280,8 @@ class Plan:
         data["format"] = FORMAT
         return data
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path) -> None:  # its folder made as needed (the README's out/plan.json)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
 
     @classmethod
@@ -320,7 +321,7 @@ class Plan:
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
                 source=dict(data.get("source", {})),
-                unpinned_step_time=_optional_float(data.get("unpinned_step_time")),
+                unpinned_step_time=None if (u := data.get("unpinned_step_time")) is None else float(u),
                 overlap=OverlapPolicy.from_json(data.get("overlap")),
                 memory_breakdown={str(k): float(v) for k, v in data.get("memory_breakdown", {}).items()},
                 recompute=str(data.get("recompute", "none")),
@@ -368,10 +369,6 @@ def _pipeline_from_json(data: dict[str, Any] | None) -> PipelinePlan | None:
 def _solver_from_json(data: dict[str, Any]) -> SolverReport:
     ranked = tuple(str(r) for r in data.get("ranked", ()))
     return SolverReport(**{**data, "log": tuple(data.get("log", ())), "ranked": ranked})
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def load_plan(path: str | Path) -> Plan:

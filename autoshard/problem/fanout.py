@@ -157,31 +157,50 @@ def fanout_arrays(
     shared: BuildCache | None = None,
 ) -> tuple[list[FanOut], list[Group], list[str]]:
     """Fan-out nodes (indices from ``len(index)`` on), the groups with nothing to share (their uses are
-    ordinary edges, exactly priced), and a note per node that is only an upper bound.  ``shared``: the
-    builds of one capture keep each group's elements and tables there (:mod:`autoshard.problem.shared`)."""
+    ordinary edges, exactly priced), and one note per kind of upper bound, naming the modules it touches.
+    ``shared``: the builds of one capture keep each group's elements and tables there
+    (:mod:`autoshard.problem.shared`)."""
     fans: list[FanOut] = []
     unshared: list[Group] = []
-    notes: list[str] = []
+    per_use: list[str] = []  # producers whose uses are priced one by one although they could share
+    inexact: list[str] = []  # producers whose fan-out node prices two shared layouts as one
     for group in sharing.groups:
         consumer = infos[group.entries[0][0]]  # the uses of a group share their relation to the blocks
         node, entries = _group_node(group, infos[group.producer], consumer, strategies, opts, cache, shared)
         if node is None:
             unshared.append(group)
             if shareable(entries):
-                notes.append(
-                    f"{group.producer}: its {len(group.entries)} consumers can combine too many layouts to "
-                    f"price one redistribution per layout (over {search_fanout.MAX_FANOUT_STATES} states); "
-                    "priced once per consumer (an upper bound)"
-                )
+                per_use.append(group.producer)
             continue
         fans.append(FanOut(len(index) + len(fans), group, node))
         if not node.exact:
-            notes.append(
-                f"{group.producer}: {len(group.entries)} consumers want too many layout combinations to price "
-                "sharing exactly; two layouts each shared by several of them are priced as if one were not "
-                "shared (an upper bound)"
-            )
+            inexact.append(group.producer)
+    notes = []
+    if per_use:
+        notes.append(
+            f"{_where(per_use, infos)}: their consumers can combine too many layouts to price one "
+            f"redistribution per layout (over {search_fanout.MAX_FANOUT_STATES} states); each is priced once "
+            "per consumer (an upper bound)"
+        )
+    if inexact:
+        notes.append(
+            f"{_where(inexact, infos)}: their consumers want too many layout combinations to price sharing "
+            "exactly; two layouts each shared by several of them are priced as if one were not shared "
+            "(an upper bound)"
+        )
     return fans, unshared, notes
+
+
+def _where(producers: Sequence[str], infos: Mapping[str, NodeInfo], shown: int = 3) -> str:
+    """``"7 ops' outputs (in model.layers.0.mlp, model.layers.0.self_attn, model.norm and 2 more)"``: how
+    many, and the user modules that make them (fx node names mean nothing to a reader); a repeated layer's
+    ops are those of its template, the first layer."""
+    modules = sorted({infos[p].module or "the model's top level" for p in producers})
+    more = f" and {len(modules) - shown} more" if len(modules) > shown else ""
+    listed = ", ".join(modules[:shown]) + more
+    ops = "1 op's output" if len(producers) == 1 else f"{len(producers)} ops' outputs"
+    repeated = any(infos[p].block is not None for p in producers)  # captured once, in the first block
+    return f"{ops} (in {listed}{'; the first repeated layer stands for all' if repeated else ''})"
 
 
 def _group_node(
