@@ -122,6 +122,21 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
     _ranking(data, source)
     _precision(data, source)
     _buckets(data, mesh, source)
+    _model_identity(data, source)
+
+
+def _model_identity(data: Mapping[str, Any], source: str) -> None:
+    """``source.model``: what identifies the plan's model (:func:`autoshard.plan_model.identity`)."""
+    own = data.get("source", {}).get("model") if isinstance(data.get("source"), dict) else None
+    if own is None:
+        return
+    if not (
+        isinstance(own, dict) and isinstance(own.get("class"), str) and isinstance(own.get("digest"), str)
+        and isinstance(own.get("parameters"), int) and own["parameters"] >= 0
+    ):  # fmt: skip
+        raise _fail(
+            source, "source.model", f"{own!r} is not {{class, parameters, digest}} of the plan's model"
+        )
 
 
 def _buckets(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> None:

@@ -50,6 +50,7 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins, whole_samples
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
+from autoshard.plan_model import identity
 from autoshard.planner_layout import search_layout
 from autoshard.planner_policy import cannot_win, search_counts
 from autoshard.planner_rerank import by_step
@@ -155,7 +156,7 @@ def plan(
             training=training, memory_limit=memory_limit, recompute=recompute, search=search,
             time_limit=time_limit, blocks=blocks, progress=progress, pipeline=pipeline, schedule=schedule,
             kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout, precision=recipe(precision)),
-        microbatches), precision=precision)  # fmt: skip
+        microbatches), precision=precision, source={"model": identity(model)})  # fmt: skip
     timings: dict[str, float] = {}
     start = time.perf_counter()
     say = progress or (lambda stage: None)
@@ -200,7 +201,8 @@ def plan(
         raise result
     timings = {**timings, **result.timings, "capture": timings["capture"]}
     timings["total"] = time.perf_counter() - start  # only plan() sets replicated_ops; the recipe said too
-    return dataclasses.replace(result, timings=timings, replicated_ops=replicated, precision=precision)
+    return dataclasses.replace(result, timings=timings, replicated_ops=replicated, precision=precision,
+                               source={"model": identity(model)})  # fmt: skip
 
 
 def _plan_captured(

@@ -186,8 +186,9 @@ class Plan:
     microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global / micro batch)
     pipeline: PipelinePlan | None = None
     # How to rebuild the model this plan was made for (what ``verify --plan`` maps it onto): ``{"spec": zoo
-    # name or "path/to/file.py:function"}`` plus the options it was built with (``"batch"``, ``"seq"``); empty
-    # when the plan was made from a Python object.  Filled by the CLI; API users may fill it themselves.
+    # name or "path/to/file.py:function"}`` plus the options it was built with (``"batch"``, ``"seq"``), filled
+    # by the CLI; and ``"model"``: what identifies the model (class, parameter count, digest of names and
+    # shapes: :func:`autoshard.plan_model.identity`), filled by ``autoshard.plan`` (Python plans too).
     source: dict[str, Any] = field(default_factory=dict)
     # The step time of the best plan without the user's annotations / allow / forbid (the price of the pins
     # is predicted_step_time minus this); None when nothing was pinned.
