@@ -183,10 +183,8 @@ def plan(
         t0 = time.perf_counter()
         plain: Plan | AutoshardError | Pruned
         try:
-            # the 2-block shortcut was checked on the fused capture: the same blocks, so skip the 3-block check
+            # the fused capture's blocks (3-block check done there); its step a ceiling, as a mesh is pruned
             again = capture(model, args, kwargs, blocks=blocks, check_blocks=False, fuse_experts=False)
-            # the fused plan's step is a ceiling: op by op stops at a bound that cannot beat it (no budgeted
-            # solve, no recomputation search), as the mesh search prunes a mesh
             best = fused.predicted_step_time if isinstance(fused, Plan) else math.inf
             plain = solve_one(again, {}, ceiling=min(ceiling, best))
         except (InfeasibleError, AnnotationError) as e:

@@ -395,7 +395,5 @@ def _propagate(problem: SearchProblem, start: float) -> Solution | None:
         optimal=False,
         method="propagate",
         seconds=time.perf_counter() - start,
-        log=(
-            "propagate: greedy breadth-first plan from the annotations; lower bound: cheapest entry per term",
-        ),
+        log=("propagate: greedy breadth-first plan from the annotations; bound: cheapest entry per term",),
     )
