@@ -74,12 +74,13 @@ def bellman_ford(
         active = ~allowed_moves(graph, warm[0])[allowed][order]  # the moves the smaller mask did not allow
     work, held = dist, None  # held: the start columns still falling, which work copies (None: work is dist)
     buf = np.empty(len(u) * len(starts))  # the gathered sums of a round, written in place (_sums)
-    full = _Blocks.of(u, v, w, every_head)
+    full: _Blocks | None = None  # built on the first round that relaxes every move (warm starts seldom do)
     for _ in range(len(graph.index)):
         count = np.count_nonzero(active)
         if not count:
             break
         if count * _FULL >= len(u):  # most moves: relax them all, a minimum per rank block (_Blocks)
+            full = full or _Blocks.of(u, v, w, every_head)
             relaxed, targets = full.relax(work, buf), full.targets
         else:
             au, av, aw = u[active], v[active], w[active]
