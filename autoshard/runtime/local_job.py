@@ -36,6 +36,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -68,6 +69,7 @@ def worker(main: Callable[[], None]) -> None:
     torch's own ``@record`` does the same for ``Exception`` only, and torch.distributed.checkpoint's
     ``CheckpointException`` (a failed save or load) is a ``BaseException``: a rank dying of it was named by
     its exit code alone."""
+    warnings.formatwarning = _rank_warning
     try:
         main()
     except (SystemExit, KeyboardInterrupt):
@@ -75,6 +77,18 @@ def worker(main: Callable[[], None]) -> None:
     except BaseException as e:
         _record(f"{type(e).__name__}: {e}", {"py_callstack": traceback.format_exc()})
         raise
+
+
+_plain_warning = warnings.formatwarning
+
+
+def _rank_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+    """autoshard's own warnings as one line naming the rank (a plan mismatch the runtime says once), not the
+    file, line and source of the code that raised it; anything else as Python formats it."""
+    if not category.__module__.startswith("autoshard."):
+        return _plain_warning(message, category, *args, **kwargs)
+    text = " ".join(str(message).split())
+    return f"autoshard: warning (rank {os.environ.get('RANK', '0')}): {category.__name__}: {text}\n"
 
 
 def _record(message: str, info: dict[str, Any]) -> None:

@@ -134,3 +134,21 @@ def test_fail_records_the_line_for_torch_and_prints_it_on_rank_0(tmp_path, monke
     with pytest.raises(SystemExit):
         local_job.fail("x: error: bad")
     assert capsys.readouterr().err == ""
+
+
+def test_autoshards_warnings_on_a_rank_are_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan mismatch a rank's runtime warns of (the trial's `--zero 3` run printed Python's file:line form
+    and the source line, once per rank) reads as one line naming the rank; other libraries' keep their form."""
+    from autoshard.codegen.assign import PlanMismatchWarning
+    from autoshard.runtime.local_job import _rank_warning
+
+    monkeypatch.setenv("RANK", "1")
+    line = _rank_warning(
+        PlanMismatchWarning("lm_head's reduce-scatter\n  is not bucketed"), PlanMismatchWarning, "x.py", 7
+    )
+    assert line == (
+        "autoshard: warning (rank 1): PlanMismatchWarning: lm_head's reduce-scatter is not bucketed\n"
+    )
+    assert _rank_warning(FutureWarning("old api"), FutureWarning, "x.py", 7).startswith(
+        "x.py:7: FutureWarning"
+    )
