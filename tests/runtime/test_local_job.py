@@ -143,12 +143,18 @@ def test_autoshards_warnings_on_a_rank_are_one_line_naming_it(monkeypatch: pytes
     from autoshard.runtime.local_job import _rank_warning
 
     monkeypatch.setenv("RANK", "1")
-    line = _rank_warning(
-        PlanMismatchWarning("lm_head's reduce-scatter\n  is not bucketed"), PlanMismatchWarning, "x.py", 7
+
+    def standard(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object
+    ) -> str:
+        return f"{filename}:{lineno}: {category.__name__}: {message}\n"
+
+    mismatch = PlanMismatchWarning("lm_head's reduce-scatter\n  is not bucketed")
+    line = _rank_warning(standard, mismatch, PlanMismatchWarning, "x.py", 7)
+    assert (
+        line == "autoshard: warning (rank 1): PlanMismatchWarning: lm_head's reduce-scatter is not bucketed\n"
     )
-    assert line == (
-        "autoshard: warning (rank 1): PlanMismatchWarning: lm_head's reduce-scatter is not bucketed\n"
-    )
-    assert _rank_warning(FutureWarning("old api"), FutureWarning, "x.py", 7).startswith(
-        "x.py:7: FutureWarning"
+    assert (
+        _rank_warning(standard, FutureWarning("old api"), FutureWarning, "x.py", 7)
+        == "x.py:7: FutureWarning: old api\n"
     )
