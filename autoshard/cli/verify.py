@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
         plan = load_plan(args.plan)
         check_spec(plan, args.model, args.plan)
-        note = check_identity(plan, args.model, args.plan)  # a plan saved from Python: built on meta, compared
+        # a plan saved from Python: its model built on meta and compared
+        note = check_identity(plan, args.model, args.plan)
         if note:
             print(note, file=sys.stderr)
     try:
