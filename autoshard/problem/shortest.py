@@ -50,12 +50,6 @@ def bellman_ford(
     table: row gathers, not a gather of rows and columns) and written back once they are final."""
     allowed = allowed_moves(graph, mask)
     u, v, w = graph.u[allowed], graph.v[allowed], graph.w[allowed]
-    if not len(u):  # no move at all (a one-device mesh): each start reaches itself only
-        if warm is not None:
-            return np.array(warm[1])
-        dist = np.full((len(starts), len(graph.index)), math.inf)
-        dist[np.arange(len(starts)), starts] = 0.0
-        return dist
     order = np.argsort(v, kind="stable")
     u, v, w = u[order], v[order], w[order, None]
     every_head = _heads(v)
@@ -154,5 +148,8 @@ def _sums(work: np.ndarray, au: np.ndarray, aw: np.ndarray, buf: np.ndarray) -> 
 
 
 def _heads(targets: np.ndarray) -> np.ndarray:
-    """Where each run of equal targets starts (moves sorted by target): ``minimum.reduceat``'s segments."""
+    """Where each run of equal targets starts (moves sorted by target): ``minimum.reduceat``'s segments; none
+    for no move (a one-device mesh's graph)."""
+    if not len(targets):
+        return np.zeros(0, dtype=np.intp)
     return np.flatnonzero(np.concatenate(([True], targets[1:] != targets[:-1])))
