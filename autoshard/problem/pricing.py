@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,6 +69,9 @@ class _Graph:
     enters_p: np.ndarray  # (moves,) bool per axis: the axis whose move enters P, -1 for none
     axis: np.ndarray  # the mesh axis of each move
     moves: tuple[tuple[str, int, int], ...]  # (kind, bytes, axis) of each move: what its price is asked for
+    # the moves each P-axis mask allows, sorted for relaxation: price-free, one dict per skeleton, shared by
+    # its graphs and their zigzag copies (problem/shortest.py ``_order``)
+    orders: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +247,7 @@ class PriceTable:
         sk = skeleton(shape, self.mesh_shape)
         moves = tuple(zip(sk.kinds, sk.nbytes(shape, itemsize), sk.axis.tolist(), strict=True))
         w = np.array([self._price(*m) for m in moves], dtype=np.float64)
-        return _Graph(sk.index, sk.u, sk.v, w, sk.enters_p, sk.axis, moves)
+        return _Graph(sk.index, sk.u, sk.v, w, sk.enters_p, sk.axis, moves, sk.orders)
 
     def _price(self, kind: str, nbytes: int, axis: int) -> float:
         if kind not in COLLECTIVE_KINDS:
