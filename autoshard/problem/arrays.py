@@ -43,6 +43,7 @@ from autoshard.problem.costs import (
 from autoshard.problem.dispatch import dispatch_times, dispatch_total, may_dispatch
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pairs import SpecPairs, spec_pairs
+from autoshard.problem.reads import compute_key
 from autoshard.problem.recompute import memory_total, rerun_share
 from autoshard.problem.shared import BuildCache, node_key
 from autoshard.search import Edge
@@ -116,14 +117,18 @@ def node_parts(
         columns: list[list[float]] = [[] for _ in range(6)]
         sizes = operand_bytes(info, inputs)
         state: dict[tuple, tuple[float, float, float]] = {}  # per first output spec
+        computed: dict[tuple, tuple[float, tuple[float, float]]] = {}  # per compute_key
+        mesh = tuple(cluster.mesh_shape)
         for strat in strategies:
-            fwd, hidden = (
-                compute_parts(
-                    info, strat, cluster, opts.training, inputs, sizes, uses_autocast(opts.precision)
-                )
-                if info.kind == "op"
-                else (0.0, (0.0, 0.0))
-            )
+            fwd, hidden = 0.0, (0.0, 0.0)
+            if info.kind == "op":
+                key = compute_key(strat, mesh)
+                found = computed.get(key)
+                if found is None:
+                    found = computed[key] = compute_parts(
+                        info, strat, cluster, opts.training, inputs, sizes, uses_autocast(opts.precision)
+                    )
+                fwd, hidden = found
             held = state.get(strat.outputs[:1])
             if held is None:  # the optimizer and the memory read the strategy's first output spec alone
                 held = state[strat.outputs[:1]] = (
