@@ -43,7 +43,7 @@ from autoshard.problem.costs import (
 from autoshard.problem.dispatch import dispatch_times, dispatch_total, may_dispatch
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pairs import SpecPairs, spec_pairs
-from autoshard.problem.reads import compute_key
+from autoshard.problem.reads import compute_key, memory_key
 from autoshard.problem.recompute import memory_total, rerun_share
 from autoshard.problem.shared import BuildCache, node_key
 from autoshard.search import Edge
@@ -116,7 +116,7 @@ def node_parts(
     def make() -> NodeParts:
         columns: list[list[float]] = [[] for _ in range(6)]
         sizes = operand_bytes(info, inputs)
-        state: dict[tuple, tuple[float, float, float]] = {}  # per first output spec
+        state: dict[object, tuple[float, float, float]] = {}  # per memory_key
         computed: dict[tuple, tuple[float, tuple[float, float]]] = {}  # per compute_key
         mesh = tuple(cluster.mesh_shape)
         for strat in strategies:
@@ -129,9 +129,10 @@ def node_parts(
                         info, strat, cluster, opts.training, inputs, sizes, uses_autocast(opts.precision)
                     )
                 fwd, hidden = found
-            held = state.get(strat.outputs[:1])
-            if held is None:  # the optimizer and the memory read the strategy's first output spec alone
-                held = state[strat.outputs[:1]] = (
+            kept_key = memory_key(strat, mesh)
+            held = state.get(kept_key)
+            if held is None:  # the optimizer and the memory read the first output's shard count alone
+                held = state[kept_key] = (
                     optimizer_time(info, strat, cluster, opts),
                     node_memory(info, strat, cluster, opts, True),
                     node_memory(info, strat, cluster, opts, False),
