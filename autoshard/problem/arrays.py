@@ -16,7 +16,7 @@ and backward redistribution tables; :func:`edge_matrix` weights them per build.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -349,22 +349,46 @@ def edge_arrays(
             return edge_tables(infos[tu], which, src, dst, pos, grad, cache.steps, opts.precision, pairs)
 
         tables = cache.get("edge", key, make)
-        matrix = priced_edge(producer, tables, opts) * weight
-        repeated_param = weight > 1 and producer.kind == "parameter" and producer.block is not None
-        if repeated_param and opts.training and opts.overlap.overlap_grad_sync:
-            # Gradient sync of a repeated layer's parameter overlaps the backward of the layers after it
-            # (cost_models.overlap): only the last layer's copy is exposed -- exact while a layer's sync is
-            # shorter than a layer's backward, optimistic beyond (the plan's critical path then says by how
-            # much).  Forward steps (FSDP gathers) keep every copy.
-            fwd = priced_edge(producer, tables, forward_only)
-            matrix = fwd * weight + (matrix / weight - fwd)
-        # backward re-runs the block, moves inside it included; or (FSDP reshard after forward) re-gathers
         share = rerun_share(producer, infos[tv], opts)  # recomputed blocks re-issue, the rest re-gather
-        if share:
-            again = priced_edge(producer, tables, forward_only)
-            matrix = matrix + again * (weight * share)
+        # all the weighted matrix reads of the options (priced_edge, repeats): builds that agree share it
+        priced = (weight, share, opts.microbatches, opts.training, opts.overlap.overlap_grad_sync)
+
+        def weighted(
+            producer: NodeInfo = producer, tables: tuple = tables, weight: int = weight, share: float = share
+        ) -> np.ndarray:
+            return _weighted(producer, tables, weight, share, opts, forward_only)
+
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
-            node_costs[index[tu]] += np.diag(matrix)
+            node_costs[index[tu]] += np.diag(weighted())
             continue
-        edges.append(Edge(index[tu], index[tv], matrix))
+
+        def edge(u: int = index[tu], v: int = index[tv], weighted: Callable = weighted) -> Edge:
+            return Edge(u, v, weighted())
+
+        edges.append(cache.latest("edge of", key, priced, edge))
     return edges
+
+
+def _weighted(
+    producer: NodeInfo,
+    tables: tuple[np.ndarray, np.ndarray | None],
+    weight: int,
+    share: float,
+    opts: CostOptions,
+    forward_only: CostOptions,
+) -> np.ndarray:
+    """An edge's seconds per step in the full model (read-only: builds that price it alike share it)."""
+    matrix = priced_edge(producer, tables, opts) * weight
+    repeated_param = weight > 1 and producer.kind == "parameter" and producer.block is not None
+    if repeated_param and opts.training and opts.overlap.overlap_grad_sync:
+        # Gradient sync of a repeated layer's parameter overlaps the backward of the layers after it
+        # (cost_models.overlap): only the last layer's copy is exposed -- exact while a layer's sync is
+        # shorter than a layer's backward, optimistic beyond (the plan's critical path then says by how
+        # much).  Forward steps (FSDP gathers) keep every copy.
+        fwd = priced_edge(producer, tables, forward_only)
+        matrix = fwd * weight + (matrix / weight - fwd)
+    if share:  # backward re-runs the block, moves inside it included; or (FSDP reshard) re-gathers
+        again = priced_edge(producer, tables, forward_only)
+        matrix = matrix + again * (weight * share)
+    matrix.setflags(write=False)
+    return matrix

@@ -86,6 +86,19 @@ class BuildCache:
             self.hits += 1
         return found
 
+    def latest(self, kind: str, key: Any, version: Any, make: Callable[[], T]) -> T:
+        """The entry ``(kind, key)`` made for ``version`` (what it reads of the build's options), made again
+        and kept in its place when the version differs: one per key, so a priced matrix that builds alike
+        share (consecutive policies mostly are) costs no memory of its own beyond the problems'."""
+        full = (kind, key)
+        found = self._entries.get(full)
+        if found is not None and found[0] == version:
+            self.hits += 1
+            return found[1]
+        value = make()
+        self._entries[full] = (version, value)
+        return value
+
 
 #: Entry kinds whose figures no collective prices (a local output's bytes, the spec pairs of edge and
 #: fan-out tables: the mesh and the spec ids alone), served to a zigzag cluster's cache by its plain
