@@ -20,11 +20,17 @@ kind                    when
 ======================  ================================================================================
 ``pp``                  the axis the pipeline stages are laid along
 ``ep``                  the compute is split by experts
-``tp``                  the compute uses weights split (Megatron column→row, heads, vocabulary)
+``tp``                  the compute uses weights split (Megatron column→row, heads, vocabulary); also
+                        an axis whose compute is mostly split by sequence when its *matmuls* mostly use
+                        weights split: Megatron tensor parallelism with sequence parallelism, the
+                        sequence split only between the split matrices (norms, residual) and around
+                        attention.  Such an axis, or a TP axis whose norms run split by sequence, reads
+                        ``TP 8 (+SP)`` (:attr:`AxisUse.sequence_between`)
 ``cp``                  the axis runs ring attention (K/V hops around it: ``Plan.ring_transfers`` or
                         ``Plan.context_axis``), whatever else it splits; or the compute is split by
                         sequence and attention itself is
-``sp``                  the compute is split by sequence, attention is not (Ulysses, norms only)
+``sp``                  the compute is split by sequence, attention is not (Ulysses, norms only), and
+                        the matmuls keep their weights whole
 ``fsdp``                the compute is split by batch and at least half the parameters are stored split
                         and gathered before use (:func:`autoshard.report.roles.fsdp_params`)
 ``dp``                  the compute is split by batch, parameters mostly replicated
@@ -111,6 +117,10 @@ class AxisUse:
     params_gathered: int = 0  # how many of them
     also: str = ""  # a second kind the axis is named by ("ep" beside "tp": MIXED_SHARE), "" for none
     also_share: float = 0.0  # its share of the weighted compute
+    sequence_between: bool = False  # a TP axis whose activations between the split matrices are split by
+    # sequence (norms, residual; Megatron's sequence parallelism): "TP 8 (+SP)"
+    matmul_share: float = 0.0  # a TP axis: the share of the matmuls' compute that uses weights split
+    sequence_share: float = 0.0  # a TP axis: the share of the weighted compute split by sequence
 
     @property
     def label(self) -> str:
@@ -128,6 +138,8 @@ class AxisUse:
         if self.kind is None:  # weights stored split (and gathered before use), the compute not split
             return f"{head}compute not split: every device of this axis computes the same; {self._stored()}"
         what = _SAYS[self.compute] if self.compute else ""
+        if self.sequence_between:
+            return f"{head}{self.label} (+SP): {self._tp_sp()}; {self._stored()}"
         if (
             self.kind == "cp" and self.compute != "sequence"
         ):  # a ring on an axis that mostly splits other work
@@ -139,6 +151,17 @@ class AxisUse:
         if self.also:  # two weight splits on one axis: both shares
             share = f"{self.share:.0%}; {_SAYS[_KIND_FAMILY[self.also]]}: {self.also_share:.0%} of the weighted compute"
         return f"{head}{self.label}: {what} ({share}); {stored}"
+
+    def _tp_sp(self) -> str:
+        """What a TP axis with sequence parallelism splits: the weights in the matmuls, the sequence between."""
+        what = f"weights used split ({self.matmul_share:.0%} of the matmul compute)"
+        between = "activations between them split by sequence"
+        if self.sequence_share >= 0.005:  # attention exchanged by all-to-all, projections: said with a share
+            between += f" ({self.sequence_share:.0%} of the weighted compute, attention included)"
+        else:
+            between += " (norms, residual)"
+        also = f"; {_SAYS[_KIND_FAMILY[self.also]]}: {self.also_share:.0%}" if self.also else ""
+        return f"{what}, {between}{also}"
 
     def _stored(self) -> str:
         stored = f"{self.params_split} of {self.params} parameters stored split"
@@ -192,13 +215,23 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
             kind, ring = "cp", True
         else:
             kind = _kind(family, ring, fsdp, len(placements))
+        matmuls = _matmul_shares(view, axis)
+        if kind == "sp" and matmuls.get("features", 0.0) > matmuls.get("sequence", 0.0):
+            kind = "tp"  # the matrices are used split, the sequence split lies between them: TP with SP
+            family, share = "features", shares.get("features", 0.0)
+        between = (kind == "tp" and not ring) and (  # attention split by sequence is CP's, not SP's
+            shares.get("sequence", 0.0) > 0.0 or _norms_by_sequence(view, axis)
+        )
         also, also_share = "", 0.0
         if kind in ("tp", "ep"):  # weights split and experts split on one axis: name both (MIXED_SHARE)
             other = "ep" if kind == "tp" else "tp"
             also_share = shares.get(_KIND_FAMILY[other], 0.0)
             also = other if also_share >= (MIXED_SHARE if other == "tp" else NOTE_SHARE) else ""
         uses = (split, len(placements), fsdp > 0, fsdp)
-        out.append(AxisUse(axis, size, kind, family, share, ring, *uses, also, also_share if also else 0.0))
+        tp_sp = (between, matmuls.get("features", 0.0), shares.get("sequence", 0.0)) if between else ()
+        out.append(
+            AxisUse(axis, size, kind, family, share, ring, *uses, also, also_share if also else 0.0, *tp_sp)
+        )
     return out
 
 
@@ -283,8 +316,9 @@ def split_notes(view: PlanView, uses: list[AxisUse]) -> dict[str, list[str]]:
     """What the headline adds to each axis label (:attr:`AxisUse.label`) so that it never says less than
     the body: the modules whose weights an axis splits otherwise than its kind says, from
     :data:`NOTE_SHARE` of the weighted compute, largest first (at most :data:`MAX_NOTES`):
-    ``{"DP": ["lm_head vocab-split on axis 0"]}``.  A CP axis may split weights without a note (its
-    "mesh axes" line names both)."""
+    ``{"DP": ["lm_head vocab-split on axis 0"]}``; first, ``"+SP"`` for a TP axis whose activations between
+    the split matrices are split by sequence (:attr:`AxisUse.sequence_between`).  A CP axis may split
+    weights without a note (its "mesh axes" line names both)."""
     rows = [r for r in view.ops if r.kind in _WEIGHTED]
     total = sum(r.node.compute_seconds for r in rows)
     seconds: dict[tuple[str, str, str], float] = defaultdict(float)
@@ -311,7 +345,8 @@ def split_notes(view: PlanView, uses: list[AxisUse]) -> dict[str, list[str]]:
         label, module, split = key
         if seconds[key] >= NOTE_SHARE * total > 0.0:
             out[label].append(f"{module} {split} on {axes_text(axes[key])}")
-    return {label: _capped(notes) for label, notes in out.items()}
+    sp = [use.label for use in uses if use.sequence_between]  # Megatron's sequence parallelism: "TP 8 (+SP)"
+    return {label: ["+SP"] * (label in sp) + _capped(out[label]) for label in dict.fromkeys([*sp, *out])}
 
 
 MAX_NOTES = 3  # the headline names at most this many modules per axis label; the body lists them all
@@ -369,6 +404,27 @@ def _shares(view: PlanView, axis: int) -> tuple[dict[str, float], bool]:
         ops[family] += 1
     order = sorted(seconds, key=lambda f: (seconds[f], ops[f], f), reverse=True)
     return {f: (seconds[f] / total if total else 0.0) for f in order}, ring
+
+
+def _matmul_shares(view: PlanView, axis: int) -> dict[str, float]:
+    """{family: share of the matmuls' compute time} on ``axis`` (the ops that hold the weights: attention and
+    embeddings left out), which decides whether a sequence-split axis uses its matrices split (TP + SP)."""
+    seconds: dict[str, float] = defaultdict(float)
+    total = 0.0
+    for row in view.ops:
+        if row.kind not in ("matmul", "grouped_mm"):
+            continue
+        total += row.node.compute_seconds
+        family = _FAMILY.get(axis_role(row, axis) or "")
+        if family is not None:
+            seconds[family] += row.node.compute_seconds
+    return {f: s / total for f, s in seconds.items()} if total else {}
+
+
+def _norms_by_sequence(view: PlanView, axis: int) -> bool:
+    """Some norm runs split by sequence on ``axis`` (Megatron's sequence parallelism between TP regions)."""
+    norms = (row for row in view.ops if row.kind == "norm" or row.part == "norm")
+    return any(axis_role(row, axis) == "sequence" for row in norms)
 
 
 def _largest(shares: dict[str, float]) -> tuple[str, float]:
