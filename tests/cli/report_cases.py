@@ -7,6 +7,7 @@ program order, and collectives.  Nodes of a repeated-layer stack are named after
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from autoshard.plans import Collective, NodePlan, Plan, SolverReport
@@ -81,6 +82,15 @@ def make_plan(
         device_memory=80 * 2**30,
         solver=SolverReport("exact", 0.01, 0.01, 0.0, True, 0.001),
     )
+
+
+def timed(plan: Plan, seconds: dict[str, float]) -> Plan:
+    """``plan`` with the compute seconds of the named nodes set (the shares the headline weighs)."""
+    nodes = tuple(
+        dataclasses.replace(n, compute_seconds=seconds[n.name]) if n.name in seconds else n
+        for n in plan.nodes
+    )
+    return dataclasses.replace(plan, nodes=nodes)
 
 
 def collective(

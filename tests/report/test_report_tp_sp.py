@@ -26,14 +26,6 @@ import report_cases as cases
 LINEAR, SDPA, NORM = cases.LINEAR, cases.SDPA, cases.LAYER_NORM
 
 
-def _timed(plan: Plan, seconds: dict[str, float]) -> Plan:
-    nodes = tuple(
-        dataclasses.replace(n, compute_seconds=seconds[n.name]) if n.name in seconds else n
-        for n in plan.nodes
-    )
-    return dataclasses.replace(plan, nodes=nodes)
-
-
 def _body(plan: Plan) -> str:
     return " ".join(render(plan).split())  # the body's lines are wrapped
 
@@ -102,7 +94,7 @@ def _405b_axis(attention: float) -> Plan:
     ]
     plan = cases.make_plan((8,), params, ops, comms, layers=4)
     seconds = {"linear": 0.05, "linear_1": 0.005, "linear_2": 0.005, "linear_3": 0.05}
-    return _timed(plan, seconds | {"linear_4": 0.145, "linear_5": 0.145, "sdpa": attention})
+    return cases.timed(plan, seconds | {"linear_4": 0.145, "linear_5": 0.145, "sdpa": attention})
 
 
 def test_an_axis_whose_matmuls_split_weights_is_tp_plus_sp_even_when_attention_outweighs_them() -> None:
@@ -146,6 +138,6 @@ def test_a_dp_axis_counts_attention_split_by_batch() -> None:
         ("linear_1", "head", LINEAR, "S(0), R -> S(0)"),
     ]
     params = {"attn.q.weight": ("R",), "head.weight": ("R",)}  # the LM head replicated, as in the trial
-    plan = _timed(cases.make_plan((2,), params, ops), {"linear": 0.25, "sdpa": 0.5, "linear_1": 0.25})
+    plan = cases.timed(cases.make_plan((2,), params, ops), {"linear": 0.25, "sdpa": 0.5, "linear_1": 0.25})
     assert headline(plan) == "DP 2, 1 microbatch"
     assert "axis 0 (2): DP: activations split by batch (100% of the weighted compute)" in _body(plan)

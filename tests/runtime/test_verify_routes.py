@@ -37,10 +37,10 @@ transformers = pytest.importorskip("transformers")
 SPLIT_ROUTER = {"*.mlp.gate": "row", "*.experts": ((2, 1), (2, 1, 1), (2, 1, 1))}
 
 
-def _near_tied_mixtral() -> torch.nn.Module:
+def _near_tied_mixtral(layers: int = 1) -> torch.nn.Module:
     config: Any = transformers.MixtralConfig(
         vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
-        num_hidden_layers=1, num_local_experts=2, num_experts_per_tok=1, router_jitter_noise=0.0,
+        num_hidden_layers=layers, num_local_experts=2, num_experts_per_tok=1, router_jitter_noise=0.0,
         max_position_embeddings=32, use_cache=False, bos_token_id=0, eos_token_id=1,
         experts_implementation="grouped_mm",
     )  # fmt: skip
@@ -142,19 +142,7 @@ def test_a_stage_pinned_topk_hands_out_the_running_microbatchs_choice() -> None:
 def _pipelined_moe() -> tuple[torch.nn.Module, Any]:
     """The near-tied Mixtral with two layers, planned PP 2 on a 2 x 2 mesh (2 microbatches): each stage runs
     one layer on 2 ranks with its router row-parallel and its experts split by all-to-all."""
-    config: Any = transformers.MixtralConfig(
-        vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
-        num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1, router_jitter_noise=0.0,
-        max_position_embeddings=32, use_cache=False, bos_token_id=0, eos_token_id=1,
-        experts_implementation="grouped_mm",
-    )  # fmt: skip
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(config).to(torch.bfloat16)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            gate = layer.mlp.gate.weight
-            gate[1] = gate[0] + 1e-3 * torch.randn_like(gate[0])
+    model = _near_tied_mixtral(layers=2)
     ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
     cluster = cluster_for("a100x8", 4, (2, 2))
     plan = autoshard.plan(model, cluster, (ids,), annotations=SPLIT_ROUTER, pipeline=2, microbatches=2)
