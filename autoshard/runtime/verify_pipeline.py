@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -193,11 +194,27 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
         split=True,
         ring_hops=hops,
         routes=_route_note(routes, results) or unpinned,
+        exercised=_exercised(builds),
         source=(
             f"pipelined plan as deployed: {chunks} stages, {pipe.schedule}, {m} microbatches through "
             "torch.distributed.pipelining on gloo"
         ),
     )
+
+
+_LAYER = re.compile(r"[.]\d+(?=[.]|$)")  # model.layers.3.mlp -> model.layers.*.mlp
+
+
+def _exercised(builds: Any) -> tuple[str, ...]:
+    """The stages' decisions that split or reduce something ("stage 1 model.layers.* aten.linear.default:
+    ..."), each once: what the report lists as exercised (the stages run the plan's own decisions)."""
+    said = (
+        f"stage {b.index} {_LAYER.sub('.*', n.module) or '<root>'} {n.target}: {n.strategy}"
+        for b in builds
+        for n in b.plan.nodes
+        if n.target != "placeholder" and ("S(" in n.strategy or "P" in n.strategy)
+    )
+    return tuple(dict.fromkeys(said))
 
 
 def _route_note(routes: tuple[tuple[ReferenceRoute, ...], ...], results: list[dict[str, Any]]) -> Any:

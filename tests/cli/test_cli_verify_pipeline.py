@@ -37,3 +37,4 @@ def test_verify_runs_a_pipelined_plan_as_deployed(tmp_path) -> None:
     assert f"{ran} (plan: {ran})" in line
     # every parameter of both stages compared (the printed ones are the largest differences only)
     assert "not exercised" not in out and "21 gradients compared" in out.splitlines()[0]
+    assert "stage 1 model.layers.*.self_attn.q_proj aten.linear.default" in out  # the stages' split decisions

@@ -168,6 +168,7 @@ def test_a_pipelined_check_pins_every_stages_routes_per_microbatch(monkeypatch: 
     assert report.emitted == report.planned and report.ranks_agree
     assert report.emitted["forward all_to_all"] >= 4 and report.emitted["backward all_to_all"] >= 4
     assert report.emitted["p2p send"] == 8  # 1 cut x 2 microbatches x 2 ranks, activations and gradients
+    assert {e.split(" ")[1] for e in report.exercised if "routed_experts" in e} == {"0", "1"}  # both stages
 
     def own_choice(self: PinnedTopk, x: torch.Tensor, k: int, dim: int = -1, *a: Any) -> Any:
         return torch.topk(x, k, dim)
