@@ -10,7 +10,7 @@ Per axis, two facts are read from the plan, the same ones the strategy section w
   fall into four families, weighted by the op's compute time (all layers): ``batch``; ``sequence`` (a
   sequence split of activations, or attention heads exchanged by all-to-all around attention: Ulysses);
   ``features`` (weights used split: column, row, heads, vocabulary, hidden); ``experts``.  The family with the
-  largest share is what the axis splits;
+  largest share is what the axis splits (:mod:`autoshard.report.families`);
 - **the parameters**: how many are stored split on the axis, and whether they are all-gathered before use.
 
 The kind of parallelism follows from them, and nothing else:
@@ -23,7 +23,7 @@ kind                    when
 ``tp``                  the compute uses weights split (Megatron column→row, heads, vocabulary); also
                         an axis whose compute is mostly split by sequence when its *matmuls* mostly use
                         weights split: Megatron tensor parallelism with sequence parallelism, the
-                        sequence split only between the split matrices (norms, residual) and around
+                        sequence split only between the split matrices (norms) and around
                         attention.  Such an axis, or a TP axis whose norms run split by sequence, reads
                         ``TP 8 (+SP)`` (:attr:`AxisUse.sequence_between`)
 ``cp``                  the axis runs ring attention (K/V hops around it: ``Plan.ring_transfers`` or
@@ -51,12 +51,16 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 
+from autoshard.report.families import FAMILY as _FAMILY
+from autoshard.report.families import WEIGHTED as _WEIGHTED
+from autoshard.report.families import kind_of, largest, matmul_shares, norms_by_sequence, shares_of, ulysses
 from autoshard.report.groups import OpRow, PlanView
 from autoshard.report.labels import axes_text, shard_dim
-from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_params
+from autoshard.report.roles import axis_role, fsdp_params
 
 __all__ = [
     "KIND_ORDER",
@@ -80,17 +84,6 @@ NOTE_SHARE = 0.01
 """A module whose weights an axis splits otherwise than the axis's kind says (an LM head split over the
 vocabulary on a DP axis) is named in the headline from this share of the weighted compute (LLaMA-3-8B's
 head: 6.5 %; an embedding's lookup, ~0 %, is not: the strategy section shows it)."""
-_FAMILY = {
-    "batch": "batch",
-    "sequence": "sequence",
-    "column": "features",
-    "row": "features",
-    "heads": "features",
-    "vocab": "features",
-    "hidden": "features",
-    "experts": "experts",
-}
-_WEIGHTED = ("matmul", "grouped_mm", "attention", "embedding")
 _KIND_FAMILY = {"tp": "features", "ep": "experts", "dp": "batch", "fsdp": "batch", "sp": "sequence"}
 _KIND_FAMILY["cp"] = "sequence"
 _SAYS = {
@@ -118,9 +111,10 @@ class AxisUse:
     also: str = ""  # a second kind the axis is named by ("ep" beside "tp": MIXED_SHARE), "" for none
     also_share: float = 0.0  # its share of the weighted compute
     sequence_between: bool = False  # a TP axis whose activations between the split matrices are split by
-    # sequence (norms, residual; Megatron's sequence parallelism): "TP 8 (+SP)"
+    # sequence (norms; Megatron's sequence parallelism): "TP 8 (+SP)"
     matmul_share: float = 0.0  # a TP axis: the share of the matmuls' compute that uses weights split
     sequence_share: float = 0.0  # a TP axis: the share of the weighted compute split by sequence
+    sequence_attention: bool = False  # ... of which attention, its heads exchanged by all-to-all (Ulysses)
 
     @property
     def label(self) -> str:
@@ -156,10 +150,11 @@ class AxisUse:
         """What a TP axis with sequence parallelism splits: the weights in the matmuls, the sequence between."""
         what = f"weights used split ({self.matmul_share:.0%} of the matmul compute)"
         between = "activations between them split by sequence"
-        if self.sequence_share >= 0.005:  # attention exchanged by all-to-all, projections: said with a share
-            between += f" ({self.sequence_share:.0%} of the weighted compute, attention included)"
+        if self.sequence_share >= 0.005:  # matmuls or attention split by sequence too: said with their share
+            around = ", attention's heads exchanged by all-to-all" if self.sequence_attention else ""
+            between += f" ({self.sequence_share:.0%} of the weighted compute{around})"
         else:
-            between += " (norms, residual)"
+            between += " (norms)"
         also = f"; {_SAYS[_KIND_FAMILY[self.also]]}: {self.also_share:.0%}" if self.also else ""
         return f"{what}, {between}{also}"
 
@@ -206,21 +201,21 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
         if size == 1:
             continue
         split = sum(1 for spec in placements.values() if axis < len(spec) and spec[axis].startswith("S("))
-        shares, ring = _shares(view, axis)
-        family, share = _largest(shares)
+        shares, ring = shares_of(view, axis)
+        family, share = largest(shares)
         fsdp = len(gathered.get(axis, ()))
         if axis == pipeline_axis:
             kind: str | None = "pp"
         elif axis in rings:  # K/V hops around this axis: context parallel, whatever else it splits
             kind, ring = "cp", True
         else:
-            kind = _kind(family, ring, fsdp, len(placements))
-        matmuls = _matmul_shares(view, axis)
+            kind = kind_of(family, ring, fsdp, len(placements))
+        matmuls = matmul_shares(view, axis)
         if kind == "sp" and matmuls.get("features", 0.0) > matmuls.get("sequence", 0.0):
             kind = "tp"  # the matrices are used split, the sequence split lies between them: TP with SP
             family, share = "features", shares.get("features", 0.0)
         between = (kind == "tp" and not ring) and (  # attention split by sequence is CP's, not SP's
-            shares.get("sequence", 0.0) > 0.0 or _norms_by_sequence(view, axis)
+            shares.get("sequence", 0.0) > 0.0 or norms_by_sequence(view, axis)
         )
         also, also_share = "", 0.0
         if kind in ("tp", "ep"):  # weights split and experts split on one axis: name both (MIXED_SHARE)
@@ -228,10 +223,17 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
             also_share = shares.get(_KIND_FAMILY[other], 0.0)
             also = other if also_share >= (MIXED_SHARE if other == "tp" else NOTE_SHARE) else ""
         uses = (split, len(placements), fsdp > 0, fsdp)
-        tp_sp = (between, matmuls.get("features", 0.0), shares.get("sequence", 0.0)) if between else ()
-        out.append(
-            AxisUse(axis, size, kind, family, share, ring, *uses, also, also_share if also else 0.0, *tp_sp)
-        )
+        use = AxisUse(axis, size, kind, family, share, ring, *uses, also, also_share if also else 0.0)
+        if between:  # what lies between the split matrices, for the "mesh axes" line
+            sequence = shares.get("sequence", 0.0)
+            use = dataclasses.replace(
+                use,
+                sequence_between=True,
+                matmul_share=matmuls.get("features", 0.0),
+                sequence_share=sequence,
+                sequence_attention=ulysses(view, axis),
+            )
+        out.append(use)
     return out
 
 
@@ -328,11 +330,11 @@ def split_notes(view: PlanView, uses: list[AxisUse]) -> dict[str, list[str]]:
             continue
         named = {_KIND_FAMILY[use.kind], _KIND_FAMILY.get(use.also, "")}
         named |= {use.compute} if use.kind == "cp" else set()
-        ulysses = _ulysses(view, use.axis)
+        exchanged = ulysses(view, use.axis)
         for row in rows:
             role = axis_role(row, use.axis)
             family = _FAMILY.get(role or "")
-            if row.kind == "attention" and role == "heads" and ulysses:
+            if row.kind == "attention" and role == "heads" and exchanged:
                 family = "sequence"
             if family not in ("features", "experts") or family in named or role is None:
                 continue
@@ -374,71 +376,3 @@ def _capped(notes: list[str]) -> list[str]:
         return notes
     rest = len(notes) - MAX_NOTES
     return [*notes[:MAX_NOTES], f"{rest} more module{'s' * (rest > 1)} split otherwise (mesh axes below)"]
-
-
-def _ulysses(view: PlanView, axis: int) -> bool:
-    """Attention heads exchanged for the sequence by all-to-all around attention on ``axis`` (Ulysses)."""
-    return any("attention" in all_to_all_axes(view, g).get(axis, set()) for g in view.groups())
-
-
-def _shares(view: PlanView, axis: int) -> tuple[dict[str, float], bool]:
-    """({family: share of the weighted ops' compute time} on ``axis``, attention split by sequence); the
-    families in the order the largest share wins ties in (plans without compute times: the most ops)."""
-    ulysses = _ulysses(view, axis)
-    seconds: dict[str, float] = defaultdict(float)
-    ops: dict[str, int] = defaultdict(int)  # ties (plans without compute times) go to the most ops
-    total = 0.0
-    ring = False
-    for row in view.ops:
-        if row.kind not in _WEIGHTED:
-            continue
-        total += row.node.compute_seconds
-        role = axis_role(row, axis)
-        if role is None or role not in _FAMILY:
-            continue
-        family = _FAMILY[role]
-        if row.kind == "attention" and role == "heads" and ulysses:
-            family = "sequence"  # heads exchanged for the sequence around attention: Ulysses
-        ring = ring or (row.kind == "attention" and role == "sequence")
-        seconds[family] += row.node.compute_seconds
-        ops[family] += 1
-    order = sorted(seconds, key=lambda f: (seconds[f], ops[f], f), reverse=True)
-    return {f: (seconds[f] / total if total else 0.0) for f in order}, ring
-
-
-def _matmul_shares(view: PlanView, axis: int) -> dict[str, float]:
-    """{family: share of the matmuls' compute time} on ``axis`` (the ops that hold the weights: attention and
-    embeddings left out), which decides whether a sequence-split axis uses its matrices split (TP + SP)."""
-    seconds: dict[str, float] = defaultdict(float)
-    total = 0.0
-    for row in view.ops:
-        if row.kind not in ("matmul", "grouped_mm"):
-            continue
-        total += row.node.compute_seconds
-        family = _FAMILY.get(axis_role(row, axis) or "")
-        if family is not None:
-            seconds[family] += row.node.compute_seconds
-    return {f: s / total for f, s in seconds.items()} if total else {}
-
-
-def _norms_by_sequence(view: PlanView, axis: int) -> bool:
-    """Some norm runs split by sequence on ``axis`` (Megatron's sequence parallelism between TP regions)."""
-    norms = (row for row in view.ops if row.kind == "norm" or row.part == "norm")
-    return any(axis_role(row, axis) == "sequence" for row in norms)
-
-
-def _largest(shares: dict[str, float]) -> tuple[str, float]:
-    """The family that wins (the first of :func:`_shares`' order) and its share; ``("", 0.0)`` for none."""
-    return next(iter(shares.items()), ("", 0.0))
-
-
-def _kind(family: str, ring: bool, gathered: int, params: int) -> str | None:
-    if family == "experts":
-        return "ep"
-    if family == "features":
-        return "tp"
-    if family == "sequence":
-        return "cp" if ring else "sp"
-    if family == "batch":
-        return "fsdp" if gathered and 2 * gathered >= params else "dp"
-    return None

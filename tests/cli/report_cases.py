@@ -8,7 +8,7 @@ program order, and collectives.  Nodes of a repeated-layer stack are named after
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from autoshard.plans import Collective, NodePlan, Plan, SolverReport
 
@@ -28,7 +28,7 @@ def param_node(fqn: str) -> str:
 
 def make_plan(
     mesh: tuple[int, ...],
-    params: dict[str, tuple[str, ...]],
+    params: Mapping[str, tuple[str, ...]],
     ops: Sequence[Op],
     collectives: Sequence[Collective] = (),
     *,
@@ -103,7 +103,7 @@ def _spec(spec: tuple[str, ...]) -> str:
     return spec[0] if len(spec) == 1 else "(" + ", ".join(spec) + ")"
 
 
-def _expand(params: dict[str, tuple[str, ...]], layers: int, prefix: str) -> dict[str, tuple[str, ...]]:
+def _expand(params: Mapping[str, tuple[str, ...]], layers: int, prefix: str) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for fqn, spec in params.items():
         if layers > 1 and fqn.startswith(f"{prefix}.0."):

@@ -65,7 +65,7 @@ def test_megatron_tensor_parallel_with_sequence_parallel_is_tp_plus_sp() -> None
     assert headline(plan) == "TP 8 (+SP), 1 microbatch"
     assert (
         "axis 0 (8): TP (+SP): weights used split (100% of the matmul compute), activations between them "
-        "split by sequence (norms, residual)" in _body(plan)
+        "split by sequence (norms)" in _body(plan)
     )
     assert degrees_of(plan) == {"tp": 8}
 
@@ -103,7 +103,8 @@ def test_an_axis_whose_matmuls_split_weights_is_tp_plus_sp_even_when_attention_o
     assert head == "TP 8 (+SP), 1 microbatch", head  # was "SP 8 (layers.0–3 MLP column-split on axis 0; ...)"
     assert (
         "axis 0 (8): TP (+SP): weights used split (98% of the matmul compute), activations between them "
-        "split by sequence (68% of the weighted compute, attention included)" in _body(plan)
+        "split by sequence (68% of the weighted compute, attention's heads exchanged by all-to-all)"
+        in _body(plan)
     )
     assert degrees_of(plan) == {"tp": 8}
     assert headline(_405b_axis(attention=0.1)) == "TP 8 (+SP), 1 microbatch"  # matmuls outweigh: the same
