@@ -70,6 +70,18 @@ def test_megatron_tensor_parallel_with_sequence_parallel_is_tp_plus_sp() -> None
     assert degrees_of(plan) == {"tp": 8}
 
 
+def test_whatif_holds_a_tp_plus_sp_plan_to_its_sequence_split() -> None:
+    """The norms of a TP (+SP) axis split the sequence 8 ways: a what-if below 8 tokens cannot run it (whatif
+    held only CP and SP degrees to the sequence; the 405B's axis 3 lost its limit when it became TP)."""
+    import sympy
+
+    from autoshard.whatif_limits import plan_limits
+
+    limits = plan_limits(_megatron_sp_layer(), sympy.Integer(0), sympy.Integer(1))
+    assert [(lim.rule, lim.need, lim.names) for lim in limits] == [("seq", 8, "TP (+SP)")]
+    assert plan_limits(cases.megatron_mlp(), sympy.Integer(0), sympy.Integer(1)) == []
+
+
 def _405b_axis(attention: float) -> Plan:
     """Axis 3 of the 405B plan in miniature: q, o and the MLP column-split with their inputs gathered, k and
     v computed split by sequence (weights whole) and brought to heads by all-to-all, attention by heads,
