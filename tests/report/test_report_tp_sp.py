@@ -154,3 +154,23 @@ def test_a_dp_axis_counts_attention_split_by_batch() -> None:
     plan = cases.timed(cases.make_plan((2,), params, ops), {"linear": 0.25, "sdpa": 0.5, "linear_1": 0.25})
     assert headline(plan) == "DP 2, 1 microbatch"
     assert "axis 0 (2): DP: activations split by batch (100% of the weighted compute)" in _body(plan)
+
+
+def test_a_planned_llama_with_megatron_pins_and_long_sequences_reads_tp_plus_sp() -> None:
+    """llama-tiny at 1 x 2048 tokens on 8 A100s, its projections pinned column/row and CP forbidden: the
+    optimum runs the norms split by sequence between the TP matmuls (the same volume as the all-reduces,
+    the norms' compute and activations split 8 ways).  The headline said ``TP 8``; the patterns already found
+    sequence parallelism on that axis."""
+    import autoshard
+    from autoshard import zoo
+    from autoshard.runtime.verify import cluster_for
+
+    case = zoo.build("llama-tiny", batch=1, seq=2048, device="meta")
+    pins = {f"*.{m}": "column" for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")}
+    pins |= {"*.o_proj": "row", "*.down_proj": "row"}
+    cluster = cluster_for("a100x8", 8)
+    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs, annotations=pins, forbid=["cp"])
+    body = _body(plan)
+    assert "sequence parallel on axis 0 (norms and activations split by sequence)" in body
+    assert headline(plan) == "TP 8 (+SP), 1 microbatch"
+    assert "axis 0 (8): TP (+SP): weights used split" in body and plan.degrees == {"tp": 8}
