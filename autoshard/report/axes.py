@@ -148,7 +148,7 @@ class AxisUse:
 
     def _tp_sp(self) -> str:
         """What a TP axis with sequence parallelism splits: the weights in the matmuls, the sequence between."""
-        what = f"weights used split ({self.matmul_share:.0%} of the matmul compute)"
+        what = f"weights used split ({self.matmul_share:.0%} of the matmul compute, {self.share:.0%} of the weighted)"
         between = "activations between them split by sequence"
         if self.sequence_share >= 0.005:  # matmuls or attention split by sequence too: said with their share
             around = ", attention's heads exchanged by all-to-all" if self.sequence_attention else ""

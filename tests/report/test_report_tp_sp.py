@@ -64,7 +64,8 @@ def test_megatron_tensor_parallel_with_sequence_parallel_is_tp_plus_sp() -> None
     plan = _megatron_sp_layer()
     assert headline(plan) == "TP 8 (+SP), 1 microbatch"
     assert (
-        "axis 0 (8): TP (+SP): weights used split (100% of the matmul compute), activations between them "
+        "axis 0 (8): TP (+SP): weights used split (100% of the matmul compute, 100% of the weighted), "
+        "activations between them "
         "split by sequence (norms)" in _body(plan)
     )
     assert degrees_of(plan) == {"tp": 8}
@@ -114,7 +115,8 @@ def test_an_axis_whose_matmuls_split_weights_is_tp_plus_sp_even_when_attention_o
     head = headline(plan)
     assert head == "TP 8 (+SP), 1 microbatch", head  # was "SP 8 (layers.0–3 MLP column-split on axis 0; ...)"
     assert (
-        "axis 0 (8): TP (+SP): weights used split (98% of the matmul compute), activations between them "
+        "axis 0 (8): TP (+SP): weights used split (98% of the matmul compute, 32% of the weighted), "
+        "activations between them "
         "split by sequence (68% of the weighted compute, attention's heads exchanged by all-to-all)"
         in _body(plan)
     )
