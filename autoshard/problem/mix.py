@@ -230,17 +230,29 @@ def mix_policies(
     zero: Callable[[Recompute], tuple[BuiltProblem, BuiltProblem]],
     solve: Callable[..., Solution],
     max_intervals: int = MAX_INTERVALS,
+    unwanted: Callable[[BuiltProblem, BuiltProblem], bool] | None = None,
 ) -> tuple[Solution, BuiltProblem, BuiltProblem, int] | None:
     """The best plan with ``k`` of ``N`` blocks under selective or full recomputation, if it beats every
     uniform policy.  ``uniform[policy]`` = (unpinned, pinned problem, objective or inf) at share 1;
-    ``zero(policy)`` builds the same pair at share 0.  Returns (solution, unpinned, pinned problem, k)."""
+    ``zero(policy)`` builds the same pair at share 0.  Returns (solution, unpinned, pinned problem, k).
+
+    ``unwanted(pinned0, pinned1)``: whether no plan of that policy's mixed problems could be kept by the
+    caller (the planner keeps a mixed plan only when its reported step beats the best plan's:
+    :func:`~autoshard.planner_policy.search_counts` proves every one slower).  Then the *last* policy
+    searched, when nothing was found before it, is not searched: what it would have returned the caller
+    drops, and no later search depends on it, so the caller ends with the same plan.  (An earlier policy's
+    find lowers the incumbent of the later ones, and a later find replaces an earlier one: skipping there
+    could change what is returned.)"""
     incumbent = min(obj for _, _, obj in uniform.values())
     found = None
-    for policy in (Recompute.SELECTIVE, Recompute.FULL):
-        if policy not in uniform or uniform[policy][1].num_blocks < 2:
-            continue
+    policies = [
+        p for p in (Recompute.SELECTIVE, Recompute.FULL) if p in uniform and uniform[p][1].num_blocks >= 2
+    ]
+    for policy in policies:
         free0, pinned0 = zero(policy)
         free1, pinned1, _ = uniform[policy]
+        if found is None and policy is policies[-1] and unwanted is not None and unwanted(pinned0, pinned1):
+            continue
         best = best_share(pinned0, pinned1, solve, incumbent, max_intervals)
         if best is None:
             continue
