@@ -20,7 +20,9 @@ recomputation under the budget took 6.5 s, most of it CP-SAT proving a plan of 1
 
 Also here: the per-block search's call (:func:`search_counts`).  Only the uniform policy is bounded by
 :func:`cannot_win`: ``k`` of ``N`` blocks recomputed costs less than all ``N``, so the
-per-block search (:mod:`autoshard.problem.mix`) still runs for a policy skipped here.
+per-block search (:mod:`autoshard.problem.mix`) still runs for a policy skipped here, unless
+:func:`mix_cannot_win` bounds its every count the same way (the lower-bound problem's floor over the
+counts that may fit: :func:`mix_step_floor`).
 """
 
 from __future__ import annotations

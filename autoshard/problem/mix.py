@@ -21,9 +21,10 @@ reaching down there has costs too low to bound anything).  An interval whose rel
 bound (:mod:`autoshard.search.budget`) reaches the best plan found (or the incumbent, the best uniform
 policy's) is dropped (the solver is given it as ``ceiling`` and stops at the first bound that reaches
 it), one where nothing fits is dropped, the rest are halved; a single ``k`` is solved exactly.  No better
-plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per policy, ~0.35 s CPU for both
-(the best uniform policy's multiplier is probed first, ``solve(multiplier=)``: selective's interval is
-dropped after its reduction and that one exact solve; full's after a second), where the halving from
+plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve for selective (the best uniform
+policy's multiplier is probed first, ``solve(multiplier=)``: its interval is dropped after its reduction
+and that one exact solve), none for full, the last policy, whose every count steps slower than the plan
+found (``mix_policies(unwanted=)``; its interval took a second exact solve, 0.18 s CPU); the halving from
 ``1..N-1`` took 8 full solves and 16 s.  Each interval's reduction is most of it: dominance depends on the
 values, so the uniform policy's reduction cannot stand in, but its removals, re-checked on the interval's
 costs, do most of the work (``solve(dominated=)``: 0.24 -> 0.10 s CPU each), and the rough bound's
