@@ -214,12 +214,13 @@ def _quiet_torch() -> Iterator[None]:
 def _no_stack_traces() -> Iterator[None]:
     """Export without recording each node's Python stack (``node.meta["stack_trace"]``): a fifth of an
     export's time (LLaMA-3-70B cut to 3 blocks: 0.37 -> 0.30 s CPU), more in a process's first capture,
-    which reads the model's source files to quote them (70B's 2-block capture, first in a process: 0.69-0.79
-    -> 0.51-0.61 s CPU).  For both exports of the 2-block shortcut: the check export's graph is only
-    compared, by op, tensor metadata and argument structure (:func:`check_extension`), none of which the
-    stacks change; the 2-block graph is only planned.  No stage reads a planned graph's stacks: codegen,
-    verify and the pipeline runtime emit a capture of every layer (``blocks="full"``, exported by
-    :func:`_trace` with stacks, printed as ``# File:`` lines), never a graph holding two of the N layers.
+    which reads the model's source files to quote them (70B, first capture as ``autoshard.plan`` makes it,
+    ten paired runs: 0.11 s CPU less at the median).  For both exports of the 2-block shortcut: the check
+    export's graph is only compared, by op, tensor metadata and argument structure (:func:`check_extension`),
+    none of which the stacks change; the 2-block graph is only planned.  No stage reads a planned graph's
+    stacks: codegen, verify and the pipeline runtime emit a capture of every layer (``blocks="full"``,
+    exported by :func:`_trace` with stacks, printed as ``# File:`` lines), never a graph holding two of the
+    N layers.
     The stacks change nothing else in the graph (names, ops, meta: ``tests/capture/test_capture_lazy.py``)."""
     before = torch.fx.config.do_not_emit_stack_traces
     torch.fx.config.do_not_emit_stack_traces = True
