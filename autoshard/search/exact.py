@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -129,10 +129,15 @@ class ExactSolver:
     """The elimination structure of one graph, reusable for many unary cost vectors (Lagrangian sweeps).
 
     Raises :class:`FactorCapExceeded` at construction when variable elimination would build a table over
-    ``max_factor_size`` entries.
+    ``max_factor_size`` entries; ``wide`` is called first when it needs conditioning (:func:`plan_elimination`).
     """
 
-    def __init__(self, form: PairwiseForm, max_factor_size: float = MAX_FACTOR_SIZE) -> None:
+    def __init__(
+        self,
+        form: PairwiseForm,
+        max_factor_size: float = MAX_FACTOR_SIZE,
+        wide: Callable[[], object] | None = None,
+    ) -> None:
         self.form = form
         self.sizes = tuple(u.size for u in form.unary)
         self._own: tuple[tuple[int, ...], float] | None = None  # the optimum at the form's own costs
@@ -153,7 +158,7 @@ class ExactSolver:
             else:
                 ve_nodes.extend(comp)
         self.plan: EliminationPlan | None = (
-            plan_elimination(ve_nodes, adj, self.sizes, max_factor_size) if ve_nodes else None
+            plan_elimination(ve_nodes, adj, self.sizes, max_factor_size, wide=wide) if ve_nodes else None
         )
         self.steps = self.plan.steps if self.plan else ()
         self.tree_steps = [
