@@ -39,11 +39,11 @@ def record(which: str) -> tuple[list[_Call], dict[str, Any]]:
         calls.append((tuple(sizes), var, list(parts), tuple(keep), out))
         return out
 
-    exact.reduced = kept  # type: ignore[attr-defined]  # ExactSolver.reduced calls it by this name
+    exact.reduced = kept  # ExactSolver.reduced calls it by this name
     try:
         r = plan_case(*CASES[which])
     finally:
-        exact.reduced = kernel  # type: ignore[attr-defined]
+        exact.reduced = kernel
     return calls, r
 
 
