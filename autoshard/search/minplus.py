@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from autoshard.search.recall import LEAST, recall
+
 __all__ = ["SLAB", "reduced"]
 
 #: Entries of one slab of a bucket's table (512 KiB of float64, within this machine's 2 MiB L2 cache with
@@ -52,11 +54,26 @@ def reduced(
         if var in fscope and fscope[0] != var:  # each scope is sorted: var to the front keeps the rest sorted
             arr = np.moveaxis(arr, fscope.index(var), 0)
         lined.append(arr.reshape([sizes[w] if w in fscope else 1 for w in order]))
-    head, rest = _prefix(lined, full)
     drop = tuple(k for k, w in enumerate(order) if w not in keep)
+    at = keep.index(var) if var in keep else -1
+    if math.prod(full) < LEAST:
+        return _reduce(lined, full, drop, at)
+    arrays = [arr for _, arr in parts]  # a large table: another solver's, when it had the same parts
+    key = recall.key((full, drop, at, tuple(tuple(order.index(w) for w in f) for f, _ in parts)), arrays)
+    found = recall.find(key, arrays)
+    if found is None:
+        found = _reduce(lined, full, drop, at)
+        recall.keep(key, arrays, found)
+    return found
+
+
+def _reduce(lined: list[np.ndarray], full: tuple[int, ...], drop: tuple[int, ...], at: int) -> np.ndarray:
+    """The parts aligned to the table's axes (var's first), summed and minimised over ``drop``; ``at``:
+    var's place among the kept variables (-1: not kept)."""
+    head, rest = _prefix(lined, full)
     if drop == (0,) and len(full) > 1:
         return _over_var(head, rest, full)
-    return _by_var_slabs(head, rest, full, drop, var in keep, keep.index(var) if var in keep else 0)
+    return _by_var_slabs(head, rest, full, drop, at >= 0, max(at, 0))
 
 
 def _prefix(lined: list[np.ndarray], full: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:

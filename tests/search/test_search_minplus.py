@@ -55,3 +55,32 @@ def test_the_kernel_is_the_whole_table_to_the_bit(
         want = _whole(sizes, var, parts, keep)
         assert np.shape(got) == want.shape
         assert np.asarray(got).tobytes() == want.tobytes(), (keep, [f for f, _ in parts])
+
+
+def test_a_large_table_is_recalled_only_for_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another solver's bucket with the same parts (other arrays, same bytes) gets the kept table; one that
+    differs anywhere, even where the key samples nothing, is computed afresh; the held bytes stay bounded."""
+    from autoshard.search import recall as module
+    from autoshard.search.recall import Recall
+
+    monkeypatch.setattr(module, "LEAST", 1)
+    monkeypatch.setattr(minplus, "LEAST", 1)
+    store = Recall(budget=1 << 20)
+    monkeypatch.setattr(minplus, "recall", store)
+    rng = np.random.default_rng(0)
+    sizes = [30, 40, 50]
+    parts = [((1,), rng.random(40)), ((0, 1), rng.random((30, 40))), ((1, 2), rng.random((40, 50)))]
+    first = reduced(sizes, 1, parts, (0, 2))
+    again = reduced(sizes, 1, [(f, t.copy()) for f, t in parts], (0, 2))
+    assert again is first  # recalled
+    changed = [(f, t.copy()) for f, t in parts]
+    changed[1][1][7, 3] = -1.0  # not a sampled entry (every 75th)
+    fresh = reduced(sizes, 1, changed, (0, 2))
+    assert fresh is not first and fresh.tobytes() == _whole(sizes, 1, changed, (0, 2)).tobytes()
+    parts[0][1][:] = 5.0  # the caller's unary array changes after the call: the kept copy does not
+    assert reduced(sizes, 1, parts, (0, 2)) is not first
+    for seed in range(40):  # many other tables: the oldest go, the held bytes stay within the budget
+        other = [(f, np.random.default_rng(seed).random(t.shape)) for f, t in parts]
+        reduced(sizes, 1, other, (0, 2))
+        assert store.held <= store.budget
+    assert reduced(sizes, 1, [(f, t.copy()) for f, t in changed], (0, 2)) is not fresh  # evicted by now
