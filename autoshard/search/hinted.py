@@ -29,13 +29,15 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from autoshard.errors import InfeasibleError
 from autoshard.search.exact import ExactSolver, FactorCapExceeded
-from autoshard.search.problem import SearchProblem, memory_of, pairwise_form
-from autoshard.search.reduce import Certificates, reduce_problem
-from autoshard.search.run import BoundExceeded, Run
+from autoshard.search.problem import memory_of, pairwise_form
+from autoshard.search.reduce import Certificates, Reduction, reduce_problem
+from autoshard.search.run import Run
 
-__all__ = ["Probe", "probe_first", "probe_hint"]
+__all__ = ["Probe", "on_reduced", "probe_first", "probe_hint"]
 
 #: Factor from the probed multiplier to the second probe (:func:`probe_first`) when the first did not reach
 #: the ceiling: ``g`` is concave with supergradient ``memory(x) - L`` at the minimiser ``x``, so a minimiser
@@ -52,44 +54,67 @@ def _usable(lam: float | None, ceiling: float) -> bool:
 
 
 def probe_hint(
-    problem: SearchProblem,
+    run: Run,
     lam: float | None,
-    ceiling: float,
     dominated: Certificates = (),
     search: bool = True,
     max_factor: float = math.inf,
 ) -> bool | None:
-    """Raise :class:`~autoshard.search.run.BoundExceeded` when the Lagrangian bound of ``problem``'s budget
-    at ``lam`` reaches ``ceiling`` (module doc): ``cost + lam * memory`` without the budget, reduced with
-    ``dominated`` and ``search`` as the caller's own reduction, and eliminated.  Else whether that solve's
-    minimiser fits (the side of the dual's maximum: :func:`probe_first`), None when nothing was probed (no
-    hint, no ceiling, no budget, or even the relaxed problem is too wide or has no finite plan)."""
-    limit, memory = problem.memory_limit, problem.memory
-    if not _usable(lam, ceiling) or limit is None or memory is None:
+    """Raise :class:`~autoshard.search.run.BoundExceeded` when the Lagrangian bound at ``lam`` of the budget of
+    ``run``'s current problem (its first reduction) reaches the run's ceiling (module doc): ``cost + lam *
+    memory`` without the budget, reduced again with ``dominated`` (:func:`on_reduced`) and ``search`` as
+    the caller's own reduction, and eliminated.  Else whether that solve's minimiser fits (the side of the
+    dual's maximum: :func:`probe_first`), None when nothing was probed (no hint, no ceiling, no budget, or
+    even the relaxed problem is too wide or has no finite plan).
+
+    The current problem's relaxed optimum, plus the reduction's offsets, is the original's: dominance under
+    a budget removed only strategies no dearer and no lighter (so no dearer for any ``lam >= 0``), folding
+    only memory-free nodes.  Relaxing the reduced problem rather than the original spares what the first
+    reduction did already (LLaMA-3-70B's Z_2: 0.16 -> 0.09 s CPU, the same bound)."""
+    rp = run.current
+    limit, memory = rp.memory_limit, rp.memory
+    if not _usable(lam, run.ceiling) or limit is None or memory is None:
         return None
     assert lam is not None
-    costs = tuple(c + lam * m for c, m in zip(problem.node_costs, memory, strict=True))
-    free = dataclasses.replace(problem, node_costs=costs, memory=None, memory_limit=None, peak=None)
+    costs = tuple(c + lam * m for c, m in zip(rp.node_costs, memory, strict=True))
+    free = dataclasses.replace(rp, node_costs=costs, memory=None, memory_limit=None, peak=None)
+    hint = on_reduced(run.stages[0], dominated) if len(run.stages) == 1 else ()
     try:
-        red = reduce_problem(free, hint=dominated, search=search)
+        red = reduce_problem(free, hint=hint, search=search)
         plan, value = ExactSolver(pairwise_form(red.problem), max_factor).solve()
     except (InfeasibleError, FactorCapExceeded):  # the budgeted path says so, or solves it otherwise
         return None
-    bound = value + red.cost_offset - lam * limit
-    if bound >= ceiling:
-        raise BoundExceeded(bound, ceiling)
-    return memory_of(problem, red.expand(plan)) <= limit
+    run.prune(value + red.cost_offset - lam * limit + run.offset())
+    return memory_of(rp, red.expand(plan)) <= limit
+
+
+def on_reduced(red: Reduction, hint: Certificates) -> Certificates:
+    """``hint`` (removals on ``red``'s original problem) on ``red.problem``'s nodes and strategies: those
+    whose node and both strategies are still there (the reduction checks each one again)."""
+    where = {v: k for k, v in enumerate(red.kept)}
+    out = []
+    for v, s, t in hint:
+        k = where.get(v)
+        if k is None:
+            continue
+        dom = red.domains[v]
+        ls, lt = np.searchsorted(dom, s), np.searchsorted(dom, t)
+        ok = (ls < dom.size) & (lt < dom.size)
+        ok[ok] &= (dom[ls[ok]] == s[ok]) & (dom[lt[ok]] == t[ok])
+        if ok.any():
+            out.append((k, ls[ok], lt[ok]))
+    return tuple(out)
 
 
 @dataclass(slots=True)
 class Probe:
     """:func:`probe_hint` made once, when first called: the ``wide`` hook of
-    :class:`~autoshard.search.exact.ExactSolver` (a budgeted problem no elimination order fits as it is).
-    ``fits``: its answer, for :func:`probe_first` not to probe the same multiplier again."""
+    :class:`~autoshard.search.exact.ExactSolver` (a budgeted problem no elimination order fits as it is),
+    on the current problem of ``run`` (updated by the caller when it reduces again).  ``fits``: its answer,
+    for :func:`probe_first` not to probe the same multiplier again."""
 
-    problem: SearchProblem
+    run: Run
     lam: float | None
-    ceiling: float
     dominated: Certificates
     search: bool
     max_factor: float
@@ -99,9 +124,7 @@ class Probe:
     def __call__(self) -> None:
         if not self.done:
             self.done = True
-            self.fits = probe_hint(
-                self.problem, self.lam, self.ceiling, self.dominated, self.search, self.max_factor
-            )
+            self.fits = probe_hint(self.run, self.lam, self.dominated, self.search, self.max_factor)
 
 
 def probe_first(

@@ -366,11 +366,11 @@ def solve(
     if method == "ilp":
         return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
     # the hinted bound first where the budgeted problem is too wide to eliminate as it is (search/hinted.py)
-    probe = Probe(problem, multiplier, ceiling, dominated, dominance_search, max_factor_size)
+    probe = Probe(run, multiplier, dominated, dominance_search, max_factor_size)
     ex = exact_solver(run, max_factor_size, probe)
     if not dominance_search and (ex is None or ex.largest_factor > _HINTED_TABLE):  # wide: search after all
         red = reduce_problem(problem, hint=dominated)
-        run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
+        probe.run = run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
         ex = exact_solver(run, max_factor_size, probe)
     if ex is None and red.problem.memory_limit is not None:
         # Memory terms keep nodes from folding, so the budgeted problem's treewidth is high; each relaxed

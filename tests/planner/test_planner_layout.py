@@ -5,6 +5,7 @@ and where it reaches the bound the layout is optimal with no solve (LLaMA-3-70B:
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -190,6 +191,8 @@ def test_a_masked_bound_under_a_binding_budget_skips_what_the_unbudgeted_bound_c
     from autoshard.search import BoundExceeded, solve
     from autoshard.search.hinted import probe_hint
     from autoshard.search.problem import memory_of, peak_floor
+    from autoshard.search.reduce import reduce_problem
+    from autoshard.search.run import Run
 
     model, args = Causal(1024).to("meta"), (torch.randn(8, 4096, 1024, device="meta"),)
     cluster = autoshard.load_cluster("a100x8", nodes=2, mesh=(2, 2, 4))
@@ -221,9 +224,14 @@ def test_a_masked_bound_under_a_binding_budget_skips_what_the_unbudgeted_bound_c
         lam = bound.multiplier  # a true lower bound: no BoundExceeded just above the optimum
         assert solve(held, multiplier=lam, ceiling=optimum * (1 + 1e-9)).objective == optimum
         plain = dataclasses.replace(held, peak=None, memory_limit=limit - peak_floor(held))  # as peak.py
-        assert probe_hint(plain, lam, optimum * (1 + 1e-9)) is not None  # probed, not pruned
+
+        def probed(ceiling: float, plain: Any = plain, lam: Any = lam) -> bool | None:
+            run = Run(plain, [reduce_problem(plain)], time.perf_counter(), 60.0, ceiling=ceiling)
+            return probe_hint(run, lam)  # the hinted probe, as the wide path makes it
+
+        assert probed(optimum * (1 + 1e-9)) is not None  # probed, not pruned
         with pytest.raises(BoundExceeded) as e:  # and no weaker than the unbudgeted masked bound here
-            probe_hint(plain, lam, unbudgeted)
+            probed(unbudgeted)
         assert unbudgeted <= e.value.bound <= optimum
         with pytest.raises(BoundExceeded):
             solve(held, multiplier=lam, ceiling=unbudgeted)
