@@ -255,14 +255,7 @@ def propagated(problem: SearchProblem, start: float) -> Solution | None:
     limit = problem.memory_limit
     if not math.isfinite(objective) or (limit is not None and memory_of(problem, choice) > limit):
         return None
-    bound = min(trivial_lower_bound(problem), objective)
-    return Solution(
-        choice=choice,
-        objective=objective,
-        lower_bound=bound,
-        gap=relative_gap(objective, bound),
-        optimal=False,
-        method="propagate",
-        seconds=time.perf_counter() - start,
-        log=("propagate: greedy breadth-first plan from the annotations; bound: cheapest entry per term",),
+    log = ["propagate: greedy breadth-first plan from the annotations; bound: cheapest entry per term"]
+    return Run(problem, [], start, math.inf, log=log).finish_original(
+        choice, trivial_lower_bound(problem), False, "propagate"
     )
