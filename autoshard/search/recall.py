@@ -22,12 +22,14 @@ bytes, so the memory held is bounded.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 
-__all__ = ["BUDGET", "LEAST", "Recall", "recall"]
+__all__ = ["BUDGET", "LEAST", "Recall", "recall", "scoped"]
 
 #: Entries of the smallest table kept: a table of 2^20 entries costs ~1 ms to build, a lookup a few us.
 LEAST = 1 << 20
@@ -50,6 +52,7 @@ class Recall:
     def __init__(self, budget: int = BUDGET) -> None:
         self.budget = budget
         self.held = 0
+        self.depth = 0  # nesting of scoped calls
         self.entries: dict[Hashable, list[_Entry]] = {}
         self.order: deque[tuple[Hashable, _Entry]] = deque()  # oldest first
 
@@ -94,5 +97,25 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
-#: The process's recall (every solver shares it).
+#: The process's recall (every solver shares it; emptied when the outermost :func:`scoped` call returns).
 recall = Recall()
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def scoped(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn``'s solves share :data:`recall`, emptied when the outermost scoped call returns: no table outlives
+    the plan that made it (a library holding up to :data:`BUDGET` bytes between calls would be a leak)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        recall.depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            recall.depth -= 1
+            if recall.depth == 0:
+                recall.clear()
+
+    return wrapper
