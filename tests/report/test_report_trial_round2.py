@@ -3,9 +3,13 @@ return value read "output of" with nothing after it."""
 
 from __future__ import annotations
 
-import report_cases as cases
+import sys
+from pathlib import Path
 
 from autoshard.report.table import render
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))  # the hand-written plans of the report tests
+import report_cases as cases
 
 
 def test_a_collective_on_the_model_output_is_named() -> None:
