@@ -1,11 +1,13 @@
 """Report and CLI lines of the second new-user trial, one test each: a collective row of the model's
-return value read "output of" with nothing after it."""
+return value read "output of" with nothing after it; ``plan.summary()`` had no data-parallel comparison."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import autoshard
+from autoshard import zoo
 from autoshard.report.table import render
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))  # the hand-written plans of the report tests
@@ -20,3 +22,18 @@ def test_a_collective_on_the_model_output_is_named() -> None:
     report = render(cases.make_plan((8,), {"fc.weight": ("R",)}, ops, comms, inputs={"x": ("S(0)",)}))
     row = next(line for line in report.splitlines() if "all_reduce" in line and "4 B" in line)
     assert row.rstrip().endswith("the model's output (its return value)")
+
+
+def test_summary_from_python_compares_data_parallel_or_says_why_not() -> None:
+    """``plan.summary()`` had no data-parallel line while ``autoshard search`` printed one and the README said
+    the report does: without a baseline it says it was not compared and how; with one it prints the column."""
+    case = zoo.build("gpt2-tiny", batch=8, seq=32)
+    cluster = autoshard.load_cluster("a100x8")
+    plan = autoshard.plan(case.model, cluster, case.args)
+    alone = " ".join(plan.summary().split())
+    assert "data parallel: not compared (summary() sees only this plan)" in alone
+    replicated = {name: ("R",) for name, _ in case.model.named_parameters()}
+    dp = autoshard.plan(case.model, cluster, case.args, annotations=replicated | {"input_ids": ("S(0)",)})
+    both = plan.summary(baseline=dp)
+    assert "data parallel" in both.split("predicted step time, memory")[1].splitlines()[0]
+    assert "not compared" not in both and "than data parallel" in both
