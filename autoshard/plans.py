@@ -272,10 +272,8 @@ class Plan:
 
         ``baseline``: the same model planned as pure data parallel (every parameter annotated ``R``), put
         beside this plan as ``autoshard search`` does; without it a line says it was not compared and how."""
-        from autoshard.report.table import (
-            Baseline,
-            render,
-        )  # the report reads plans; import it only when asked
+        # the report reads plans: imported only when asked
+        from autoshard.report.table import Baseline, render
 
         if baseline is not None:
             return render(self, width=width, baseline=Baseline.of(baseline))

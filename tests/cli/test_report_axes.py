@@ -247,11 +247,7 @@ def test_fsdp_headline_says_how_many_parameters_take_its_full_degree() -> None:
         (2, 8),
         params | {"k.weight": ("S(0)", "S(1)")},
         ops,
-        comms[:2]
-        + [
-            cases.collective("all_gather", "forward", k, "linear_1", "k", axis=0),
-            comms[2],
-        ],
+        [*comms[:2], cases.collective("all_gather", "forward", k, "linear_1", "k", axis=0), comms[2]],
         inputs={"x": ("S(0)", "S(0)")},
     )
     assert headline(both) == "FSDP 16 (2 of 2 parameters), 1 microbatch"
