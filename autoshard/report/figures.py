@@ -190,8 +190,13 @@ def zero_text(plan: Plan) -> str:
     listed no collective)."""
     params = set(plan.param_placements)
     mesh = plan.mesh_shape
+    stages = None if plan.pipeline is None else plan.pipeline.mesh_axis  # its stages hold other parameters
+    if stages is not None and plan.num_devices == mesh[stages]:  # new-user trial: "over the 1 devices"
+        return "optimizer: Adam state not sharded (each pipeline stage runs on 1 device)"
     replicated = any(
-        p == "R" and mesh[a] > 1 for spec in plan.param_placements.values() for a, p in enumerate(spec)
+        p == "R" and mesh[a] > 1 and a != stages
+        for spec in plan.param_placements.values()
+        for a, p in enumerate(spec)
     )
     if not replicated:
         return "" if plan.num_devices == 1 else "optimizer: Adam state split as the parameters are stored"

@@ -37,3 +37,13 @@ def test_summary_from_python_compares_data_parallel_or_says_why_not() -> None:
     both = plan.summary(baseline=dp)
     assert "data parallel" in both.split("predicted step time, memory")[1].splitlines()[0]
     assert "not compared" not in both and "than data parallel" in both
+
+
+def test_adam_state_on_one_device_per_stage_is_not_sharded() -> None:
+    """PP 8 on 8 devices read "Adam state sharded over the 1 devices of each pipeline stage"."""
+    case = zoo.build("llama-tiny", layers=4)
+    plan = autoshard.plan(case.model, autoshard.load_cluster("cpu"), case.args, pipeline=4)
+    assert plan.pipeline is not None and plan.num_devices == plan.mesh_shape[plan.pipeline.mesh_axis] == 4
+    text = " ".join(plan.summary().split())
+    assert "optimizer: Adam state not sharded (each pipeline stage runs on 1 device)" in text
+    assert "over the 1 devices" not in text
