@@ -12,3 +12,19 @@ def test_a_pipeline_degree_refusal_names_both_limits() -> None:
     r = run_main("search", "--profile", "a100x8", "--model", "llama-tiny", "--mesh", "8", "--pp", "3")
     assert r.code == 2 and r.err.count("\n") == 1
     assert "use one of [1, 2] (a degree must divide 8 and be at most the model's 2 repeated layers)" in r.err
+
+
+def test_whatif_stage_table_values_start_under_their_headers(tmp_path) -> None:
+    """``whatif --set`` on a pipelined plan: "stage ranks" ran together and the rows read as misaligned."""
+    plan = str(tmp_path / "pp.json")
+    args = ("--profile", "cpu", "--model", "llama-tiny", "--mesh", "4", "--pp", "2", "--no-baseline")
+    assert run_main("search", *args, "--out", plan).code == 0
+    r = run_main("whatif", plan, "--set", "memory=40")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("stage "))
+    header, row = lines[head], lines[head + 1]
+    assert "stage  ranks  layers  time/microbatch" in header
+    for word, value in (("ranks", "0..1"), ("layers", "0")):
+        at = header.index(word)
+        assert row[at : at + len(value)] == value and row[at - 2 : at] == "  "
