@@ -309,7 +309,10 @@ class _Lowering:
         moved = self._insert(value, src.name, dst.name, steps.forward, steps.backward)
         if moved is value:
             return moved
-        block = _block(self.infos[dst.name]) if _block(self.infos[src.name]) is not None else None
+        made = self.infos[
+            src.name
+        ]  # in a block, or a stage input the previous layer made (NodeInfo.after_block)
+        block = _block(self.infos[dst.name]) if _block(made) is not None or made.after_block else None
         if moved.meta.get(META_BLOCK, block) != block:
             block = None  # shared by consumers in two blocks: in neither
         # a move between block nodes belongs to its consumer's block (re-run when that block is recomputed,
