@@ -309,9 +309,7 @@ class _Lowering:
         moved = self._insert(value, src.name, dst.name, steps.forward, steps.backward)
         if moved is value:
             return moved
-        made = self.infos[
-            src.name
-        ]  # in a block, or a stage input the previous layer made (NodeInfo.after_block)
+        made = self.infos[src.name]  # in a block, or a stage input a block made (NodeInfo.after_block)
         block = _block(self.infos[dst.name]) if _block(made) is not None or made.after_block else None
         if moved.meta.get(META_BLOCK, block) != block:
             block = None  # shared by consumers in two blocks: in neither

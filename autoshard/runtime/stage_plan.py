@@ -135,8 +135,8 @@ def label_layers(captured: Captured, module: nn.Module, plan: Plan, index: int) 
     of the whole model (``META_AFTER_BLOCK``): the moves into the first layer re-run with it, as the whole
     plan prices the moves between layers (:func:`autoshard.problem.recompute.reissued`)."""
     heads = [m for n in plan.nodes if n.key.startswith("block:") and (m := _HEAD.match(n.module)) is not None]
-    if not heads:
-        return captured  # the plan has no repeated blocks
+    if not heads or plan.recompute == "none":
+        return captured  # no repeated blocks, or none to recompute: the stage is planned as captured
     prefix = heads[0].group(1)
     first = min(int(m.group(2)) for m in heads if m.group(1) == prefix)  # container index of its block 0
     try:
@@ -158,8 +158,6 @@ def label_layers(captured: Captured, module: nn.Module, plan: Plan, index: int) 
         try:
             info = annotate_blocks(captured.graph_module, candidate, len(held))
         except BlockMismatch as e:
-            if plan.recompute == "none":
-                return captured
             raise StagePlanError(
                 f"stage {index}: layers {held} of {prefix} are not the plan's repeated blocks ({e}), so they "
                 f"cannot recompute as the plan prices ({plan.recompute}): re-plan with recompute='none'"
