@@ -44,6 +44,7 @@ from autoshard.capture.experts import plan_fuses_experts
 from autoshard.capture.meta import META_KIND
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
+from autoshard.pipeline.schedules import Schedule, recompute_refused
 from autoshard.plans import NodePlan, Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.context import zigzag_cluster
@@ -137,6 +138,9 @@ def label_layers(captured: Captured, module: nn.Module, plan: Plan, index: int) 
     heads = [m for n in plan.nodes if n.key.startswith("block:") and (m := _HEAD.match(n.module)) is not None]
     if not heads or plan.recompute == "none":
         return captured  # no repeated blocks, or none to recompute: the stage is planned as captured
+    refused = recompute_refused(Schedule(plan.pipeline.schedule), plan.recompute) if plan.pipeline else None
+    if refused is not None:  # the search prices no such plan; a plan file made before it did
+        raise StagePlanError(f"stage {index}: {refused}: re-plan this model")
     prefix = heads[0].group(1)
     first = min(int(m.group(2)) for m in heads if m.group(1) == prefix)  # container index of its block 0
     try:

@@ -11,10 +11,14 @@ layer had no block label and :func:`~autoshard.codegen.recompute.checkpoint_bloc
 3. The stage's input is the previous layer's output (a block of the whole model): a move from it into the
    first layer is inside that layer's checkpointed region and re-run, as the whole plan prices the moves
    between layers; the stage's own plan lists it as recomputed too (no warning from ``parallelize``).
+4. The zero-bubble schedules split backward in two and torch re-runs a checkpointed layer in each (ZB-V
+   chunks re-issued each gather 10 times a microbatch): the search prices no such plan, asked for one it says
+   why in one line, and a plan file that has one is refused by the stages, not run unlike its pricing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import Counter
 
@@ -26,9 +30,11 @@ import autoshard
 from autoshard import zoo
 from autoshard.codegen import assign_strategies, lower_graph, plan_cluster
 from autoshard.codegen.recompute import checkpoint_blocks
+from autoshard.errors import PipelineError
 from autoshard.pipeline.cuts import per_step, stage_collectives
 from autoshard.plans import Plan
 from autoshard.problem.graph import META_AFTER_BLOCK
+from autoshard.runtime.stage_plan import StagePlanError
 from autoshard.runtime.stages import StageBuild, prepare_stages
 from autoshard.runtime.verify import cluster_for
 from autoshard.runtime.verify_pipeline import verify_pipelined
@@ -90,6 +96,22 @@ def test_the_move_into_a_stages_first_layer_is_re_run_with_it() -> None:
         assert Counter(_rerun(b)) == mine
         assert Counter(_key(c) for c in b.plan.collectives if c.recompute) == mine  # the stage plan agrees
     assert Counter(_rerun(builds[1]))  # and it is not empty
+
+
+def test_zero_bubble_schedules_run_no_recomputation() -> None:
+    model, ids, plan = _planned(4, 16)
+    cluster = cluster_for("cpu", 4, (2, 2))
+    with pytest.raises(PipelineError, match=r"zb_v splits backward in two .*pytorch/pytorch#136766"):
+        autoshard.plan(
+            model, cluster, (ids,), pipeline=2, schedule="zb_v", recompute="full", annotations=FSDP
+        )
+    assert plan.pipeline is not None and plan.pipeline.schedule not in ("zb_v", "interleaved_zb")
+    zbv = autoshard.plan(
+        model, cluster, (ids,), pipeline=2, schedule="zb_v", recompute="none", annotations=FSDP
+    )
+    old = dataclasses.replace(zbv, recompute="full")  # a plan file from before the search refused it
+    with pytest.raises(StagePlanError, match=r"^stage 0: zb_v splits backward .*: re-plan this model$"):
+        prepare_stages(model, old, (ids,), FSDP)
 
 
 def _key(c: object) -> tuple[str, int, int]:
