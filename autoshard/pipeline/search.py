@@ -52,6 +52,7 @@ from autoshard.pipeline.schedules import (
     Schedule,
     in_flight,
     p2p_time,
+    recompute_refused,
     tied_sync_time,
     torch_refuses,
     virtual_stage_options,
@@ -325,7 +326,9 @@ def _price(
     refused: list[str] = []
     for schedule in request.schedules:
         for v in virtual_stage_options(schedule, degree, costs.layers):
-            why = torch_refuses(schedule, degree, v, count)
+            why = torch_refuses(schedule, degree, v, count) or recompute_refused(
+                schedule, opts.recompute.value
+            )
             if why is not None:  # priced only what torch.distributed.pipelining can run
                 refused.append(why)
                 continue

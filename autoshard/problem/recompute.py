@@ -33,9 +33,12 @@ __all__ = [
 
 def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
     """Whether backward re-runs the move ``producer -> consumer``: the recomputed region is a whole block, and
-    a move between block nodes is inside it (codegen/recompute.py leaves moves from outside out of it)."""
+    a move between block nodes is inside it (codegen/recompute.py leaves moves from outside out of it).  A
+    pipeline stage's input that the previous layer made (``NodeInfo.after_block``) counts as a block node, so
+    a stage re-runs the moves into its first layer as the whole model does between layers."""
     training = opts.training and opts.recompute is not Recompute.NONE
-    return training and producer.block is not None and consumer.block is not None
+    inside = producer.block is not None or producer.after_block
+    return training and inside and consumer.block is not None
 
 
 def regathered(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:

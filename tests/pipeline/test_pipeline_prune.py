@@ -98,7 +98,8 @@ def test_pruned_policy_gives_the_plan_of_pricing_every_policy(
     its budget binds and full is priced; at 0.95 selective fits unbound and full is rightly never priced
     (0.95 passed only while the recompute working set counted a block's parameters twice)."""
     model, ids = _llama(layers=4, hidden=512, batch=32, seq=512)
-    pins: dict[str, Any] = {"pipeline": 2, "microbatches": 4}
+    # one schedule for every policy: the zero-bubble ones never run recomputation (pipeline/schedules.py)
+    pins: dict[str, Any] = {"pipeline": 2, "microbatches": 4, "schedule": "interleaved_1f1b"}
     none = autoshard.plan(model, fast_links, (ids,), recompute="none", **pins)
 
     def priced(plan: autoshard.Plan) -> str:
