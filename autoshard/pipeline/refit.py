@@ -45,7 +45,7 @@ from autoshard.search import FactorCapExceeded, SearchProblem, Solution
 from autoshard.search.exact import min_memory_plan
 from autoshard.search.problem import format_bytes, memory_lower_bound
 
-__all__ = ["BISECTIONS", "StageMemoryError", "floor_problem", "least_flight", "refit"]
+__all__ = ["BISECTIONS", "StageMemoryError", "floor_problem", "least_flight", "least_refusal", "refit"]
 
 BISECTIONS = 3
 """Surrogate budgets bisected after its least-memory plan fits (each one budgeted stage solve; only reached
@@ -76,7 +76,7 @@ def least_flight(shapes: Sequence[tuple[Schedule, int]], degree: int, microbatch
     return max(1.0, min(flights, default=1.0))
 
 
-def floor_problem(built: BuiltProblem, degree: int, flight: float, budget: float) -> SearchProblem:
+def floor_problem(built: BuiltProblem, degree: int, flight: float, budget: float | None) -> SearchProblem:
     """``built.problem`` with each node's memory its share of the busiest device's floor (module docstring):
     parameter state ``copies / degree``, activations ``flight x copies / degree`` (``copies``: the layers for a
     layer's node, 1 outside them), the reserve once; gathered weights and the temporary dropped (the stage DP
@@ -127,12 +127,18 @@ def refit(
     the floor rules every plan out (``proven``) or none of the plans tried fits."""
     floor = floor_problem(built, degree, flight, budget)
     _, least = _least(floor)
-    what = (
-        f"every plan needs at least {format_bytes(least)} on its busiest device (a 1/{degree} share of the "
-        f"model's parameter state and of {flight:g} microbatches' activations, the fewest any device holds)"
+    share = (
+        f"a 1/{degree} share of the model's parameter state and of {flight:g} "
+        f"microbatch{'es' * (flight != 1)}' activations, the fewest any device holds"
     )
     if least > budget:
-        raise StageMemoryError(what, least, True)
+        raise StageMemoryError(
+            f"every plan needs at least {format_bytes(least)} on its busiest device ({share}). Fix: raise the "
+            f"memory limit to at least {format_bytes(least)} or spread the model over more devices (more "
+            "stages or a larger mesh)",
+            least,
+            True,
+        )
     found: list[tuple[Solution, StageSplit]] = []
 
     def attempt(problem: SearchProblem) -> Solution | None:
@@ -160,9 +166,23 @@ def refit(
         low, high = (mid, high) if len(found) > fitted else (low, mid)
     if not found:
         raise StageMemoryError(
-            f"no plan found within {format_bytes(budget)}: {what}; the plans tried (the floor's optimum and "
-            "the surrogate's least-memory plan) need more at every cut",
+            f"no plan found within {format_bytes(budget)} per device, though none is proven to need more: "
+            f"the busiest device holds at least {format_bytes(least)} ({share}), and the plans tried (the "
+            "floor's optimum, the stage surrogate's least-memory plan) fit no cut. Fix: raise the memory "
+            "limit or spread the model over more devices (more stages or a larger mesh)",
             least,
             False,
         )
     return min(found, key=lambda pair: pair[1].step_seconds)
+
+
+def least_refusal(errors: Sequence[str], floors: Sequence[StageMemoryError | None]) -> InfeasibleError:
+    """The search's refusal when no candidate fits: with every candidate refused by its memory floor, the
+    least floor (a lower bound on every plan the search may choose) and whose it is; otherwise the last
+    candidate's reason."""
+    if not errors:
+        return InfeasibleError("no pipeline plan fits: no schedule and cut fits the memory")
+    if floors and all(f is not None for f in floors):
+        k = min(range(len(floors)), key=lambda i: floors[i].floor)  # type: ignore[union-attr]
+        return InfeasibleError(f"no pipeline plan fits (of {len(errors)} candidates, the least): {errors[k]}")
+    return InfeasibleError(f"no pipeline plan fits: {errors[-1]}")

@@ -50,7 +50,7 @@ from autoshard.pipeline.bound import step_bound
 from autoshard.pipeline.layers import part_costs, stage_memory_problem
 from autoshard.pipeline.options import PipelineRequest, divisors
 from autoshard.pipeline.pick import fastest_split, stage_shapes
-from autoshard.pipeline.refit import StageMemoryError, least_flight, refit
+from autoshard.pipeline.refit import StageMemoryError, least_flight, least_refusal, refit
 from autoshard.pipeline.schedules import (
     Schedule,
     in_flight,
@@ -219,6 +219,7 @@ def search_pipeline(
     captures: dict[int, Captured] = {}
     best: Candidate | None = None
     errors: list[str] = []
+    floors: list[StageMemoryError | None] = []  # per error: its memory floor, when it has one
     priced: list[str] = []
     for degree, count in _candidates(request, cluster, batch, layers):
         where = layout(cluster, degree)
@@ -239,6 +240,7 @@ def search_pipeline(
                 )  # fmt: skip
             except InfeasibleError as e:
                 errors.append(f"pp {degree} x {count} microbatches ({policy.value}): {e}")
+                floors.append(e if isinstance(e, StageMemoryError) else None)
                 continue
             except BoundExceeded as e:  # a lower bound on its step reaches the best plan's: not solved
                 priced.append(
@@ -257,8 +259,7 @@ def search_pipeline(
         if not fitted:
             priced.append(f"pp {degree} × {count} microbatches: does not fit")
     if best is None:
-        detail = errors[-1] if errors else "no schedule and cut fits the memory"
-        raise InfeasibleError(f"no pipeline plan fits: {detail}")
+        raise least_refusal(errors, floors)
     return dataclasses.replace(best, priced=tuple(priced))
 
 
