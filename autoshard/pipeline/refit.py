@@ -127,10 +127,8 @@ def refit(
     the floor rules every plan out (``proven``) or none of the plans tried fits."""
     floor = floor_problem(built, degree, flight, budget)
     _, least = _least(floor)
-    share = (
-        f"a 1/{degree} share of the model's parameter state and of {flight:g} "
-        f"microbatch{'es' * (flight != 1)}' activations, the fewest any device holds"
-    )
+    held = "1 microbatch's" if flight == 1 else f"{flight:g} microbatches'"
+    share = f"a 1/{degree} share of the model's parameter state and of {held} activations, the fewest any device holds"
     if least > budget:
         raise StageMemoryError(
             f"every plan needs at least {format_bytes(least)} on its busiest device ({share}). Fix: raise the "
