@@ -12,7 +12,6 @@ import random
 import re
 
 import pytest
-import torch
 
 import autoshard
 from autoshard.capture import capture
@@ -24,6 +23,7 @@ from autoshard.pipeline.stages import best_split
 from autoshard.problem.build import build_problem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.search import memory_of, solve
+from tests.pipeline.test_pipeline_pricing import _llama as llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,13 +33,7 @@ PINS = {"pipeline": 4, "microbatches": 8, "forbid": ["tp"]}
 
 def _llama(layers: int = 8, hidden: int = 1024, batch: int = 8, seq: int = 1024, vocab: int = 64000):
     """A LLaMA whose embedding and head outweigh a stage's layers (as LLaMA-3-8B's 128k vocabulary does)."""
-    cfg = transformers.LlamaConfig(
-        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=8,
-        num_key_value_heads=8, vocab_size=vocab, max_position_embeddings=seq, use_cache=False,
-        attn_implementation="sdpa", bos_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    with torch.device("meta"):
-        return transformers.LlamaForCausalLM(cfg), torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    return llama(layers, hidden, batch, seq, vocab)
 
 
 @pytest.fixture(scope="module")
