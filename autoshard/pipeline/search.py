@@ -14,7 +14,9 @@ only fits inside a node) and each microbatch count ``m``:
    re-weighted for the stage holding ``L / p`` layers and ``min(m, p)`` microbatches in flight
    (:func:`~autoshard.pipeline.layers.stage_memory_problem`); solve it with the exact solver
    (``search="auto"`` runs no CP-SAT inside this loop; under a binding budget that is the Lagrangian plan)
-   — one solve per (sub-mesh, microbatch count, recomputation), not per cut;
+   — one solve per (sub-mesh, microbatch count, recomputation), not per cut; that re-weighted problem is
+   pessimistic, not a floor, so before a candidate is refused :mod:`autoshard.pipeline.refit` checks a true
+   lower bound and tries other plans at the real budget;
 3. split its costs into one layer, ``pre`` and ``post`` (:func:`~autoshard.pipeline.layers.part_costs`),
    add the p2p time of one layer's output on the inter-stage link, and run the stage DP
    (:func:`~autoshard.pipeline.stages.best_split`) for every schedule and chunk count ``v`` that torch's

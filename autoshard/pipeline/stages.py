@@ -34,6 +34,9 @@ table ``H`` indexed by chunks placed ``c`` and layers consumed ``l``; one numpy 
 is exact (``tests/pipeline`` checks it against brute force over all cuts).  For ``v > 1`` the same
 recursion bounds each *chunk* by ``τ``, and the cuts it returns are priced exactly on their devices (a
 device's time is the sum of its ``v`` chunks): exact in the chunk bottleneck, a heuristic in the device's.
+Its memory filter lets a chunk take ``1 / v`` of the budget; when no cut passes it, the DP runs again letting a
+chunk take what the device's other chunks (a layer each, at the least) leave, so an uneven device (ZB-V's
+first: the embedding and the head) is not ruled out; every cut is checked on its devices' sums.
 """
 
 from __future__ import annotations
