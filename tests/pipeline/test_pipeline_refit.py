@@ -19,7 +19,7 @@ from autoshard.errors import InfeasibleError
 from autoshard.pipeline.layers import part_costs
 from autoshard.pipeline.refit import floor_problem, least_flight
 from autoshard.pipeline.schedules import Schedule, torch_refuses, virtual_stage_options
-from autoshard.pipeline.stages import best_split
+from autoshard.pipeline.stages import Part, StageCosts, best_split
 from autoshard.problem.build import build_problem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.search import memory_of, solve
@@ -121,3 +121,18 @@ def test_floor_is_below_every_cut_of_every_plan(policy: Recompute) -> None:
                 assert least <= max(split.memory) * (1 + 1e-9)
                 checked += 1
     assert checked >= 10
+
+
+def test_zb_v_first_device_may_hold_more_than_half_the_budget_in_one_chunk() -> None:
+    """ZB-V's first device runs the first and the last chunk: a head of 100 bytes in one chunk took more than
+    the 1/v share of a 130-byte budget, so no cut passed, though chunks of one layer each need 125 on it."""
+    costs = StageCosts(
+        layer=Part(forward=1.0, backward=2.0, static=10.0, activation=1.0),
+        pre=Part(static=1.0),
+        post=Part(static=100.0),
+        layers=4,
+        p2p_seconds=0.0,
+    )
+    split = best_split(costs, Schedule.ZB_V, 2, 2, 4, 130.0)
+    assert split is not None and split.bounds == (0, 1, 2, 3, 4) and split.memory[0] == 125.0
+    assert best_split(costs, Schedule.ZB_V, 2, 2, 4, 124.0) is None  # 125 is the least any cut needs
