@@ -78,20 +78,31 @@ def least_flight(shapes: Sequence[tuple[Schedule, int]], degree: int, microbatch
     return max(1.0, min(flights, default=1.0))
 
 
-def floor_problem(built: BuiltProblem, degree: int, flight: float, budget: float | None) -> SearchProblem:
-    """``built.problem`` with each node's memory its share of the busiest device's floor (module docstring):
-    parameter state ``copies / degree``, activations ``flight x copies / degree`` (``copies``: the layers for a
-    layer's node, 1 outside them), the reserve once; gathered weights and the temporary dropped (the stage DP
-    does not count them)."""
+def floor_problem(
+    built: BuiltProblem, degree: int, flight: float, budget: float | None, holder: str | None = None
+) -> SearchProblem:
+    """``built.problem`` with each node's memory its share of a device's floor (module docstring): of the
+    busiest device (``holder`` None): parameter state ``copies / degree``, activations ``flight x copies /
+    degree`` (``copies``: the layers for a layer's node, 1 outside them); of the device holding the part
+    ``holder`` (``"pre"`` or ``"post"``): that part and one layer, activations ``flight`` times.  The reserve
+    once; gathered weights and the temporary dropped (the stage DP does not count them)."""
     problem = built.problem
     parts = part_names(built)
+    readers: dict[str, set[str]] = {}
+    for use in built.edges:  # a parameter counts where it is read, as part_costs counts it
+        if built.infos[use.producer].kind == "parameter":
+            readers.setdefault(built.template[use.producer], set()).add(parts[use.consumer])
     layers = max(1, built.num_blocks)
     memory: list[np.ndarray] = []
     for k, name in enumerate(built.variables):
         info, keeps = built.infos[name], built.keeps.get(name, True)
         static = info.kind in ("parameter", "buffer", "constant")
-        copies = layers if parts[name] == "layer" else 1
-        weight = copies * (1.0 if static else flight) / degree
+        held = readers.get(name, {parts[name]})
+        if holder is None:
+            copies = (layers if "layer" in held else 1) / degree
+        else:
+            copies = 1.0 if held & {holder, "layer"} else 0.0
+        weight = copies * (1.0 if static else flight)
         own = [node_memory(info, s, built.cluster, built.options, keeps) for s in built.strategies[name]]
         memory.append(
             np.asarray(own, dtype=np.float64) * weight + (runtime_reserve(built) if k == 0 else 0.0)
@@ -128,9 +139,13 @@ def refit(
     """The fastest plan found that fits ``budget`` at the stage DP (module docstring); StageMemoryError when
     the floor rules every plan out (``proven``) or none of the plans tried fits."""
     floor = floor_problem(built, degree, flight, budget)
-    _, least = _least(floor)
+    # the busiest device holds at least the mean, and at least what the stage of the embedding / the head holds
+    least = max(_least(floor_problem(built, degree, flight, budget, h))[1] for h in (None, "pre", "post"))
     held = "1 microbatch's" if flight == 1 else f"{flight:g} microbatches'"
-    share = f"a 1/{degree} share of the model's parameter state and of {held} activations, the fewest any device holds"
+    share = (
+        f"a 1/{degree} share of the model's parameter state and of {held} activations, the fewest any device "
+        "holds; and the stage of the embedding or of the head holds it and a layer"
+    )
     if least > budget:
         raise StageMemoryError(
             f"every plan needs at least {format_bytes(least)} on its busiest device ({share}). Fix: raise the "
