@@ -52,6 +52,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -262,10 +263,22 @@ def dp_weights_note(view: PlanView, pipeline_axis: int | None = None, kind: str 
 def fsdp_note(view: PlanView, pipeline_axis: int | None = None) -> str:
     """What the headline adds to ``FSDP n``: how many parameters the FSDP axes shard (stored split and gathered
     before use, :func:`autoshard.report.roles.fsdp_params`, as the "mesh axes" lines and the patterns count
-    them): ``"224 of 291 parameters"``, so that it reads beside the DP note's count of the DP axes."""
+    them): ``"224 of 291 parameters"``, so that it reads beside the DP note's count of the DP axes.  When
+    several FSDP axes split different parameters the headline's degree holds only for those split over all of
+    them, so it says how many: ``"224 of 291 parameters split, 160 of them 16-way"`` (LLaMA-3-8B on 2 x 8,
+    whose k_proj and v_proj are split 8-way only)."""
     gathered = fsdp_params(view)
-    names = {f for u in axis_uses(view, pipeline_axis) if u.kind == "fsdp" for f in gathered.get(u.axis, ())}
-    return f"{len(names)} of {len(view.plan.param_placements)} parameters" if names else ""
+    uses = [u for u in axis_uses(view, pipeline_axis) if u.kind == "fsdp"]
+    sets = [set(gathered.get(u.axis, ())) for u in uses]
+    names = set().union(*sets)
+    if not names:
+        return ""
+    count = f"{len(names)} of {len(view.plan.param_placements)} parameters"
+    full = set.intersection(*sets)
+    if len(full) == len(names):
+        return count
+    degree = math.prod(u.size for u in uses)
+    return f"{count} split, {len(full)} of them {degree}-way"
 
 
 def experts_note(view: PlanView, pipeline_axis: int | None = None) -> str:
