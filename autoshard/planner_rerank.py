@@ -62,6 +62,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from autoshard.errors import InfeasibleError
+from autoshard.planner_candidates import add_sync_exposed
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
@@ -257,6 +258,8 @@ def rank_plan(
 
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
+    if unproven():  # the upper model's optimum: where sync is what the linear objective under-charges
+        add_sync_exposed(candidates, built, solution, read, method, time_limit)
     if unproven():
         floor = lower if why is None and not exhaustive else None
         _add_hand_plans(candidates, built, floor, read, method, time_limit)

@@ -1,0 +1,117 @@
+"""More plans for the ranking when its bound is not met: the optimum of the *sync-exposed* linear problem.
+
+Input: a :class:`~autoshard.problem.build.BuiltProblem`, the solver's :class:`~autoshard.search.Solution` of
+it, and the reader that turns a solution into a :class:`~autoshard.plans.Plan`.  Output: that problem's
+optimum as one more candidate of :func:`autoshard.planner_rerank.rank_plan`, which prices it by the critical
+path like every other.
+
+Why.  The builder charges a repeated layer's gradient sync once, as if every other copy hid under the
+backward of the layer before it (:func:`~autoshard.problem.arrays.edge_arrays`; exact while a layer's sync
+is shorter than its backward).  A plan whose layers sync more than their backward can hide pays the rest on
+the critical path, which the linear objective does not see: the new-user trial's LLaMA-3-8B on 2 x 8
+(batch 2 x 8192, two H100 nodes) got context parallelism on the 8-wide axis, whose weights are replicated
+there too, so each layer's sync (4.3 ms) outlasts its backward and the step exposed 65.8 ms of sync; the
+solver optimum stepped 197.70 ms where ``--forbid cp`` found 188.36 ms.
+
+The sync-exposed problem is the same problem with every copy of a repeated layer's gradient sync charged
+(:func:`sync_exposed_problem`).  It is an *upper* model of the reported step: every term the critical path
+may overlap (a sync, a prefetched gather, a move consumers share) it charges in full, so ``step(p) <= U(p)``
+for every plan ``p``, as the lower-bound problem gives ``L(p) <= step(p)``
+(:mod:`autoshard.problem.unpaid`).  The two bracket the step, and they differ exactly where the ranking
+needs more plans: where sync is what the linear objective under-charges, the plan that is best when that
+sync is paid is the natural one to price.  Its optimum ``p_U`` steps at most ``min U``.
+
+When.  Only when no candidate met the bound (``rank_plan``'s shortcut): a proven plan (LLaMA-3-70B on
+16 x 8 x 8) solves nothing more.  It needs one solve, exact like the solver's, with the solver's dominance
+removals checked and applied first (a similar problem: the same strategies, larger edge costs).  Nothing
+changes where the builder already charged every copy (gradient sync not overlapped) or no repeated
+parameter exists; then no problem is made.
+
+Considered and not done: per kind of parallelism, the best plan with that kind forbidden (the ``--forbid``
+masks).  On the trial's problem (zigzag on axis 1) those four plans priced 204--213 ms, none better than the
+solver's 197.70 ms, at one solve each; the sync-exposed optimum priced 157.48 ms at one solve.
+
+Example::
+
+    upper = sync_exposed_problem(built)       # None: nothing hidden to charge
+    evaluate(upper, choice) >= plan.predicted_step_time
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autoshard.errors import InfeasibleError
+from autoshard.plans import Plan
+from autoshard.problem.build import BuiltProblem, edge_matrix
+from autoshard.problem.unpaid import ordinary_uses, repeated_parameter
+from autoshard.search import Edge, SearchProblem, Solution, solve
+
+__all__ = ["SYNC_EXPOSED", "Candidate", "add_sync_exposed", "sync_exposed_problem"]
+
+SYNC_EXPOSED = "sync-exposed optimum"
+"""The candidate's name in ``SolverReport.ranked`` and the report's proof line."""
+
+Candidate = tuple[str, Plan, tuple[int, ...] | None]
+"""(name, plan, its choice in the problem; None for a plan of another problem) as ``rank_plan`` keeps them."""
+
+
+def sync_exposed_problem(built: BuiltProblem) -> SearchProblem | None:
+    """``built``'s problem with each repeated layer's gradient sync charged on every copy, not once (module
+    docstring); None when that changes nothing or the builder's edges cannot be matched to their uses."""
+    opts = built.options
+    if not (opts.training and opts.overlap.overlap_grad_sync):
+        return None  # the builder charged every copy already
+    uses = ordinary_uses(built)
+    if uses is None:
+        return None
+    edges, changed = list(built.problem.edges), False
+    forward_only = dataclasses.replace(opts, training=False)
+    for use in uses:
+        if not repeated_parameter(built, use):
+            continue
+        tu, tv, which, pos = use.use
+        producer, src, dst = built.infos[tu], built.strategies[tu], built.strategies[tv]
+        one = edge_matrix(producer, which, src, dst, pos, opts, built.cache)  # forward moves + one sync
+        forward = edge_matrix(producer, which, src, dst, pos, forward_only, built.cache)
+        sync = np.where(np.isfinite(forward), one - forward, 0.0)  # no forward move: the edge is inf already
+        edge = edges[use.edge]
+        edges[use.edge] = Edge(edge.u, edge.v, edge.cost + sync * (use.copies - 1))  # inf stays inf
+        changed = True
+    return dataclasses.replace(built.problem, edges=tuple(edges)) if changed else None
+
+
+def add_sync_exposed(
+    candidates: list[Candidate],
+    built: BuiltProblem,
+    solution: Solution,
+    read: Callable[[BuiltProblem, Solution], Plan],
+    method: Any,
+    time_limit: float,
+) -> None:
+    """Append the sync-exposed optimum to ``candidates`` (a plan already there is renamed: ``"solver
+    optimum = sync-exposed optimum"``)."""
+    upper = sync_exposed_problem(built)
+    if upper is None:
+        return
+    try:
+        found = solve(
+            upper,
+            method=method,
+            time_limit=time_limit,
+            dominated=solution.dominated,  # re-checked on this problem: only the speed depends on them
+            incumbent=solution.choice,
+            multiplier=solution.multiplier,
+        )
+    except InfeasibleError:  # the same strategies and budget as the solver's problem, which has a plan
+        return
+    same = [i for i, (_, _, choice) in enumerate(candidates) if choice == found.choice]
+    if same:
+        name, plan, choice = candidates[same[0]]
+        candidates[same[0]] = (f"{name} = {SYNC_EXPOSED}", plan, choice)
+    else:
+        candidates.append((SYNC_EXPOSED, read(built, found), found.choice))
