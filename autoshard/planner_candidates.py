@@ -40,6 +40,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -49,9 +50,28 @@ from autoshard.errors import InfeasibleError
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.unpaid import ordinary_uses, repeated_parameter
-from autoshard.search import Edge, SearchProblem, Solution, solve
+from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, solve
+from autoshard.steering import kind_masks
 
-__all__ = ["SYNC_EXPOSED", "Candidate", "add_sync_exposed", "sync_exposed_problem"]
+__all__ = [
+    "RESTRICTED",
+    "SYNC_EXPOSED",
+    "Candidate",
+    "add_candidate",
+    "add_restricted",
+    "add_sync_exposed",
+    "beatable",
+    "kind_allowed",
+    "sync_exposed_problem",
+]
+
+#: Relative slack between the bound and a step that still counts as equal: float sums in two orders (the
+#: solver's objective and the critical path).  ``planner_rerank.RANK_TOLERANCE`` is this one.
+RANK_TOLERANCE = 1e-9
+
+#: The kinds whose masks give restricted candidates: those read from a strategy's splits
+#: (:mod:`autoshard.steering`; ``fsdp`` constrains edges and ``pp`` the request, not strategies).
+RESTRICTED = ("dp", "tp", "sp", "cp", "ep")
 
 SYNC_EXPOSED = "sync-exposed optimum"
 """The candidate's name in ``SolverReport.ranked`` and the report's proof line."""
@@ -93,8 +113,7 @@ def add_sync_exposed(
     method: Any,
     time_limit: float,
 ) -> None:
-    """Append the sync-exposed optimum to ``candidates`` (a plan already there is renamed: ``"solver
-    optimum = sync-exposed optimum"``)."""
+    """Append the sync-exposed optimum to ``candidates`` (module docstring)."""
     upper = sync_exposed_problem(built)
     if upper is None:
         return
@@ -109,9 +128,87 @@ def add_sync_exposed(
         )
     except InfeasibleError:  # the same strategies and budget as the solver's problem, which has a plan
         return
+    add_candidate(candidates, SYNC_EXPOSED, built, found, read)
+
+
+def add_restricted(
+    candidates: list[Candidate],
+    built: BuiltProblem,
+    lower: SearchProblem,
+    prune: bool,
+    read: Callable[[BuiltProblem, Solution], Plan],
+    method: Any,
+    time_limit: float,
+) -> None:
+    """Per kind of parallelism (:data:`RESTRICTED`), the plans ``--forbid KIND`` would rank first: the
+    lower-bound problem's and the linear problem's optima under that kind's masks (module docstring).
+
+    ``prune``: ``lower`` bounds every plan's step, so a kind whose masked bound reaches the best step so
+    far is not solved further (:func:`beatable`)."""
+    for kind in RESTRICTED:
+        masks = kind_allowed(built, kind)
+        if masks is None:
+            continue
+        best = min(plan.predicted_step_time for _, plan, _ in candidates)
+        floor = beatable(
+            dataclasses.replace(lower, allowed=masks), best if prune else math.inf, method, time_limit
+        )
+        if floor is None:
+            continue
+        add_candidate(candidates, f"lower-bound optimum without {kind}", built, floor, read)
+        try:
+            linear = solve(
+                dataclasses.replace(built.problem, allowed=masks), method=method, time_limit=time_limit
+            )
+        except InfeasibleError:
+            continue
+        add_candidate(candidates, f"solver optimum without {kind}", built, linear, read)
+
+
+def kind_allowed(built: BuiltProblem, kind: str) -> tuple[np.ndarray | None, ...] | None:
+    """``built``'s allowed masks less every strategy that splits as ``kind`` does
+    (:func:`~autoshard.steering.kind_masks`); None when that removes nothing or leaves a node nothing."""
+    current = built.problem.allowed or (None,) * built.problem.num_nodes
+    masks, changed = list(current), False
+    index = {name: k for k, name in enumerate(built.variables)}
+    for name, keep in kind_masks(frozenset({kind}), built.infos, built.strategies, built.template).items():
+        k = index.get(name)
+        if k is None:
+            continue
+        both = keep if masks[k] is None else keep & masks[k]
+        if not both.any():
+            return None  # this kind is what the node (or a pin on it) needs: no plan without it
+        changed = changed or masks[k] is None or bool((both != masks[k]).any())
+        masks[k] = both
+    return tuple(masks) if changed else None
+
+
+def beatable(lower: SearchProblem, best: float, method: Any, time_limit: float) -> Solution | None:
+    """The optimum of ``lower`` (the lower-bound problem, maybe masked) when it may have a reported step
+    below ``best``; None when its bound reaches ``best`` (the solver stops at the first bound that does,
+    before any budgeted search) or no plan fits (the masks, the budget and the pins are the linear
+    problem's, so none fits there either).  Each plan's step is at least its ``L``, so a problem proven so
+    holds no plan that could be chosen (ties keep the earlier candidate)."""
+    above = best * (1 + RANK_TOLERANCE) + 1e-12  # L <= step holds to RANK_TOLERANCE (float sums, two orders)
+    try:
+        floor = solve(lower, method=method, time_limit=time_limit, ceiling=above)
+    except (BoundExceeded, InfeasibleError):
+        return None
+    return None if floor.lower_bound >= above else floor
+
+
+def add_candidate(
+    candidates: list[Candidate],
+    name: str,
+    built: BuiltProblem,
+    found: Solution,
+    read: Callable[[BuiltProblem, Solution], Plan],
+) -> None:
+    """Append ``found``'s plan as ``name``; a plan already there is renamed instead (``"solver optimum =
+    sync-exposed optimum"``), so each plan is read and priced once."""
     same = [i for i, (_, _, choice) in enumerate(candidates) if choice == found.choice]
     if same:
-        name, plan, choice = candidates[same[0]]
-        candidates[same[0]] = (f"{name} = {SYNC_EXPOSED}", plan, choice)
+        first, plan, choice = candidates[same[0]]
+        candidates[same[0]] = (f"{first} = {name}", plan, choice)
     else:
-        candidates.append((SYNC_EXPOSED, read(built, found), found.choice))
+        candidates.append((name, read(built, found), found.choice))

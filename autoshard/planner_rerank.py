@@ -62,7 +62,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from autoshard.errors import InfeasibleError
-from autoshard.planner_candidates import add_sync_exposed
+from autoshard.planner_candidates import (
+    RANK_TOLERANCE,
+    add_candidate,
+    add_restricted,
+    add_sync_exposed,
+    beatable,
+)
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
@@ -71,10 +77,9 @@ from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, evalu
 
 __all__ = ["RANK_TOLERANCE", "by_step", "hand_plan_masks", "lower_bound_problem", "rank_plan"]
 
-#: Relative slack between the bound and a step that still counts as equal: float sums in two orders (the
-#: solver's objective and the critical path).  The objective's memory tie-break (``MEMORY_TIE_BREAK``) is
-#: taken out of the lower-bound problem exactly.
-RANK_TOLERANCE = 1e-9
+#: ``RANK_TOLERANCE`` (defined beside the candidates that share it): relative slack between the bound and a
+#: step that still counts as equal, float sums in two orders (the solver's objective and the critical path).
+#: The objective's memory tie-break (``MEMORY_TIE_BREAK``) is taken out of the lower-bound problem exactly.
 
 HAND_PLANS = ("data parallel", "fsdp")
 
@@ -258,8 +263,10 @@ def rank_plan(
 
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
-    if unproven():  # the upper model's optimum: where sync is what the linear objective under-charges
+    if unproven():  # more candidates short of the bound (autoshard/planner_candidates.py)
         add_sync_exposed(candidates, built, solution, read, method, time_limit)
+    if unproven():
+        add_restricted(candidates, built, lower, why is None and not exhaustive, read, method, time_limit)
     if unproven():
         floor = lower if why is None and not exhaustive else None
         _add_hand_plans(candidates, built, floor, read, method, time_limit)
@@ -309,26 +316,14 @@ def _add_hand_plans(
             )
         except InfeasibleError:
             continue  # the hand plan does not fit (or breaks a pin): not a candidate
-        same = [i for i, (_, _, c) in enumerate(candidates) if c == hand.choice]
-        if same:  # say that the plan found is this hand plan too
-            first, plan, choice = candidates[same[0]]
-            candidates[same[0]] = (f"{first} = {name}", plan, choice)
-        else:
-            candidates.append((name, read(built, hand), hand.choice))
+        add_candidate(candidates, name, built, hand, read)  # a plan already there: "... = fsdp"
 
 
 def _cannot_beat(lower: SearchProblem, best: float, method: Any, time_limit: float) -> bool:
     """Whether no plan of ``lower``'s problem (a hand plan's masks on the lower-bound problem) can have a
-    reported step below ``best``: its bound reaches ``best`` (the solver stops at the first bound that does,
-    before any budgeted search), or no plan fits (the masks, the budget and the pins are the linear
-    problem's, so the hand plan does not fit either).  Each plan's step is at least its ``L``, so a hand
-    plan proven so is not solved: it could not be chosen (ties keep the earlier candidate)."""
-    above = _slack(best)  # the relation L <= step holds to RANK_TOLERANCE (float sums in two orders)
-    try:
-        floor = solve(lower, method=method, time_limit=time_limit, ceiling=above)
-    except (BoundExceeded, InfeasibleError):
-        return True
-    return floor.lower_bound >= above
+    reported step below ``best`` (:func:`~autoshard.planner_candidates.beatable`): a hand plan proven so is
+    not solved, it could not be chosen."""
+    return beatable(lower, best, method, time_limit) is None
 
 
 def _slack(x: float) -> float:
