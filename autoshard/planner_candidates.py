@@ -1,9 +1,9 @@
-"""More plans for the ranking when its bound is not met: the optimum of the *sync-exposed* linear problem.
+"""More plans for the ranking when its bound is not met: the *sync-exposed* optimum, and per kind of
+parallelism the optima without it.
 
 Input: a :class:`~autoshard.problem.build.BuiltProblem`, the solver's :class:`~autoshard.search.Solution` of
-it, and the reader that turns a solution into a :class:`~autoshard.plans.Plan`.  Output: that problem's
-optimum as one more candidate of :func:`autoshard.planner_rerank.rank_plan`, which prices it by the critical
-path like every other.
+it, and the reader that turns a solution into a :class:`~autoshard.plans.Plan`.  Output: more candidates of
+:func:`autoshard.planner_rerank.rank_plan`, which prices each by the critical path like every other.
 
 Why.  The builder charges a repeated layer's gradient sync once, as if every other copy hid under the
 backward of the layer before it (:func:`~autoshard.problem.arrays.edge_arrays`; exact while a layer's sync
@@ -19,17 +19,37 @@ may overlap (a sync, a prefetched gather, a move consumers share) it charges in 
 for every plan ``p``, as the lower-bound problem gives ``L(p) <= step(p)``
 (:mod:`autoshard.problem.unpaid`).  The two bracket the step, and they differ exactly where the ranking
 needs more plans: where sync is what the linear objective under-charges, the plan that is best when that
-sync is paid is the natural one to price.  Its optimum ``p_U`` steps at most ``min U``.
+sync is paid is the natural one to price.  Its optimum ``p_U`` steps at most ``min U``.  On the trial it is
+TP 2 x CP 8 at 157.48 ms (the bound 134.97 ms), below every ``--forbid`` plan (the best, ``--forbid cp`` and
+``--forbid dp``, 166.6 and 166.2 ms now that their rankings price it too).
+
+Per kind of parallelism (:func:`add_restricted`).  The sync-exposed optimum is one plan; a plan that keeps
+a layer's sync under its backward only *partly* lies between the two models, and a user who forbids a kind
+(``--forbid dp``) gets the ranking of that restricted problem, whose lower-bound and linear optima are plans
+of this problem too.  So for each kind read from strategies (dp, tp, sp, cp, ep) those two optima are
+candidates, unless the lower-bound problem under the kind's masks, solved with the best step so far as its
+ceiling, proves none of its plans faster (:func:`beatable`, the hand plans' rule; its optimum is the first
+of the pair).  A LLaMA of 2048 hidden x 4 layers, batch 2 x 4096, on two H100 nodes (2 x 8): solver
+optimum 10.04 ms, sync-exposed optimum 7.78 ms, "lower-bound optimum without dp" 7.52 ms, which is what
+``--forbid dp`` returns, and no ``--forbid`` plan is faster (``tests/planner/test_planner_candidates.py``).
+These plans live in the problem's own sequence layout: where it is zigzag, a restricted plan without rings
+pays reordering copies that ``--forbid cp`` (laid out contiguous) does not (the trial's: 204--213 ms).
 
 When.  Only when no candidate met the bound (``rank_plan``'s shortcut): a proven plan (LLaMA-3-70B on
-16 x 8 x 8) solves nothing more.  It needs one solve, exact like the solver's, with the solver's dominance
-removals checked and applied first (a similar problem: the same strategies, larger edge costs).  Nothing
-changes where the builder already charged every copy (gradient sync not overlapped) or no repeated
-parameter exists; then no problem is made.
+16 x 8 x 8) solves nothing more.  The sync-exposed problem takes one solve, with the solver's dominance
+removals checked and applied first (a similar problem: the same strategies, larger edge costs); each kind
+one bounded solve, and one more when not pruned.  Nothing changes where the builder already charged every
+copy (gradient sync not overlapped) or no repeated parameter exists; then no sync-exposed problem is made.
 
-Considered and not done: per kind of parallelism, the best plan with that kind forbidden (the ``--forbid``
-masks).  On the trial's problem (zigzag on axis 1) those four plans priced 204--213 ms, none better than the
-solver's 197.70 ms, at one solve each; the sync-exposed optimum priced 157.48 ms at one solve.
+Not done: a tighter objective.  For N identical layers with per-layer sync ``s`` and backward ``c`` the
+critical path exposes at least ``s + (N - 1) max(0, s - c)`` (the stream's finish is at least the last
+layer's ready time plus every later sync, whatever the buckets), and ``max(0, x) >= lam x`` for ``lam`` in
+[0, 1]; so the lower-bound problem plus ``lam (N - 1)`` x (each repeated parameter edge's sync minus each
+block node's one-microbatch backward) is linear in the solver's arrays and still a lower bound.  On the
+trial it raises the bound from 134.97 to 136.3 ms at ``lam = 1/4`` (min over plans), its optimum at
+``lam = 1`` steps 157.90 ms.  Taking the best ``lam`` (a concave dual) would tighten the "within X" claim;
+it needs each block node's backward as an array and a proof over further runs and pipelines: left for
+the bound's owner.
 
 Example::
 

@@ -21,9 +21,11 @@ So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`
 move several consumers may share beyond 1/m, the syncs that may hide; and the memory tie-break) is a lower bound
 on every plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same solver) gives
 ``B <= step(p)`` for every plan ``p`` of the problem. The candidates -- the solver's optimum and the lower-bound
-problem's optimum, then, unless one of them already reaches ``B``, the hand plans everyone compares against (pure
-data parallel, FSDP on every axis), each the best completion under the same pins -- are priced by the critical
-path and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower
+problem's optimum, then, while none of them reaches ``B``: the sync-exposed optimum (every repeated layer's
+gradient sync charged on every copy, an upper model of the step), per kind of parallelism the lower-bound and
+linear optima without it (the plans ``--forbid KIND`` ranks first; :mod:`autoshard.planner_candidates` says why
+these), and the hand plans everyone compares against (pure data parallel, FSDP on every axis), each the best
+completion under the same pins -- are priced by the critical path and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower
 reported step: the plan is proven optimal *by the reported step* (``step_optimal``). Otherwise the report says
 "optimal under the linear step model; step within X of the bound" -- never "optimal" alone. What is not enumerated
 (the plans between the best candidate and ``B``) is covered by that X.
@@ -36,8 +38,9 @@ by more than that tolerance: neither the lower-bound optimum nor the hand plans 
 This holds inside a scope too (a recomputation policy, a binding budget): the scope restricts which plans
 ``B`` covers, and every candidate lies inside it.  Short of ``B``, a hand plan is solved only when the
 lower-bound problem under its masks, solved with the best step so far as a ceiling, does not prove it slower
-(:func:`_cannot_beat`: usually one unbudgeted solve instead of a budgeted one).  The only differences from
-pricing them all are the count in "best of N plans priced" and the hand plans left out of ``ranked``; the
+(:func:`_cannot_beat`: usually one unbudgeted solve instead of a budgeted one); so is each kind's restricted
+pair, whose lower-bound optimum is that very solve.  The only differences from
+pricing them all are the count in "best of N plans priced" and the plans left out of ``ranked``; the
 plan, the bound and the claim are the same (``tests/planner/test_planner_rerank_shortcut.py``).
 
 Scope of the bound: the plans the problem admits (the user's pins, its recomputation policy).  It covers
