@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -71,7 +71,9 @@ from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.unpaid import ordinary_uses, repeated_parameter
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, solve
+from autoshard.search.reduce import Certificates
 from autoshard.steering import kind_masks
+from autoshard.steering_dims import Output, carried_dims
 
 __all__ = [
     "RESTRICTED",
@@ -156,6 +158,7 @@ def add_restricted(
     built: BuiltProblem,
     lower: SearchProblem,
     prune: bool,
+    hints: tuple[Solution, Solution],
     read: Callable[[BuiltProblem, Solution], Plan],
     method: Any,
     time_limit: float,
@@ -164,34 +167,46 @@ def add_restricted(
     lower-bound problem's and the linear problem's optima under that kind's masks (module docstring).
 
     ``prune``: ``lower`` bounds every plan's step, so a kind whose masked bound reaches the best step so
-    far is not solved further (:func:`beatable`)."""
+    far is not solved further (:func:`beatable`).  ``hints``: the solutions of ``lower`` and of the linear
+    problem, whose dominance removals are re-checked under the masks (only the speed depends on them)."""
+    dims = carried_dims(built.infos, built.strategies, built.template)  # once for every kind
+    bound, solution = hints
     for kind in RESTRICTED:
-        masks = kind_allowed(built, kind)
+        masks = kind_allowed(built, kind, dims)
         if masks is None:
             continue
         best = min(plan.predicted_step_time for _, plan, _ in candidates)
+        ceiling = best if prune else math.inf
         floor = beatable(
-            dataclasses.replace(lower, allowed=masks), best if prune else math.inf, method, time_limit
+            dataclasses.replace(lower, allowed=masks), ceiling, method, time_limit, bound.dominated
         )
         if floor is None:
             continue
         add_candidate(candidates, f"lower-bound optimum without {kind}", built, floor, read)
         try:
             linear = solve(
-                dataclasses.replace(built.problem, allowed=masks), method=method, time_limit=time_limit
+                dataclasses.replace(built.problem, allowed=masks),
+                method=method,
+                time_limit=time_limit,
+                dominated=solution.dominated,
+                dominance_search=not solution.dominated,
             )
         except InfeasibleError:
             continue
         add_candidate(candidates, f"solver optimum without {kind}", built, linear, read)
 
 
-def kind_allowed(built: BuiltProblem, kind: str) -> tuple[np.ndarray | None, ...] | None:
+def kind_allowed(
+    built: BuiltProblem, kind: str, dims: Mapping[Output, Mapping[str, frozenset[int]]] | None = None
+) -> tuple[np.ndarray | None, ...] | None:
     """``built``'s allowed masks less every strategy that splits as ``kind`` does
-    (:func:`~autoshard.steering.kind_masks`); None when that removes nothing or leaves a node nothing."""
+    (:func:`~autoshard.steering.kind_masks`; ``dims``: its ``carried_dims``); None when that removes nothing
+    or leaves a node nothing."""
     current = built.problem.allowed or (None,) * built.problem.num_nodes
     masks, changed = list(current), False
     index = {name: k for k, name in enumerate(built.variables)}
-    for name, keep in kind_masks(frozenset({kind}), built.infos, built.strategies, built.template).items():
+    kinds = frozenset({kind})
+    for name, keep in kind_masks(kinds, built.infos, built.strategies, built.template, dims).items():
         k = index.get(name)
         if k is None:
             continue
@@ -203,15 +218,25 @@ def kind_allowed(built: BuiltProblem, kind: str) -> tuple[np.ndarray | None, ...
     return tuple(masks) if changed else None
 
 
-def beatable(lower: SearchProblem, best: float, method: Any, time_limit: float) -> Solution | None:
+def beatable(
+    lower: SearchProblem, best: float, method: Any, time_limit: float, dominated: Certificates = ()
+) -> Solution | None:
     """The optimum of ``lower`` (the lower-bound problem, maybe masked) when it may have a reported step
     below ``best``; None when its bound reaches ``best`` (the solver stops at the first bound that does,
     before any budgeted search) or no plan fits (the masks, the budget and the pins are the linear
     problem's, so none fits there either).  Each plan's step is at least its ``L``, so a problem proven so
-    holds no plan that could be chosen (ties keep the earlier candidate)."""
+    holds no plan that could be chosen (ties keep the earlier candidate).  ``dominated``: a similar
+    problem's dominance removals, re-checked here in place of a search of its own (only the speed)."""
     above = best * (1 + RANK_TOLERANCE) + 1e-12  # L <= step holds to RANK_TOLERANCE (float sums, two orders)
     try:
-        floor = solve(lower, method=method, time_limit=time_limit, ceiling=above)
+        floor = solve(
+            lower,
+            method=method,
+            time_limit=time_limit,
+            ceiling=above,
+            dominated=dominated,
+            dominance_search=not dominated,
+        )
     except (BoundExceeded, InfeasibleError):
         return None
     return None if floor.lower_bound >= above else floor

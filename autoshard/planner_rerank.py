@@ -25,10 +25,11 @@ problem's optimum, then, while none of them reaches ``B``: the sync-exposed opti
 gradient sync charged on every copy, an upper model of the step), per kind of parallelism the lower-bound and
 linear optima without it (the plans ``--forbid KIND`` ranks first; :mod:`autoshard.planner_candidates` says why
 these), and the hand plans everyone compares against (pure data parallel, FSDP on every axis), each the best
-completion under the same pins -- are priced by the critical path and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower
-reported step: the plan is proven optimal *by the reported step* (``step_optimal``). Otherwise the report says
-"optimal under the linear step model; step within X of the bound" -- never "optimal" alone. What is not enumerated
-(the plans between the best candidate and ``B``) is covered by that X.
+completion under the same pins -- are priced by the critical path and the fastest is returned. When its step
+is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower reported step: the plan is proven optimal *by the
+reported step* (``step_optimal``). Otherwise the report says "optimal under the linear step model; step within X
+of the bound" -- never "optimal" alone. What is not enumerated (the plans between the best candidate and ``B``)
+is covered by that X.
 
 Shortcut (why the ranking usually prices one or two plans, not four).  Every candidate is a plan of the
 same problem (the lower-bound optimum, and the hand plans, which are that problem with some strategies
@@ -269,7 +270,8 @@ def rank_plan(
     if unproven():  # more candidates short of the bound (autoshard/planner_candidates.py)
         add_sync_exposed(candidates, built, solution, read, method, time_limit)
     if unproven():
-        add_restricted(candidates, built, lower, why is None and not exhaustive, read, method, time_limit)
+        prune, hints = why is None and not exhaustive, (bound_solution, solution)
+        add_restricted(candidates, built, lower, prune, hints, read, method, time_limit)
     if unproven():
         floor = lower if why is None and not exhaustive else None
         _add_hand_plans(candidates, built, floor, read, method, time_limit)
