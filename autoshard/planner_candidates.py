@@ -168,21 +168,24 @@ def add_restricted(
 
     ``prune``: ``lower`` bounds every plan's step, so a kind whose masked bound reaches the best step so
     far is not solved further (:func:`beatable`).  ``hints``: the solutions of ``lower`` and of the linear
-    problem, whose dominance removals are re-checked under the masks (only the speed depends on them)."""
+    problem: an optimum that makes no split of the kind is that problem's optimum under its masks too (not
+    solved again), and their dominance removals are re-checked under the masks (only the speed)."""
     dims = carried_dims(built.infos, built.strategies, built.template)  # once for every kind
     bound, solution = hints
     for kind in RESTRICTED:
         masks = kind_allowed(built, kind, dims)
         if masks is None:
             continue
-        best = min(plan.predicted_step_time for _, plan, _ in candidates)
-        ceiling = best if prune else math.inf
-        floor = beatable(
-            dataclasses.replace(lower, allowed=masks), ceiling, method, time_limit, bound.dominated
-        )
-        if floor is None:
-            continue
-        add_candidate(candidates, f"lower-bound optimum without {kind}", built, floor, read)
+        if _uses(bound.choice, masks):  # else the lower-bound optimum is a plan without ``kind`` already
+            best = min(plan.predicted_step_time for _, plan, _ in candidates)
+            ceiling = best if prune else math.inf
+            masked = dataclasses.replace(lower, allowed=masks)
+            floor = beatable(masked, ceiling, method, time_limit, bound.dominated)
+            if floor is None:
+                continue  # no plan without ``kind`` can be chosen
+            add_candidate(candidates, f"lower-bound optimum without {kind}", built, floor, read)
+        if not _uses(solution.choice, masks):
+            continue  # the solver's optimum is its optimum without ``kind`` too (a subset holding it)
         try:
             linear = solve(
                 dataclasses.replace(built.problem, allowed=masks),
@@ -194,6 +197,11 @@ def add_restricted(
         except InfeasibleError:
             continue
         add_candidate(candidates, f"solver optimum without {kind}", built, linear, read)
+
+
+def _uses(choice: tuple[int, ...], masks: tuple[np.ndarray | None, ...]) -> bool:
+    """Whether ``choice`` takes a strategy ``masks`` remove."""
+    return any(m is not None and not m[c] for m, c in zip(masks, choice, strict=False))
 
 
 def kind_allowed(
