@@ -34,8 +34,8 @@ def _llama() -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
     )  # fmt: skip
     with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    return model, (torch.zeros(2, 4096, dtype=torch.long, device="meta"),)
+        model: torch.nn.Module = transformers.LlamaForCausalLM(cfg)
+    return model.to(torch.bfloat16), (torch.zeros(2, 4096, dtype=torch.long, device="meta"),)
 
 
 def _no_more_candidates(*_: Any, **__: Any) -> None:
