@@ -64,8 +64,14 @@ def test_the_default_search_is_no_slower_than_any_forbid_and_than_before(
     for kind in ("cp", "sp", "tp", "dp"):
         restricted = autoshard.plan(model, cluster, args, captured=captured, forbid=[kind])
         assert best.predicted_step_time <= restricted.predicted_step_time * (1 + 1e-9), kind
-    # never slower than the ranking without them: the same candidates first, then more
+    # the pruned kinds change the work only: the exhaustive ranking returns the same plan and bound
     (found, built, solution, read), kwargs = calls[0]
+    full = rank_plan(found, built, solution, read, **kwargs, exhaustive=True)
+    assert (full.nodes, full.predicted_step_time, full.solver.step_bound) == (
+        best.nodes, best.predicted_step_time, s.step_bound,
+    )  # fmt: skip
+    assert len(full.solver.ranked) >= len(s.ranked)
+    # never slower than the ranking without them: the same candidates first, then more
     monkeypatch.setattr(rerank, "add_sync_exposed", _no_more_candidates)
     monkeypatch.setattr(rerank, "add_restricted", _no_more_candidates)
     before = rank_plan(found, built, solution, read, **kwargs)
