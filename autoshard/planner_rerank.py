@@ -21,12 +21,15 @@ So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`
 move several consumers may share beyond 1/m, the syncs that may hide; and the memory tie-break) is a lower bound
 on every plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same solver) gives
 ``B <= step(p)`` for every plan ``p`` of the problem. The candidates -- the solver's optimum and the lower-bound
-problem's optimum, then, unless one of them already reaches ``B``, the hand plans everyone compares against (pure
-data parallel, FSDP on every axis), each the best completion under the same pins -- are priced by the critical
-path and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower
-reported step: the plan is proven optimal *by the reported step* (``step_optimal``). Otherwise the report says
-"optimal under the linear step model; step within X of the bound" -- never "optimal" alone. What is not enumerated
-(the plans between the best candidate and ``B``) is covered by that X.
+problem's optimum, then, while none of them reaches ``B``: the sync-exposed optimum (every repeated layer's
+gradient sync charged on every copy, an upper model of the step), per kind of parallelism the lower-bound and
+linear optima without it (the plans ``--forbid KIND`` ranks first; :mod:`autoshard.planner_candidates` says why
+these), and the hand plans everyone compares against (pure data parallel, FSDP on every axis), each the best
+completion under the same pins -- are priced by the critical path and the fastest is returned. When its step
+is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower reported step: the plan is proven optimal *by the
+reported step* (``step_optimal``). Otherwise the report says "optimal under the linear step model; step within X
+of the bound" -- never "optimal" alone. What is not enumerated (the plans between the best candidate and ``B``)
+is covered by that X.
 
 Shortcut (why the ranking usually prices one or two plans, not four).  Every candidate is a plan of the
 same problem (the lower-bound optimum, and the hand plans, which are that problem with some strategies
@@ -36,8 +39,9 @@ by more than that tolerance: neither the lower-bound optimum nor the hand plans 
 This holds inside a scope too (a recomputation policy, a binding budget): the scope restricts which plans
 ``B`` covers, and every candidate lies inside it.  Short of ``B``, a hand plan is solved only when the
 lower-bound problem under its masks, solved with the best step so far as a ceiling, does not prove it slower
-(:func:`_cannot_beat`: usually one unbudgeted solve instead of a budgeted one).  The only differences from
-pricing them all are the count in "best of N plans priced" and the hand plans left out of ``ranked``; the
+(:func:`_cannot_beat`: usually one unbudgeted solve instead of a budgeted one); so is each kind's restricted
+pair, whose lower-bound optimum is that very solve.  The only differences from
+pricing them all are the count in "best of N plans priced" and the plans left out of ``ranked``; the
 plan, the bound and the claim are the same (``tests/planner/test_planner_rerank_shortcut.py``).
 
 Scope of the bound: the plans the problem admits (the user's pins, its recomputation policy).  It covers
@@ -62,6 +66,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from autoshard.errors import InfeasibleError
+from autoshard.planner_candidates import (
+    RANK_TOLERANCE,
+    add_candidate,
+    add_restricted,
+    add_sync_exposed,
+    beatable,
+)
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
@@ -70,10 +81,9 @@ from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, evalu
 
 __all__ = ["RANK_TOLERANCE", "by_step", "hand_plan_masks", "lower_bound_problem", "rank_plan"]
 
-#: Relative slack between the bound and a step that still counts as equal: float sums in two orders (the
-#: solver's objective and the critical path).  The objective's memory tie-break (``MEMORY_TIE_BREAK``) is
-#: taken out of the lower-bound problem exactly.
-RANK_TOLERANCE = 1e-9
+#: ``RANK_TOLERANCE`` (defined beside the candidates that share it): relative slack between the bound and a
+#: step that still counts as equal, float sums in two orders (the solver's objective and the critical path).
+#: The objective's memory tie-break (``MEMORY_TIE_BREAK``) is taken out of the lower-bound problem exactly.
 
 HAND_PLANS = ("data parallel", "fsdp")
 
@@ -257,6 +267,11 @@ def rank_plan(
 
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
+    if unproven():  # more candidates short of the bound (autoshard/planner_candidates.py)
+        add_sync_exposed(candidates, built, solution, read, method, time_limit)
+    if unproven():
+        prune, hints = why is None and not exhaustive, (bound_solution, solution)
+        add_restricted(candidates, built, lower, prune, hints, read, method, time_limit)
     if unproven():
         floor = lower if why is None and not exhaustive else None
         _add_hand_plans(candidates, built, floor, read, method, time_limit)
@@ -306,26 +321,14 @@ def _add_hand_plans(
             )
         except InfeasibleError:
             continue  # the hand plan does not fit (or breaks a pin): not a candidate
-        same = [i for i, (_, _, c) in enumerate(candidates) if c == hand.choice]
-        if same:  # say that the plan found is this hand plan too
-            first, plan, choice = candidates[same[0]]
-            candidates[same[0]] = (f"{first} = {name}", plan, choice)
-        else:
-            candidates.append((name, read(built, hand), hand.choice))
+        add_candidate(candidates, name, built, hand, read)  # a plan already there: "... = fsdp"
 
 
 def _cannot_beat(lower: SearchProblem, best: float, method: Any, time_limit: float) -> bool:
     """Whether no plan of ``lower``'s problem (a hand plan's masks on the lower-bound problem) can have a
-    reported step below ``best``: its bound reaches ``best`` (the solver stops at the first bound that does,
-    before any budgeted search), or no plan fits (the masks, the budget and the pins are the linear
-    problem's, so the hand plan does not fit either).  Each plan's step is at least its ``L``, so a hand
-    plan proven so is not solved: it could not be chosen (ties keep the earlier candidate)."""
-    above = _slack(best)  # the relation L <= step holds to RANK_TOLERANCE (float sums in two orders)
-    try:
-        floor = solve(lower, method=method, time_limit=time_limit, ceiling=above)
-    except (BoundExceeded, InfeasibleError):
-        return True
-    return floor.lower_bound >= above
+    reported step below ``best`` (:func:`~autoshard.planner_candidates.beatable`): a hand plan proven so is
+    not solved, it could not be chosen."""
+    return beatable(lower, best, method, time_limit) is None
 
 
 def _slack(x: float) -> float:

@@ -127,13 +127,14 @@ def check_stages(kinds: frozenset[str], pipeline: object, stage_pin: bool) -> No
 
 def kind_masks(
     kinds: frozenset[str], infos: Mapping[str, NodeInfo], strategies: Mapping[str, Sequence[OpStrategy]],
-    template: Mapping[str, str],
+    template: Mapping[str, str], dims: Mapping[Output, Mapping[str, frozenset[int]]] | None = None,
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """Node masks keeping only the strategies that make no split of a forbidden kind (module docstring);
-    ``fsdp`` constrains edges (:func:`forbid_gathers`), ``pp`` the request (:func:`check_stages`)."""
+    ``fsdp`` constrains edges (:func:`forbid_gathers`), ``pp`` the request (:func:`check_stages`).
+    ``dims``: :func:`carried_dims` of the same nodes, when the caller masks several kinds one by one."""
     if not kinds & _VALUE_KINDS:
         return {}
-    dims = carried_dims(infos, strategies, template)
+    dims = carried_dims(infos, strategies, template) if dims is None else dims
     masks: dict[str, np.ndarray] = {}
     for info in infos.values():
         if template[info.name] != info.name or info.kind not in ("op", "user_input"):

@@ -37,7 +37,19 @@ from autoshard.problem.recompute import rerun_share
 if TYPE_CHECKING:
     from autoshard.problem.build import BuiltProblem
 
-__all__ = ["Unpaid", "unpaid", "unpaid_edges"]
+__all__ = ["Unpaid", "Use", "ordinary_uses", "repeated_parameter", "unpaid", "unpaid_edges"]
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """An ordinary edge of the search problem: ``edge``, its index in ``SearchProblem.edges``; ``use``,
+    (producer, consumer, output, input position) of the builder's weighted use; ``copies``, its weight;
+    ``consumers``, the uses priced apart that may share its move (1: none)."""
+
+    edge: int
+    use: tuple[str, str, int, int]
+    copies: int
+    consumers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +71,9 @@ class Unpaid:
     sync: bool = False
 
 
-def unpaid_edges(built: BuiltProblem) -> tuple[Unpaid, ...] | None:
-    """The records of ``built`` (None when its edges are not in the builder's order: no bound then)."""
+def ordinary_uses(built: BuiltProblem) -> tuple[Use, ...] | None:
+    """Every ordinary edge of ``built``'s search problem with the weighted use it prices, in the builder's
+    order (module docstring); None when its edges are not in that order."""
     sharing = split_uses(built.edges, built.infos, built.template, built.num_blocks, built.runs)
     weights = dict(sharing.single)
     apart: dict[tuple[str, str, int, int], int] = {}
@@ -68,25 +81,42 @@ def unpaid_edges(built: BuiltProblem) -> tuple[Unpaid, ...] | None:
         for consumer, pos in group.entries:
             weights[(group.producer, consumer, group.which, pos)] = group.weight
             apart[(group.producer, consumer, group.which, pos)] = len(group.entries)
-    opts, edges, index = built.options, built.problem.edges, {v: k for k, v in enumerate(built.variables)}
-    units = backward_units(built) if opts.training and opts.overlap.overlap_grad_sync else None
-    out: list[Unpaid] = []
-    k = 0
+    edges, index = built.problem.edges, {v: k for k, v in enumerate(built.variables)}
+    out: list[Use] = []
     for (tu, tv, which, pos), weight in weights.items():
         if tu == tv:  # folded into the node's cost
             continue
+        k = len(out)
         if k >= len(edges) or (edges[k].u, edges[k].v) != (index[tu], index[tv]):
             return None
-        producer = built.infos[tu]
-        repeated = weight > 1 and producer.kind == "parameter" and producer.block is not None
-        gathers = repeated and opts.training and opts.overlap.prefetch > 0
-        sync = weight == 1 and producer.kind == "parameter" and units is not None and units.hidden(tu)
-        m = apart.get((tu, tv, which, pos), 1)
-        if gathers or sync or m > 1:
-            share = rerun_share(producer, built.infos[tv], opts)
-            out.append(Unpaid(k, (tu, tv, which, pos), weight, share, m, gathers, sync))
-        k += 1
+        out.append(Use(k, (tu, tv, which, pos), weight, apart.get((tu, tv, which, pos), 1)))
     return tuple(out)
+
+
+def unpaid_edges(built: BuiltProblem) -> tuple[Unpaid, ...] | None:
+    """The records of ``built`` (None when its edges are not in the builder's order: no bound then)."""
+    uses = ordinary_uses(built)
+    if uses is None:
+        return None
+    opts = built.options
+    units = backward_units(built) if opts.training and opts.overlap.overlap_grad_sync else None
+    out: list[Unpaid] = []
+    for use in uses:
+        tu, tv, _, _ = use.use
+        producer = built.infos[tu]
+        gathers = repeated_parameter(built, use) and opts.training and opts.overlap.prefetch > 0
+        sync = use.copies == 1 and producer.kind == "parameter" and units is not None and units.hidden(tu)
+        if gathers or sync or use.consumers > 1:
+            share = rerun_share(producer, built.infos[tv], opts)
+            out.append(Unpaid(use.edge, use.use, use.copies, share, use.consumers, gathers, sync))
+    return tuple(out)
+
+
+def repeated_parameter(built: BuiltProblem, use: Use) -> bool:
+    """Whether ``use`` is a repeated layer's parameter read in every copy (the builder charges its gradient
+    sync once, :func:`~autoshard.problem.arrays.edge_arrays`)."""
+    producer = built.infos[use.use[0]]
+    return use.copies > 1 and producer.kind == "parameter" and producer.block is not None
 
 
 def unpaid(matrix: np.ndarray, forward: np.ndarray | None, record: Unpaid) -> np.ndarray:

@@ -39,11 +39,12 @@ def _case() -> tuple[torch.nn.Module, tuple[Any, ...]]:
 
 
 def _q_proj(plan: Plan) -> set[tuple[str, str, int]]:
-    """(phase, kind, bytes) of layer 0's q_proj weight gather (its consumer, the first linear) and reduction."""
+    """(phase, kind, bytes) of layer 0's q_proj weight gather (its consumer, the first linear) and reduction;
+    not the activations the linear moves too (which ones depends on the plan the ranking picks)."""
     return {
         (c.phase, str(c.kind), c.nbytes)
         for c in plan.collectives
-        if c.node in ("linear", "model.layers.0.self_attn.q_proj.weight")
+        if c.node in ("linear", "model.layers.0.self_attn.q_proj.weight") and "q_proj" in c.tensor
     }
 
 
