@@ -40,7 +40,7 @@ from autoshard.report.patterns import describe_group, recognise
 from autoshard.report.proof import proof_line
 from autoshard.report.timing import Phase, timing_text
 
-__all__ = ["Baseline", "collective_rows", "render", "report_data"]
+__all__ = ["NOT_COMPARED", "Baseline", "collective_rows", "render", "report_data", "summary"]
 
 MINOR_SHARE = 0.005  # groups below this share of compute, without parameters, are listed by name only
 MAX_COLLECTIVE_ROWS = 12
@@ -61,6 +61,20 @@ class CollectiveRow:
     count: int
     nbytes: int
     seconds: float
+
+
+#: What :meth:`Plan.summary` says in place of the pure data-parallel column when given no baseline plan.
+NOT_COMPARED = (
+    "not compared (summary() sees only this plan): pass summary(baseline=...) the same model planned with every "
+    "parameter annotated R, or run `autoshard search`, which plans both"
+)
+
+
+def summary(plan: Plan, width: int, baseline: Plan | None) -> str:
+    """:meth:`Plan.summary`: the report beside ``baseline`` (pure data parallel), or saying it was not compared."""
+    if baseline is not None:
+        return render(plan, width=width, baseline=Baseline.of(baseline))
+    return render(plan, width=width, baseline=Baseline("data parallel", reason=NOT_COMPARED))
 
 
 def render(

@@ -230,9 +230,7 @@ def build_pipeline(
         any(b.index == 0 for b in mine),
         any(b.index == len(builds) - 1 for b in mine),
         where,
-        tuple(deferred),
-        loss_steps,
-        tied_groups(builds, mine),
+        *(tuple(deferred), loss_steps, tied_groups(builds, mine)),
         stages=tuple(pstages),
     )
 
