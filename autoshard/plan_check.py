@@ -21,6 +21,7 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 - precision: a recipe the cost model prices (``cost_models.memory.RECIPES``; absent in older files: bf16);
   a ring transfer's ``itemsize`` (bytes per element as priced) 1, 2, 4 or 8 (0 or absent in older files);
 - optimizer gathers (ZeRO-1's, ``Plan.optimizer_gathers``): all-gathers of phase ``optimizer``;
+  ``optimizer_gathers_priced`` a boolean (absent in older files, whose step did not pay them);
 - ranking: a step claimed optimal (``solver.step_optimal``) has a ``step_bound`` it does not exceed.
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
@@ -93,6 +94,8 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         _known(c, Collective, source, f"optimizer_gathers[{i}].")
         if c.get("phase") != "optimizer" or c.get("kind") != "all_gather":
             raise _fail(source, f"optimizer_gathers[{i}]", "expected an all_gather of phase 'optimizer'")
+    if not isinstance(data.get("optimizer_gathers_priced", False), bool):
+        raise _fail(source, "optimizer_gathers_priced", "expected true or false (whether the step pays them)")
     if not all(isinstance(p, str) for p in _list(data, "pinned", source)):
         raise _fail(source, "pinned", "expected a list of strings such as 'annotations' or 'no tp'")
     if isinstance(data.get("solver"), Mapping):

@@ -216,6 +216,9 @@ class Plan:
     ring_transfers: tuple[RingTransfer, ...] = ()
     # ZeRO-1 gathers no gradient all-reduce pays (problem/zero_gathers.py); apart from the graph's ``collectives``
     optimizer_gathers: tuple[Collective, ...] = ()
+    # whether the step (and the solver's objective) pays ``optimizer_gathers``: a file saved before they were
+    # priced (problem/zero_terms.py) lists them outside its step, and reads back False
+    optimizer_gathers_priced: bool = True
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
     # The precision recipe priced (``cost_models.memory.RECIPES``): "bf16" (the model's dtypes, fp32 master +
@@ -329,6 +332,7 @@ class Plan:
                 context_layout=str(data.get("context_layout", "contiguous")),
                 ring_transfers=tuple(RingTransfer(**r) for r in data.get("ring_transfers", ())),
                 optimizer_gathers=tuple(Collective(**c) for c in data.get("optimizer_gathers", ())),
+                optimizer_gathers_priced=data.get("optimizer_gathers_priced", False),
                 pinned=tuple(str(p) for p in data.get("pinned", ())),
                 precision=str(data.get("precision", "bf16")),
                 grad_sync=SyncExposure.from_json(data.get("grad_sync")),
