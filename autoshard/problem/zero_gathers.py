@@ -54,10 +54,14 @@ __all__ = ["gather_pieces", "param_uses", "partial_axes", "reduced_axes", "train
 
 def trainable(info: NodeInfo) -> bool:
     """Whether ZeRO-1 steps this node: a parameter that needs a gradient and holds a tensor."""
-    return info.kind == "parameter" and info.requires_grad and bool(info.outputs) and info.outputs[0] is not None
+    return (
+        info.kind == "parameter" and info.requires_grad and bool(info.outputs) and info.outputs[0] is not None
+    )
 
 
-def gather_pieces(nbytes: float, spec: ShardingSpec | None, mesh: Sequence[int]) -> tuple[tuple[int, float], ...]:
+def gather_pieces(
+    nbytes: float, spec: ShardingSpec | None, mesh: Sequence[int]
+) -> tuple[tuple[int, float], ...]:
     """``(axis, gathered bytes)`` of every all-gather ZeRO-1 runs for a parameter of ``nbytes`` stored under
     ``spec``: one per replicated axis of size > 1, innermost first (module docstring)."""
     if spec is None:

@@ -60,7 +60,7 @@ class ReducedNode:
     uses: tuple[tuple[str, int], ...]  # (consumer variable, input position)
     states: tuple[frozenset[int], ...]  # every subset of ``axes``, the empty set first
     producer: np.ndarray  # [S_param, K]: the gathers on the axes a state does not reduce
-    consumers: tuple[np.ndarray, ...]  # per use [S_consumer, K]: 0 where it reduces the state's axes, else inf
+    consumers: tuple[np.ndarray, ...]  # per use [S_consumer, K]: 0 where it reduces the state's axes
     reduces: tuple[np.ndarray, ...]  # per use, per strategy: bit mask of the axes it reduces
 
     def state(self, chosen: Mapping[str, int]) -> int:
@@ -92,7 +92,10 @@ class ZeroTerms:
         out = [Edge(index[p], index[c], matrix) for p, c, matrix in self.pairs]
         for k, node in enumerate(self.nodes):
             out.append(Edge(index[node.param], self.offset + k, node.producer))
-            out += [Edge(index[c], self.offset + k, m) for (c, _), m in zip(node.uses, node.consumers, strict=True)]
+            out += [
+                Edge(index[c], self.offset + k, m)
+                for (c, _), m in zip(node.uses, node.consumers, strict=True)
+            ]
         return out
 
     def names(self) -> list[str]:
@@ -125,7 +128,9 @@ def axis_seconds(
 
 def _masks(strategies: Sequence[OpStrategy], pos: int) -> np.ndarray:
     """Per consumer strategy, the bit mask of the axes its gradient of input ``pos`` is Partial on."""
-    return np.array([sum(1 << a for a in partial_axes(s.input_grads[pos])) for s in strategies], dtype=np.int64)
+    return np.array(
+        [sum(1 << a for a in partial_axes(s.input_grads[pos])) for s in strategies], dtype=np.int64
+    )
 
 
 def _unreduced(masks: np.ndarray, ndim: int) -> np.ndarray:
@@ -167,9 +172,7 @@ def zero_terms(
             pairs.append((name, found[0][0], g @ _unreduced(masks[0], ndim).T))
             continue
         axes = sorted({x for m in masks for v in np.unique(m) for x in range(ndim) if int(v) >> x & 1})
-        states = tuple(
-            frozenset(s) for r in range(len(axes) + 1) for s in itertools.combinations(axes, r)
-        )
+        states = tuple(frozenset(s) for r in range(len(axes) + 1) for s in itertools.combinations(axes, r))
         keep = np.array([[0.0 if x in s else 1.0 for x in range(ndim)] for s in states])
         consumers = tuple(
             np.array([[0.0 if all(int(v) >> x & 1 for x in s) else np.inf for s in states] for v in m])
