@@ -285,7 +285,9 @@ class _Lowering:
                 results.append(value)
                 continue
             info, strategy = self.infos[value.name], self.strategies[value.name]
-            fix = output_fix_steps(info, strategy, self.cache) if info.kind == "op" else ()
+            fix = (
+                output_fix_steps(info, strategy, self.cache, self.opts.precision) if info.kind == "op" else ()
+            )
             results.append(self._insert(self.env[value.name], value.name, "output", fix, ()))
             self.outputs.append((dual_spec(self._spec(value.name)), self._global_shape(value.name)))
         self.graph.output(results[0] if len(results) == 1 else tuple(results))
