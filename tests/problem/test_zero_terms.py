@@ -116,4 +116,5 @@ def test_a_replicated_choice_pays_the_gathers_the_runtime_runs() -> None:
     full = built.full_choice([choice[v] for v in built.variables])
     pick = {n: built.strategies[built.template[n]][choice[built.template[n]]] for n in built.infos}
     assert {c.module for c in zero_gathers(built, pick)} == {"w", "v"}
-    assert evaluate(only, full) == pytest.approx(_listed(built, choice), rel=1e-12) > 0
+    listed = _listed(built, choice)
+    assert listed > 0 and evaluate(only, full) == pytest.approx(listed, rel=1e-12)
