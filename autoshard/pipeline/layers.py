@@ -150,7 +150,8 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         exposed[part] += seconds
     pick = {name: chosen[built.template[name]] for name in built.infos}
     for c in zero_gathers(built, pick):  # ZeRO-1's, after backward, once per step: with the optimizer update
-        part, share = (_LAYER, 1.0 / n) if c.layer is not None else (min(readers.get(c.tensor, {_PRE})), 1.0)
+        reader = min(readers.get(built.template.get(c.tensor, c.tensor), {_PRE}))
+        part, share = (_LAYER, 1.0 / n) if c.layer is not None else (reader, 1.0)
         sums[part]["once"] += c.seconds * share
     per_layer = max(0.0, gather - layer_fwd)  # what the previous layer's forward does not hide
     sums[_LAYER]["forward"] += per_layer

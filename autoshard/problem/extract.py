@@ -74,7 +74,7 @@ def extract_plan(
     step, _exposed, grad_sync = critical_path(built, chosen, collectives, compute)
     context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
     step += context.extra_seconds
-    optimizer_gathers = zero_gathers(built, pick)  # after backward, outside any overlap: all exposed
+    optimizer_gathers = zero_gathers(built, pick, layer_of.module)  # after backward, no overlap: exposed
     step += sum(c.seconds for c in optimizer_gathers)
     notes = (*notes, context.note) if context.note else notes
     full = tuple(solution.choice)

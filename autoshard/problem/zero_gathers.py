@@ -37,7 +37,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
@@ -103,10 +103,15 @@ def reduced_axes(grads: Iterable[ShardingSpec | None]) -> frozenset[int]:
     return frozenset.intersection(*sets) if sets else frozenset()
 
 
-def zero_gathers(built: BuiltProblem, pick: Mapping[str, OpStrategy]) -> tuple[Collective, ...]:
-    """One all-gather per parameter (per layer of a repeated block) and mesh axis on which the parameter is
-    replicated and its gradient is not reduced (module docstring); ``()`` without training or without
-    ``shard_optimizer``."""
+def zero_gathers(
+    built: BuiltProblem,
+    pick: Mapping[str, OpStrategy],
+    module: Callable[[str, int | None], str] | None = None,
+) -> tuple[Collective, ...]:
+    """One all-gather per parameter (per layer of a repeated block, per block of a further run) and mesh axis
+    on which the parameter is replicated and its gradient is not reduced (module docstring); ``()`` without
+    training or without ``shard_optimizer``.  ``module(fqn, layer)``: a layer's own path (the plan's
+    :class:`~autoshard.problem.layers.LayerNamer`), else the shared node's."""
     opts = built.options
     if not (opts.training and opts.shard_optimizer):
         return ()
@@ -115,19 +120,30 @@ def zero_gathers(built: BuiltProblem, pick: Mapping[str, OpStrategy]) -> tuple[C
     uses = param_uses(built.edges, built.template, built.infos)
     out: list[Collective] = []
     for name, info in built.infos.items():
-        if not trainable(info) or built.template[name] != name:
+        # the variables and every block of a further run (its own parameters, its block 0's decision)
+        if not trainable(info) or not (built.template[name] == name or name in built.runs):
             continue
         meta = info.outputs[0]
         assert meta is not None
-        reduced = reduced_axes(pick[c].input_grads[pos] for c, pos in uses.get(name, ()))
-        count = built.multiplicity.get(name, 1)
+        reduced = reduced_axes(pick[c].input_grads[pos] for c, pos in uses.get(built.template[name], ()))
+        count = 1 if name in built.runs else built.multiplicity.get(name, 1)
         layers: Sequence[int | None] = range(count) if count > 1 else (None,)
         for axis, piece in gather_pieces(meta.nbytes, pick[name].outputs[0], mesh):
             if axis in reduced:
                 continue
             seconds = cluster.collective_time("all_gather", piece, axis=axis)
             out += [
-                Collective("all_gather", int(piece), "optimizer", axis, name, name, info.fqn, seconds, layer)
+                Collective(
+                    "all_gather",
+                    int(piece),
+                    "optimizer",
+                    axis,
+                    name,
+                    name,
+                    info.fqn if module is None else module(info.fqn, layer),
+                    seconds,
+                    layer,
+                )
                 for layer in layers
             ]
     return tuple(out)
