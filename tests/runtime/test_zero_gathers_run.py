@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 from runtime_cases import model, plan
+from torch.utils import _pytree as pytree
 
 from autoshard.codegen import parallel_info, parallelize, shard_inputs
 from autoshard.runtime.launch import launch
@@ -52,3 +53,27 @@ def test_a_replicated_plan_runs_exactly_the_gathers_its_step_priced() -> None:
     assert paid > 0 and p.optimizer_gathers_priced
     assert p.predicted_step_time == pytest.approx(p.compute_time + paid, rel=1e-12)
     assert p.solver.objective == pytest.approx(p.predicted_step_time, rel=1e-6)
+
+
+def _train_gpt2(pins: tuple) -> tuple[Counter[int], int, Counter[int]]:
+    """One ZeRO-1 step of GPT-2 (tied embedding and head: one parameter, two uses) under the plan."""
+    m, p = model("gpt2"), plan("gpt2", 2, None, pins)
+    module = parallelize(m.model, p, m.args, m.kwargs, captured=m.captured, record=True)
+    opt = ZeroOptimizer(module, torch.optim.AdamW, stage=1, lr=1e-2)
+    outs = pytree.tree_leaves(module(*shard_inputs(p, *m.args, **m.kwargs)))
+    sum(t.sum() for t in outs if isinstance(t, torch.Tensor) and t.requires_grad).backward()
+    opt.step()
+    log = parallel_info(module).comm.log or ()
+    ran = Counter(r.nbytes for r in log if r.phase == "optimizer" and r.kind == "all_gather")
+    listed = Counter(c.nbytes for c in p.optimizer_gathers if c.kind == "all_gather")
+    return ran, len(opt.deferred), listed
+
+
+@pytest.mark.slow
+def test_gpt2_gathers_are_a_deferred_all_reduces_half_or_listed() -> None:
+    """Every optimizer all-gather the runtime runs (one per replicated parameter on a 1-D mesh) is either half
+    of a deferred gradient all-reduce or one the plan lists and its step pays -- the tied embedding's too,
+    whose two uses must both reduce the axis for its gather to be paid by the all-reduce."""
+    for ran, deferred, listed in launch(_train_gpt2, 2, ()):  # the free plan: 4 deferred, 14 listed
+        assert sum(ran.values()) == deferred + sum(listed.values())
+        assert all(ran[size] >= n for size, n in listed.items())  # the listed sizes are the sizes that ran
