@@ -22,6 +22,11 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
   a ring transfer's ``itemsize`` (bytes per element as priced) 1, 2, 4 or 8 (0 or absent in older files);
 - optimizer gathers (ZeRO-1's, ``Plan.optimizer_gathers``): all-gathers of phase ``optimizer``;
   ``optimizer_gathers_priced`` a boolean (absent in older files, whose step did not pay them);
+- a collective's ``recompute`` flag (re-run in backward by recomputation): a boolean, set only on forward
+  moves of a plan whose ``recompute`` is not none;
+- gradient buckets (``Plan.grad_buckets``, absent in older files): each a known record on an axis of more
+  than one device, its members parameters of the plan, each at most once per axis and kind, in issue order; none on
+  a pipelined plan (its stages sync once per step, after the schedule);
 - ranking: a step claimed optimal (``solver.step_optimal``) has a ``step_bound`` it does not exceed.
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
@@ -44,6 +49,7 @@ from typing import Any
 from autoshard.errors import PlanFileError, ShardingError
 from autoshard.placement import Shard, parse_placement
 from cost_models.memory import RECIPES
+from cost_models.overlap import GradBucket
 
 __all__ = ["DEGREE_KINDS", "check_data", "check_text"]
 
@@ -86,6 +92,7 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         _known(node, NodePlan, source, f"nodes[{i}].")
     for i, c in enumerate(_list(data, "collectives", source)):
         _known(c, Collective, source, f"collectives[{i}].")
+        _recomputed(c, data, source, f"collectives[{i}].recompute")
     for i, r in enumerate(_list(data, "ring_transfers", source)):
         _known(r, RingTransfer, source, f"ring_transfers[{i}].")
         if r.get("itemsize", 0) not in _ITEMSIZES:  # bytes per element of a hop (0: an older file)
@@ -102,6 +109,8 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         _known(data["solver"], SolverReport, source, "solver.")
     if data.get("grad_sync") is not None:  # cost_models.overlap.SyncExposure: its own check says the range
         _known(data["grad_sync"], SyncExposure, source, "grad_sync.")
+    for i, b in enumerate(_list(data, "grad_buckets", source)):
+        _known(b, GradBucket, source, f"grad_buckets[{i}].")
     pipeline = data.get("pipeline")
     if isinstance(pipeline, Mapping):
         _known(pipeline, PipelinePlan, source, "pipeline.")
@@ -115,6 +124,36 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
     _context(data, mesh, source)
     _ranking(data, source)
     _precision(data, source)
+    _buckets(data, mesh, source)
+
+
+def _buckets(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> None:
+    """Gradient buckets: on a real axis, members the plan places, once per axis, in issue order."""
+    buckets, params = _list(data, "grad_buckets", source), data.get("param_placements", {})
+    if buckets and data.get("pipeline") is not None:
+        raise _fail(source, "grad_buckets", "a pipelined plan syncs once per step: its buckets must be empty")
+    seen: set[tuple[int, Any, str]] = set()
+    index = 0
+    for i, b in enumerate(buckets):
+        field, axis, members = f"grad_buckets[{i}]", b.get("mesh_axis"), b.get("params")
+        if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < len(mesh) or mesh[axis] < 2:
+            raise _fail(source, f"{field}.mesh_axis", f"{axis!r} is not an axis of more than one device")
+        if not isinstance(members, list) or not members or not all(isinstance(p, str) for p in members):
+            raise _fail(source, f"{field}.params", "expected a non-empty list of parameter names")
+        for name in members:
+            if name not in params:
+                raise _fail(source, f"{field}.params", f"{name!r} is not a parameter of the plan")
+            if (axis, b.get("kind"), name) in seen:
+                where = f"{b.get('kind')} buckets on axis {axis}"
+                raise _fail(source, f"{field}.params", f"{name!r} is in two {where}")
+            seen.add((axis, b.get("kind"), name))
+        if not isinstance(b.get("index"), int) or b["index"] < index:
+            raise _fail(source, f"{field}.index", f"{b.get('index')!r} is not in issue order (after {index})")
+        index = b["index"]
+        try:
+            GradBucket.from_json(b)
+        except (TypeError, ValueError) as e:
+            raise _fail(source, field, str(e)) from e
 
 
 _ITEMSIZES = (0, 1, 2, 4, 8)
@@ -318,6 +357,20 @@ def _degrees(data: Mapping[str, Any], devices: int, source: str) -> None:
         ranks: Sequence[Any] = st.get("ranks", ())
         if not all(isinstance(r, int) and 0 <= r < devices for r in ranks):
             raise _fail(source, f"pipeline.stages[{i}].ranks", f"ranks must lie in 0..{devices - 1}")
+
+
+def _recomputed(c: Mapping[str, Any], data: Mapping[str, Any], source: str, field: str) -> None:
+    """A collective marked ``recompute`` (backward re-runs it with its block) is a forward move of a plan
+    that recomputes (absent in older files: false)."""
+    flag = c.get("recompute", False)
+    if not isinstance(flag, bool):
+        raise _fail(source, field, f"{flag!r} must be true or false")
+    if flag and c.get("phase") != "forward":
+        raise _fail(
+            source, field, f"marks a {c.get('phase')!r} collective; only forward moves are recomputed"
+        )
+    if flag and data.get("recompute", "none") == "none":
+        raise _fail(source, field, "marks a recomputed move but the plan's recompute is none")
 
 
 def _recompute(data: Mapping[str, Any], source: str) -> None:

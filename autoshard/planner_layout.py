@@ -42,15 +42,29 @@ optimum, layout contiguous: nothing more is solved (``"zigzag"`` asked too: a pl
 context axis and reorders nothing).  Otherwise:
 
 1. C (``"auto"`` only; it shares B's build cache, :mod:`autoshard.problem.shared`): the bound's own plan
-   priced in C (no solve) reaching the bound makes C optimal (LLaMA-3-70B), else C is solved;
+   priced in C (no solve) reaching the bound makes C optimal, else C is solved;
 2. Z_a for the bound's ring axis, then for the other axes, while the best is above the bound.  With C's
    optimum proven (F2 holds, under a budget too by F3), a *lower bound* first, without a rebuild: B with
-   the strategies Z_a refuses masked and the ring variable held to rings on ``a``, solved without the
-   budget (below Z_a's optimum over those plans whatever fits, by F1; the other axes first together, with
-   the ring held to any of them); at or above the best, Z_a is skipped.  Else Z_a is rebuilt (its build
-   cache reuses every figure no collective on ``a`` prices), its bound plan priced, and it is solved below
-   the best.  LLaMA-3-8B on 2 x 4 x 8: B 1.1537 (ring on axis 2), C 1.1543, Z_2 held to its ring 1.1554;
-   Z_0, Z_1 at least 1.193, never built.
+   the strategies Z_a refuses masked and the ring variable held to rings on ``a``, solved under the
+   budget with the best as its ceiling (the other axes first together, the ring held to any of them).  It
+   is below Z_a's budgeted optimum over those plans: they fit under B iff under Z_a (F3) and B prices
+   each no higher (F1); so at or above the best, Z_a is skipped.  Else Z_a is rebuilt (its build cache
+   reuses every figure no collective on ``a`` prices), its bound plan priced, then under a binding budget
+   its Lagrangian bound at B's multiplier (below) and last its budgeted solve below the best.
+
+Hints.  Every budgeted solve after B probes B's Lagrange multiplier first (:attr:`Solution.multiplier`;
+``solve(multiplier=)``): every layout holds B's bytes (F3), so the budget binds alike and one or two
+probes prove a bound where a cold sweep takes four.  Z_a's Lagrangian bound: for ``lam >= 0`` every plan
+``x`` that fits (``bytes(x) + peak(x) <= L``, ``peak(x) >= f`` the least peak any plan has) costs at least
+``cost(x) + lam * bytes(x) - lam * (L - f)``, whose least value over all plans is one solve without the
+budget (it reduces and eliminates where the budgeted problem is too wide: Z_a's memory terms keep nodes
+from folding); at or above the best, Z_a is skipped.  Hints change the work only, never the answer.
+
+LLaMA-3-70B on 16 x 8 x 8 (selective recomputation): B 11.75705 (ring on axis 2, multiplier 4.3e-11
+s/B); C solved, 11.758435 (it rings nowhere; B's plan there 12.088); Z_2 held to its ring: Lagrangian
+bound 12.07 at B's multiplier, skipped; Z_0, Z_1: the masked B under the budget at least 12.66 (without
+the budget 10.46: memory binds), skipped, neither built.  LLaMA-3-8B on 2 x 4 x 8 (the budget idle):
+B 1.1537 (ring on axis 2), C 1.1543, Z_2 held to its ring 1.1554; Z_0, Z_1 at least 1.164, never built.
 
 ``"zigzag"`` asked solves only the zigzag problems (no C, so no dominance).  Pipelined plans are not searched
 so: the stage search prices rings balanced and :func:`~autoshard.problem.context.choose_layout` picks the
@@ -65,24 +79,23 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from autoshard.cluster import Cluster
 from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, ShardingError
 from autoshard.planner_steps import SearchMethod
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.context import (
-    needs_one_run,
-    one_run_op,
     one_run_ops,
     ring_axis_of,
     ring_axis_of_plan,
+    ring_variable,
     zigzag_axis_of,
     zigzag_cluster,
+    zigzag_masks,
 )
 from autoshard.problem.costs import CostOptions
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
-from autoshard.search.problem import evaluate, memory_of, relative_gap
+from autoshard.search.problem import evaluate, memory_of, peak_floor, relative_gap
+from autoshard.search.reduce import Certificates
 from autoshard.strategies import OpStrategy
 
 __all__ = ["TIE", "search_layout"]
@@ -150,25 +163,33 @@ class _Search:
         self.method, self.time_limit, self.ceiling = method, time_limit, ceiling
         self.options = dataclasses.replace(built.options, cp_layout="contiguous")
         self.reach = bound.lower_bound * (1 + TIE)  # B's optimum when proven, else its proven bound
-        self.ring = _ring_variable(built)
+        self.ring = ring_variable(built)
         self.best: _Found | None = None
         self.proven: tuple[BuiltProblem, Solution] | None = None  # C and its optimum, proven: (F2) holds
         self.prices: list[str] = []
         self.error: AutoshardError | BoundExceeded | None = None
 
-    def _solve(self, problem: SearchProblem, top: float) -> Solution:
+    def _solve(self, problem: SearchProblem, top: float, incumbent: Solution | None = None) -> Solution:
         """``problem`` solved below ``top``, hinted by B's dominance removals on the nodes with B's
-        strategies (the solver checks each one on ``problem``; a zigzag problem's gathers may differ)."""
-        sizes = self.built.problem.sizes
-        hint = tuple(
-            c for c in self.bound.dominated if c[0] < len(sizes) and problem.sizes[c[0]] == sizes[c[0]]
-        )
+        strategies (the solver checks each one on ``problem``; a zigzag problem's gathers may differ), by
+        B's budget multiplier (probed first: every layout holds B's bytes, F3, so the budget binds alike)
+        and by ``incumbent`` (the bound's plan priced there: where the sweep starts).  Hints change only
+        the work, never the answer (:func:`~autoshard.search.solve`)."""
         return solve(
             problem,
             method=self.method,
             time_limit=self.time_limit,
             ceiling=min(self.ceiling, top),
-            dominated=hint,
+            dominated=self._hint(problem),
+            multiplier=self.bound.multiplier,
+            incumbent=None if incumbent is None else incumbent.choice,
+        )
+
+    def _hint(self, problem: SearchProblem) -> Certificates:
+        """B's dominance removals on the nodes with B's strategies (the solver checks each on ``problem``)."""
+        sizes = self.built.problem.sizes
+        return tuple(
+            c for c in self.bound.dominated if c[0] < len(sizes) and problem.sizes[c[0]] == sizes[c[0]]
         )
 
     def _fail(self, label: str, cluster: Cluster, error: AutoshardError | BoundExceeded) -> None:
@@ -179,9 +200,10 @@ class _Search:
         cluster = self.built.cluster
         try:
             free, cand = self.rebuild(cluster, self.options)
-            found = _bound_plan(self.built, self.bound, cand)
+            priced = _bound_plan(self.built, self.bound, cand)
+            found = priced
             if found is None or found.objective > self.reach:
-                found = self._solve(cand.problem, math.inf)
+                found = self._solve(cand.problem, math.inf, priced)
         except (AutoshardError, BoundExceeded) as e:
             self._fail("contiguous", cluster, e)
             return
@@ -201,15 +223,16 @@ class _Search:
         except AutoshardError as e:
             self._fail(label, cluster, e)
             return
-        found = _bound_plan(self.built, self.bound, cand)
+        found = priced = _bound_plan(self.built, self.bound, cand)
         if found is None or found.objective > self.reach or found.objective >= top:
             try:
                 problem = cand.problem
                 if held:  # (F2): only a plan that rings on a can be strictly better
                     problem = dataclasses.replace(
-                        problem, allowed=_masks(self.built, (a,), self.ring, problem)
+                        problem, allowed=zigzag_masks(self.built, (a,), self.ring, problem)
                     )
-                found = self._solve(problem, top)
+                self._dual(problem, top)
+                found = self._solve(problem, top, priced)
             except BoundExceeded as e:
                 if top >= self.ceiling:
                     self._fail(label, cluster, e)
@@ -224,6 +247,24 @@ class _Search:
         if found.objective < top:
             self.best = _Found(found.objective, free, cand, found)
 
+    def _dual(self, problem: SearchProblem, top: float) -> None:
+        """Raise :class:`BoundExceeded` when the Lagrangian bound of ``problem``'s budget at B's multiplier
+        ``lam`` reaches ``top`` (module doc, hints): one solve without the budget, of cost + ``lam`` x bytes.
+        Every plan ``x`` that fits has ``bytes(x) + peak(x) <= L`` and ``peak(x)`` at least the least peak
+        ``f`` any plan has, so ``cost(x) >= cost(x) + lam * bytes(x) - lam * (L - f)``, whose least value
+        over all plans (the solve's proven bound) is a lower bound on the budgeted optimum."""
+        lam, limit, memory = self.bound.multiplier, problem.memory_limit, problem.memory
+        top = min(self.ceiling, top)
+        if lam is None or not 0.0 < lam < math.inf or not math.isfinite(top) or limit is None:
+            return
+        assert memory is not None  # a budget has memory terms
+        costs = tuple(c + lam * m for c, m in zip(problem.node_costs, memory, strict=True))
+        free = dataclasses.replace(problem, node_costs=costs, memory=None, memory_limit=None, peak=None)
+        relaxed = solve(free, method=self.method, time_limit=self.time_limit, dominated=self._hint(problem))
+        bound = relaxed.lower_bound - lam * (limit - peak_floor(problem))
+        if bound >= top:
+            raise BoundExceeded(bound, top)
+
     def _top(self) -> float:
         """A later layout must be strictly below this (the tie rule)."""
         return math.inf if self.best is None else self.best.cost * (1 - TIE)
@@ -235,17 +276,22 @@ class _Search:
 
     def _bounded(self, axes: tuple[int, ...], label: str, top: float) -> bool:
         """Whether B's optimum over the plans a zigzag on one of ``axes`` could win with (its refusals masked,
-        the ring variable held to rings on that axis: module doc), without the budget, is at or above ``top``
-        (then noted)."""
-        masks = _masks(self.built, axes, self.ring, self.built.problem)
+        the ring variable held to rings on that axis: module doc), under B's budget, is at or above ``top``
+        (then noted).  Solved with ``top`` as its ceiling: a Lagrangian bound that reaches it (B's
+        multiplier, probed first) ends the solve."""
+        masks = zigzag_masks(self.built, axes, self.ring, self.built.problem)
         inside = all(m is None or bool(m[k]) for m, k in zip(masks, self.bound.choice, strict=True))
         if inside and self.bound.objective < top:
             return False  # the bound's own plan is one of them, below the best
+        why = "no plan rings there"
         try:  # an empty mask (a pin on a refused strategy) is refused as the problem is made
-            problem = dataclasses.replace(self.built.problem, allowed=masks, memory_limit=None)
-            lower = self._solve(problem, math.inf).lower_bound
+            problem = dataclasses.replace(self.built.problem, allowed=masks)
+            why = "no plan that rings there fits the memory budget or has a finite price"
+            lower = self._solve(problem, top).lower_bound
+        except BoundExceeded as e:
+            lower = e.bound
         except (InfeasibleError, AnnotationError):
-            lower = math.inf  # no such plan at all
+            lower = math.inf  # no such plan at all (that fits: F3)
         except AutoshardError:
             return False
         if lower < top:
@@ -254,7 +300,7 @@ class _Search:
             self.prices.append(f"{label} at least {lower:.4g} s")
         else:
             cluster = zigzag_cluster(self.built.cluster, axes[0])
-            error = InfeasibleError("no plan rings there")
+            error = InfeasibleError(why)
             why = _why_not(self.built, self.bound, cluster, error) if len(axes) == 1 else str(error)
             self.prices.append(f"{label}: {why}")
         return True
@@ -279,44 +325,6 @@ class _Search:
         noted = dataclasses.replace(best.built, notes=(*best.built.notes, note))
         # without pins the unpinned problem stays the same object: ranked() then re-solves nothing for its price
         return noted if best.free is best.built else best.free, noted, best.solution
-
-
-def _ring_variable(built: BuiltProblem) -> str | None:
-    """The one variable with strategies that ring over an axis of more than one device (None: none or
-    several, where "the plan rings on ``a``" is no one variable's choice)."""
-    mesh = built.cluster.mesh_shape
-    found = [
-        name
-        for name in built.variables
-        if any(
-            (r := ring_axis_of(built.infos, built.infos[name], s)) is not None and mesh[r] > 1
-            for s in built.strategies[name]
-        )
-    ]
-    return found[0] if len(found) == 1 else None
-
-
-def _masks(
-    built: BuiltProblem, axes: tuple[int, ...], ring: str | None, problem: SearchProblem
-) -> tuple[np.ndarray | None, ...]:
-    """``problem``'s allowed masks (its nodes: ``built``'s variables first) less the strategies that a zigzag
-    on each of ``axes`` refuses (one-run ops split on it) or, given ``ring``, that do not ring on it (that
-    variable's)."""
-    masks = list(problem.allowed or (None,) * problem.num_nodes)
-    for k, name in enumerate(built.variables):
-        info = built.infos[name]
-        if name != ring and not one_run_op(info):
-            continue
-        axis = (ring_axis_of(built.infos, info, s) if name == ring else None for s in built.strategies[name])
-        keep = np.array(
-            [
-                any(not needs_one_run(info, s, a) and (name != ring or r == a) for a in axes)
-                for s, r in zip(built.strategies[name], axis, strict=True)
-            ]
-        )
-        if not keep.all():
-            masks[k] = keep if masks[k] is None else masks[k] & keep
-    return tuple(masks)
 
 
 def _bound_plan(built: BuiltProblem, bound: Solution, cand: BuiltProblem) -> Solution | None:

@@ -82,7 +82,12 @@ def search_counts(
             pinned.cluster, dataclasses.replace(pinned.options, recompute=policy, recompute_share=0.0)
         )
 
-    def run(p: SearchProblem, method: SearchMethod = method, ceiling: float = math.inf) -> Solution:
+    def run(
+        p: SearchProblem,
+        method: SearchMethod = method,
+        ceiling: float = math.inf,
+        dominance_search: bool = True,
+    ) -> Solution:
         return solve(
             p,
             method=method,
@@ -90,6 +95,7 @@ def search_counts(
             ceiling=ceiling,
             multiplier=multiplier,
             dominated=dominated,
+            dominance_search=dominance_search,
         )
 
     return mix_policies(uniform, zero, run)

@@ -20,10 +20,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from autoshard.errors import PlanFileError
-from cost_models.overlap import OverlapPolicy, SyncExposure
+from cost_models.overlap import GradBucket, OverlapPolicy, SyncExposure
 
 __all__ = [
     "Collective",
@@ -39,8 +39,6 @@ __all__ = [
 FORMAT = "autoshard-plan"
 VERSION = 1
 
-Phase = Literal["forward", "backward"]
-
 
 @dataclass(frozen=True, slots=True)
 class Collective:
@@ -55,6 +53,7 @@ class Collective:
     module: str  # user-module path of the node it serves
     seconds: float
     layer: int | None = None  # repeated-layer index, when the node belongs to one
+    recompute: bool = False  # a forward move backward runs again to recompute its block (phase stays forward)
 
     def __str__(self) -> str:
         return f"{self.phase} {self.kind}(axis={self.mesh_axis}, {_bytes(self.nbytes)}) for {self.node}"
@@ -225,6 +224,7 @@ class Plan:
     # Adam moments for 16-bit weights) or "amp" (fp32 weights under bf16 autocast); grad_sync: problem/step.py
     precision: str = "bf16"
     grad_sync: SyncExposure | None = None  # what of the gradient sync is exposed, and why
+    grad_buckets: tuple[GradBucket, ...] = ()  # its buckets in issue order, as the runtime issues them
     version: int = VERSION
 
     # -- people -----------------------------------------------------------------------------------------------
@@ -336,6 +336,7 @@ class Plan:
                 pinned=tuple(str(p) for p in data.get("pinned", ())),
                 precision=str(data.get("precision", "bf16")),
                 grad_sync=SyncExposure.from_json(data.get("grad_sync")),
+                grad_buckets=tuple(GradBucket.from_json(b) for b in data.get("grad_buckets", ())),
                 version=int(data["version"]),
             )
         except (KeyError, TypeError, ValueError) as e:

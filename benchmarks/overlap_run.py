@@ -7,7 +7,9 @@ model (float32, ``zoo`` llama-tiny widened to ``--hidden``), plans it data-paral
 
 - ``dp in-graph``: each gradient all-reduced synchronously by its edge's backward (the emitted module as is);
 - ``dp bucketed``: :func:`autoshard.runtime.overlap.apply_overlap` -- all-reduces of ``--bucket-mib`` buckets
-  issued asynchronously during backward (how many were issued before backward ended);
+  issued asynchronously during backward (how many were issued before backward ended); a size other than the
+  plan's 25 MiB buckets, so in the runtime's own order (it says so; ``benchmarks.grad_buckets`` runs the
+  plan's);
 - ``fsdp no prefetch`` / ``fsdp prefetch 1``: reshard after forward, gathers issued at use or one layer ahead.
 
 Not a timed test: on a loaded 2-core machine compute and gloo's worker threads share the cores, so the figures
@@ -63,7 +65,16 @@ def _variant(name: str, plan: Any, model: torch.nn.Module, ids: torch.Tensor, st
         reshard_after_forward(module)
         if name.endswith("prefetch 1"):
             prefetch_gathers(module, 1)
-    local = shard_inputs(plan, ids)
+    wall, cpu = timed_steps(module, opt, shard_inputs(plan, ids), steps)
+    early = 0
+    if sync is not None:
+        early = sum(waiting > 0 for _, waiting in sync.events) // (steps + 1)
+    buckets = len(sync.buckets) if sync is not None else 0
+    return {"wall": wall, "cpu": cpu, "buckets": buckets, "early": early}
+
+
+def timed_steps(module: Any, opt: Any, local: Any, steps: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of a training step, after one warm-up step."""
     wall, cpu = [], []
     for _ in range(steps + 1):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -72,16 +83,7 @@ def _variant(name: str, plan: Any, model: torch.nn.Module, ids: torch.Tensor, st
         opt.step()
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    early = 0
-    if sync is not None:
-        early = sum(waiting > 0 for _, waiting in sync.events) // (steps + 1)
-    buckets = len(sync.buckets) if sync is not None else 0
-    return {
-        "wall": statistics.median(wall[1:]),
-        "cpu": statistics.median(cpu[1:]),
-        "buckets": buckets,
-        "early": early,
-    }
+    return statistics.median(wall[1:]), statistics.median(cpu[1:])
 
 
 def _rank(plans: dict[str, Any], hidden: int, layers: int, steps: int) -> dict[str, dict[str, Any]]:

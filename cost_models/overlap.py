@@ -17,13 +17,15 @@ another, each stream in issue order:
    of at least ``bucket_bytes`` (DDP's ``bucket_cap_mb``; FSDP2 buckets per module, i.e. per layer).  A
    bucket's reduction (all-reduce or reduce-scatter) is issued when the backward of its last unit ends and
    runs on the communication stream after the previous bucket's.  The communication stream's finish time
-   minus the compute stream's is exposed.  For L identical layers, each with backward compute c and
-   reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute after the last layer
-   (the embedding's, which ``autoshard.problem.step`` does not count: ``autoshard.problem.ready`` says why):
-   the last bucket always shows, the others only where they are slower than the compute that
-   hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data parallelism exposes fc1's sync
-   and whatever of fc2's outlasts fc1's backward; a one-layer model exposes its whole sync (nothing is left
-   to hide it).
+   minus the compute stream's is exposed.  The plan records these buckets (:class:`GradBucket`, one per
+   mesh axis of a bucket: members, bytes, the unit after which it is issued) and the runtime issues
+   exactly them, in that order (``autoshard.runtime.overlap``).  For L identical layers, each with
+   backward compute c and reduction s, that is ``s + (L − 1) · max(0, s − c)`` minus any backward compute
+   after the last layer (the embedding's, which ``autoshard.problem.step`` does not count:
+   ``autoshard.problem.ready`` says why): the last bucket always shows, the others only where they are
+   slower than the compute that hides them (:func:`exposed_sync_repeated`).  A two-layer MLP under data
+   parallelism exposes fc1's sync and whatever of fc2's outlasts fc1's backward; a one-layer model exposes
+   its whole sync (nothing is left to hide it).
 3. **FSDP all-gathers are prefetched** (``prefetch`` layers ahead, FSDP2's default 1): the gather of layer i + 1
    runs under the compute of layer i, so the first is exposed and each other one only beyond that compute:
    ``g_1 + Σ_{i≥2} max(0, g_i − c_{i−1})`` (:func:`exposed_prefetched_gathers`).  Without prefetch every
@@ -60,6 +62,7 @@ from typing import Any
 
 __all__ = [
     "DDP_BUCKET_BYTES",
+    "GradBucket",
     "OverlapPolicy",
     "SyncExposure",
     "SyncStream",
@@ -67,6 +70,7 @@ __all__ = [
     "exposed_gradient_sync",
     "exposed_prefetched_gathers",
     "exposed_sync_repeated",
+    "sync_buckets",
     "sync_schedule",
 ]
 
@@ -137,13 +141,15 @@ class SyncExposure:
                 f"SyncExposure.exposed must lie in [0, seconds], got {self.exposed} of {self.seconds}"
             )
 
-    def describe(self, seconds: Callable[[float], str], overlapped: bool = True) -> str:
-        """One line for the report: what is exposed and why; ``seconds`` formats a duration."""
-        head = f"grad sync {seconds(self.seconds)}, {seconds(self.exposed)} exposed"
+    def describe(self, seconds: Callable[[float], str], overlapped: bool = True, buckets: int = 0) -> str:
+        """One line for the report: what is exposed and why; ``seconds`` formats a duration, ``buckets``
+        counts the plan's buckets (``Plan.grad_buckets``; 0: not said)."""
+        count = f" in {buckets} bucket{'s' if buckets > 1 else ''}" if buckets else ""
+        head = f"grad sync {seconds(self.seconds)}{count}, {seconds(self.exposed)} exposed"
         if not overlapped:
             return f"{head}: reduced after backward (overlap off)"
         if self.exposed <= 1e-12:
-            return f"grad sync {seconds(self.seconds)}, none exposed: all of it hides under backward"
+            return f"grad sync {seconds(self.seconds)}{count}, none exposed: all of it hides under backward"
         names = ", ".join(self.last[:3]) + (f" +{len(self.last) - 3} more" if len(self.last) > 3 else "")
         last = f"the last bucket ({names}: {seconds(self.last_seconds)}) is ready only as backward ends"
         if self.last_seconds >= self.seconds * (1 - 1e-9):
@@ -158,6 +164,64 @@ class SyncExposure:
             return None
         return cls(float(data["seconds"]), float(data["exposed"]), tuple(data.get("last", ())),
                    float(data.get("last_seconds", 0.0)))  # fmt: skip
+
+
+_SYNC_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
+@dataclass(frozen=True, slots=True)
+class GradBucket:
+    """One gradient bucket of a step as priced (model item 2) and as the runtime issues it
+    (``autoshard.runtime.overlap``): the reductions of one mesh axis that one :class:`SyncStream` bucket holds.
+
+    Attributes:
+        mesh_axis: the axis the bucket's one collective runs on.
+        kind: the collective priced: ``all_reduce`` (data parallel; ZeRO-2 runs its bytes as a
+            reduce-scatter), ``reduce_scatter`` (FSDP), or what else moves a gradient between layouts.
+        params: the members' parameter names as the runtime's module names them, in buffer order (the
+            order backward makes them ready; within a unit the plan's order, bias first).
+        nbytes: bytes of the collective, the sum of the members' priced reductions (nccl-tests convention).
+        unit: the backward unit after whose backward the bucket is issued (a repeated layer ``layer 3``, or
+            an op node's name): the unit of its stream bucket's last member.
+        index: the stream bucket, in issue order; a stream bucket holding reductions on several axes is one
+            record per axis, all with its index.
+        bucket_bytes: the ``OverlapPolicy.bucket_bytes`` the buckets were formed under.
+    """
+
+    mesh_axis: int
+    kind: str
+    params: tuple[str, ...]
+    nbytes: int
+    unit: str
+    index: int
+    bucket_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in _SYNC_KINDS:
+            raise ValueError(f"GradBucket.kind must be one of {', '.join(_SYNC_KINDS)}, got {self.kind!r}")
+        if not self.params or self.nbytes < 0 or self.index < 0 or self.mesh_axis < 0:
+            raise ValueError(
+                f"GradBucket needs members, bytes >= 0, index >= 0 and an axis >= 0, got {len(self.params)} "
+                f"members, {self.nbytes} B, index {self.index}, axis {self.mesh_axis}"
+            )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GradBucket:
+        return cls(int(data["mesh_axis"]), str(data["kind"]), tuple(str(p) for p in data["params"]),
+                   int(data["nbytes"]), str(data["unit"]), int(data["index"]), int(data["bucket_bytes"]))  # fmt: skip
+
+
+def sync_buckets(sync: Sequence[float], grad_bytes: Sequence[float], bucket_bytes: float) -> list[list[int]]:
+    """The units (indices, backward order) of each bucket :class:`SyncStream` issues, in issue order: the
+    stream's own rule, replayed without times (``sync[j] > 0``: unit j reduces ``grad_bytes[j]``)."""
+    stream, buckets = SyncStream(bucket_bytes), []
+    for j, (seconds, nbytes) in enumerate(zip(sync, grad_bytes, strict=True)):
+        stream.add(0.0, seconds, nbytes, j)
+        if seconds > 0 and stream.closed:
+            buckets.append(stream.last())
+    if not stream.closed:
+        buckets.append(stream.last())
+    return buckets
 
 
 def bucket_layers(grad_bytes: Sequence[float], bucket_bytes: float) -> list[list[int]]:

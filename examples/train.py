@@ -5,7 +5,7 @@ Four steps, each a subcommand (README, "From a plan to a training run")::
     python examples/train.py init  --model ckpt --preset llama-tiny             # config.json + model.safetensors
     python examples/train.py plan  --model ckpt --nproc 4 --mesh 2x2 --layout tp-dp --out plan.json
     python examples/train.py run --nproc 4 --model ckpt --plan plan.json --steps 5 --save dcp   # 4 local ranks
-    torchrun --nproc_per_node 2 examples/train.py run --model ckpt --plan plan2.json --resume dcp --steps 1
+    python examples/train.py run --nproc 2 --model ckpt --plan plan2.json --resume dcp --steps 1
     python examples/train.py reference --model ckpt --steps 5                   # one process, same losses
 
 ``run`` builds the model on the ``meta`` device, so a rank never holds more than its shards: each rank reads
@@ -15,10 +15,9 @@ gathered weights after use), on synthetic tokens (the same on every rank, seeded
 and tokens/s of every step and the peak memory of every rank, and saves / resumes DCP checkpoints (any plan,
 any world size).  ``--metrics FILE`` writes the same figures as JSON.  Started with ``python``, ``run`` checks
 its input once and starts ``--nproc`` local ranks (default: as many as the plan needs) through torch's own
-launcher (:func:`autoshard.runtime.local_job.run_local`, ``torchrun --standalone``), so bad input ends in one
-line and exit code 2 before any rank starts, and a failed rank in one line; under ``torchrun`` (several nodes)
-each rank checks the same, and torchrun adds its own failure report.  Under NCCL (CUDA) the same commands
-run on GPUs; on CPU they use gloo.
+launcher (:func:`autoshard.runtime.local_job.run_local`, ``torchrun --standalone``): bad input ends in one line
+and exit code 2 before any rank starts, a failed rank in one line naming its error; under ``torchrun`` (several
+nodes) each rank checks the same, and torchrun adds its own failure report.  NCCL with CUDA, else gloo.
 
 Layouts (``plan --layout``) for LLaMA-style models (``q_proj`` ... ``down_proj``): ``tp-dp`` (Megatron
 column/row on the last mesh axis, batch over the first), ``fsdp`` (every projection and the LM head stored
@@ -74,8 +73,7 @@ def cmd_init(args: argparse.Namespace) -> None:
     from autoshard.runtime.materialize import InitWeights
 
     config = transformers.LlamaConfig(**PRESETS[args.preset], tie_word_embeddings=False, use_cache=False)
-    out = Path(args.model)
-    out.mkdir(parents=True, exist_ok=True)
+    (out := Path(args.model)).mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
     model = _meta_model(str(out))
     source = InitWeights(model, seed=args.seed)
@@ -397,4 +395,6 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from autoshard.runtime.local_job import worker  # a rank's exception is named in the launcher's last line
+
+    worker(main)

@@ -16,7 +16,8 @@ Steps:
 4. Repeated blocks (``blocks="auto"``): when the model has a stack of N >= 3 identical layers, export it
    cut to 2 and to 3 layers, check that the 3-layer graph is the 2-layer graph plus one layer
    (:func:`~autoshard.capture.blocks.check_extension`) and return the 2-layer graph with
-   ``BlockInfo(num_blocks=N, captured_blocks=2)``; a 70B model captures in about a second instead of 20.
+   ``BlockInfo(num_blocks=N, captured_blocks=2)``; a 70B model captures in about half a second of CPU instead
+   of 20 (``python -m benchmarks.capture_scale``: the two exports are nearly all of it).
    If the check fails we export all N layers and say why in ``notes``.
 5. Further runs of identical blocks (``blocks="auto"``: an encoder tower beside the decoder stack, blocks
    held as ``self.layer0``, ``self.layer1``, ..): every block stays in the graph, labelled ``META_RUN``

@@ -16,12 +16,14 @@ __all__ = [
     "OneLineParser",
     "amount",
     "annotation",
+    "count_or_auto",
     "first_clause",
     "mesh",
     "one_line",
     "parse_choice",
     "pin_map",
     "positive",
+    "schedule",
     "sizes",
     "whole_in",
 ]
@@ -84,6 +86,29 @@ def whole_in(low: int, high: int, why: str = "") -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def schedule(text: str) -> str:
+    """``auto`` or a schedule the pipeline runs, refused before the model is built."""
+    from autoshard.pipeline.schedules import Schedule
+
+    names = ("auto", *(s.value for s in Schedule))
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a schedule; use one of {', '.join(names)}")
+    return text
+
+
+def count_or_auto(text: str) -> int | str:
+    """``auto`` or a whole number >= 1 (--pp, --microbatches)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor a whole number >= 1")
+    return value
 
 
 def amount(text: str) -> float:

@@ -13,11 +13,13 @@ from autoshard.cli.args import (
     CliError,
     amount,
     annotation,
+    count_or_auto,
     first_clause,
     mesh,
     one_line,
     pin_map,
     positive,
+    schedule,
     whole_in,
 )
 from autoshard.errors import AutoshardError
@@ -87,18 +89,18 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
     )
     s.add_argument(
-        "--pp", type=_count_or_auto, default=None, metavar="N|auto", help="pipeline stages (default: none)"
+        "--pp", type=count_or_auto, default=None, metavar="N|auto", help="pipeline stages (default: none)"
     )
     s.add_argument(
         "--microbatches",
-        type=_count_or_auto,
+        type=count_or_auto,
         default=None,
         metavar="N|auto",
         help="microbatches per step (default: 1 without stages, else at least 2 per stage)",
     )
     s.add_argument(
         "--schedule",
-        type=_schedule,
+        type=schedule,
         default="auto",
         metavar="NAME",
         help="pipeline schedule: auto, gpipe, 1f1b, interleaved_1f1b, zb_v, interleaved_zb",
@@ -121,6 +123,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import autoshard
     from autoshard.cli.files import check_outputs, write_outputs
+    from autoshard.cli.stage_hint import with_stage_hint
+    from autoshard.errors import InfeasibleError
     from autoshard.report.progress import Progress
     from autoshard.report.timing import Phase, timed, with_parts
 
@@ -139,18 +143,38 @@ def run(args: argparse.Namespace) -> int:
         annotations = pin_map(args.annotate)
         staged = {"pipeline": args.pp, "microbatches": args.microbatches, "schedule": args.schedule}
         title = f"planning {case.name}"
-        if auto:  # every candidate mesh plans the same capture
-            plan, cluster, tried = _plan_auto(case, args, annotations, progress, title, captured, staged)
-            phases += tried
-        else:
-            plan = timed(
-                phases,
-                f"plan on {'x'.join(map(str, cluster.mesh_shape))}",
-                lambda: _plan(
-                    case, cluster, args, annotations, progress, title, captured=captured, staged=staged
-                ),
+
+        def staged_plan(d: int) -> Plan:  # the same search with d pipeline stages (cli/stage_hint.py)
+            if auto:
+                return _plan_auto(
+                    case, args, annotations, progress, title, captured, staged | {"pipeline": d}
+                )[0]
+            return _plan(
+                case,
+                cluster,
+                args,
+                annotations,
+                progress,
+                title,
+                captured=captured,
+                staged=staged | {"pipeline": d},
             )
-            phases[-1] = with_parts(phases[-1], plan.timings, captured is None)
+
+        try:
+            if auto:  # every candidate mesh plans the same capture
+                plan, cluster, tried = _plan_auto(case, args, annotations, progress, title, captured, staged)
+                phases += tried
+            else:
+                plan = timed(
+                    phases,
+                    f"plan on {'x'.join(map(str, cluster.mesh_shape))}",
+                    lambda: _plan(
+                        case, cluster, args, annotations, progress, title, captured=captured, staged=staged
+                    ),
+                )
+                phases[-1] = with_parts(phases[-1], plan.timings, captured is None)
+        except InfeasibleError as e:  # no plan fits the budget: say what pipeline stages would do
+            raise with_stage_hint(e, args, cluster.num_devices, staged_plan) from e
         timings = plan.timings | ({"capture": captured.seconds} if captured is not None else {})
         plan = dataclasses.replace(plan, source=_source(args), timings=timings)
         baseline = (
@@ -173,29 +197,6 @@ def _check_kinds(args: argparse.Namespace) -> None:
     from autoshard.steering import check_stages, forbidden_kinds
 
     check_stages(forbidden_kinds(args.allow, args.forbid), args.pp, stage_pin=False)
-
-
-def _schedule(text: str) -> str:
-    """``auto`` or a schedule the pipeline runs, refused before the model is built."""
-    from autoshard.pipeline.schedules import Schedule
-
-    names = ("auto", *(s.value for s in Schedule))
-    if text not in names:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a schedule; use one of {', '.join(names)}")
-    return text
-
-
-def _count_or_auto(text: str) -> int | str:
-    """``auto`` or a whole number >= 1 (--pp, --microbatches)."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor a whole number >= 1")
-    return value
 
 
 def _capture(case: ModelCase, progress: Progress) -> Captured:

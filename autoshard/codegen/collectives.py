@@ -59,6 +59,7 @@ __all__ = [
     "join_unused",
     "parse_steps",
     "redistribute",
+    "reduce_scatter_single",
     "run_steps",
 ]
 
@@ -172,7 +173,8 @@ def parse_steps(text: str) -> tuple[Step, ...]:
 
 # -- one step on one device ---------------------------------------------------------------------------------------
 _all_gather_base = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_base = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# torch 2.13 renamed both; its ``reduce_scatter_tensor`` warns (FutureWarning) on every call
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _dim(d: int | None) -> int:
@@ -214,7 +216,7 @@ def _reduce_scatter(x: torch.Tensor, step: Step, comm: MeshComm) -> tuple[torch.
     chunks = torch.stack(x.chunk(n, dim=d))  # (n, ...chunk): chunk k goes to member k
     out = x.new_empty(chunks.shape[1:])
     flat = chunks.view(-1, *chunks.shape[2:]) if out.dim() else chunks  # c10d scatters along dim 0
-    _reduce_scatter_base(out, flat, group=comm.group(step.mesh_axis))
+    reduce_scatter_single(out, flat, group=comm.group(step.mesh_axis))
     return out, x.numel() * x.element_size()
 
 

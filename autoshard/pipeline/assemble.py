@@ -163,6 +163,7 @@ def assemble(
         pipeline=pipeline,
         notes=(*(_whole_axes(n) for n in intra.notes), note, reconcile),
         context_axis=None if intra.context_axis is None else intra.context_axis + 1,  # behind the 'pp' axis
+        grad_buckets=(),  # stages sync once per step after the schedule (runtime/pipelining.py), unbucketed
     )
     return dataclasses.replace(plan, degrees=degrees_of(plan, pipeline_axis=0))
 

@@ -49,6 +49,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from autoshard.capture.meta import TensorMeta
 from autoshard.cluster import Cluster
 from autoshard.errors import ShardingError
@@ -59,6 +61,7 @@ from autoshard.strategies import OpStrategy
 
 if TYPE_CHECKING:
     from autoshard.problem.build import BuiltProblem
+    from autoshard.search.problem import SearchProblem
     from cost_models.memory import PrecisionPolicy
 
 __all__ = [
@@ -76,8 +79,10 @@ __all__ = [
     "ring_axis_of_plan",
     "ring_free",
     "ring_seconds",
+    "ring_variable",
     "zigzag_axis_of",
     "zigzag_cluster",
+    "zigzag_masks",
 ]
 
 Layout = Literal["contiguous", "zigzag"]
@@ -291,6 +296,44 @@ def ring_axis_of_plan(
 ) -> int | None:
     axes = (ring_axis_of(infos, infos[name], s) for name, s in chosen.items())
     return next((a for a in axes if a is not None and mesh_shape[a] > 1), None)
+
+
+def ring_variable(built: BuiltProblem) -> str | None:
+    """The one variable with strategies that ring over an axis of more than one device (None: none or
+    several, where "the plan rings on ``a``" is no one variable's choice)."""
+    mesh = built.cluster.mesh_shape
+    found = [
+        name
+        for name in built.variables
+        if any(
+            (r := ring_axis_of(built.infos, built.infos[name], s)) is not None and mesh[r] > 1
+            for s in built.strategies[name]
+        )
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def zigzag_masks(
+    built: BuiltProblem, axes: tuple[int, ...], ring: str | None, problem: SearchProblem
+) -> tuple[np.ndarray | None, ...]:
+    """``problem``'s allowed masks (its nodes: ``built``'s variables first) less the strategies that a zigzag
+    on each of ``axes`` refuses (one-run ops split on it) or, given ``ring``, that do not ring on it (that
+    variable's)."""
+    masks = list(problem.allowed or (None,) * problem.num_nodes)
+    for k, name in enumerate(built.variables):
+        info = built.infos[name]
+        if name != ring and not one_run_op(info):
+            continue
+        axis = (ring_axis_of(built.infos, info, s) if name == ring else None for s in built.strategies[name])
+        keep = np.array(
+            [
+                any(not needs_one_run(info, s, a) and (name != ring or r == a) for a in axes)
+                for s, r in zip(built.strategies[name], axis, strict=True)
+            ]
+        )
+        if not keep.all():
+            masks[k] = keep if masks[k] is None else masks[k] & keep
+    return tuple(masks)
 
 
 def context_degrees(

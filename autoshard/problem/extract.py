@@ -71,7 +71,7 @@ def extract_plan(
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
     collectives += _dispatch_collectives(built, chosen, layer_of)
     comm = sum(c.seconds for c in collectives)
-    step, _exposed, grad_sync = critical_path(built, chosen, collectives, compute)
+    step, _exposed, grad_sync, grad_buckets = critical_path(built, chosen, collectives, compute)
     context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
     step += context.extra_seconds
     optimizer_gathers = zero_gathers(built, pick, layer_of.module)  # after backward, no overlap: exposed
@@ -145,6 +145,7 @@ def extract_plan(
         overlap=built.options.overlap,
         memory_breakdown=extra_memory,
         grad_sync=grad_sync,  # what of the gradient sync the step pays, and why (problem/step.py)
+        grad_buckets=grad_buckets,  # its buckets, as the runtime issues them (runtime/overlap.py)
     )
 
 
@@ -212,9 +213,17 @@ def _count(built: BuiltProblem, name: str) -> int:
 
 
 def _records(
-    steps: tuple[Step, ...], phase: str, use_node: str, tensor: str, layers, built, times: int = 1
+    steps: tuple[Step, ...],
+    phase: str,
+    use_node: str,
+    tensor: str,
+    layers,
+    built,
+    times: int = 1,
+    recompute: bool = False,
 ) -> list[Collective]:
-    """One record per collective and layer; ``seconds`` is per step (``times`` = repeats per step)."""
+    """One record per collective and layer; ``seconds`` is per step (``times`` = repeats per step);
+    ``recompute``: the forward move re-run in backward by recomputation (``Collective.recompute``)."""
     out: list[Collective] = []
     for step in steps:
         if step.kind not in COLLECTIVE_KINDS:
@@ -223,7 +232,16 @@ def _records(
         for layer, path in layers:
             out.append(
                 Collective(
-                    step.kind, step.nbytes, phase, step.mesh_axis, use_node, tensor, path, seconds, layer
+                    step.kind,
+                    step.nbytes,
+                    phase,
+                    step.mesh_axis,
+                    use_node,
+                    tensor,
+                    path,
+                    seconds,
+                    layer,
+                    recompute,
                 )
             )
     return out
@@ -256,7 +274,7 @@ def _edge_collectives(
         out += _records(steps.forward, "forward", served, moved, layers, built, fwd_times)
         if reissued(producer, consumer, built.options):  # run again when backward recomputes the block
             again = recomputed_layers(layers, built.options, built.num_blocks)
-            out += _records(steps.forward, "forward", served, moved, again, built, fwd_times)
+            out += _records(steps.forward, "forward", served, moved, again, built, fwd_times, True)
             if rerun_share(producer, consumer, built.options) > built.options.recompute_share:  # the others
                 rest = [lp for lp in layers if lp not in again]
                 out += _records(steps.forward, "regather", served, moved, rest, built, fwd_times)
@@ -351,7 +369,7 @@ def _dispatch_collectives(
         out += _records(forward, "forward", name, name, layers, built, times)
         if rerun_in_backward(info, built.options):  # the block's forward runs again in backward
             again = recomputed_layers(layers, built.options, built.num_blocks)
-            out += _records(forward, "forward", name, name, again, built, times)
+            out += _records(forward, "forward", name, name, again, built, times, True)
         if built.options.training:
             out += _records(backward, "backward", name, name, layers, built, times)
     return out

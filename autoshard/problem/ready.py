@@ -23,6 +23,12 @@ always exposed (a suffix bound).  Syncs ready before the final unit may all hide
 would share the final unit's bucket (a small model) are issued early in a plan whose final unit reduces
 nothing, and which plans do is not a linear term; so the bound is loose there, never above a step.
 
+The buckets the step prices are recorded for the runtime (:func:`priced_buckets`, ``Plan.grad_buckets``):
+``cost_models.overlap.SyncStream``'s buckets over these units, one record per mesh axis a bucket reduces
+on, with its members' names, bytes and the unit after which it is issued; the runtime builds exactly those
+and issues each as its last member's gradient arrives (:mod:`autoshard.runtime.overlap` says why that is
+never later than priced).
+
 Example::
 
     units = backward_units(built)
@@ -31,17 +37,20 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autoshard.problem.costs import node_compute
+from cost_models.overlap import GradBucket, sync_buckets
 
 if TYPE_CHECKING:
+    from autoshard.plans import Collective
     from autoshard.problem.build import BuiltProblem
     from autoshard.problem.graph import NodeInfo
     from autoshard.strategies import OpStrategy
 
-__all__ = ["Backward", "Unit", "backward_units", "unit_backward", "unit_of"]
+__all__ = ["Backward", "Unit", "backward_units", "priced_buckets", "unit_backward", "unit_of"]
 
 Unit = int | str
 """A repeated layer's index, or the name of an op node outside the repeated layers."""
@@ -108,3 +117,32 @@ def unit_backward(built: BuiltProblem, name: str, strategy: OpStrategy) -> float
     info = built.infos[name]
     inputs = tuple(built.infos[s] for s in info.inputs)
     return node_compute(info, strategy, built.cluster, built.options, inputs)[1]
+
+
+def priced_buckets(
+    backward: Sequence[Unit],
+    syncs: Mapping[Unit, Sequence[Collective]],
+    seconds: Sequence[float],
+    nbytes: Sequence[float],
+    bucket_bytes: int,
+) -> tuple[GradBucket, ...]:
+    """The step's gradient buckets as :class:`~cost_models.overlap.SyncStream` forms them (``Plan.grad_buckets``).
+
+    ``backward``: the units in backward order; ``syncs[u]``: the gradient syncs ready at unit ``u`` (one
+    record per collective, as the plan lists them); ``seconds``/``nbytes``: each unit's, as the stream was
+    fed.  Each stream bucket becomes one record per (mesh axis, kind) it reduces on, its members in
+    backward order (within a unit the plan's last first: bias before weight), a member reduced twice on one
+    axis counted once with both reductions' bytes."""
+    records: list[GradBucket] = []
+    for index, bucket in enumerate(sync_buckets(seconds, nbytes, bucket_bytes)):
+        last = backward[bucket[-1]]
+        unit = f"layer {last}" if isinstance(last, int) else last
+        groups: dict[tuple[int, str], dict[str, int]] = {}
+        for j in bucket:
+            for c in reversed(syncs.get(backward[j], ())):
+                members = groups.setdefault((c.mesh_axis, c.kind), {})
+                members[c.node] = members.get(c.node, 0) + c.nbytes
+        for (axis, kind), members in groups.items():
+            total = sum(members.values())
+            records.append(GradBucket(axis, kind, tuple(members), total, unit, index, bucket_bytes))
+    return tuple(records)

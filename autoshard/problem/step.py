@@ -12,6 +12,8 @@ Step time follows :mod:`cost_models.overlap` under ``CostOptions.overlap``:
   backward of every unit after it; the syncs are fed to ``exposed_gradient_sync`` in backward order with
   each unit's backward compute, bucketed by ``bucket_bytes``.  The report states the result
   (:class:`~cost_models.overlap.SyncExposure`: how much is exposed, and the last bucket that always shows);
+  the buckets themselves (``Plan.grad_buckets``: members, bytes, the unit after which each is issued) are
+  what the runtime issues (:mod:`autoshard.runtime.overlap`);
 * forward all-gathers of parameters (FSDP) are prefetched under the previous layer's forward
   (``exposed_prefetched_gathers``); those outside the layers are exposed;
 * every other collective (tensor / sequence parallel, resharding) is exposed.
@@ -33,9 +35,9 @@ from collections.abc import Sequence
 from autoshard.plans import Collective
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import node_compute
-from autoshard.problem.ready import Backward, Unit, backward_units, unit_backward
+from autoshard.problem.ready import Backward, Unit, backward_units, priced_buckets, unit_backward
 from autoshard.strategies import OpStrategy
-from cost_models.overlap import SyncExposure, exposed_prefetched_gathers, sync_schedule
+from cost_models.overlap import GradBucket, SyncExposure, exposed_prefetched_gathers, sync_schedule
 
 __all__ = ["critical_path"]
 
@@ -77,13 +79,14 @@ def _sync_unit(built: BuiltProblem, units: Backward, c: Collective) -> Unit | No
 
 def critical_path(
     built: BuiltProblem, chosen: dict[str, OpStrategy], collectives: Sequence[Collective], compute: float
-) -> tuple[float, float, SyncExposure | None]:
-    """(step seconds, exposed communication seconds, the gradient sync's share) of the plan (module
-    docstring); the last is None where nothing is synchronised."""
+) -> tuple[float, float, SyncExposure | None, tuple[GradBucket, ...]]:
+    """(step seconds, exposed communication seconds, the gradient sync's share, its buckets) of the plan
+    (module docstring); the share is None where nothing is synchronised."""
     policy = built.options.overlap
     units = backward_units(built)
     fwd, bwd = _per_layer_compute(built, chosen)
     syncs: dict[Unit, dict[str, list[float]]] = defaultdict(dict)  # unit -> parameter -> [seconds, bytes]
+    collected: dict[Unit, list[Collective]] = defaultdict(list)  # unit -> its syncs (Plan.grad_buckets)
     gather: dict[int | None, float] = defaultdict(float)
     regather: dict[int | None, float] = defaultdict(float)
     exposed = stray = 0.0
@@ -93,6 +96,7 @@ def critical_path(
             if unit is None or unit not in units.index:  # no consumer in the graph: nothing hides it
                 stray += c.seconds
                 continue
+            collected[unit].append(c)
             entry = syncs[unit].setdefault(c.node, [0.0, 0.0])
             entry[0] += c.seconds
             entry[1] += c.nbytes
@@ -111,6 +115,7 @@ def critical_path(
         nbytes.append(sum(size for _, size in syncs[u].values()) if u in syncs else 0.0)
     order = list(reversed(units.order))
     hidden, last = sync_schedule(backward, seconds, policy, grad_bytes=nbytes)
+    buckets = priced_buckets(order, collected, seconds, nbytes, policy.bucket_bytes)  # what the runtime runs
     total = sum(seconds) + stray
     grad_sync = None
     if total > 0:
@@ -129,4 +134,4 @@ def critical_path(
     again = [regather.get(i, 0.0) for i in reversed(layers)]
     behind = [bwd.get(i, 0.0) * built.options.microbatches for i in reversed(layers)]
     exposed += regather.get(None, 0.0) + exposed_prefetched_gathers(again, behind, policy.prefetch)
-    return compute + exposed, exposed, grad_sync
+    return compute + exposed, exposed, grad_sync, buckets

@@ -50,7 +50,11 @@ Level = Literal["module", "op"]
 RENDERED = {".svg": "svg", ".png": "png", ".pdf": "pdf"}
 REPLICATED_COLOUR = "#e0e0e0"
 PALETTE = ("#a6cee3", "#b2df8a", "#fdbf6f", "#cab2d6", "#fb9a99", "#ffff99", "#8dd3c7", "#bebada", "#fccde5")
-_PHASE = {"forward": "fwd", "backward": "bwd"}
+_PHASE = {
+    "forward": "fwd",
+    "backward": "bwd",
+    "recompute": "bwd recompute",
+}  # recompute: Collective.recompute
 
 
 class GraphvizError(AutoshardError, RuntimeError):
@@ -267,7 +271,7 @@ def _add_collectives(g: nx.DiGraph, view: PlanView, unit_of: dict[str, str]) -> 
 def _inside(cs: list[Collective]) -> str:
     kinds: dict[tuple[str, str, int], list[Collective]] = defaultdict(list)
     for c in cs:
-        kinds[(c.phase, c.kind, c.mesh_axis)].append(c)
+        kinds[("recompute" if c.recompute else c.phase, c.kind, c.mesh_axis)].append(c)
     return "\n".join(
         f"inside: {_PHASE.get(p, p)} {k} axis {a} ×{len(v)}, {fmt_seconds(sum(c.seconds for c in v))}"
         for (p, k, a), v in sorted(kinds.items())
@@ -278,7 +282,7 @@ def _collective_style(cs: list[Collective], slowest: float) -> dict[str, str]:
     lines = []
     buckets: dict[tuple[str, str, int, int, float], int] = defaultdict(int)
     for c in cs:
-        buckets[(c.phase, c.kind, c.mesh_axis, c.nbytes, c.seconds)] += 1
+        buckets[("recompute" if c.recompute else c.phase, c.kind, c.mesh_axis, c.nbytes, c.seconds)] += 1
     for (phase, kind, axis, nbytes, secs), n in sorted(buckets.items()):
         times = f" ×{n}" if n > 1 else ""
         lines.append(

@@ -141,7 +141,10 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     third = wrap(zero, width, "    ", "  ") if zero else []
     sync = plan.grad_sync  # what of the gradient sync is exposed and why (problem/step.py)
     if sync is not None:
-        third += wrap(sync.describe(fmt_seconds, plan.overlap.overlap_grad_sync), width, "    ", "  ")
+        buckets = len({b.index for b in plan.grad_buckets})  # stream buckets (one record per axis each)
+        third += wrap(
+            sync.describe(fmt_seconds, plan.overlap.overlap_grad_sync, buckets), width, "    ", "  "
+        )
     return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ") + third
 
 

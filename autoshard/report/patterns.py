@@ -123,11 +123,14 @@ def _fsdp(view: PlanView, axis: int) -> Pattern | None:
     ]
     if not gathers:
         return None
-    moved = sum(c.nbytes for c in gathers)
+    moved = sum(c.nbytes for c in gathers if not c.recompute)
+    again = sum(c.nbytes for c in gathers if c.recompute)  # re-gathered where backward recomputes a block
     count = len(fsdp_params(view).get(axis, ()))  # as the headline and the "mesh axes" lines count
     evidence = (
         f"{count} parameter{'s' * (count != 1)} stored split, all-gathered before use "
-        f"({fmt_bytes(moved)} per step), gradients reduce-scattered"
+        f"({fmt_bytes(moved)} per step"
+        + (f", {fmt_bytes(again)} more re-gathered to recompute" if again else "")
+        + "), gradients reduce-scattered"
     )
     return Pattern("FSDP / ZeRO-3", (axis,), (), evidence)
 

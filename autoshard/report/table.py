@@ -45,7 +45,7 @@ __all__ = ["Baseline", "collective_rows", "render", "report_data"]
 MINOR_SHARE = 0.005  # groups below this share of compute, without parameters, are listed by name only
 MAX_COLLECTIVE_ROWS = 12
 MAX_PARAMETER_ROWS = 24
-_PHASE = {"forward": "fwd", "backward": "bwd", "regather": "bwd"}
+_PHASE = {"forward": "fwd", "backward": "bwd", "regather": "bwd", "recompute": "bwd"}
 RING_KIND, RING_PURPOSE = "ring K/V hop", "ring K/V"  # context parallelism's point-to-point sends
 
 
@@ -183,7 +183,7 @@ def collective_rows(view: PlanView) -> list[CollectiveRow]:
     buckets: dict[tuple[str, str, int, str, str], list[Collective]] = defaultdict(list)
     for c in view.plan.collectives:
         purpose, where = _purpose(view, c)
-        buckets[(c.phase, c.kind, c.mesh_axis, purpose, where)].append(c)
+        buckets[(_row_phase(c), c.kind, c.mesh_axis, purpose, where)].append(c)
     rows = [
         CollectiveRow(
             *key[:4], _where(key[4], cs), len(cs), sum(c.nbytes for c in cs), sum(c.seconds for c in cs)
@@ -221,10 +221,18 @@ def _where(collapsed: str, cs: list[Collective]) -> str:
     return modules.pop() if len(layers) == 1 and None not in layers and len(modules) == 1 else collapsed
 
 
+def _row_phase(c: Collective) -> str:
+    """A row's phase: ``recompute`` for a forward move backward runs again with its block (it runs in
+    backward, so it reads ``bwd``), else the collective's own."""
+    return "recompute" if c.recompute else c.phase
+
+
 def _purpose(view: PlanView, c: Collective) -> tuple[str, str]:
     """(purpose, where): gradient sync and weight gathers of parameters, else activations at a module."""
     if c.tensor in view.param_nodes:
         kinds = {"forward": "weight all-gather (FSDP)", "regather": "weight re-gather (FSDP)"}
+        if c.recompute:
+            return "weight re-gather (recompute)", ""
         return kinds.get(c.phase, "gradient sync"), ""
     if c.node == "output":
         return "output of", view.layer_of(c.module)
@@ -237,6 +245,7 @@ def _collectives(view: PlanView, width: int) -> list[str]:
     lines = ["collectives of one step (fwd: forward, bwd: backward)", head]
     for r in rows[:MAX_COLLECTIVE_ROWS]:
         what = f"at {r.where}" if r.purpose == "activations" else f"{r.purpose} {r.where}".strip()
+        what += " (recompute)" if r.phase == "recompute" and r.purpose == "activations" else ""
         what = f"at {r.where}" if r.purpose == RING_PURPOSE else what
         lines.append(
             f"  {_PHASE.get(r.phase, r.phase):<4}{r.kind:<15}{r.axis:>4}{r.count:>6}{fmt_bytes(r.nbytes):>11}"
@@ -253,7 +262,7 @@ def _collectives(view: PlanView, width: int) -> list[str]:
         ]
     if not rows:
         return ["collectives of one step", "  none: no device ever waits for another"]
-    lines += wrap(_totals(view.plan.collectives), width, " " * 9, "  total: ")  # wrapped, never cut
+    lines += wrap(_totals(view), width, " " * 9, "  total: ")  # wrapped, never cut
     ring = view.plan.ring_transfers
     if ring:
         hops, sent = sum(r.hops for r in ring), sum(r.hops * r.nbytes for r in ring)
@@ -266,15 +275,25 @@ def _collectives(view: PlanView, width: int) -> list[str]:
     return lines
 
 
-def _totals(collectives: tuple[Collective, ...]) -> str:
-    """Count, bytes and time per phase: the collectives' time adds up to the communication figure."""
+def _totals(view: PlanView) -> str:
+    """Count, bytes and time per phase: the collectives' time adds up to the communication figure.
+
+    A weight gather backward runs again to recompute its block is a re-gather like FSDP's reshard after
+    forward (``regather``, with how many of them recomputation's); other recomputed moves are ``recompute``."""
+    phases: dict[str, list[Collective]] = defaultdict(list)
+    for c in view.plan.collectives:
+        regathered = c.recompute and c.kind == "all_gather" and c.tensor in view.param_nodes
+        phases["regather" if regathered else _row_phase(c)].append(c)
     parts = []
-    for phase in ("forward", "backward", "regather"):
-        cs = [c for c in collectives if c.phase == phase]
+    for phase in ("forward", "backward", "regather", "recompute"):
+        cs = phases.get(phase, [])
         if cs:
+            again = sum(c.recompute for c in cs) if phase == "regather" else 0
             parts.append(
                 f"{phase} {len(cs)} ({fmt_bytes(sum(c.nbytes for c in cs))}, "
-                f"{fmt_seconds(sum(c.seconds for c in cs))})"
+                f"{fmt_seconds(sum(c.seconds for c in cs))}"
+                + (f"; {again} for recomputation" if again else "")
+                + ")"
             )
     return "; ".join(parts)
 

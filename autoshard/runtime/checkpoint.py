@@ -118,9 +118,11 @@ def _atomic(directory: Path, write: Callable[[Path], None]) -> Path:
         directory.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: Exception misses it
+
     try:
         write(tmp)
-    except Exception as e:
+    except (Exception, CheckpointException) as e:
         _barrier()  # DCP raises on every rank when one fails: clean up once all have stopped writing
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -9,9 +9,10 @@ turns a failure into one line and an exit code:
 
 - a worker that ended through :func:`fail` wrote its message to torch's per-worker error file
   (``TORCHELASTIC_ERROR_FILE``) and exited 2: the first such message, exit 2;
-- any other failure: ``rank R (pid P) exited with code C`` (the rank's own output is above it), and that code
-  (128 + the signal for a rank killed by one); the launcher interrupted (Ctrl-C, SIGTERM): one line, 128 + the
-  signal.
+- any other failure: ``rank R (pid P) exited with code C: Type: message`` when the worker ran under
+  :func:`worker` (or torch's ``@record``; its traceback is above), else ``... (its output is above)``, and
+  that code (128 + the signal for a rank killed by one); the launcher interrupted (Ctrl-C, SIGTERM): one
+  line, 128 + the signal.
 
 Under plain ``torchrun`` (several nodes), :func:`fail` prints its line on rank 0 and torchrun's failure table
 shows it as the root cause, below torch's own traceback.
@@ -21,6 +22,9 @@ Example (``examples/train.py run``)::
     if "LOCAL_RANK" not in os.environ:          # the launcher: check the input once, then start the ranks
         check(args)                             # -> fail("...") before any worker starts
         sys.exit(run_local(4, [__file__, *sys.argv[1:]]))
+
+    if __name__ == "__main__":
+        worker(main)                            # a rank's exception: named in the launcher's one line
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["LAUNCHED", "fail", "run_local"]
+__all__ = ["LAUNCHED", "fail", "run_local", "worker"]
 
 ONE_LINE = "autoshard_one_line"
 """Marks an error record written by :func:`fail`: its message is the whole story, no traceback behind it."""
@@ -49,15 +54,36 @@ def fail(message: str) -> NoReturn:
     The message goes to torch's error file for this worker when a torch launcher set one, so the launcher can
     name the cause.  It is printed on stderr here only when no :func:`run_local` launcher will print it, and
     then by rank 0 alone (every rank usually meets the same bad input)."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
-    if path:  # the record torch's @record writes, our line in place of its traceback
-        info = {"py_callstack": message, "timestamp": str(int(time.time())), ONE_LINE: True}
-        with open(path, "w") as file:
-            json.dump({"message": {"message": message, "extraInfo": info}}, file)
+    _record(message, {"py_callstack": message, ONE_LINE: True})  # our line in place of a traceback
     if LAUNCHED not in os.environ and os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr, flush=True)
     _leave_group()
     raise SystemExit(2)
+
+
+def worker(main: Callable[[], None]) -> None:
+    """Run a worker's entry point; an exception it raises is recorded in torch's per-worker error file, then
+    raised on (its traceback printed), so that :func:`run_local` ends the job naming it in one line.
+
+    torch's own ``@record`` does the same for ``Exception`` only, and torch.distributed.checkpoint's
+    ``CheckpointException`` (a failed save or load) is a ``BaseException``: a rank dying of it was named by
+    its exit code alone."""
+    try:
+        main()
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:
+        _record(f"{type(e).__name__}: {e}", {"py_callstack": traceback.format_exc()})
+        raise
+
+
+def _record(message: str, info: dict[str, Any]) -> None:
+    """Write ``message`` as torch's ``@record`` would, when a torch launcher set this worker's error file."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    if path:
+        info = {**info, "timestamp": str(int(time.time()))}
+        with open(path, "w") as file:
+            json.dump({"message": {"message": message, "extraInfo": info}}, file)
 
 
 def _leave_group() -> None:
@@ -95,7 +121,7 @@ def run_local(nproc: int, argv: Sequence[str]) -> int:
         message: Any = failure.message
         code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
         text = message.get("message", "") if isinstance(message, dict) else ""  # torch's @record format
-        cause = f": {text}" if text else " (its output is above)"
+        cause = f": {_condensed(text)} (its traceback is above)" if text else " (its output is above)"
         print(f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}{cause}", file=sys.stderr)
         return code
     except SignalException as e:  # Ctrl-C or a kill: the agent has stopped the ranks
@@ -104,6 +130,13 @@ def run_local(nproc: int, argv: Sequence[str]) -> int:
     finally:
         os.environ.pop(LAUNCHED, None)
     return 0
+
+
+def _condensed(text: str) -> str:
+    """A recorded exception in one line: ``Type: message``, and where the message holds tracebacks of its
+    own (torch.distributed.checkpoint's ``CheckpointException`` carries each rank's), their last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{lines[0]} ... {lines[-1]}" if len(lines) > 1 else text.strip()
 
 
 def _one_line(error_file_data: dict[str, Any]) -> str:

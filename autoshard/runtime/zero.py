@@ -22,7 +22,7 @@ exactly that:
 - ``stage=2`` (ZeRO-2): the reduce-scatter runs in each parameter's post-accumulate-grad hook during backward
   and the whole gradient is freed at once; only chunks of gradients stay.
 - ``overlap`` (with ``stage=2``; default ``Plan.overlap.overlap_grad_sync``): those reduce-scatters are
-  bucketed (``Plan.overlap.bucket_bytes``) and issued asynchronously while backward goes on
+  bucketed as the plan's buckets (``Plan.grad_buckets``) and issued asynchronously while backward goes on
   (:mod:`autoshard.runtime.overlap`).
 - ``stage=3`` (FSDP / ZeRO-3) is a *plan*: parameters placed ``S(d)`` over the data axes, which the emitted
   module all-gathers before use and whose gradients its backward reduce-scatters (the edges the cost model
@@ -192,7 +192,11 @@ class ZeroOptimizer:
         policy = info.plan.overlap  # the policy the plan priced, unless the caller overrides it
         overlap = policy.overlap_grad_sync if overlap is None else overlap
         size = policy.bucket_bytes if bucket_bytes is None else bucket_bytes
-        self.buckets = GradBuckets(split, self.comm, size) if overlap and stage >= 2 else None
+        planned = info.plan.grad_buckets  # followed unless bucket_bytes differs (runtime/overlap.py)
+        rounds = info.plan.microbatches  # backward passes per step: the buckets are due in the last
+        self.buckets = (
+            GradBuckets(split, self.comm, size, planned, rounds) if overlap and stage >= 2 else None
+        )
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook(flat, master))
             for p, flat, master in self.params

@@ -100,6 +100,10 @@ _DUAL_TOLERANCE = 0.1
 #: (the selective solve 1.0 -> 0.83 s CPU).  A rung proven empty raises the bound to it.
 _RUNGS = (0.1, 0.3)
 
+#: ``dominance_search=False`` searches dominance after all where the hinted removals leave a table over this
+#: (2x LLaMA-3-70B's ranking solve's 8.3e6 entries, 6.3e6 after a search): wider tables cost more than it.
+_HINTED_TABLE = 2**24
+
 
 def _fits_unconstrained(run: Run, ex: ExactSolver) -> Solution | None:
     """The exact optimum without the budget, as the answer when it fits (then it is optimal under it too)."""
@@ -287,6 +291,7 @@ def solve(
     multiplier: float | None = None,
     dominated: Certificates = (),
     incumbent: Sequence[int] | None = None,
+    dominance_search: bool = True,
 ) -> Solution:
     """The best plan for ``problem`` within ``time_limit`` seconds (see the module docstring for the methods).
 
@@ -300,6 +305,8 @@ def solve(
 
     ``dominated``: a similar problem's :attr:`Solution.dominated` (same nodes and strategies, other costs),
     checked and applied before the reduction's own dominance search; only its speed depends on it.
+    ``dominance_search=False``: the first reduction applies only those removals unless what they leave is
+    wide (``reduce_problem(search=)``, :data:`_HINTED_TABLE`); only the speed depends on it.
 
     ``incumbent``: a plan of this problem (a similar one's optimum); under a binding budget the Lagrangian
     sweep starts from it when it fits (:meth:`Run.start_plan`).  Only the work depends on it.
@@ -322,6 +329,7 @@ def solve(
             multiplier=multiplier,
             dominated=dominated,
             incumbent=incumbent,
+            dominance_search=dominance_search,
         )
         return solve_with_peak(problem, solve, max_factor_size=max_factor_size, ceiling=ceiling, **kwargs)
     start = time.perf_counter()
@@ -341,7 +349,7 @@ def solve(
                 raise BoundExceeded(cheapest, ceiling)
     # Folding free nodes creates the pair matrices on which dominance prunes most (the LLaMA problems
     # reduce to nothing), and it shrinks the CP-SAT model.
-    red = reduce_problem(problem, hint=dominated)
+    red = reduce_problem(problem, hint=dominated, search=dominance_search)
     run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
     if method == "propagate":
         run.log.insert(0, "propagate: the plan has inf cost or breaks the budget; solving exactly instead")
@@ -349,6 +357,10 @@ def solve(
     if method == "ilp":
         return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
     ex = exact_solver(run, max_factor_size)
+    if not dominance_search and (ex is None or ex.largest_factor > _HINTED_TABLE):  # wide: search after all
+        red = reduce_problem(problem, hint=dominated)
+        run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
+        ex = exact_solver(run, max_factor_size)
     if ex is None and red.problem.memory_limit is not None:
         # Memory terms keep nodes from folding, so the budgeted problem's treewidth is high; each relaxed
         # problem (cost + lambda * memory, no budget) still reduces and solves exactly.

@@ -53,7 +53,7 @@ def test_budget_advice_leaves_out_what_was_done(cli) -> None:
     assert "recompute" not in fix and "allow fsdp" not in fix and "raise the memory limit" in fix
     r = cli(*MLP8, "--memory-limit", "0.01", "--forbid", "fsdp")
     assert (
-        "; fsdp forbidden (left: dp, tp, sp, cp, ep, pp). Fix: " in r.err
+        "; fsdp forbidden (left: dp, tp, sp, cp, ep, pp); pipeline stages tried: --pp 2 or more: " in r.err
         and "allow fsdp" in r.err.split(" Fix: ")[1]
     )
 

@@ -131,7 +131,7 @@ def test_cli_explain_of_a_stage(saved: tuple[Path, Path]) -> None:
     ("model", "profile", "extra"),
     [
         ("gpt2-tiny", "cpu", ("--nodes", "2", "--schedule", "1f1b")),  # a tied embedding summed across stages
-        ("mixtral-tiny", "a100x8", ()),  # routed experts (bf16: the cpu profile has no bf16 peak)
+        ("mixtral-tiny", "a100x8", ()),  # routed experts (bf16)
     ],
 )
 def test_other_models_replay_to_their_step(

@@ -4,6 +4,7 @@ and where it reaches the bound the layout is optimal with no solve (LLaMA-3-70B:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from torch import nn
 import autoshard
 import autoshard.planner_layout as layout
 from autoshard import zoo
+from autoshard.problem.context import ring_variable, zigzag_masks
 from autoshard.runtime.verify import cluster_for
 
 
@@ -104,7 +106,7 @@ def test_the_layout_problems_bound_and_dominate_one_another_plan_by_plan() -> No
     cluster = autoshard.load_cluster("a100x8", mesh=(2, 2, 2))
     bound = build_problem(captured, cluster, CostOptions(cp_layout="auto"), memory_limit=1e12)
     contiguous = build_problem(captured, cluster, CostOptions(cp_layout="contiguous"), memory_limit=1e12)
-    ring = layout._ring_variable(bound)
+    ring = ring_variable(bound)
     assert ring is not None
     rng = np.random.default_rng(0)
     for a in range(3):
@@ -173,3 +175,51 @@ def test_under_a_binding_budget_the_stop_at_the_bound_keeps_the_best_of_every_la
     monkeypatch.setattr(layout._Search, "contiguous", everything)
     full = autoshard.plan(model, cluster, args, memory_limit=limit)
     assert plan.solver.objective == pytest.approx(full.solver.objective, rel=1e-12)
+
+
+def test_a_masked_bound_under_a_binding_budget_skips_what_the_unbudgeted_bound_cannot() -> None:
+    """Step 2 of planner_layout.py under a binding budget: B masked to the plans a zigzag on the other axes
+    could win with is solved *with* the budget (F3: a plan fits under Z_a iff under B).  Its optimum is
+    below every such Z_a's budgeted optimum held to its rings (F1), and above the unbudgeted masked optimum,
+    so a best between the two is skipped by the budgeted bound and not by the unbudgeted one.  Z_a's
+    Lagrangian bound at B's multiplier (``_dual``) never reaches a ceiling just above Z_a's optimum."""
+    from autoshard.capture import capture
+    from autoshard.problem.build import build_problem
+    from autoshard.problem.context import zigzag_cluster
+    from autoshard.problem.costs import CostOptions
+    from autoshard.search import BoundExceeded, solve
+    from autoshard.search.problem import memory_of
+
+    model, args = Causal(1024).to("meta"), (torch.randn(8, 4096, 1024, device="meta"),)
+    cluster = autoshard.load_cluster("a100x8", nodes=2, mesh=(2, 2, 4))
+    captured = capture(model, args)
+    free = build_problem(captured, cluster, CostOptions(cp_layout="auto"))
+    limit = 0.98 * memory_of(free.problem, solve(free.problem).choice)
+    built = build_problem(captured, cluster, CostOptions(cp_layout="auto"), memory_limit=limit)
+    bound = solve(built.problem)
+    axis, ring = layout._ring_axis(built, bound), ring_variable(built)
+    assert axis is not None and ring is not None and bound.multiplier is not None  # rings; budget binds
+    others = tuple(a for a in range(3) if a != axis)
+    masked = dataclasses.replace(built.problem, allowed=zigzag_masks(built, others, ring, built.problem))
+    unbudgeted = solve(dataclasses.replace(masked, memory_limit=None)).objective
+    budgeted = solve(masked).objective
+    assert unbudgeted < budgeted * (1 - 1e-6)
+
+    def rebuild(cl: Any, opts: Any) -> Any:
+        got = build_problem(captured, cl, opts, memory_limit=limit)
+        return got, got
+
+    search = layout._Search(built, bound, rebuild, "auto", 60.0, float("inf"))
+    for a in others:  # F1 + F3: the budgeted bound is below Z_a's budgeted optimum over its ringing plans
+        zig = build_problem(
+            captured, zigzag_cluster(cluster, a), CostOptions(cp_layout="contiguous"), memory_limit=limit
+        )
+        held = dataclasses.replace(zig.problem, allowed=zigzag_masks(built, (a,), ring, zig.problem))
+        optimum = solve(held).objective
+        assert budgeted <= optimum * (1 + 1e-12)
+        search._dual(held, optimum * (1 + 1e-9))  # a true lower bound: no BoundExceeded
+        with pytest.raises(BoundExceeded):
+            search._dual(held, unbudgeted)  # and no weaker than the unbudgeted masked bound here
+    assert search._bounded(others, "zigzag on axes", (unbudgeted + budgeted) / 2)
+    assert search.prices and "at least" in search.prices[-1]
+    assert not search._bounded(others, "zigzag on axes", budgeted * (1 + 1e-9))

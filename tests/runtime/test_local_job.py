@@ -1,6 +1,7 @@
 """``run_local`` starts real ranks through torch's launcher (``torchrun --standalone``, gloo) and ends a failed
-job in one line with the rank's exit code, never torch's ``ChildFailedError`` traceback; ``fail`` records the line
-in torch's per-worker error file, which plain ``torchrun`` shows as the root cause."""
+job in one line with the rank's exit code (and its error, under ``worker``), never torch's ``ChildFailedError``
+traceback; ``fail`` records the line in torch's per-worker error file, which plain ``torchrun`` shows as the root
+cause."""
 
 from __future__ import annotations
 
@@ -39,6 +40,16 @@ if how == "fail":
     raise SystemExit(0)
 rank = int(os.environ["RANK"])
 (out / f"rank{rank}").write_text("started")
+if how == "raise" and rank == 1:  # an error of the rank's own, a BaseException as DCP's CheckpointException is
+    from autoshard.runtime.local_job import worker
+
+    class Broken(BaseException):
+        pass
+
+    def main():
+        raise Broken("saving failed on ranks [1]\\nTraceback (most recent call last): (RANK 1)\\nOSError: disk full")
+
+    worker(main)
 if how == "sleep":
     time.sleep(120)
 if rank == 1:
@@ -77,6 +88,17 @@ def test_a_rank_that_exits_otherwise_is_named_with_its_code(tmp_path: Path) -> N
     assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("rank 1 (pid ")
     assert done.stderr.strip().endswith("exited with code 3 (its output is above)")
+
+
+@pytest.mark.slow
+def test_a_rank_that_raises_is_named_with_its_error(tmp_path: Path) -> None:
+    done = _launch(tmp_path, "raise")
+    assert done.returncode == 1, done.stderr
+    assert "ChildFailedError" not in done.stderr and "torch/distributed/" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("rank 1 (pid ") and last.endswith(
+        "exited with code 1: Broken: saving failed on ranks [1] ... OSError: disk full (its traceback is above)"
+    )
 
 
 @pytest.mark.slow

@@ -190,12 +190,16 @@ def test_bad_checkpoint_is_one_line_naming_tensor_and_directory(saved: Path) -> 
     check_checkpoint(saved, {name: ((128, 64), torch.float64)})
 
 
-def _failing_save(directory: Path) -> str:
+def _failing_save(directory: Path, dcp_error: bool = False) -> str:
     module, _ = _build(2, None, tuple(LLAMA_MEGATRON.items()))
 
     def broken(state: Any, checkpoint_id: str) -> None:
         Path(checkpoint_id).mkdir(parents=True, exist_ok=True)
         (Path(checkpoint_id) / "half-written").write_text("x")
+        if dcp_error:  # what DCP itself raises: a BaseException, which `except Exception` misses
+            from torch.distributed.checkpoint.api import CheckpointException
+
+            raise CheckpointException("disk full", {})
         raise OSError("disk full")
 
     real, dcp.save = dcp.save, broken
@@ -208,9 +212,12 @@ def _failing_save(directory: Path) -> str:
     return ""
 
 
-def test_failed_save_leaves_the_old_checkpoint(saved: Path) -> None:
+@pytest.mark.parametrize("dcp_error", [False, True], ids=["oserror", "dcp-checkpoint-exception"])
+def test_failed_save_leaves_the_old_checkpoint(saved: Path, dcp_error: bool) -> None:
     before = sorted(p.name for p in saved.iterdir())
-    messages = launch(_failing_save, 2, saved)
-    assert all("disk full" in m and "nothing was replaced" in m for m in messages)
+    messages = launch(_failing_save, 2, saved, dcp_error)
+    # DCP's own error lists its failing ranks, not the cause
+    said = "CheckpointException" if dcp_error else "disk full"
+    assert all(said in m and "nothing was replaced" in m for m in messages)
     assert sorted(p.name for p in saved.iterdir()) == before
     assert not list(saved.parent.glob(".*"))
