@@ -5,29 +5,23 @@ plans through :func:`autoshard.plans.load_plan`, which calls :func:`check_text` 
 What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line naming the file and field:
 
 - the file: UTF-8 text, not binary, complete JSON (a cut-off file says so), a JSON object;
-- the record: format and version, no unknown fields (at the top level and inside nodes, collectives, the
-  solver report, the ring transfers and the pipeline), the value types that matter; ``pinned`` a list of
-  strings;
+- the record: format and version, no unknown fields (at the top level and inside nodes, collectives, the solver
+  report, the ring transfers and the pipeline), the value types that matter; ``pinned`` a list of strings;
 - the mesh: positive axis sizes, their product equal to the cluster's devices, the cluster's own mesh equal;
 - placements: every parameter, input and output placement tuple parses (``S(d)``, ``R``, ``P``) and has one
   placement per mesh axis; every node's strategy label parses with the same arity; a parameter's placement
   agrees with its graph node's decision;
-- shapes: every input shape is positive, sharded dims exist in the input and divide by the axes that split
-  them;
+- shapes: every input shape is positive, sharded dims exist in the input and divide by the axes that split them;
 - degrees: known kinds, each at least 1 and dividing the device count; microbatches at least 1; pipeline
   stage ranks on the mesh; recompute a known policy and ``recompute_blocks`` null or a count >= 1;
-- context parallelism: ``context_layout`` is contiguous or zigzag, ``context_axis`` an axis of more than one
-  device (required by zigzag);
+- context parallelism: ``context_layout`` contiguous or zigzag, ``context_axis`` an axis of more than one device;
 - precision: a recipe the cost model prices (``cost_models.memory.RECIPES``; absent in older files: bf16);
   a ring transfer's ``itemsize`` (bytes per element as priced) 1, 2, 4 or 8 (0 or absent in older files);
-- optimizer gathers (ZeRO-1's, ``Plan.optimizer_gathers``): all-gathers of phase ``optimizer``;
-  ``optimizer_gathers_priced`` a boolean (absent in older files, whose step did not pay them);
-- a collective's ``recompute`` flag (re-run in backward by recomputation): a boolean, set only on forward
-  moves of a plan whose ``recompute`` is not none;
-- gradient buckets (``Plan.grad_buckets``, absent in older files): each a known record on an axis of more
-  than one device, its members parameters of the plan, each at most once per axis and kind, in issue order; none on
-  a pipelined plan (its stages sync once per step, after the schedule);
-- ranking: a step claimed optimal (``solver.step_optimal``) has a ``step_bound`` it does not exceed.
+- ZeRO-1's ``optimizer_gathers``: all-gathers of phase ``optimizer``; ``optimizer_gathers_priced`` a boolean;
+- a collective's ``recompute`` flag: a boolean, only on forward moves of a plan that recomputes;
+- gradient buckets (``Plan.grad_buckets``, absent in older files): each a known record on an axis of more than one
+  device, its members parameters of the plan, at most once per axis and kind, in issue order; none when pipelined;
+- figures: step time and memory numbers >= 0; a step claimed optimal has a ``step_bound`` it does not exceed.
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
 :func:`~autoshard.codegen.assign.assign_strategies` and verify's mapping (which lists what does not map).
@@ -125,6 +119,21 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
     _ranking(data, source)
     _precision(data, source)
     _buckets(data, mesh, source)
+    _model_identity(data, source)
+
+
+def _model_identity(data: Mapping[str, Any], source: str) -> None:
+    """``source.model``: what identifies the plan's model (:func:`autoshard.plan_model.identity`)."""
+    own = data.get("source", {}).get("model") if isinstance(data.get("source"), dict) else None
+    if own is None:
+        return
+    if not (
+        isinstance(own, dict) and isinstance(own.get("class"), str) and isinstance(own.get("digest"), str)
+        and isinstance(own.get("parameters"), int) and own["parameters"] >= 0
+    ):  # fmt: skip
+        raise _fail(
+            source, "source.model", f"{own!r} is not {{class, parameters, digest}} of the plan's model"
+        )
 
 
 def _buckets(data: Mapping[str, Any], mesh: tuple[int, ...], source: str) -> None:
@@ -169,7 +178,11 @@ def _precision(data: Mapping[str, Any], source: str) -> None:
 
 
 def _ranking(data: Mapping[str, Any], source: str) -> None:
-    """A step claimed optimal has a bound, and is not above it (autoshard.planner_rerank)."""
+    """The figures are numbers >= 0; a step claimed optimal has a bound it does not exceed (planner_rerank)."""
+    for name, unit in (("predicted_step_time", "seconds"), ("memory_per_device", "bytes")):
+        value: Any = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise _fail(source, name, f"{value!r} is not a number of {unit} >= 0")
     solver = data.get("solver")
     if not isinstance(solver, Mapping) or not solver.get("step_optimal"):
         return

@@ -50,6 +50,7 @@ from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins, whole_samples
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
+from autoshard.plan_model import identity
 from autoshard.planner_layout import search_layout
 from autoshard.planner_policy import cannot_win, search_counts
 from autoshard.planner_rerank import by_step
@@ -155,7 +156,7 @@ def plan(
             training=training, memory_limit=memory_limit, recompute=recompute, search=search,
             time_limit=time_limit, blocks=blocks, progress=progress, pipeline=pipeline, schedule=schedule,
             kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout, precision=recipe(precision)),
-        microbatches), precision=precision)  # fmt: skip
+        microbatches), precision=precision, source={"model": identity(model)})  # fmt: skip
     timings: dict[str, float] = {}
     start = time.perf_counter()
     say = progress or (lambda stage: None)
@@ -182,10 +183,8 @@ def plan(
         t0 = time.perf_counter()
         plain: Plan | AutoshardError | Pruned
         try:
-            # the 2-block shortcut was checked on the fused capture: the same blocks, so skip the 3-block check
+            # the fused capture's blocks (3-block check done there); its step a ceiling, as a mesh is pruned
             again = capture(model, args, kwargs, blocks=blocks, check_blocks=False, fuse_experts=False)
-            # the fused plan's step is a ceiling: op by op stops at a bound that cannot beat it (no budgeted
-            # solve, no recomputation search), as the mesh search prunes a mesh
             best = fused.predicted_step_time if isinstance(fused, Plan) else math.inf
             plain = solve_one(again, {}, ceiling=min(ceiling, best))
         except (InfeasibleError, AnnotationError) as e:
@@ -200,7 +199,8 @@ def plan(
         raise result
     timings = {**timings, **result.timings, "capture": timings["capture"]}
     timings["total"] = time.perf_counter() - start  # only plan() sets replicated_ops; the recipe said too
-    return dataclasses.replace(result, timings=timings, replicated_ops=replicated, precision=precision)
+    return dataclasses.replace(result, timings=timings, replicated_ops=replicated, precision=precision,
+                               source={"model": identity(model)})  # fmt: skip
 
 
 def _plan_captured(

@@ -173,8 +173,11 @@ class _Search:
         """``problem`` solved below ``top``, hinted by B's dominance removals on the nodes with B's
         strategies (the solver checks each one on ``problem``; a zigzag problem's gathers may differ), by
         B's budget multiplier (probed first: every layout holds B's bytes, F3, so the budget binds alike)
-        and by ``incumbent`` (the bound's plan priced there: where the sweep starts).  Hints change only
-        the work, never the answer (:func:`~autoshard.search.solve`)."""
+        and by ``incumbent`` (the bound's plan priced there: where the sweep starts).  Its first reduction
+        applies only B's removals that hold on ``problem`` (``dominance_search=False``; the solver searches
+        after all where they leave a wide table): B's search already ran on the same nodes and strategies,
+        so a second one mostly rediscovers them (LLaMA-3-70B's masked bound 0.17 -> 0.11 s CPU).  Hints
+        change only the work, never the answer (:func:`~autoshard.search.solve`)."""
         return solve(
             problem,
             method=self.method,
@@ -183,6 +186,7 @@ class _Search:
             dominated=self._hint(problem),
             multiplier=self.bound.multiplier,
             incumbent=None if incumbent is None else incumbent.choice,
+            dominance_search=False,
         )
 
     def _hint(self, problem: SearchProblem) -> Certificates:
@@ -252,7 +256,8 @@ class _Search:
         ``lam`` reaches ``top`` (module doc, hints): one solve without the budget, of cost + ``lam`` x bytes.
         Every plan ``x`` that fits has ``bytes(x) + peak(x) <= L`` and ``peak(x)`` at least the least peak
         ``f`` any plan has, so ``cost(x) >= cost(x) + lam * bytes(x) - lam * (L - f)``, whose least value
-        over all plans (the solve's proven bound) is a lower bound on the budgeted optimum."""
+        over all plans (the solve's proven bound) is a lower bound on the budgeted optimum.  Reduced with
+        B's removals only (as :meth:`_solve`): the bound is the relaxed problem's exact optimum either way."""
         lam, limit, memory = self.bound.multiplier, problem.memory_limit, problem.memory
         top = min(self.ceiling, top)
         if lam is None or not 0.0 < lam < math.inf or not math.isfinite(top) or limit is None:
@@ -260,7 +265,13 @@ class _Search:
         assert memory is not None  # a budget has memory terms
         costs = tuple(c + lam * m for c, m in zip(problem.node_costs, memory, strict=True))
         free = dataclasses.replace(problem, node_costs=costs, memory=None, memory_limit=None, peak=None)
-        relaxed = solve(free, method=self.method, time_limit=self.time_limit, dominated=self._hint(problem))
+        relaxed = solve(
+            free,
+            method=self.method,
+            time_limit=self.time_limit,
+            dominated=self._hint(problem),
+            dominance_search=False,
+        )
         bound = relaxed.lower_bound - lam * (limit - peak_floor(problem))
         if bound >= top:
             raise BoundExceeded(bound, top)

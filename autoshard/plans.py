@@ -186,8 +186,9 @@ class Plan:
     microbatches: int = 1  # gradient-accumulation / pipeline microbatches per step (global / micro batch)
     pipeline: PipelinePlan | None = None
     # How to rebuild the model this plan was made for (what ``verify --plan`` maps it onto): ``{"spec": zoo
-    # name or "path/to/file.py:function"}`` plus the options it was built with (``"batch"``, ``"seq"``); empty
-    # when the plan was made from a Python object.  Filled by the CLI; API users may fill it themselves.
+    # name or "path/to/file.py:function"}`` plus the options it was built with (``"batch"``, ``"seq"``), filled
+    # by the CLI; and ``"model"``: what identifies the model (class, parameter count, digest of names and
+    # shapes: :func:`autoshard.plan_model.identity`), filled by ``autoshard.plan`` (Python plans too).
     source: dict[str, Any] = field(default_factory=dict)
     # The step time of the best plan without the user's annotations / allow / forbid (the price of the pins
     # is predicted_step_time minus this); None when nothing was pinned.
@@ -282,7 +283,8 @@ class Plan:
         data["format"] = FORMAT
         return data
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path) -> None:  # its folder made as needed (the README's out/plan.json)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_json(), indent=1, sort_keys=True))
 
     @classmethod
@@ -322,7 +324,7 @@ class Plan:
                 microbatches=int(data.get("microbatches", 1)),
                 pipeline=_pipeline_from_json(data.get("pipeline")),
                 source=dict(data.get("source", {})),
-                unpinned_step_time=_optional_float(data.get("unpinned_step_time")),
+                unpinned_step_time=None if (u := data.get("unpinned_step_time")) is None else float(u),
                 overlap=OverlapPolicy.from_json(data.get("overlap")),
                 memory_breakdown={str(k): float(v) for k, v in data.get("memory_breakdown", {}).items()},
                 recompute=str(data.get("recompute", "none")),
@@ -371,10 +373,6 @@ def _pipeline_from_json(data: dict[str, Any] | None) -> PipelinePlan | None:
 def _solver_from_json(data: dict[str, Any]) -> SolverReport:
     ranked = tuple(str(r) for r in data.get("ranked", ()))
     return SolverReport(**{**data, "log": tuple(data.get("log", ())), "ranked": ranked})
-
-
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -44,11 +44,12 @@ Example::
 
     dp, tp = plan_cost(load_plan("dp.json"), "dp"), plan_cost(load_plan("tp.json"), "tp")
     for c in crossovers(dp, [tp], "batch", 1, 1024):
-        print(c)          # batch = 37.5: tp faster below, dp faster above (both 1.92 ms)
+        print(c)  # between batch 37 and 38: tp faster at 37 and below, dp faster at 38 and above ...
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -60,6 +61,7 @@ from autoshard.plans import Plan
 from autoshard.whatif_limits import Limit, describe, feasible_spans, plan_limits
 
 __all__ = [
+    "INTEGER_SYMBOLS",
     "SYMBOLS",
     "Crossover",
     "Lead",
@@ -119,10 +121,22 @@ class Crossover:
     above: str  # the faster plan just above
 
     def __str__(self) -> str:
+        both = f"(both {self.seconds * 1e3:.4g} ms)"
+        whole = round(self.value)
+        if self.variable not in INTEGER_SYMBOLS or abs(self.value - whole) < _WHOLE_TOLERANCE:
+            value = f"{whole}" if self.variable in INTEGER_SYMBOLS else f"{self.value:.6g}"
+            return f"{self.variable} = {value}: {self.below} faster below, {self.above} faster above {both}"
+        low = math.floor(self.value)  # a batch of 17.5 does not exist: name the two whole values around it
         return (
-            f"{self.variable} = {self.value:.6g}: {self.below} faster below, {self.above} faster above "
-            f"(both {self.seconds * 1e3:.4g} ms)"
+            f"between {self.variable} {low} and {low + 1}: {self.below} faster at {low} and below, "
+            f"{self.above} faster at {low + 1} and above (both about {self.seconds * 1e3:.4g} ms)"
         )
+
+
+INTEGER_SYMBOLS = frozenset({"batch", "seq", "devices"})
+"""Symbols that only take whole values (a crossover between two is named by both; a gap by its values)."""
+
+_WHOLE_TOLERANCE = 1e-9  # a root this near an integer is that integer (sympy's roots come back as floats)
 
 
 def _reference(plan: Plan) -> dict[str, float]:

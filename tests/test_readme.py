@@ -3,7 +3,8 @@
 A new-user trial found ``F``, ``labels`` and ``ids_1k`` used but never defined.  Every block is checked
 statically, in order (each name a statement reads is bound by an earlier statement, by itself, or is a
 builtin); the blocks that run in one process in seconds are also executed, after the imports of the blocks
-before them.  The others were run by hand: the LLaMA-3-8B and GPT-3 175B plans (~7 CPU s each here), the
+before them.  The others were run by hand: the LLaMA-3-8B and GPT-3 175B plans (~7 CPU s each here; their
+comments say what they print: the 8B plan's placement ``('S(0)', 'S(1)')`` and ``FSDP 16 (...)``), the
 ``train.py`` pieces under ``torchrun --nproc_per_node 4`` after its ``init`` and ``plan`` commands; the
 pipeline-run block needs the 1,024-rank job its plan is for.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,14 @@ def test_the_model_list_names_every_zoo_model() -> None:
     listed = text.split("Built-in models (`--model`): ", 1)[1].split(" are built on the `meta` device", 1)[0]
     names = set(re.findall(r"`([a-z0-9-]+)`", listed)) - {"verify"}
     assert names == set(zoo.names()), names ^ set(zoo.names())
+
+
+def test_train_init_writes_the_files_its_comment_names(tmp_path) -> None:
+    """The trial found ``init`` documented to write ``model.safetensors``; it writes shards and an index."""
+    line = next(x for x in README.read_text().splitlines() if x.startswith("python examples/train.py init"))
+    named = {w.strip(",") for w in line.split("#", 1)[1].split()}
+    sys.path.insert(0, str(README.parent / "examples"))
+    import train  # examples/train.py
+
+    train.main(["init", "--model", str(tmp_path / "ckpt"), "--preset", "llama-tiny"])
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} == named

@@ -137,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code) if isinstance(e.code, int) else 2
     debug = getattr(args, "debug", False)
     out = _ReaderMayLeave(sys.stdout)
+    formatwarning = warnings.formatwarning  # catch_warnings restores showwarning and the filters, not this
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(out):
             if not debug:
@@ -156,3 +157,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autoshard: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = formatwarning  # a caller's (or a test's) warnings keep their own form

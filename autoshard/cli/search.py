@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         except InfeasibleError as e:  # no plan fits the budget: say what pipeline stages would do
             raise with_stage_hint(e, args, cluster.num_devices, staged_plan) from e
         timings = plan.timings | ({"capture": captured.seconds} if captured is not None else {})
-        plan = dataclasses.replace(plan, source=_source(args), timings=timings)
+        plan = dataclasses.replace(plan, source={**plan.source, **_source(args)}, timings=timings)
         baseline = (
             None
             if args.no_baseline

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import sys
 
 from autoshard.cli.args import CliError, annotation, mesh, pin_map, positive
 
@@ -45,11 +46,15 @@ def run(args: argparse.Namespace) -> int:
     _check_options(args)
     plan = None
     if args.plan is not None:  # a --model the plan was not made for: refused before torch is imported
-        from autoshard.plan_model import check_spec
+        from autoshard.plan_model import check_identity, check_spec
         from autoshard.plans import load_plan
 
         plan = load_plan(args.plan)
         check_spec(plan, args.model, args.plan)
+        # a plan saved from Python: its model built on meta and compared
+        note = check_identity(plan, args.model, args.plan)
+        if note:
+            print(note, file=sys.stderr)
     try:
         found = importlib.util.find_spec(VERIFY_MODULE) is not None
     except ModuleNotFoundError:

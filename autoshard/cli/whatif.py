@@ -179,15 +179,14 @@ def _cannot_run(cost: PlanCost, name: str, lo: float, hi: float) -> list[str]:
     return out if spans or not out else [out[0].replace("cannot run at", "cannot run anywhere in", 1)]
 
 
-INTEGER_SYMBOLS = frozenset({"batch", "seq", "devices"})
-"""Symbols that only take whole values: a gap in their spans is printed as the whole values it holds."""
-
 _TOLERANCE = 1e-9  # a span end within this of an integer is that integer (sympy's roots come back as floats)
 
 
 def _gap_ends(name: str, start: float, end: float, lo: float, hi: float) -> tuple[float, float]:
     """The gap between spans ``start..end`` as printed: its whole values for an integer symbol (a span's
     ends run, so an inner end that is an integer is left out of the gap), else the ends as they are."""
+    from autoshard.whatif import INTEGER_SYMBOLS  # sympy: imported when run, not at CLI start
+
     if name not in INTEGER_SYMBOLS:
         return start, end
     first = math.ceil(start - _TOLERANCE) if start == lo else math.floor(start + _TOLERANCE) + 1
@@ -196,6 +195,8 @@ def _gap_ends(name: str, start: float, end: float, lo: float, hi: float) -> tupl
 
 
 def _middle(name: str, first: float, last: float) -> float:
+    from autoshard.whatif import INTEGER_SYMBOLS
+
     return float((first + last) // 2) if name in INTEGER_SYMBOLS else (first + last) / 2
 
 

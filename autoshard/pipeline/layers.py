@@ -118,6 +118,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
     gather = regather = 0.0  # one layer's, per microbatch
     exposed = [0.0, 0.0, 0.0]  # per microbatch, by part: the collectives added to forward / backward
     once = [0.0, 0.0, 0.0]  # per step, by part: syncs no unit's backward can hide
+    synced = [0.0, 0.0, 0.0]  # per step, by part (a layer: one copy's mean): every gradient sync
     units = backward_units(built)
     syncs: dict[Unit, dict[str, list[float]]] = defaultdict(dict)  # per step: unit -> parameter -> [s, bytes]
     for c in plan_collectives(built, solution):
@@ -130,6 +131,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         else:  # everything else serves its consumer (a tied head's gather runs where the head does)
             part, share = where.get(c.node, _POST), 1.0
         if c.phase == "backward" and parameter:  # gradient synchronisation: once per step
+            synced[part] += c.seconds * share
             ready = units.ready.get(c.tensor)
             if part != _LAYER and not isinstance(ready, str):  # no unit outside the layers: exposed in full
                 sums[part]["once"] += c.seconds
@@ -174,6 +176,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         tied_bytes=float(tied),
         exposed_comm=(exposed[_LAYER] + per_layer + per_layer_back, exposed[_PRE], exposed[_POST]),
         exposed_once=(once[_PRE], once[_POST]),
+        sync_seconds=(synced[_LAYER], synced[_PRE], synced[_POST]),
     )
 
 

@@ -92,6 +92,8 @@ class StageCosts:
     # per microbatch, of one layer / pre / post (gather_head comes on top), and per step of pre / post
     exposed_comm: tuple[float, float, float] = (0.0, 0.0, 0.0)
     exposed_once: tuple[float, float] = (0.0, 0.0)
+    # per step, the gradient syncs of one layer / pre / post, hidden or not (the report's stage grad sync)
+    sync_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def exposed_sync(self, layers: int, pre: bool = False, post: bool = False) -> float:
         """Seconds of the gradient sync of ``layers`` layers (and of the part before / after them when the

@@ -40,9 +40,9 @@ from autoshard.problem.costs import (
     steps_time,
     timed,
 )
-from autoshard.problem.dispatch import dispatch_times, dispatch_total
+from autoshard.problem.dispatch import dispatch_times, dispatch_total, may_dispatch
 from autoshard.problem.graph import NodeInfo
-from autoshard.problem.pricing import pairwise_ids
+from autoshard.problem.pairs import SpecPairs, spec_pairs
 from autoshard.problem.recompute import memory_total, rerun_share
 from autoshard.problem.shared import BuildCache, node_key
 from autoshard.search import Edge
@@ -51,7 +51,15 @@ from autoshard.strategies import OpStrategy
 if TYPE_CHECKING:
     from cost_models.memory import PrecisionPolicy
 
-__all__ = ["NodeParts", "edge_arrays", "edge_matrix", "edge_tables", "node_arrays", "node_parts"]
+__all__ = [
+    "NodeParts",
+    "edge_arrays",
+    "edge_matrix",
+    "edge_pairs",
+    "edge_tables",
+    "node_arrays",
+    "node_parts",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +98,9 @@ def node_parts(
         """The parts a collective prices: dispatch (forward, backward) and the output's reduction.  The
         rest (compute, casts, optimizer, memory) reads no collective price: a zigzag cluster, which differs
         from its plain one in those prices alone, takes it from the plain one's cache."""
+        if not (output or may_dispatch(info, inputs)):  # no all-to-all, no output to reduce: 0 s each
+            zeros = _frozen([0.0] * len(strategies))
+            return zeros, zeros, zeros
         columns: list[list[float]] = [[], [], []]
         for strat in strategies:
             fixes = output_fix_steps(info, strat, cache.steps, opts.precision) if output else None
@@ -104,6 +115,7 @@ def node_parts(
     def make() -> NodeParts:
         columns: list[list[float]] = [[] for _ in range(6)]
         sizes = operand_bytes(info, inputs)
+        state: dict[tuple, tuple[float, float, float]] = {}  # per first output spec
         for strat in strategies:
             fwd, hidden = (
                 compute_parts(
@@ -112,13 +124,14 @@ def node_parts(
                 if info.kind == "op"
                 else (0.0, (0.0, 0.0))
             )
-            row = (
-                fwd,
-                *hidden,
-                optimizer_time(info, strat, cluster, opts),
-                node_memory(info, strat, cluster, opts, True),
-                node_memory(info, strat, cluster, opts, False),
-            )
+            held = state.get(strat.outputs[:1])
+            if held is None:  # the optimizer and the memory read the strategy's first output spec alone
+                held = state[strat.outputs[:1]] = (
+                    optimizer_time(info, strat, cluster, opts),
+                    node_memory(info, strat, cluster, opts, True),
+                    node_memory(info, strat, cluster, opts, False),
+                )
+            row = (fwd, *hidden, *held)
             for column, value in zip(columns, row, strict=True):
                 column.append(value)
         f, hf, hb, opt, kept, dropped = (_frozen(c) for c in columns)
@@ -135,6 +148,8 @@ def node_parts(
         def repriced() -> NodeParts:
             assert base is not None
             plain = node_parts(info, strategies, inputs, base.cluster, opts, base, output)
+            if not (output or may_dispatch(info, inputs)):  # no collective at all: nothing a zigzag axis
+                return plain  # raises (dispatch 0 s, no output to reduce, on any cluster)
             df, db, fix = collectives()
             return dataclasses.replace(plain, dispatch=(df, db), fix=fix)
 
@@ -215,6 +230,36 @@ def _compute(
     return timed(info, parts.fwd, parts.hidden, parts.grads, opts, ring)
 
 
+def edge_pairs(
+    producer: NodeInfo,
+    which: int,
+    src_list: tuple[OpStrategy, ...],
+    dst_list: tuple[OpStrategy, ...],
+    pos: int,
+    backward: bool,
+    steps: StepCache,
+    precision: PrecisionPolicy | None = None,
+) -> tuple[SpecPairs, SpecPairs | None] | None:
+    """The spec pairs :func:`edge_tables` prices, forward and the gradient's way back (None unless
+    ``backward``); None when the edge moves nothing.  No collective price enters: a zigzag cluster's build
+    reads its plain cluster's (:mod:`autoshard.problem.pairs`)."""
+    meta = producer.outputs[which] if which < len(producer.outputs) else None
+    if meta is None:
+        return None
+    outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
+    have = np.array([steps.intern(o) for o in outs])
+    want = np.array([steps.intern(s.inputs[pos]) for s in dst_list])
+    size = moved_itemsize(producer, which, precision)
+    forward = spec_pairs(have, want, meta.shape, size, steps)
+    if not backward:
+        return forward, None
+    duals = np.array([steps.intern(dual_spec(o) if o is not None else None) for o in outs])
+    grads = np.array([steps.intern(s.input_grads[pos]) for s in dst_list])
+    # a consumer that needs the value but yields no gradient (None) costs nothing backward
+    back = moved_itemsize(producer, which, precision, gradient=True)
+    return forward, spec_pairs(grads, duals, meta.shape, back, steps)
+
+
 def edge_tables(
     producer: NodeInfo,
     which: int,
@@ -224,25 +269,18 @@ def edge_tables(
     backward: bool,
     steps: StepCache,
     precision: PrecisionPolicy | None = None,
+    pairs: tuple[SpecPairs, SpecPairs | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(F, B)``: seconds of one forward redistribution on this edge per strategy pair ``[S_u, S_v]``, and
     of the gradient's way back (None unless ``backward``); each distinct spec pair priced once, at the bytes
-    ``precision`` moves the tensor in (:func:`~autoshard.problem.autocast.moved_itemsize`)."""
-    meta = producer.outputs[which] if which < len(producer.outputs) else None
-    if meta is None:
+    ``precision`` moves the tensor in (:func:`~autoshard.problem.autocast.moved_itemsize`).  ``pairs``: the
+    edge's :func:`edge_pairs`, when the caller has them."""
+    if pairs is None:
+        pairs = edge_pairs(producer, which, src_list, dst_list, pos, backward, steps, precision)
+    if pairs is None:
         return np.zeros((len(src_list), len(dst_list))), None
-    outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
-    have = np.array([steps.intern(o) for o in outs])
-    want = np.array([steps.intern(s.inputs[pos]) for s in dst_list])
-    size = moved_itemsize(producer, which, precision)
-    forward = pairwise_ids(have, want, meta.shape, size, steps)
-    if not backward:
-        return forward, None
-    duals = np.array([steps.intern(dual_spec(o) if o is not None else None) for o in outs])
-    grads = np.array([steps.intern(s.input_grads[pos]) for s in dst_list])
-    # a consumer that needs the value but yields no gradient (None) costs nothing backward
-    back = moved_itemsize(producer, which, precision, gradient=True)
-    return forward, pairwise_ids(grads, duals, meta.shape, back, steps).T
+    forward, back = pairs
+    return forward.table(steps.prices), (back.table(steps.prices).T if back is not None else None)
 
 
 def priced_edge(
@@ -292,12 +330,19 @@ def edge_arrays(
         producer = infos[tu]
         backward = opts.training and producer.requires_grad
 
-        def make(tu: str = tu, tv: str = tv, which: int = which, pos: int = pos, grad: bool = backward):
-            return edge_tables(
-                infos[tu], which, strategies[tu], strategies[tv], pos, grad, cache.steps, opts.precision
-            )
+        key = (tu, tv, which, pos, backward, opts.precision)
 
-        tables = cache.get("edge", (tu, tv, which, pos, backward, opts.precision), make)
+        def make(key: tuple = key) -> tuple[np.ndarray, np.ndarray | None]:
+            tu, tv, which, pos, grad, _ = key
+            src, dst = strategies[tu], strategies[tv]
+
+            def ids() -> tuple[SpecPairs, SpecPairs | None] | None:  # no collective price: shared
+                return edge_pairs(infos[tu], which, src, dst, pos, grad, cache.steps, opts.precision)
+
+            pairs = cache.get("edge pairs", key, ids)
+            return edge_tables(infos[tu], which, src, dst, pos, grad, cache.steps, opts.precision, pairs)
+
+        tables = cache.get("edge", key, make)
         matrix = priced_edge(producer, tables, opts) * weight
         repeated_param = weight > 1 and producer.kind == "parameter" and producer.block is not None
         if repeated_param and opts.training and opts.overlap.overlap_grad_sync:

@@ -219,6 +219,7 @@ def _graph(captured: Captured, mesh: tuple[int, ...]) -> _Graph:
     uses = _edge_weights(infos, template, n_blocks)
     # one redistribution per (tensor, layout): a separate step, so pricing changes above merge cleanly
     sharing = split_uses(uses, infos, template, n_blocks, runs)
+    text: dict[int, str] = {}  # alike nodes share strategy objects (strategies/strategy.py): print each once
     return _Graph(
         infos=infos,
         template=template,
@@ -231,7 +232,9 @@ def _graph(captured: Captured, mesh: tuple[int, ...]) -> _Graph:
         outputs=outputs,
         uses=tuple(uses),
         sharing=sharing,
-        labels=tuple(tuple(str(s) for s in strategies[v]) for v in variables),
+        labels=tuple(
+            tuple(text.get(id(s)) or text.setdefault(id(s), str(s)) for s in strategies[v]) for v in variables
+        ),
         names=tuple(_display_name(infos[v]) for v in variables),
     )
 

@@ -41,13 +41,18 @@ from autoshard.strategies.rules.dispatch import dispatch_axis
 
 __all__ = [
     "DROPLESS_CAPACITY_FACTOR", "dispatch_seconds", "dispatch_steps", "dispatch_times", "dispatch_total",
-    "rerun_in_backward"
+    "may_dispatch", "rerun_in_backward"
 ]  # fmt: skip
 
 DROPLESS_CAPACITY_FACTOR = 1.0
 """``c`` for dropless routing: the expected volume, every routed row sent once (module doc)."""
 
 _COUNT_BYTES = 8  # the split sizes travel as int64 (codegen.dispatch: torch.bincount)
+
+
+def may_dispatch(info: NodeInfo, inputs: tuple[NodeInfo, ...]) -> bool:
+    """Whether any strategy of the node can run all-to-alls (:func:`dispatch_steps` is empty otherwise)."""
+    return info.target.endswith("routed_experts") and len(inputs) >= 4
 
 
 def dispatch_steps(
@@ -59,7 +64,7 @@ def dispatch_steps(
 ) -> tuple[tuple[Step, ...], tuple[Step, ...]]:
     """(forward, backward) all-to-alls that ``strategy`` runs inside a routed-experts node; ``((), ())`` for
     any other node or strategy."""
-    if not info.target.endswith("routed_experts") or len(inputs) < 4:
+    if not may_dispatch(info, inputs):
         return (), ()
     axis = dispatch_axis(strategy)
     mesh = cluster.mesh_shape

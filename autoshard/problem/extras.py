@@ -177,6 +177,7 @@ def _gathers(
 ) -> tuple[GatherNode, ...]:
     gathers: list[GatherNode] = []
     seen: set[tuple[str, str, int, int]] = set()
+    sized: dict[tuple, float] = {}  # (have, want, shape, itemsize) -> bytes: weights of one shape share pairs
     for use in uses:
         tu, tv = template[use.producer], template[use.consumer]
         key = (tu, tv, use.which, use.position)
@@ -185,7 +186,9 @@ def _gathers(
             continue
         seen.add(key)
         factor = prefetch if producer.block is not None else 1
-        node = _gather_node(producer, tu, tv, use.which, use.position, strategies, cache, factor, precision)
+        node = _gather_node(
+            producer, tu, tv, use.which, use.position, strategies, cache, factor, precision, sized
+        )
         if node is not None:
             for array in (node.memory, node.have, node.want):
                 array.setflags(write=False)  # shared by every build of the capture
@@ -203,6 +206,7 @@ def _gather_node(
     cache: StepCache,
     factor: int,
     precision: PrecisionPolicy | None,
+    sized: dict[tuple, float],
 ) -> GatherNode | None:
     meta = producer.outputs[which] if which < len(producer.outputs) else None
     if meta is None:
@@ -212,11 +216,15 @@ def _gather_node(
         [cache.intern(s.outputs[which] if which < len(s.outputs) else None) for s in strategies[tu]]
     )
     want = np.array([cache.intern(s.inputs[pos]) for s in strategies[tv]])
-    sizes = {
-        (int(h), int(w)): _gathered(cache, int(h), int(w), tuple(meta.shape), itemsize)
-        for h in np.unique(have)
-        for w in np.unique(want)
-    }
+    shape = tuple(meta.shape)
+    sizes = {}
+    for h in np.unique(have).tolist():
+        for w in np.unique(want).tolist():
+            key = (h, w, shape, itemsize)
+            found = sized.get(key)
+            if found is None:
+                found = sized[key] = _gathered(cache, h, w, shape, itemsize)
+            sizes[h, w] = found
     if not any(sizes.values()):
         return None
     states = tuple(sorted({(w, size) for (_, w), size in sizes.items()}))

@@ -36,7 +36,7 @@ import numpy as np
 from autoshard.problem.autocast import moved_itemsize
 from autoshard.problem.costs import CostOptions, StepCache, dual_spec, repeats
 from autoshard.problem.graph import NodeInfo
-from autoshard.problem.pricing import pairwise_ids
+from autoshard.problem.pairs import SpecPairs, spec_pairs
 from autoshard.problem.recompute import rerun_share
 from autoshard.problem.runs import RunPosition, reads_into_run
 from autoshard.problem.runs import relation as run_relation
@@ -157,31 +157,50 @@ def fanout_arrays(
     shared: BuildCache | None = None,
 ) -> tuple[list[FanOut], list[Group], list[str]]:
     """Fan-out nodes (indices from ``len(index)`` on), the groups with nothing to share (their uses are
-    ordinary edges, exactly priced), and a note per node that is only an upper bound.  ``shared``: the
-    builds of one capture keep each group's elements and tables there (:mod:`autoshard.problem.shared`)."""
+    ordinary edges, exactly priced), and one note per kind of upper bound, naming the modules it touches.
+    ``shared``: the builds of one capture keep each group's elements and tables there
+    (:mod:`autoshard.problem.shared`)."""
     fans: list[FanOut] = []
     unshared: list[Group] = []
-    notes: list[str] = []
+    per_use: list[str] = []  # producers whose uses are priced one by one although they could share
+    inexact: list[str] = []  # producers whose fan-out node prices two shared layouts as one
     for group in sharing.groups:
         consumer = infos[group.entries[0][0]]  # the uses of a group share their relation to the blocks
         node, entries = _group_node(group, infos[group.producer], consumer, strategies, opts, cache, shared)
         if node is None:
             unshared.append(group)
             if shareable(entries):
-                notes.append(
-                    f"{group.producer}: its {len(group.entries)} consumers can combine too many layouts to "
-                    f"price one redistribution per layout (over {search_fanout.MAX_FANOUT_STATES} states); "
-                    "priced once per consumer (an upper bound)"
-                )
+                per_use.append(group.producer)
             continue
         fans.append(FanOut(len(index) + len(fans), group, node))
         if not node.exact:
-            notes.append(
-                f"{group.producer}: {len(group.entries)} consumers want too many layout combinations to price "
-                "sharing exactly; two layouts each shared by several of them are priced as if one were not "
-                "shared (an upper bound)"
-            )
+            inexact.append(group.producer)
+    notes = []
+    if per_use:
+        notes.append(
+            f"{_where(per_use, infos)}: their consumers can combine too many layouts to price one "
+            f"redistribution per layout (over {search_fanout.MAX_FANOUT_STATES} states); each is priced once "
+            "per consumer (an upper bound)"
+        )
+    if inexact:
+        notes.append(
+            f"{_where(inexact, infos)}: their consumers want too many layout combinations to price sharing "
+            "exactly; two layouts each shared by several of them are priced as if one were not shared "
+            "(an upper bound)"
+        )
     return fans, unshared, notes
+
+
+def _where(producers: Sequence[str], infos: Mapping[str, NodeInfo], shown: int = 3) -> str:
+    """``"7 ops' outputs (in model.layers.0.mlp, model.layers.0.self_attn, model.norm and 2 more)"``: how
+    many, and the user modules that make them (fx node names mean nothing to a reader); a repeated layer's
+    ops are those of its template, the first layer."""
+    modules = sorted({infos[p].module or "the model's top level" for p in producers})
+    more = f" and {len(modules) - shown} more" if len(modules) > shown else ""
+    listed = ", ".join(modules[:shown]) + more
+    ops = "1 op's output" if len(producers) == 1 else f"{len(producers)} ops' outputs"
+    repeated = any(infos[p].block is not None for p in producers)  # captured once, in the first block
+    return f"{ops} (in {listed}{'; the first repeated layer stands for all' if repeated else ''})"
 
 
 def _group_node(
@@ -193,10 +212,18 @@ def _group_node(
     cache: StepCache,
     shared: BuildCache | None = None,
 ) -> tuple[FanOutNode | None, list[np.ndarray]]:
-    def make() -> _Elements:
-        return _elements(group, producer, strategies, opts, cache)
+    key = (group, opts.training, opts.precision)
 
-    found = make() if shared is None else shared.get("fanout", (group, opts.training, opts.precision), make)
+    def make() -> _Elements:
+        def ids() -> _Ids:  # no collective price: a zigzag cluster's build reads its plain cluster's
+            return _ids(group, producer, strategies, opts, cache)
+
+        pairs = ids() if shared is None else shared.get("fanout pairs", key, ids)
+        forward, back = (p.table(cache.prices) if p is not None else None for p in pairs.pairs)
+        assert forward is not None
+        return _Elements(pairs.entries, (forward, back.T if back is not None else None))
+
+    found = make() if shared is None else shared.get("fanout", key, make)
     element_cost = _priced(producer, found.tables, opts)
     share = rerun_share(producer, consumer, opts)  # recomputed blocks re-issue, FSDP re-gathers (as extract)
     if share:  # the shared move is re-run once: by the recomputed blocks, or re-gathered after forward
@@ -215,20 +242,54 @@ class _Elements:
     tables: tuple[np.ndarray, np.ndarray | None]  # _tables: [S_producer, E] forward, backward (or None)
 
 
-def _elements(
+@dataclass(frozen=True, slots=True)
+class _Ids:
+    """A group's elements and the spec pairs of their tables (:func:`_pairs`): no collective prices them."""
+
+    entries: list[np.ndarray]  # per consumer, its element per strategy
+    pairs: tuple[SpecPairs, SpecPairs | None]  # forward, backward (or None)
+
+
+def _ids(
     group: Group,
     producer: NodeInfo,
     strategies: Mapping[str, tuple[OpStrategy, ...]],
     opts: CostOptions,
     cache: StepCache,
-) -> _Elements:
+) -> _Ids:
     ids: dict[tuple[int, int], int] = {}
     entries = []
     for name, pos in group.entries:
         elems = [element_of(producer, s, pos, opts, cache) for s in strategies[name]]
         entries.append(np.array([ids.setdefault(e, len(ids)) for e in elems]))
     src = strategies[group.producer]
-    return _Elements(entries, _tables(producer, group.which, src, list(ids), opts, cache))
+    return _Ids(entries, _pairs(producer, group.which, src, list(ids), opts, cache))
+
+
+def _pairs(
+    producer: NodeInfo,
+    which: int,
+    src_list: tuple[OpStrategy, ...],
+    elements: list[tuple[int, int]],
+    opts: CostOptions,
+    cache: StepCache,
+) -> tuple[SpecPairs, SpecPairs | None]:
+    """The spec pairs of ``[S_producer, E]``: one forward redistribution of element ``e`` from strategy
+    ``a``, and the gradient's way back (None when no gradient flows)."""
+    meta = producer.outputs[which]
+    assert meta is not None
+    outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
+    have = [cache.intern(o) for o in outs]
+    want = [w for w, _ in elements]
+    # whole tables, each distinct spec pair priced once (problem/pricing.py), equal to cache.time per pair
+    size = moved_itemsize(producer, which, opts.precision)  # under amp: the producer's autocast dtype
+    forward = spec_pairs(have, want, meta.shape, size, cache)
+    if not (opts.training and producer.requires_grad):
+        return forward, None
+    duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
+    grads = [g for _, g in elements]
+    back = moved_itemsize(producer, which, opts.precision, gradient=True)
+    return forward, spec_pairs(grads, duals, meta.shape, back, cache)
 
 
 def _tables(
@@ -241,20 +302,8 @@ def _tables(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``[S_producer, E]`` seconds of one forward redistribution of element ``e`` from strategy ``a``, and of
     the gradient's way back (None when no gradient flows)."""
-    meta = producer.outputs[which]
-    assert meta is not None
-    outs = [s.outputs[which] if which < len(s.outputs) else None for s in src_list]
-    have = [cache.intern(o) for o in outs]
-    want = [w for w, _ in elements]
-    # whole tables, each distinct spec pair priced once (problem/pricing.py), equal to cache.time per pair
-    size = moved_itemsize(producer, which, opts.precision)  # under amp: the producer's autocast dtype
-    forward = pairwise_ids(have, want, meta.shape, size, cache)
-    if not (opts.training and producer.requires_grad):
-        return forward, None
-    duals = [cache.intern(dual_spec(o)) if o is not None else -1 for o in outs]
-    grads = [g for _, g in elements]
-    back = moved_itemsize(producer, which, opts.precision, gradient=True)
-    return forward, pairwise_ids(grads, duals, meta.shape, back, cache).T
+    forward, back = _pairs(producer, which, src_list, elements, opts, cache)
+    return forward.table(cache.prices), (back.table(cache.prices).T if back is not None else None)
 
 
 def _priced(

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,13 +40,13 @@ import numpy as np
 
 from autoshard.cluster import Cluster
 from autoshard.placement import Shard, ShardingSpec
+from autoshard.problem.pairs import spec_pairs
+from autoshard.problem.shortest import bellman_ford as _bellman_ford
+from autoshard.problem.skeleton import skeleton
 from autoshard.redistribute_steps import (
     _P,
-    _R,
     COLLECTIVE_KINDS,
-    _moves,
     _non_sum_partial,
-    _targets,
 )
 from autoshard.redistribute_steps import (
     _encode as _encode_layout,
@@ -72,6 +71,18 @@ class _Graph:
     moves: tuple[tuple[str, int, int], ...]  # (kind, bytes, axis) of each move: what its price is asked for
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one table reads of the layouts alone, no price (a zigzag cluster's table reads its plain one's)."""
+
+    template: np.ndarray  # zeros, inf where a side does not fit or is a non-sum partial (read-only)
+    free: np.ndarray  # bool: the pairs that never move (equal specs, None on a side), set to 0 last
+    canon: tuple[int, ...]  # the shape the layout graph is built on (module docstring: "Dim order")
+    live: list[int]  # the source specs that are layouts of the graph
+    start_idx: list[int]  # ... their layouts
+    groups: tuple[tuple[tuple[bool, ...], list[int], list[int]], ...]  # (P-axis mask, goal columns, layouts)
+
+
 class PriceTable:
     """Memoised all-sources shortest paths per layout graph, for one cluster; ``base``: (the plain cluster's
     table, the zigzag axis) for a :class:`~autoshard.problem.context.ZigzagCluster` (:meth:`_graph`)."""
@@ -85,6 +96,7 @@ class PriceTable:
         self._prices: dict[tuple[str, int, int], float] = {}
         # pairwise(): (src specs, dst specs, shape, itemsize) -> table; _start(): (spec, shape) -> sorted-dims layout
         self._tables: dict[tuple, np.ndarray] = {}
+        self._plans: dict[tuple, _Plan] = {}  # _plan(): the same keys
         self._starts: dict[tuple[ShardingSpec, tuple[int, ...]], tuple[int, ...] | str]
         self._starts = base[0]._starts if base else {}  # a layout reads the mesh alone: shared with the plain
 
@@ -116,6 +128,29 @@ class PriceTable:
         found = self._tables.get(key)
         if found is not None:
             return found
+        # a zigzag cluster's table reads the layouts of its plain cluster's: only the prices differ
+        plan = (self.base[0] if self.base else self)._plan(key)
+        table = plan.template.copy()
+        if plan.groups:
+            graph = self._graph(plan.canon, itemsize)
+            for mask, cols, goal_idx in plan.groups:
+                rows, dist = self._distances(plan.canon, itemsize, mask, graph, plan.start_idx)
+                table[np.ix_(plan.live, cols)] = dist[np.ix_([rows[s] for s in plan.start_idx], goal_idx)]
+        table[plan.free] = 0.0
+        table.setflags(write=False)
+        self._tables[key] = table
+        return table
+
+    def _plan(self, key: tuple) -> _Plan:
+        """What the table ``key`` reads of the layouts alone (no price): kept per key."""
+        found = self._plans.get(key)
+        if found is None:
+            found = self._plans[key] = self._layouts(*key)
+        return found
+
+    def _layouts(
+        self, src: tuple[ShardingSpec | None, ...], dst: tuple[ShardingSpec | None, ...], shape, itemsize: int
+    ) -> _Plan:
         table = np.zeros((len(src), len(dst)))
         # one layout graph per shape up to the order of its dims (module docstring: "Dim order")
         canon, perm = _canonical(shape)
@@ -131,37 +166,32 @@ class PriceTable:
             if not isinstance(s, tuple) and s != "none":
                 table[i, :] = math.inf
         live = [i for i, s in enumerate(starts) if isinstance(s, tuple)]
-        if not live or not by_mask:
-            return self._keep(key, self._fix_equal(table, src, dst, starts))
-        graph = self._graph(canon, itemsize)
-        start_idx = [graph.index[starts[i]] for i in live]  # type: ignore[index]
-        for mask, cols in by_mask.items():
-            rows, dist = self._distances(canon, itemsize, mask, graph, start_idx)
-            goal_idx = [graph.index[goals[j]] for j in cols]  # type: ignore[index]
-            sub = dist[np.ix_([rows[s] for s in start_idx], goal_idx)]
-            table[np.ix_(live, cols)] = sub
-        return self._keep(key, self._fix_equal(table, src, dst, starts))
-
-    def _keep(self, key: tuple, table: np.ndarray) -> np.ndarray:
         table.setflags(write=False)
-        self._tables[key] = table
-        return table
+        free = self._free(src, dst, starts)
+        if not live or not by_mask:
+            return _Plan(table, free, canon, live, [], ())
+        index = self._graph(canon, itemsize).index
+        start_idx = [index[starts[i]] for i in live]  # type: ignore[index]
+        groups = tuple((m, cols, [index[goals[j]] for j in cols]) for m, cols in by_mask.items())  # type: ignore[index]
+        return _Plan(table, free, canon, live, start_idx, groups)
 
     @staticmethod
-    def _fix_equal(table: np.ndarray, src: Sequence, dst: Sequence, starts: list) -> np.ndarray:
+    def _free(src: Sequence, dst: Sequence, starts: list) -> np.ndarray:
         """Equal specs that fit never move (a non-sum partial may stay as it is); None on either side is free."""
+        free = np.zeros((len(src), len(dst)), dtype=bool)
         where = {spec: j for j, spec in enumerate(dst)}
         for i, spec in enumerate(src):
             j = where.get(spec)
             if spec is not None and j is not None and starts[i] != "unfit":
-                table[i, j] = 0.0
+                free[i, j] = True
         for i, s in enumerate(starts):
             if s == "none":
-                table[i, :] = 0.0
+                free[i, :] = True
         for j, spec in enumerate(dst):
             if spec is None:
-                table[:, j] = 0.0
-        return table
+                free[:, j] = True
+        free.setflags(write=False)
+        return free
 
     def _start(
         self, spec: ShardingSpec | None, shape: tuple[int, ...], perm: tuple[int, ...]
@@ -209,34 +239,12 @@ class PriceTable:
         return found
 
     def _build(self, shape: tuple[int, ...], itemsize: int) -> _Graph:
-        mesh = self.mesh_shape
-        # every placement on every axis, P included (the search's targets for a goal that is P everywhere);
-        # each target's P-axis mask then filters the moves entering P, as the search's own targets do
-        targets = _targets((_P,) * len(mesh), len(shape), mesh)
-        domains = [t or (_R,) for t in targets]
-        layouts = [lay for lay in itertools.product(*domains) if _fits(lay, shape, mesh)]
-        index = {lay: k for k, lay in enumerate(layouts)}
-        us: list[int] = []
-        vs: list[int] = []
-        ws: list[float] = []
-        enters: list[int] = []
-        moves: list[tuple[str, int, int]] = []
-        for lay in layouts:
-            for axis, move, nxt in _moves(lay, shape, itemsize, mesh, targets):  # the search's move list
-                us.append(index[lay])
-                vs.append(index[nxt])
-                ws.append(self._price(move[0], move[3], axis))
-                enters.append(axis if nxt[axis] == _P else -1)
-                moves.append((move[0], move[3], axis))
-        return _Graph(
-            index,
-            np.array(us, dtype=np.int64),
-            np.array(vs, dtype=np.int64),
-            np.array(ws, dtype=np.float64),
-            np.array(enters, dtype=np.int64),
-            np.array([m[2] for m in moves], dtype=np.int64),
-            tuple(moves),
-        )
+        """The skeleton of ``shape`` (shared by shapes that divide alike: :mod:`autoshard.problem.skeleton`),
+        its moves' bytes and prices for this shape and cluster."""
+        sk = skeleton(shape, self.mesh_shape)
+        moves = tuple(zip(sk.kinds, sk.nbytes(shape, itemsize), sk.axis.tolist(), strict=True))
+        w = np.array([self._price(*m) for m in moves], dtype=np.float64)
+        return _Graph(sk.index, sk.u, sk.v, w, sk.enters_p, sk.axis, moves)
 
     def _price(self, kind: str, nbytes: int, axis: int) -> float:
         if kind not in COLLECTIVE_KINDS:
@@ -279,12 +287,7 @@ def pairwise_ids(
 ) -> np.ndarray:
     """``T[i, j]`` = seconds of interned spec ``src[i]`` -> ``dst[j]`` (-1 is None: free), as
     :meth:`StepCache.time` prices one pair, each distinct pair priced once, a whole table at a time."""
-    us, si = np.unique(np.asarray(src, dtype=np.int64), return_inverse=True)
-    ud, di = np.unique(np.asarray(dst, dtype=np.int64), return_inverse=True)
-    table = cache.prices.pairwise(
-        [cache.spec(int(a)) for a in us], [cache.spec(int(b)) for b in ud], tuple(shape), int(itemsize)
-    )
-    return table[si][:, di]
+    return spec_pairs(src, dst, shape, itemsize, cache).table(cache.prices)
 
 
 _spec_layout = functools.lru_cache(maxsize=4096)(_encode_layout)  # the layout does not depend on the shape
@@ -314,87 +317,3 @@ def _relabel(layout: tuple[int, ...] | str, perm: tuple[int, ...]) -> tuple[int,
     if isinstance(layout, str):
         return layout
     return tuple(perm[p] if p >= 0 else p for p in layout)
-
-
-def _fits(layout: tuple[int, ...], shape: tuple[int, ...], mesh: tuple[int, ...]) -> bool:
-    counts = [1] * len(shape)
-    for p, n in zip(layout, mesh, strict=True):
-        if p >= 0:
-            counts[p] *= n
-    return all(size % c == 0 for size, c in zip(shape, counts, strict=True))
-
-
-def _allowed(graph: _Graph, mask: tuple[bool, ...]) -> np.ndarray:
-    """Per move, whether it may be taken when only the ``mask`` axes may be entered as ``P``."""
-    return np.array([True, *mask])[graph.enters_p + 1]  # enters_p == -1 -> index 0 (always allowed)
-
-
-def _bellman_ford(
-    graph: _Graph,
-    mask: tuple[bool, ...],
-    starts: list[int],
-    warm: tuple[tuple[bool, ...], np.ndarray] | None = None,
-) -> np.ndarray:
-    """Shortest path prices from each of ``starts`` to every layout, moves into ``P`` only on ``mask`` axes.
-
-    Rows of the working table are layouts and columns the starts, so a relaxation gathers whole rows (moves
-    sorted by target: one ``minimum.reduceat`` per round takes the best move into each layout).
-
-    ``warm``: a smaller mask and its converged prices from the same starts.  Those are prices of paths that
-    exist here too, and they already satisfy every move of the smaller graph, so only the moves added since
-    can lower them at first.  The result is the same bit for bit: once no move lowers anything, each entry
-    is the least left-to-right float sum over all paths, whatever upper bounds the search started from
-    (rounding is monotone: ``a <= b`` gives ``a + w <= b + w``).
-
-    A round relaxes only the moves out of layouts whose price just fell, and only the start columns where a
-    price fell (a column's prices depend on that column alone): after the first rounds few starts still
-    change (70B on 16 x 8 x 8: 15-40 of 234)."""
-    allowed = _allowed(graph, mask)
-    u, v, w = graph.u[allowed], graph.v[allowed], graph.w[allowed]
-    order = np.argsort(v, kind="stable")
-    u, v, w = u[order], v[order, None], w[order, None]
-    every_head = np.flatnonzero(np.r_[True, v[1:, 0] != v[:-1, 0]])
-    changed = np.zeros(len(graph.index), dtype=bool)
-    if warm is None:
-        dist = np.full((len(graph.index), len(starts)), math.inf)  # (layouts, starts)
-        dist[starts, np.arange(len(starts))] = 0.0
-        column = np.full(len(graph.index), -1)
-        column[starts] = np.arange(len(starts))
-        first = column[u] >= 0  # the first round in closed form: one move out of a start costs 0.0 + w == w
-        np.minimum.at(dist, (v[first, 0], column[u[first]]), w[first, 0])
-        changed[v[first, 0]] = True
-        active = changed[u]  # only moves out of a layout whose price just fell can lower anything
-    else:
-        dist = np.array(warm[1].T)
-        active = ~_allowed(graph, warm[0])[allowed][order]  # the moves the smaller mask did not allow
-    cols: np.ndarray | None = None  # the start columns that may still fall (None: every one)
-    for _ in range(len(graph.index)):
-        count = np.count_nonzero(active)
-        if not count:
-            break
-        if count == len(u):
-            au, aw, heads, targets = u, w, every_head, v[every_head, 0]
-        else:
-            au, av, aw = u[active], v[active, 0], w[active]
-            heads = np.flatnonzero(np.r_[True, av[1:] != av[:-1]])
-            targets = av[heads]
-        if cols is None:
-            relaxed = np.minimum.reduceat(dist[au] + aw, heads, axis=0)
-            current = dist[targets]
-        else:
-            relaxed = np.minimum.reduceat(dist[au[:, None], cols] + aw, heads, axis=0)
-            current = dist[targets[:, None], cols]
-        better = relaxed < current
-        changed[:] = False
-        changed[targets] = better.any(axis=1)
-        fell = better.any(axis=0)
-        if cols is None:
-            dist[targets] = np.minimum(relaxed, current)
-            cols = np.flatnonzero(fell)
-        else:
-            dist[targets[:, None], cols] = np.minimum(relaxed, current)
-            cols = cols[fell]
-        if 2 * len(cols) > len(starts):  # gathering a column subset costs more than relaxing them all
-            cols = None
-        active = changed[u]
-    return dist.T

@@ -22,8 +22,11 @@ What keys what (so nothing that changes a price can hit a stale entry):
   optimizer and memory figures come from there (problem/arrays.py prices only its dispatch and output
   reduction again), its spec ids are the plain cache's (one interning), and its layout graphs are the
   plain ones with the moves on its axis repriced (problem/pricing.py).  Edge and fan-out tables are
-  priced again (a raised move price changes shortest paths); gathered FSDP sizes are the plain cache's,
-  the path the runtime gathers on (problem/extras.runtime_steps).
+  priced again (a raised move price changes shortest paths), from the plain cache's spec pairs (which
+  specs each table prices, problem/pairs.py) and the plain price table's layout plans: only shortest
+  paths are asked again.  A node with no all-to-all and no returned output keeps the plain figures
+  whole.  Gathered FSDP sizes are the plain cache's, the path the runtime gathers on
+  (problem/extras.runtime_steps).
   ``tests/problem/test_shared.py`` checks such a build against one sharing nothing, bit for bit;
 - ``CostOptions.training``, ``shard_optimizer`` and ``precision`` change stored per-node figures and key
   them (:func:`node_key`); ``training`` also keys the fan-out elements and edge tables, and
@@ -84,11 +87,12 @@ class BuildCache:
         return found
 
 
-#: Entry kinds whose figures no collective prices (a local output's bytes: the mesh alone), served to a
-#: zigzag cluster's cache by its plain cluster's.  Per-node figures share their collective-free part the
-#: same way (problem/arrays.py ``node_parts``); edge tables, fan-out tables and gathered sizes are priced
-#: again (a zigzag axis raises some move prices, and with them shortest paths and the paths' gathers).
-COLLECTIVE_FREE = frozenset({"largest output"})
+#: Entry kinds whose figures no collective prices (a local output's bytes, the spec pairs of edge and
+#: fan-out tables: the mesh and the spec ids alone), served to a zigzag cluster's cache by its plain
+#: cluster's.  Per-node figures share their collective-free part the same way (problem/arrays.py
+#: ``node_parts``); edge and fan-out tables are priced again (a zigzag axis raises some move prices, and
+#: with them shortest paths).
+COLLECTIVE_FREE = frozenset({"largest output", "edge pairs", "fanout pairs"})
 
 
 def node_key(opts: CostOptions) -> tuple[bool, bool, object]:

@@ -59,6 +59,8 @@ class Explanation:
     runner_up: Terms | None  # None: the node has one strategy
     options: int  # strategies the node had
     stages: tuple[int, ...] = ()  # pipelined plans: the stages (chunks) that run this decision
+    forbidden: int = 0  # strategies the plan's allow/forbid ruled out (Plan.pinned): never the runner-up
+    pins: tuple[str, ...] = ()  # those pins: "no dp", "no fsdp", ...
 
 
 def rebuild(plan: Plan, spec: str | None = None) -> BuiltProblem:
@@ -161,22 +163,44 @@ def explain(
         raise AutoshardError(
             f"--node {node}: no graph node or module of the plan matches{where}; try a module path"
         )
+    pins = tuple(p for p in plan.pinned if p.startswith("no "))
+    kinds = frozenset(p.removeprefix("no ") for p in pins)
+    pinned = _pinned(built, kinds)
     out = []
     for i in picked:
-        terms = _terms(built, i, choice, widen=plan.pipeline is not None)
-        chosen = terms[choice[i]]
+        widen = plan.pipeline is not None
+        terms = _terms(pinned, i, choice, widen=widen)
+        free = _terms(built, i, choice, widen=widen) if pinned is not built else terms
+        mask = pinned.problem.allowed[i] if pinned.problem.allowed else None
+        ruled = {  # masked by a forbidden kind, or (no fsdp) priced inf only by the forbidden weight gathers
+            k for k in range(len(terms))
+            if k != choice[i] and ((mask is not None and not mask[k])
+                                   or (math.isfinite(free[k].total) and not math.isfinite(terms[k].total)))
+        }  # fmt: skip
         others = sorted(
-            (t for k, t in enumerate(terms) if k != choice[i] and math.isfinite(t.total)), key=_key
+            (t for k, t in enumerate(terms) if k != choice[i] and k not in ruled and math.isfinite(t.total)),
+            key=_key,
         )
         v = built.variables[i]
         info = built.infos[v]
         out.append(
-            Explanation(v, info.fqn or info.module, info.target, built.multiplicity[v], chosen,
-                        others[0] if others else None, len(terms), held.get(v, ()))
+            Explanation(v, info.fqn or info.module, info.target, built.multiplicity[v], terms[choice[i]],
+                        others[0] if others else None, len(terms), held.get(v, ()), len(ruled),
+                        pins if ruled else ())
         )  # fmt: skip
     if node is None:
         out = sorted(out, key=lambda e: -e.chosen.total)[:top]
     return out
+
+
+def _pinned(built: BuiltProblem, kinds: frozenset[str]) -> BuiltProblem:
+    """``built`` under the plan's forbidden kinds, as the planner pinned it (masks; no fsdp: weight gathers
+    priced ``inf``), so that a runner-up is a strategy the plan could have chosen."""
+    if not kinds:
+        return built
+    from autoshard.annotations import pin_problem
+
+    return pin_problem(built, None, kinds)
 
 
 def _stages_of(plan: Plan, built: BuiltProblem) -> dict[str, tuple[int, ...]]:
@@ -212,9 +236,10 @@ def render(e: Explanation) -> str:
     if e.stages:
         which = f"stage {e.stages[0]}" if len(e.stages) == 1 else f"stages {e.stages[0]}..{e.stages[-1]}"
         lines.append(f"  run by {which} (one decision, priced in the stage problem)")
-    lines.append(f"  {e.options} strategies; chosen {e.chosen.strategy}")
+    ruled = f" ({e.forbidden} ruled out by the plan's {_steer(e.pins)})" if e.forbidden else ""
+    lines.append(f"  {e.options} strategies{ruled}; chosen {e.chosen.strategy}")
     if e.runner_up is None:
-        return "\n".join([*lines, "  no other strategy fits this node"])
+        return "\n".join([*lines, f"  no other strategy {'the plan allows ' if ruled else ''}fits this node"])
     a, b = e.chosen, e.runner_up
     lines.append(f"  runner-up {b.strategy}")
     lines.append(f"  {'term':<28}{'chosen':>12}{'runner-up':>12}{'difference':>12}")
@@ -230,6 +255,17 @@ def render(e: Explanation) -> str:
     )
     lines.append(f"  why: {_why(a, b)}")
     return "\n".join(lines)
+
+
+def _steer(pins: tuple[str, ...]) -> str:
+    """``("no cp", "no dp", ...)`` as the user asked for it: ``allow tp`` or ``forbid dp, fsdp``."""
+    from autoshard.steering import KINDS
+
+    forbidden = [p.removeprefix("no ") for p in pins]
+    allowed = [k for k in KINDS if k not in forbidden]
+    return (
+        f"allow {', '.join(allowed)}" if len(allowed) < len(forbidden) else f"forbid {', '.join(forbidden)}"
+    )
 
 
 def _signed(x: float, fmt: object, scale: float = 1.0) -> str:

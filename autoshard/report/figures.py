@@ -18,6 +18,7 @@ from typing import Any
 from autoshard.plans import Plan
 from autoshard.report.labels import axes_text, fmt_bytes, fmt_seconds, wrap
 from cost_models.memory import RECIPES, itemsize
+from cost_models.overlap import SyncExposure
 from cost_models.profile import canonical_dtype
 
 __all__ = ["Baseline", "figure_lines", "param_memory", "recipe_note", "recipe_text"]
@@ -140,12 +141,36 @@ def _assumptions(plan: Plan, width: int) -> list[str]:
     zero = zero_text(plan) if plan.training else ""
     third = wrap(zero, width, "    ", "  ") if zero else []
     sync = plan.grad_sync  # what of the gradient sync is exposed and why (problem/step.py)
-    if sync is not None:
+    if sync is not None and plan.pipeline is not None:
+        third += wrap(_stage_sync(plan, sync), width, "    ", "  ")
+    elif sync is not None:
         buckets = len({b.index for b in plan.grad_buckets})  # stream buckets (one record per axis each)
         third += wrap(
             sync.describe(fmt_seconds, plan.overlap.overlap_grad_sync, buckets), width, "    ", "  "
         )
     return wrap(first, width, "    ", "  ") + wrap(second, width, "    ", "  ") + third
+
+
+def _stage_sync(plan: Plan, sync: SyncExposure) -> str:
+    """A pipelined plan's gradient sync: the busiest pipeline rank's (the one the step's communication
+    names), once per step after the schedule, so its exposed part lies inside the step's exposed
+    communication (new-user trial: the whole model's sync beside a stage's step contradicted it)."""
+    head = f"grad sync (the busiest pipeline rank's stages, once per step) {fmt_seconds(sync.seconds)}"
+    if sync.exposed <= 1e-12:
+        return f"{head}, none exposed: all of it hides under its last microbatch's backward"
+    return (
+        f"{head}, {fmt_seconds(sync.exposed)} exposed (part of the {fmt_seconds(plan.communication_time)} "
+        "comm above): what its last microbatch's backward does not hide"
+    )
+
+
+def zero_group(plan: Plan) -> str:
+    """The devices one parameter's Adam state is sharded over: all of them, or with pipeline stages those
+    of one stage (its data-parallel group; new-user trial: "128 devices" where a stage has 16)."""
+    if plan.pipeline is None:
+        return f"{plan.num_devices} devices"
+    stages = plan.mesh_shape[plan.pipeline.mesh_axis]
+    return f"the {plan.num_devices // max(1, stages)} devices of each pipeline stage"
 
 
 def priced_shape(plan: Plan) -> str:
@@ -193,10 +218,10 @@ def zero_text(plan: Plan) -> str:
         )
     if not where:  # a file saved before Plan.optimizer_gathers: its gathers were never listed
         return (
-            f"optimizer: Adam state sharded over {plan.num_devices} devices (ZeRO-1); this plan file lists none "
+            f"optimizer: Adam state sharded over {zero_group(plan)} (ZeRO-1); this plan file lists none "
             "of its all-gathers (saved by an older autoshard: search again)"
         )
-    return f"optimizer: Adam state sharded over {plan.num_devices} devices (ZeRO-1): {'; '.join(where)}"
+    return f"optimizer: Adam state sharded over {zero_group(plan)} (ZeRO-1): {'; '.join(where)}"
 
 
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

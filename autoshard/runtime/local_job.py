@@ -30,12 +30,14 @@ Example (``examples/train.py run``)::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -68,6 +70,7 @@ def worker(main: Callable[[], None]) -> None:
     torch's own ``@record`` does the same for ``Exception`` only, and torch.distributed.checkpoint's
     ``CheckpointException`` (a failed save or load) is a ``BaseException``: a rank dying of it was named by
     its exit code alone."""
+    warnings.formatwarning = functools.partial(_rank_warning, warnings.formatwarning)
     try:
         main()
     except (SystemExit, KeyboardInterrupt):
@@ -75,6 +78,17 @@ def worker(main: Callable[[], None]) -> None:
     except BaseException as e:
         _record(f"{type(e).__name__}: {e}", {"py_callstack": traceback.format_exc()})
         raise
+
+
+def _rank_warning(
+    plain: Callable[..., str], message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any
+) -> str:
+    """autoshard's own warnings as one line naming the rank (a plan mismatch the runtime says once), not the
+    file, line and source of the code that raised it; anything else as ``plain`` (Python's) formats it."""
+    if not category.__module__.startswith("autoshard."):
+        return plain(message, category, *args, **kwargs)
+    text = " ".join(str(message).split())
+    return f"autoshard: warning (rank {os.environ.get('RANK', '0')}): {category.__name__}: {text}\n"
 
 
 def _record(message: str, info: dict[str, Any]) -> None:

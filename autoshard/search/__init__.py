@@ -10,7 +10,7 @@ Modules, in the order :func:`solve` uses them:
   dominated strategies (``dominance``).
 * ``propagate`` -- BFS from the annotations: a plan in milliseconds and a warm start.
 * ``exact``     -- tree DP and variable elimination (orders and cutset conditioning in ``order``): the main,
-  provably optimal path.
+  provably optimal path; ``messages`` keeps a bucket's message for the next solve while its inputs hold.
 * ``budget``    -- a binding memory budget: Lagrangian bound and plan, Lagrangian fixing of strategies.
 * ``peak``      -- a max term in the budget (``SearchProblem.peak``: the largest temporary), by thresholds.
 * ``wide``      -- a budget on a problem too wide to eliminate with its memory terms: the dual with each

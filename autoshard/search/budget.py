@@ -65,6 +65,12 @@ _SLACK = 1e-9
 #: problem could not be solved exactly (too wide at this multiplier): the search then stops where it is.
 Relaxed = Callable[[float], tuple[tuple[int, ...], float] | None]
 
+#: A starting plan's line whose crossing with the rising line lies beyond this many times ``lam0`` is not
+#: probed first: ``lam0``, then ``4 * lam0`` are (at most :data:`_FAR_PROBES`), until a minimiser fits
+#: (see :func:`dual_search`).
+_FAR = 4.0
+_FAR_PROBES = 2
+
 #: Multipliers tried below ``lam0``, each a quarter of the last, before ``lambda = 0`` when ``descend`` asks
 #: for a minimiser over the budget (the rising line) without solving the unbudgeted problem first.
 _DESCENT = 4
@@ -139,9 +145,19 @@ def dual_search(
     probes where bisection took 23-24, reaching the same bound and plan; on the 405B-shaped LLaMA's stage
     problem 5.  The first lines are free: ``lag.plan`` (fits) and ``seeds`` (e.g. the optimum without the
     budget, else it is probed at ``lambda = 0``); without a fitting one, ``lam0`` is multiplied by 4 until
-    the minimiser fits.  ``tolerance > 0`` stops early once the crossing, the most any multiplier can still
-    prove, is within ``tolerance`` x the remaining gap of the bound reached (the bound stays a true one; the
-    caller that states the gap rather than fixing strategies by it saves the last, confirming probes).
+    the minimiser fits.  A starting plan far dearer than the relaxation's minimisers (the least-memory plan:
+    2,670 s on LLaMA-3-70B on 16 x 8 x 8 where they cost 10-15 s) crosses the rising line far out (350 x
+    ``lam0`` there), where the probe finds a poor fitting plan; when the crossing lies beyond ``_FAR * lam0``,
+    ``lam0`` and ``4 * lam0`` are probed first, unless ``descend`` probed ``lam0`` already (70B's
+    balanced-bound and contiguous solves: 4 -> 3 probes, the same bound, multiplier and plan).  Cutting
+    planes are exact from any lines: only the probes depend on this.
+    ``tolerance > 0`` stops early once the crossing, the most any multiplier can still prove, is within
+    ``tolerance`` x the remaining gap of the bound reached (the bound stays a true one; the caller that states
+    the gap rather than fixing strategies by it saves the last, confirming probes).  That gap is measured only
+    once a probe's minimiser fits: a starting plan (the least-memory one, an incumbent) was never compared with
+    a relaxation, so its cost says nothing of what the sweep can still find; a gap anchored on it (a
+    least-memory plan at 176.9 s where the sweep finds 21-27 s) let the stop fire before any probe and hand
+    that plan back.
     ``descend``: without a line over the budget, probe ``lam0``, ``lam0 / 4``, ... before ``lambda = 0``: the
     unbudgeted problem is the widest relaxation (memory ties keep its strategies from being dominated), and
     any minimiser over the budget at some ``lambda >= 0`` proves the budget binds (see
@@ -156,6 +172,7 @@ def dual_search(
     assert problem.memory is not None and problem.memory_limit is not None
     limit = problem.memory_limit
     lines: dict[bool, tuple[float, float] | None] = {True: None, False: None}  # fits -> (cost, mem)
+    minimiser_fits = [False]  # whether some probe's minimiser fits (only then may ``tolerance`` stop early)
 
     def probe(lam: float) -> tuple[float, float, bool] | None:
         found = relaxed(lam)
@@ -170,6 +187,7 @@ def dual_search(
         fits = mem <= limit
         if not fits:
             lag.over.append(plan)
+        minimiser_fits[0] |= fits
         if fits and cost < lag.cost:
             lag.plan, lag.cost = plan, cost
         return cost, mem, fits
@@ -195,7 +213,18 @@ def dual_search(
     def going() -> bool:
         return lag.solves < MAX_SOLVES and lag.bound < ceiling
 
-    while lines[True] is None and going():
+    def far() -> bool:
+        """Whether the only falling line is a starting plan's whose crossing lies beyond ``_FAR * lam0``."""
+        over, under = lines[False], lines[True]
+        if descend or first is not None or minimiser_fits[0] or over is None or under is None:
+            return False  # descend: lam0 was probed already
+        if over[1] <= under[1]:
+            return False
+        return lag.solves < solves0 + _FAR_PROBES and _crossing(over, under) > _FAR * lam0
+
+    solves0 = lag.solves
+
+    while (lines[True] is None or far()) and going():
         got = probe(lam)
         if got is None:
             break
@@ -211,11 +240,11 @@ def dual_search(
         over, under = lines[False], lines[True]
         if over is None or under is None or over[1] <= under[1]:
             break
-        lam = (under[0] - over[0]) / (over[1] - under[1])  # where the two lines cross
+        lam = _crossing(over, under)
         if not lam > 0.0 or not math.isfinite(lam):
             break
         peak = _at(over, lam, limit)
-        if peak - lag.bound <= tolerance * (lag.cost - lag.bound):
+        if minimiser_fits[0] and peak - lag.bound <= tolerance * (lag.cost - lag.bound):
             break
         got = probe(lam)
         if got is None:
@@ -225,6 +254,11 @@ def dual_search(
             break  # g reaches the crossing: no lambda bounds higher
         keep(lam, (cost, mem), fits)
     return lag
+
+
+def _crossing(over: tuple[float, float], under: tuple[float, float]) -> float:
+    """Where a rising line (a plan over the budget) and a falling one cross."""
+    return (under[0] - over[0]) / (over[1] - under[1])
 
 
 def _at(line: tuple[float, float], lam: float, limit: float) -> float:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autoshard.errors import InfeasibleError
+from autoshard.search.messages import message
 from autoshard.search.order import EliminationPlan, FactorCapExceeded, Step, plan_elimination
 from autoshard.search.problem import Edge, PairwiseForm, SearchProblem, pairwise_form
 
@@ -136,6 +137,8 @@ class ExactSolver:
         self.sizes = tuple(u.size for u in form.unary)
         self._own: tuple[tuple[int, ...], float] | None = None  # the optimum at the form's own costs
         self.last: Buckets | None = None  # the buckets of the last elimination (without conditioning)
+        self.earlier: Buckets | None = None  # and of the one before (search/marginals.py)
+        self.memo: dict[int, tuple[tuple[np.ndarray, ...], np.ndarray]] = {}  # search/messages.py
         n = len(self.sizes)
         adj = form.neighbours()
         self._adj = adj
@@ -263,8 +266,8 @@ class ExactSolver:
                         bucket[w].discard(fid)
                 parts.append(part)
             # min, not argmin: the argmin is needed only at the one assignment of ``rest`` the plan ends up
-            # with, and _back recomputes it there
-            best = self.reduced(step.var, [(f, t) for f, t, _ in parts], step.rest)
+            # with, and _back recomputes it there; the last solve's message where it holds (search/messages.py)
+            best = message(self, k, step, parts)
             backs.append(parts)
             if step.rest:
                 add(step.rest, best, k)
@@ -273,7 +276,7 @@ class ExactSolver:
         if not self.conditioned:  # min-marginals at these costs start from these buckets
             from autoshard.search.marginals import Buckets  # it builds on this class
 
-            self.last = Buckets(tuple(unary), tuple(backs), roots)
+            self.earlier, self.last = self.last, Buckets(tuple(unary), tuple(backs), roots)
         for step, parts in zip(reversed(self.steps), reversed(backs), strict=True):
             choice[step.var] = self._back(step.var, [(f, t) for f, t, _ in parts], choice)
         return sum(roots.values())

@@ -70,9 +70,12 @@ def _upward(
     """Eliminate along ``steps`` keeping every bucket: per step its parts (a part's origin is the step
     that sent it, -1 for a cost term), the optimum of each component by its root step, each step's root.
 
-    The variable-elimination steps (``ex.steps``, after the tree steps) are taken from ``ex.last`` when
-    the solver's last elimination ran at these costs: the same parts in the same order, so the same tables."""
-    last = ex.last if ex.last is not None and ex.last.made_from(unary) else None
+    The variable-elimination steps (``ex.steps``, after the tree steps) are taken from ``ex.last`` or
+    ``ex.earlier`` when the solver's last elimination or the one before ran at these costs: the same parts in
+    the same order, so the same tables.  The one before: a sweep whose last probe proved less than the one
+    before it (LLaMA-3-70B's contiguous solve: B's multiplier, then a crossing that bounds lower; its
+    upward pass 0.07 s CPU spared, one more elimination's tables held meanwhile)."""
+    last = next((b for b in (ex.last, ex.earlier) if b is not None and b.made_from(unary)), None)
     todo = steps[: len(steps) - len(ex.steps)] if last is not None else steps
     parts, root_total = _eliminate_keeping(ex, todo, unary)
     if last is not None:

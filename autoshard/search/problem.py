@@ -43,6 +43,7 @@ __all__ = [
     "evaluate",
     "format_bytes",
     "memory_infeasible_error",
+    "memory_left",
     "memory_lower_bound",
     "memory_of",
     "pairwise_form",
@@ -379,3 +380,18 @@ def memory_infeasible_error(
         "spread the model over more devices (a larger mesh shards more), or relax annotations that pin "
         "replicated strategies."
     )
+
+
+def memory_left(problem: SearchProblem, offset: float, nodes_left: bool) -> float | None:
+    """The budget left for the nodes an exact reduction kept (``offset``: the folded nodes' memory); raises
+    when the folded nodes alone exceed it."""
+    if problem.memory_limit is None:
+        return None
+    left = problem.memory_limit - offset
+    if left < 0:
+        # Exact pruning keeps the least-memory plan, so with no node left, offset is its memory.
+        if not nodes_left:
+            raise memory_infeasible_error(problem, memory_lower_bound(problem), offset)
+        why = f"the nodes with one strategy left after exact pruning already need {format_bytes(offset)}"
+        raise memory_infeasible_error(problem, memory_lower_bound(problem), None, why)
+    return left

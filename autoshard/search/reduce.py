@@ -49,9 +49,7 @@ from autoshard.search.dominance import Certificates, dominators, edge_bound, rec
 from autoshard.search.problem import (
     Edge,
     SearchProblem,
-    format_bytes,
-    memory_infeasible_error,
-    memory_lower_bound,
+    memory_left,
     pairwise_form,
 )
 
@@ -220,7 +218,9 @@ class _Reducer:
             shape[k], shape[-1] = self.unary[w].size, u.size
             table = table + self.pair(w, v).reshape(shape)  # (S_nbr0, [S_nbr1,] S_v)
         arg = np.asarray(np.argmin(table, axis=-1))
-        best = table.min(axis=-1)
+        # the minimum is the entry at the argmin: read it there rather than reduce the short last axis again
+        # (a minimum along it runs row by row: 15 ms on a (200, 200, 27) table, against 2 ms for both)
+        best = np.take_along_axis(table, arg[..., None], axis=-1)[..., 0]
         for w in nbrs:
             self._drop_pair(w, v)
         if len(nbrs) == 2:
@@ -350,20 +350,6 @@ class _Reducer:
                 break
 
 
-def _reduced_limit(problem: SearchProblem, offset: float, nodes_left: bool) -> float | None:
-    """The budget left for the kept nodes; raises when the folded nodes alone exceed it."""
-    if problem.memory_limit is None:
-        return None
-    left = problem.memory_limit - offset
-    if left < 0:
-        # Exact pruning keeps the least-memory plan, so with no node left, offset is its memory.
-        if not nodes_left:
-            raise memory_infeasible_error(problem, memory_lower_bound(problem), offset)
-        why = f"the nodes with one strategy left after exact pruning already need {format_bytes(offset)}"
-        raise memory_infeasible_error(problem, memory_lower_bound(problem), None, why)
-    return left
-
-
 def reduce_problem(
     problem: SearchProblem,
     *,
@@ -391,7 +377,7 @@ def reduce_problem(
         edges=edges,
         names=tuple(problem.names[v] for v in kept),
         memory=None if red.mem is None else tuple(red.mem[v] for v in kept),
-        memory_limit=_reduced_limit(problem, red.memory_offset, bool(kept)),
+        memory_limit=memory_left(problem, red.memory_offset, bool(kept)),
         strategy_labels=None
         if labels is None
         else tuple(tuple(labels[v][s] for s in red.dom[v]) for v in kept),

@@ -104,3 +104,18 @@ def test_explain_a_plan_with_fan_out_nodes(cli, tmp_path: Path) -> None:
     assert found and all(e.runner_up is None or e.chosen.total <= e.runner_up.total + 1e-12 for e in found)
     shown = cli("explain", str(path))
     assert shown.code == 0 and "runner-up" in shown.out, shown.err
+
+
+def test_explain_offers_no_runner_up_the_plan_forbade(cli, tmp_path: Path) -> None:
+    """README's ``--allow tp`` plan: the batch split ``S(0), R, R -> S(0)`` (dp) is no runner-up; the forbidden
+    strategies are counted under the plan's own words."""
+    path = tmp_path / "tp.json"
+    made = cli("search", "--profile", "a100x8", "--model", "mlp", "--batch", "64", "--mesh", "8",
+               "--allow", "tp", "--no-baseline", "--out", str(path))  # fmt: skip
+    assert made.code == 0, made.err
+    r = cli("explain", str(path), "--node", "fc1")
+    assert r.code == 0, r.err
+    block = r.out[r.out.index("graph node linear (aten.linear.default) in fc1") :].split("\n\n")[0]
+    assert "S(0), R, R -> S(0)" not in r.out
+    assert "5 strategies (4 ruled out by the plan's allow tp); chosen R, S(0), S(0) -> S(2)" in block
+    assert "no other strategy the plan allows fits this node" in block

@@ -90,3 +90,39 @@ def deep_plan() -> Plan:
 
     case = zoo.build("mlp-deep", layers=2, device="meta")
     return autoshard.plan(case.model, cluster_for("cpu", 2), case.args, case.kwargs)
+
+
+def test_verify_refuses_another_model_for_a_plan_saved_from_python(
+    cli: Callable[..., Result], deep_plan: Plan, tmp_path: Path
+) -> None:
+    """``autoshard.plan`` records its model's identity (Plan.source["model"]): mlp-deep of 2 layers saved from
+    Python is refused for the zoo's 8-layer mlp-deep (same class: verify's scaled copy alone let it pass)."""
+    assert set(deep_plan.source) == {"model"} and deep_plan.source["model"]["class"] == "DeepMLP"
+    path = tmp_path / "api.json"
+    deep_plan.save(path)
+    line = _one_line(cli("verify", "--plan", str(path), "--model", "mlp-deep"))
+    assert line.startswith(f"plan {path} was made for a DeepMLP (") and "not mlp-deep (a DeepMLP of " in line
+    assert line.endswith("or pass the --model the plan was made from")
+    with pytest.raises(PlanModelError, match="not mlp-deep, a DeepMLP of"):  # explain: the same digest check
+        check_built(
+            dataclasses.replace(
+                deep_plan, source={"model": {**deep_plan.source["model"], "digest": "0" * 16}}
+            ),
+            "mlp-deep",
+            zoo.build("mlp-deep", layers=2, device="meta").model,
+            scaled=False,
+        )
+
+
+def test_verify_of_a_plan_without_identity_says_once_it_cannot_check(
+    cli: Callable[..., Result], deep_plan: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autoshard.runtime import verify
+
+    path = tmp_path / "old.json"
+    dataclasses.replace(deep_plan, source={}).save(path)
+    monkeypatch.setattr(verify, "run_verify", lambda *_, **__: dataclasses.make_dataclass("R", ["ok"])(True))
+    r = cli("verify", "--plan", str(path), "--model", "mlp-deep")
+    assert r.code == 0 and r.err.count("\n") == 1, (r.code, r.err)
+    assert r.err.startswith(f"note: plan {path} records neither the spec nor the identity of its model")
+    assert r.err.count("cannot check that it was made for mlp-deep") == 1

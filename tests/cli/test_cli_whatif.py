@@ -4,6 +4,7 @@ becomes faster -- checked on the seed model (data vs tensor parallel) against a 
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 from cli_support import run_main
@@ -11,7 +12,7 @@ from cli_support import run_main
 import autoshard
 from autoshard import zoo
 from autoshard.codegen.parallelize import plan_cluster
-from autoshard.whatif import crossovers, plan_cost
+from autoshard.whatif import Crossover, crossovers, plan_cost
 
 B0, S0 = 2048, 512
 TENSOR_PARALLEL = {"ids": ("R",), "proj": ((1, 1, 1), (8, 1)), "head": ((1, 1, 8), (1, 8))}
@@ -68,6 +69,16 @@ def test_seed_data_vs_tensor_parallel_crossover_matches_a_hand_computation() -> 
     assert (found[0].below, found[0].above) == ("tp", "dp")
 
 
+def test_a_crossover_of_a_whole_quantity_names_whole_values() -> None:
+    between = Crossover("seq", 280.597, 1.5e-3, "tp", "dp")
+    assert (
+        str(between)
+        == "between seq 280 and 281: tp faster at 280 and below, dp faster at 281 and above (both about 1.5 ms)"
+    )
+    assert str(Crossover("batch", 18.0000000001, 1e-3, "a", "b")).startswith("batch = 18: a faster below")
+    assert str(Crossover("bandwidth", 1.25, 1e-3, "a", "b")).startswith("bandwidth = 1.25: a faster below")
+
+
 def test_the_expression_reproduces_the_plan_and_scales_as_documented() -> None:
     dp, _ = seed_plans()
     cost = plan_cost(dp, "dp")
@@ -88,7 +99,12 @@ def test_cli_prints_the_crossover_naming_both_plans(tmp_path) -> None:
         "--vary", "batch=1..8192", "--vary", "bandwidth=0.5..2", "--show",
     )  # fmt: skip
     assert result.code == 0, result.err
-    assert "batch = " in result.out and "tp faster below, dp faster above" in result.out
+    # a batch is whole: the crossover is named by the two batches around it, never "batch = 17.5373"
+    line = next(x for x in result.out.splitlines() if "tp faster at" in x)
+    match = re.fullmatch(
+        r"  between batch (\d+) and (\d+): tp faster at \1 and below, dp faster at \2 and above .*", line
+    )
+    assert match and int(match[1]) + 1 == int(match[2])
     assert "bandwidth in 0.5..2:" in result.out and "= " in result.out
     bad = run_main(
         "whatif", str(tmp_path / "dp.json"), "--against", str(tmp_path / "tp.json"), "--vary", "x=1..2"

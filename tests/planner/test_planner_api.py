@@ -70,6 +70,21 @@ def test_bad_plan_files_say_what_is_wrong(tmp_path, text: str, match: str) -> No
         autoshard.load_plan(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("predicted_step_time", "abc"), ("predicted_step_time", -1.0), ("memory_per_device", None)],
+)
+def test_a_plan_figure_that_is_no_number_is_named(tmp_path, cluster, field: str, value: object) -> None:
+    """A step time or memory that is not a number >= 0 is refused under its own name (the trial saw 'abc' blamed
+    on solver.step_optimal, and a negative step shown as a plan)."""
+    case = zoo.build("gpt2-tiny")
+    data = autoshard.plan(case.model, cluster, case.args, case.kwargs).to_json()
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**data, field: value}))
+    with pytest.raises(autoshard.PlanFileError, match=f"field '{field}': {value!r} is not a number"):
+        autoshard.load_plan(path)
+
+
 def test_summary_fits_100_columns_and_names_the_cluster(cluster, tower) -> None:
     plan = autoshard.plan(*tower[:1], cluster, tower[1:])
     text = plan.summary()

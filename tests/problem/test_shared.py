@@ -10,6 +10,7 @@ again.  A routed-experts model and a zigzag cluster (ring attention priced per s
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -121,9 +122,9 @@ def test_a_warm_build_prices_nothing_again(llama, monkeypatch) -> None:  # type:
     calls = Counter[str]()
     for module, name in (
         (arrays, "compute_parts"),
-        (arrays, "pairwise_ids"),
+        (arrays, "spec_pairs"),
         (arrays, "optimizer_time"),
-        (fanout, "pairwise_ids"),
+        (fanout, "spec_pairs"),
         (extras, "_gather_node"),
     ):
         real = getattr(module, name)
@@ -177,14 +178,22 @@ def test_a_zigzag_build_reuses_the_plain_clusters_figures_bit_for_bit(llama, mon
     captured, cluster = llama
     gm, blocks = captured.graph_module, captured.blocks
     computed = Counter[str]()
-    real = arrays.compute_parts
-    monkeypatch.setattr(arrays, "compute_parts", lambda *a, **k: (computed.update(["c"]), real(*a, **k))[1])
-    for axis in range(len(MESH)):
-        zig, opts = zigzag_cluster(cluster, axis), CostOptions(cp_layout="contiguous")
-        build_problem(captured, cluster, CostOptions())  # the plain cluster's cache is warm
-        before = computed["c"]
+    for module, name in ((arrays, "compute_parts"), (arrays, "spec_pairs"), (fanout, "spec_pairs")):
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module,
+            name,
+            lambda *a, _real=real, _name=name, **k: (computed.update([_name]), _real(*a, **k))[1],
+        )
+    policies = [CostOptions(cp_layout="contiguous", recompute=r) for r in Recompute]
+    for axis, opts in [(0, policies[0]), (1, policies[0]), *((2, o) for o in policies)]:
+        zig = zigzag_cluster(cluster, axis)
+        warm = dataclasses.replace(opts, cp_layout="auto")
+        build_problem(captured, cluster, warm)  # the plain cluster's cache is warm
+        before = computed.copy()
         shared = build_problem(captured, zig, opts)
-        assert computed["c"] == before, "a zigzag build priced compute the plain cluster's cache holds"
+        # compute figures and the spec pairs of every table: the plain cluster's (only prices are asked)
+        assert computed == before, "a zigzag build priced what the plain cluster's cache holds"
         assert build_cache(gm, blocks, zig, None).base is build_cache(gm, blocks, cluster, None)
         alone = StepCache(zig)
         alone.prices = PriceTable(zig)  # no plain cluster's graphs either

@@ -134,3 +134,27 @@ def test_fail_records_the_line_for_torch_and_prints_it_on_rank_0(tmp_path, monke
     with pytest.raises(SystemExit):
         local_job.fail("x: error: bad")
     assert capsys.readouterr().err == ""
+
+
+def test_autoshards_warnings_on_a_rank_are_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan mismatch a rank's runtime warns of (the trial's `--zero 3` run printed Python's file:line form
+    and the source line, once per rank) reads as one line naming the rank; other libraries' keep their form."""
+    from autoshard.codegen.assign import PlanMismatchWarning
+    from autoshard.runtime.local_job import _rank_warning
+
+    monkeypatch.setenv("RANK", "1")
+
+    def standard(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object
+    ) -> str:
+        return f"{filename}:{lineno}: {category.__name__}: {message}\n"
+
+    mismatch = PlanMismatchWarning("lm_head's reduce-scatter\n  is not bucketed")
+    line = _rank_warning(standard, mismatch, PlanMismatchWarning, "x.py", 7)
+    assert (
+        line == "autoshard: warning (rank 1): PlanMismatchWarning: lm_head's reduce-scatter is not bucketed\n"
+    )
+    assert (
+        _rank_warning(standard, FutureWarning("old api"), FutureWarning, "x.py", 7)
+        == "x.py:7: FutureWarning: old api\n"
+    )

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 from search_cases import close, random_problem, transformer_problem
 
 from autoshard.errors import InfeasibleError
-from autoshard.search import SearchProblem, brute_force, memory_of, solve
+from autoshard.search import SearchProblem, brute_force, budget, memory_of, solve
 from autoshard.search.budget import Lagrange, fixing_masks, lagrangian_sweep
 from autoshard.search.exact import ExactSolver, min_memory_plan
 from autoshard.search.problem import evaluate, pairwise_form
@@ -214,3 +215,41 @@ def test_climbing_the_gap_finds_the_optimum_fixing_at_the_whole_gap_finds(
         assert close(climbed.objective, whole.objective, 1e-12)
         assert memory_of(q, climbed.choice) <= limit
         assert climbed.lower_bound <= climbed.objective * (1 + 1e-12)
+
+
+def test_dual_search_early_stop_waits_for_a_fitting_minimiser() -> None:
+    # The least-memory plan (2) costs 100, the optimum (1) costs 1, the plan without the budget (0) is just
+    # over it.  The first crossing lies at 1.64, within a tenth of the gap anchored on the starting plan
+    # (100 - 0): the old stop fired before any probe and returned the plan at 100.  The gap is now measured
+    # once a probe's minimiser fits: the sweep goes on to the optimum, with a bound within a tenth of that
+    # gap of max g (1/11, where the lines of plans 0 and 1 cross).
+    p = SearchProblem(
+        (np.array([0.0, 1.0, 100.0]),), (), ("a",), memory=(np.array([6.1, 5.0, 0.0]),), memory_limit=6.0
+    )
+    ex = ExactSolver(pairwise_form(p))
+    lag = lagrangian_sweep(ex, p, Lagrange((2,), 100.0, 0.0, 0.0), lam0=1.0, seeds=((0,),), tolerance=0.1)
+    assert lag.solves >= 1
+    assert lag.plan == (1,) and lag.cost == 1.0
+    assert 0.0 <= lag.bound <= 1.0 / 11.0 <= lag.bound + 0.1 * (lag.cost - lag.bound)
+
+
+@pytest.mark.parametrize("seed", [0, 4, 24, 61, 97])
+def test_far_starting_line_changes_only_the_probes(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    # lam0 and 4 lam0 probed before a least-memory line's far crossing (seeds 24, 61 and 97 have one): the
+    # same max g (tolerance 0)
+    p = _binding(seed + 2000)
+    if p is None:
+        return
+    ex = ExactSolver(pairwise_form(p))
+    least, _ = min_memory_plan(p)
+    plan, value = ex.solve()
+    lam0 = value / memory_of(p, plan)
+
+    def sweep() -> Lagrange:
+        return lagrangian_sweep(ex, p, Lagrange(least, evaluate(p, least), value, 0.0), lam0, seeds=(plan,))
+
+    near = sweep()
+    monkeypatch.setattr(budget, "_FAR", math.inf)
+    far = sweep()
+    assert near.bound == pytest.approx(far.bound, rel=1e-9, abs=1e-12)
+    assert near.bound <= brute_force(p).objective * (1 + 1e-9)
