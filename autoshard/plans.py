@@ -214,10 +214,8 @@ class Plan:
     context_layout: str = "contiguous"
     # The K/V hops of ring attention (point-to-point, overlapped with attention): listed beside the collectives
     ring_transfers: tuple[RingTransfer, ...] = ()
-    # ZeRO-1 gathers no gradient all-reduce pays (problem/zero_gathers.py); apart from the graph's ``collectives``
+    # ZeRO-1's gathers no all-reduce pays (problem/zero_gathers.py); priced: in the step (False: an older file)
     optimizer_gathers: tuple[Collective, ...] = ()
-    # whether the step (and the solver's objective) pays ``optimizer_gathers``: a file saved before they were
-    # priced (problem/zero_terms.py) lists them outside its step, and reads back False
     optimizer_gathers_priced: bool = True
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
