@@ -270,8 +270,8 @@ def _plan_captured(
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if recompute == "auto" and training and not idle and len(uniform) > 1:
         t0 = time.perf_counter()
-        hints = (best[4].multiplier, best[4].dominated) if best else (None, ())
-        mixed = search_counts(uniform, again, search, time_limit, *hints)
+        hints = (best[4].multiplier, best[4].dominated, best[0].predicted_step_time) if best else ()
+        mixed = search_counts(uniform, again, search, time_limit, *hints)  # a mixed plan kept if faster
         timings["recompute_blocks"] = time.perf_counter() - t0
         if mixed is not None:
             solution_k, free, built, k = mixed

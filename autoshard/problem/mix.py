@@ -21,9 +21,10 @@ reaching down there has costs too low to bound anything).  An interval whose rel
 bound (:mod:`autoshard.search.budget`) reaches the best plan found (or the incumbent, the best uniform
 policy's) is dropped (the solver is given it as ``ceiling`` and stops at the first bound that reaches
 it), one where nothing fits is dropped, the rest are halved; a single ``k`` is solved exactly.  No better
-plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve per policy, ~0.35 s CPU for both
-(the best uniform policy's multiplier is probed first, ``solve(multiplier=)``: selective's interval is
-dropped after its reduction and that one exact solve; full's after a second), where the halving from
+plan is missed.  LLaMA-3-70B on 16 x 8 x 8 (80 blocks): one pruned solve for selective (the best uniform
+policy's multiplier is probed first, ``solve(multiplier=)``: its interval is dropped after its reduction
+and that one exact solve), none for full, the last policy, whose every count steps slower than the plan
+found (``mix_policies(unwanted=)``; its interval took a second exact solve, 0.18 s CPU); the halving from
 ``1..N-1`` took 8 full solves and 16 s.  Each interval's reduction is most of it: dominance depends on the
 values, so the uniform policy's reduction cannot stand in, but its removals, re-checked on the interval's
 costs, do most of the work (``solve(dominated=)``: 0.24 -> 0.10 s CPU each), and the rough bound's
@@ -230,17 +231,29 @@ def mix_policies(
     zero: Callable[[Recompute], tuple[BuiltProblem, BuiltProblem]],
     solve: Callable[..., Solution],
     max_intervals: int = MAX_INTERVALS,
+    unwanted: Callable[[BuiltProblem, BuiltProblem], bool] | None = None,
 ) -> tuple[Solution, BuiltProblem, BuiltProblem, int] | None:
     """The best plan with ``k`` of ``N`` blocks under selective or full recomputation, if it beats every
     uniform policy.  ``uniform[policy]`` = (unpinned, pinned problem, objective or inf) at share 1;
-    ``zero(policy)`` builds the same pair at share 0.  Returns (solution, unpinned, pinned problem, k)."""
+    ``zero(policy)`` builds the same pair at share 0.  Returns (solution, unpinned, pinned problem, k).
+
+    ``unwanted(pinned0, pinned1)``: whether no plan of that policy's mixed problems could be kept by the
+    caller (the planner keeps a mixed plan only when its reported step beats the best plan's:
+    :func:`~autoshard.planner_policy.search_counts` proves every one slower).  Then the *last* policy
+    searched, when nothing was found before it, is not searched: what it would have returned the caller
+    drops, and no later search depends on it, so the caller ends with the same plan.  (An earlier policy's
+    find lowers the incumbent of the later ones, and a later find replaces an earlier one: skipping there
+    could change what is returned.)"""
     incumbent = min(obj for _, _, obj in uniform.values())
     found = None
-    for policy in (Recompute.SELECTIVE, Recompute.FULL):
-        if policy not in uniform or uniform[policy][1].num_blocks < 2:
-            continue
+    policies = [
+        p for p in (Recompute.SELECTIVE, Recompute.FULL) if p in uniform and uniform[p][1].num_blocks >= 2
+    ]
+    for policy in policies:
         free0, pinned0 = zero(policy)
         free1, pinned1, _ = uniform[policy]
+        if found is None and policy is policies[-1] and unwanted is not None and unwanted(pinned0, pinned1):
+            continue
         best = best_share(pinned0, pinned1, solve, incumbent, max_intervals)
         if best is None:
             continue

@@ -1,0 +1,108 @@
+"""The per-block search's step floor (planner_policy.mix_step_floor) and the skip it allows
+(problem/mix.mix_policies(unwanted=)): the floor is below the lower-bound problem of every count that may
+fit, and skipping leaves the search's answer unchanged wherever the rule applies."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from autoshard.errors import InfeasibleError
+from autoshard.planner_policy import _ends, mix_cannot_win, mix_step_floor
+from autoshard.planner_rerank import lower_bound_problem
+from autoshard.problem.build import BuiltProblem
+from autoshard.problem.costs import Recompute
+from autoshard.problem.mix import least_fitting, mix_policies, share_problem
+from autoshard.search import memory_of, solve
+from tests.problem.test_memory_budget import LAYERS, _built
+
+
+@functools.cache
+def _limit() -> float:
+    """Halfway between keeping every activation and recomputing every block: nothing fits without
+    recomputation, and some counts of either policy do."""
+    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
+    high = memory_of(none.problem, solve(none.problem).choice)
+    low = memory_of(full.problem, solve(full.problem).choice)
+    return (high + low) / 2
+
+
+def _pair(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:
+    return _built(policy, 0.0, _limit()), _built(policy, 1.0, _limit())
+
+
+@pytest.mark.parametrize("policy", [Recompute.SELECTIVE, Recompute.FULL])
+def test_the_floor_is_below_every_counts_lower_bound_problem(policy: Recompute) -> None:
+    """From the least count that may fit to N, every term of the lower-bound problem at that count is at
+    least the termwise minimum of the two ends (each term is monotone or concave in the count), so the
+    floor is below every count's lower-bound optimum under the budget, and that is below its plans' steps
+    (planner_rerank)."""
+    zero, whole = _pair(policy)
+    ends = _ends(zero, whole)
+    floor = mix_step_floor(zero, whole)
+    assert ends is not None and np.isfinite(floor)
+    first = least_fitting(zero.problem, whole.problem, LAYERS)
+    assert 1 <= first < LAYERS
+    fitted = 0
+    for k in range(first, LAYERS + 1):
+        lower = lower_bound_problem(share_problem(zero, whole, k))
+        assert lower is not None
+        for a, b in zip(lower.node_costs, ends.node_costs, strict=True):
+            assert np.all(a >= b)
+        for e, f in zip(lower.edges, ends.edges, strict=True):
+            assert np.all(e.cost >= f.cost)
+        try:
+            optimum = solve(lower).lower_bound
+        except InfeasibleError:
+            continue
+        fitted += 1
+        assert floor <= optimum
+    assert fitted >= 2
+    assert mix_cannot_win(zero, whole, floor * 0.999)  # a step below the floor: no count can be kept
+    assert not mix_cannot_win(zero, whole, floor * 1.001)
+    assert not mix_cannot_win(zero, whole, float("inf"))
+
+
+def _uniform(*policies: Recompute) -> dict[Recompute, tuple[BuiltProblem, BuiltProblem, float]]:
+    out = {}
+    for policy in policies:
+        whole = _built(policy, 1.0, _limit())
+        try:
+            objective = solve(whole.problem).objective
+        except InfeasibleError:
+            objective = float("inf")
+        out[policy] = (whole, whole, objective)
+    return out
+
+
+def _zero(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:
+    zero = _built(policy, 0.0, _limit())
+    return zero, zero
+
+
+def test_only_the_last_policy_is_skipped_and_only_when_nothing_was_found_before_it() -> None:
+    """Selective's counts find a plan here: full, the last policy, is then searched even when called
+    unwanted (a find of it would replace selective's), and the answer is the one without the skip.  With
+    full the only policy, an unwanted full is not searched at all."""
+    asked: list[Recompute] = []
+
+    def unwanted(zero: BuiltProblem, whole: BuiltProblem) -> bool:
+        asked.append(whole.options.recompute)
+        return True
+
+    both = _uniform(Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+    plain = mix_policies(both, _zero, solve)
+    skipping = mix_policies(both, _zero, solve, unwanted=unwanted)
+    assert plain is not None and skipping is not None
+    assert (skipping[3], skipping[0].choice, skipping[0].objective) == (
+        plain[3],
+        plain[0].choice,
+        plain[0].objective,
+    )
+    assert asked == []  # selective is not the last policy; full came after a find
+    alone = _uniform(Recompute.NONE, Recompute.FULL)
+    assert mix_policies(alone, _zero, solve) is not None  # full's counts alone would find a plan
+    assert mix_policies(alone, _zero, solve, unwanted=unwanted) is None
+    assert asked == [Recompute.FULL]
