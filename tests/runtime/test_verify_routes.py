@@ -127,15 +127,6 @@ def test_choices_that_cannot_be_pinned_are_said_so() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="since ZeRO-1's gathers are priced the optimum is TP 2 x CP 8 (41.73 -> 43.24 ms); on the scaled "
-    "2 x 2 copy its output is 5.7x its tolerance and every gradient fails, with main's code too (the plan file "
-    "run there): not the pricing.  Bisected by swapping node strategies with main's plan: only the routed "
-    "experts' (tokens on axis 0, all-to-all dispatch on axis 1 -- the zigzag ring's axis; main's plan "
-    "dispatches on axis 0) is wrong; forbidding the FFN split beside it gave a plan with the same fault.  "
-    "A codegen gap (codegen/dispatch.py on the ring's axis), left for the codegen room",
-    strict=False,
-)
 def test_the_h100_two_node_mixtral_plan_verifies_on_every_seed() -> None:
     """Mixtral 8x7B on 2 x 8 H100s (2 layers; planned today as a zigzag ring by experts split 2 ways): seeds 0-2
     were a MISMATCH, first from flipped routes (12-15x tolerance in the experts), then, pinned, from the ring's
