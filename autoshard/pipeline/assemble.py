@@ -16,7 +16,7 @@ import dataclasses
 import math
 import re
 
-from autoshard.pipeline.cuts import cut_collectives, loss_collectives
+from autoshard.pipeline.cuts import cut_collectives
 from autoshard.pipeline.layers import boundary_bytes, part_costs, tied_weights
 from autoshard.pipeline.schedules import chunk_sends, device_of_chunk, in_flight, p2p_time, tied_sync_time
 from autoshard.pipeline.search import Candidate
@@ -114,7 +114,6 @@ def assemble(
 
     tied = _tied_collectives(candidate)
     added, dropped = cut_collectives(candidate, intra.collectives, prefix, first)
-    added += loss_collectives(candidate, intra.output_placements[0]) if intra.output_placements else ()
     staged = (*(c for c in intra.collectives if c not in dropped), *added)
     collectives = (*(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in staged), *tied)
     worst = max(range(split.degree), key=lambda d: split.forward[d] + split.backward[d])
@@ -132,11 +131,7 @@ def assemble(
         f"communication {fmt_seconds(exposed + p2p + cut)}: what pipeline rank {worst} (the busiest) waits "
         f"for -- {fmt_seconds(exposed)} of its stages' collectives (tensor-parallel moves and FSDP gathers "
         f"no compute hides, per microbatch x {m}, and the gradient sync tail)"
-        + (
-            f", {fmt_seconds(cut)} reducing its stage outputs at the cuts (gathering the loss's)"
-            if cut
-            else ""
-        )
+        + (f", {fmt_seconds(cut)} reducing its stage outputs at the cuts" if cut else "")
         + f", {fmt_seconds(p2p)} of p2p sends and tied-weight sums; "
         + _table_share(collectives, exposed, share / total if total > 0 else 1.0)
     )
@@ -236,8 +231,9 @@ def _exposed(
         per_microbatch += pre * (c == 0) + post * (c == chunks - 1)
         once += costs.exposed_once[0] * (c == 0) + costs.exposed_once[1] * (c == chunks - 1)
         sends += sum(chunk_sends(split.schedule, c, chunks, split.degree))  # none within a device
-        end = split.bounds[c + 1] - 1 if c < chunks - 1 else None  # the loss's gather: layer None, last chunk
-        cut += math.fsum(a.seconds for a in added if a.node == "output" and a.layer == end)
+        cut += math.fsum(
+            a.seconds for a in added if a.node == "output" and a.layer == split.bounds[c + 1] - 1
+        )
     ends = {device_of_chunk(split.schedule, c, split.degree) for c in (0, chunks - 1)}
     p2p = m * sends * _p2p_seconds(candidate) + (tied if worst in ends and len(ends) > 1 else 0.0)
     synced = costs.exposed_sync(held, 0 in mine, chunks - 1 in mine)

@@ -13,33 +13,26 @@ Output: ``Plan.collectives`` as the stages run them -- the same records the runt
   projection's sum not yet reduced) is reduced before the send, once per microbatch, listed at that layer;
   the next stage receives it reduced, so its first layer's forward reductions of that tensor (the whole
   model's ``P -> R`` or ``P -> S(d)`` into the input norm) do not run there: they leave the list (their
-  ``R -> X`` is a local step, and a use that stays ``P`` takes the received value by a free ``R -> P``);
-- the last stage's output reaches the loss split over the batch as planned and whole on every other axis
-  (:func:`loss_layout`, what :mod:`autoshard.runtime.pipelining` hands torch's loss): a sequence-split logit
-  is all-gathered once per microbatch (:func:`loss_collectives`), listed at the output's module.
+  ``R -> X`` is a local step, and a use that stays ``P`` takes the received value by a free ``R -> P``).
 
 :func:`stage_collectives` reads the result back per stage: a record belongs to the stage owning its module
 (a layer's module, the embedding's, the head's), a module no stage owns (rotary tables, the model's root)
 to every stage; records on the pipeline axis (a tied weight's sum) belong to the pipeline, not a stage.
-Pure: no torch tensors (placements and step plans only).
+Pure: no torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 from autoshard.pipeline.search import Candidate
-from autoshard.placement import Replicate, Shard, ShardingSpec, parse_placement
 from autoshard.plans import Collective, Plan
-from autoshard.problem.autocast import moved_itemsize
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.extract import COLLECTIVE_KINDS
 from autoshard.problem.layers import LayerNamer
 from autoshard.problem.moves import output_fix_steps
-from autoshard.redistribute import plan_redistribute
 
-__all__ = ["cut_collectives", "loss_collectives", "loss_layout", "per_step", "stage_collectives"]
+__all__ = ["cut_collectives", "per_step", "stage_collectives"]
 
 
 def cut_collectives(
@@ -97,37 +90,6 @@ def _in_layer(built: BuiltProblem, node: str) -> bool:
 
 
 _REDUCING = frozenset({"all_reduce", "reduce_scatter"})  # the steps of a Partial's reduction
-
-
-def loss_layout(spec: ShardingSpec) -> ShardingSpec:
-    """What the loss reads: the last stage's output split over the batch (dim 0) as planned, else whole."""
-    return ShardingSpec(
-        tuple(p if isinstance(p, Shard) and p.dim == 0 else Replicate() for p in spec.placements)
-    )
-
-
-def loss_collectives(candidate: Candidate, placements: Sequence[str]) -> tuple[Collective, ...]:
-    """The all-gathers taking the last stage's output from its planned ``placements`` (on the sub-mesh) to
-    :func:`loss_layout`, once per microbatch (module doc); none when it is already there."""
-    built = candidate.built
-    info = next((i for i in built.infos.values() if i.is_output and i.outputs[0] is not None), None)
-    if info is None:
-        return ()
-    meta = info.outputs[0]
-    assert meta is not None
-    spec = ShardingSpec(tuple(parse_placement(p) for p in placements))
-    mesh = tuple(built.cluster.mesh_shape)
-    size = moved_itemsize(info, 0, built.options.precision)
-    steps = plan_redistribute(spec, loss_layout(spec), meta.shape, size, mesh)
-    m = candidate.microbatches
-    return tuple(
-        Collective(
-            s.kind, s.nbytes, "forward", s.mesh_axis, "output", info.name, info.module,
-            built.cluster.collective_time(s.kind, s.nbytes, axis=s.mesh_axis) * m,
-        )
-        for s in steps
-        if s.kind in COLLECTIVE_KINDS
-    )  # fmt: skip
 
 
 def _relayer(module: str, old: int, new: int, namer: LayerNamer) -> str:

@@ -72,7 +72,6 @@ from torch.distributed.pipelining import (
 from autoshard.codegen.collectives import format_steps, redistribute
 from autoshard.codegen.parallelize import parallel_info, parallelize
 from autoshard.codegen.shard import local_piece, spec_of
-from autoshard.pipeline.cuts import loss_layout
 from autoshard.pipeline.schedules import Schedule, device_of_chunk
 from autoshard.placement import Partial, Replicate, Shard, ShardingSpec
 from autoshard.plans import Plan
@@ -171,7 +170,7 @@ def build_pipeline(
     mine = [b for b in builds if _rank_of(b.index, pipe.degree, order) == coord[0]]
     intra_mesh = mesh[tuple(mesh.mesh_dim_names[1:])]
     last = builds[-1]
-    output_spec = loss_layout(spec_of(last.plan.output_placements[0]))
+    output_spec = _loss_layout(spec_of(last.plan.output_placements[0]))
     loss_steps = ""
     modules, pstages, deferred = [], [], []
     for b in mine:
@@ -373,6 +372,13 @@ class _LossLayout(nn.Module):
         if not self.steps[0]:
             return out
         return redistribute(out, parallel_info(self.stage).comm, *self.steps)
+
+
+def _loss_layout(spec: ShardingSpec) -> ShardingSpec:
+    """What the loss reads: the last stage's output split over the batch (dim 0) as planned, else whole."""
+    return ShardingSpec(
+        tuple(p if isinstance(p, Shard) and p.dim == 0 else Replicate() for p in spec.placements)
+    )
 
 
 def _batch_axes(spec: ShardingSpec) -> list[int]:
