@@ -38,7 +38,9 @@ def test_recomputed_layers_match_single_device_and_reissue_what_was_priced(polic
     # the re-issued forward all-reduces (listed with ``recompute``) ran on top of the forward pass's own (the
     # plan keeps the residual stream Partial since ZeRO-1's gathers are priced: not Megatron's equal counts)
     rerun = sum(1 for c in plan.collectives if c.kind == "all_reduce" and c.recompute)
-    once = sum(1 for c in plan.collectives if c.kind == "all_reduce" and c.phase == "forward" and not c.recompute)
+    once = sum(
+        1 for c in plan.collectives if c.kind == "all_reduce" and c.phase == "forward" and not c.recompute
+    )
     assert rerun > 0 and report.emitted["forward all_reduce"] == once + rerun
 
 
