@@ -1,6 +1,4 @@
-"""``autoshard.plan``: capture → strategies → costs → search → plan, each stage timed.
-
-The order, and why:
+"""``autoshard.plan``: capture → strategies → costs → search → plan, each stage timed, in this order (why):
 
 1. capture the model once (repeated layers cut to two: planning cost stops growing with depth);
 2. build the search problem: every node's strategies priced for compute, communication (forward and the
@@ -73,12 +71,14 @@ from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, PrecisionPolicy, Recompute, StepCache, recipe
 from autoshard.problem.extract import extract_plan
 from autoshard.search import BoundExceeded, Solution
+from autoshard.search.recall import scoped
 from autoshard.steering import budget_refusal, check_stages, has_stage_pin
 
 __all__ = ["plan"]
 
 
 @paused_gc  # the collector's full passes over the captured graph's heap cost ~10% of a plan
+@scoped  # the solves of one plan share large min-plus tables; none outlives it
 def plan(
     model: torch.nn.Module,
     cluster: Cluster,

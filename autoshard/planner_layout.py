@@ -49,8 +49,8 @@ context axis and reorders nothing).  Otherwise:
    budget with the best as its ceiling (the other axes first together, the ring held to any of them).  It
    is below Z_a's budgeted optimum over those plans: they fit under B iff under Z_a (F3) and B prices
    each no higher (F1); so at or above the best, Z_a is skipped.  Else Z_a is rebuilt (its build cache
-   reuses every figure no collective on ``a`` prices), its bound plan priced, then under a binding budget
-   its Lagrangian bound at B's multiplier (below) and last its budgeted solve below the best.
+   reuses every figure no collective on ``a`` prices), its bound plan priced, and last its budgeted solve
+   below the best (under a binding budget it stops first at its Lagrangian bound at B's multiplier, below).
 
 Hints.  Every budgeted solve after B probes B's Lagrange multiplier first (:attr:`Solution.multiplier`;
 ``solve(multiplier=)``): every layout holds B's bytes (F3), so the budget binds alike and one or two
@@ -58,7 +58,8 @@ probes prove a bound where a cold sweep takes four.  Z_a's Lagrangian bound: for
 ``x`` that fits (``bytes(x) + peak(x) <= L``, ``peak(x) >= f`` the least peak any plan has) costs at least
 ``cost(x) + lam * bytes(x) - lam * (L - f)``, whose least value over all plans is one solve without the
 budget (it reduces and eliminates where the budgeted problem is too wide: Z_a's memory terms keep nodes
-from folding); at or above the best, Z_a is skipped.  Hints change the work only, never the answer.
+from folding); at or above the best, Z_a is skipped.  The solver probes it before anything else
+(:mod:`~autoshard.search.hinted`).  Hints change the work only, never the answer.
 
 LLaMA-3-70B on 16 x 8 x 8 (selective recomputation): B 11.75705 (ring on axis 2, multiplier 4.3e-11
 s/B); C solved, 11.758435 (it rings nowhere; B's plan there 12.088); Z_2 held to its ring: Lagrangian
@@ -94,7 +95,7 @@ from autoshard.problem.context import (
 )
 from autoshard.problem.costs import CostOptions
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
-from autoshard.search.problem import evaluate, memory_of, peak_floor, relative_gap
+from autoshard.search.problem import evaluate, memory_of, relative_gap
 from autoshard.search.reduce import Certificates
 from autoshard.strategies import OpStrategy
 
@@ -235,7 +236,6 @@ class _Search:
                     problem = dataclasses.replace(
                         problem, allowed=zigzag_masks(self.built, (a,), self.ring, problem)
                     )
-                self._dual(problem, top)
                 found = self._solve(problem, top, priced)
             except BoundExceeded as e:
                 if top >= self.ceiling:
@@ -250,31 +250,6 @@ class _Search:
         self.prices.append(f"{label} {found.objective:.4g} s{ringing}")
         if found.objective < top:
             self.best = _Found(found.objective, free, cand, found)
-
-    def _dual(self, problem: SearchProblem, top: float) -> None:
-        """Raise :class:`BoundExceeded` when the Lagrangian bound of ``problem``'s budget at B's multiplier
-        ``lam`` reaches ``top`` (module doc, hints): one solve without the budget, of cost + ``lam`` x bytes.
-        Every plan ``x`` that fits has ``bytes(x) + peak(x) <= L`` and ``peak(x)`` at least the least peak
-        ``f`` any plan has, so ``cost(x) >= cost(x) + lam * bytes(x) - lam * (L - f)``, whose least value
-        over all plans (the solve's proven bound) is a lower bound on the budgeted optimum.  Reduced with
-        B's removals only (as :meth:`_solve`): the bound is the relaxed problem's exact optimum either way."""
-        lam, limit, memory = self.bound.multiplier, problem.memory_limit, problem.memory
-        top = min(self.ceiling, top)
-        if lam is None or not 0.0 < lam < math.inf or not math.isfinite(top) or limit is None:
-            return
-        assert memory is not None  # a budget has memory terms
-        costs = tuple(c + lam * m for c, m in zip(problem.node_costs, memory, strict=True))
-        free = dataclasses.replace(problem, node_costs=costs, memory=None, memory_limit=None, peak=None)
-        relaxed = solve(
-            free,
-            method=self.method,
-            time_limit=self.time_limit,
-            dominated=self._hint(problem),
-            dominance_search=False,
-        )
-        bound = relaxed.lower_bound - lam * (limit - peak_floor(problem))
-        if bound >= top:
-            raise BoundExceeded(bound, top)
 
     def _top(self) -> float:
         """A later layout must be strictly below this (the tie rule)."""

@@ -38,6 +38,11 @@ __all__ = [
 
 FORMAT = "autoshard-plan"
 VERSION = 1
+# what Plan.summary() says in place of the pure data-parallel column when it was given no baseline plan
+NOT_COMPARED = (
+    "not compared (summary() sees only this plan): pass summary(baseline=...) the same model planned with every "
+    "parameter annotated R, or run `autoshard search`, which plans both"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,12 +267,18 @@ class Plan:
             f"{_bytes(self.memory_per_device)} per device; .summary() for the report>"
         )
 
-    def summary(self, width: int = 100) -> str:
+    def summary(self, width: int = 100, baseline: Plan | None = None) -> str:
         """The text report of :mod:`autoshard.report.table`: cluster, strategy per module group, recognised
-        patterns, collectives, step time and memory, solver certificate; lines fit ``width`` columns."""
-        from autoshard.report.table import render  # the report reads plans; import it only when asked
+        patterns, collectives, step time and memory, solver certificate; lines fit ``width`` columns.
 
-        return render(self, width=width)
+        ``baseline``: the same model planned as pure data parallel (every parameter annotated ``R``), put
+        beside this plan as ``autoshard search`` does; without it a line says it was not compared and how."""
+        # the report reads plans: imported only when asked
+        from autoshard.report.table import Baseline, render
+
+        if baseline is not None:
+            return render(self, width=width, baseline=Baseline.of(baseline))
+        return render(self, width=width, baseline=Baseline("data parallel", reason=NOT_COMPARED))
 
     def recipe_note(self, runner: str, runs: str) -> str:
         """One line when ``runner`` runs another recipe (``runs``) than :attr:`precision`, else ""."""

@@ -12,8 +12,8 @@ rule        holds when
 batch       the global batch reaches the plan's batch split: ``B >= dp x fsdp x microbatches`` (``D``
             replaces ``D0`` in it when the plan's one split axis splits the batch and ``devices`` varies);
             at a point the batch must also be a multiple of it, as ``search`` asks
-sequence    the sequence reaches the plan's sequence split: ``S >= cp x sp`` (x 2 with the zigzag layout:
-            ``2n`` chunks)
+sequence    the sequence reaches the plan's sequence split: ``S >= cp x sp`` (x tp where the TP axis splits
+            the sequence between its matmuls, ``TP 8 (+SP)``; x 2 with the zigzag layout: ``2n`` chunks)
 memory      the memory per device, scaled as the compute (activations by ``(B/B0)(S/S0)``, split nodes by
             ``D0/D``; weights, optimizer state, gathered weights and the runtime reserve held), is within
             the budget the plan was solved under (``Plan.memory_limit``; none when it had none)
@@ -79,12 +79,25 @@ def plan_limits(plan: Plan, memory: sympy.Expr, grows: sympy.Expr) -> list[Limit
         out.append(Limit("batch", need, " × ".join(names)))
     seq = [k for k in ("cp", "sp") if deg.get(k, 1) > 1]
     zigzag = 2 if plan.context_layout == "zigzag" and "cp" in seq else 1  # 2n chunks
-    if seq:
-        names = [k.upper() for k in seq] + (["2 (zigzag)"] if zigzag > 1 else [])
-        out.append(Limit("seq", math.prod(deg[k] for k in seq) * zigzag * grows, " × ".join(names)))
+    between = _tp_sequence_split(plan)  # TP 8 (+SP): its norms split the sequence 8 ways too
+    if seq or between > 1:
+        names = [k.upper() for k in seq] + (["TP (+SP)"] if between > 1 else [])
+        names += ["2 (zigzag)"] if zigzag > 1 else []
+        need = math.prod(deg[k] for k in seq) * between * zigzag * grows
+        out.append(Limit("seq", need, " × ".join(names)))
     if plan.memory_limit is not None and math.isfinite(plan.memory_limit):
         out.append(Limit("memory", memory, budget=float(plan.memory_limit)))
     return out
+
+
+def _tp_sequence_split(plan: Plan) -> int:
+    """How many ways the TP axes that split the sequence between their matmuls (Megatron's sequence
+    parallelism, ``TP 8 (+SP)``: :attr:`autoshard.report.axes.AxisUse.sequence_between`) cut it; 1 for none."""
+    from autoshard.report.axes import axis_uses  # the report reads plans; import it only when asked
+    from autoshard.report.groups import PlanView
+
+    uses = axis_uses(PlanView.of(plan), 0 if plan.pipeline is not None else None)
+    return math.prod(u.size for u in uses if u.sequence_between)
 
 
 def feasible_spans(

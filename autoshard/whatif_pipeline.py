@@ -150,14 +150,18 @@ def render(w: PipelineWhatIf) -> str:
     lines.append(f"  {'memory budget per device':<28}{budgets[0]:>12}{budgets[1]:>12}")
     ranks = [_span(s.ranks[0], s.ranks[-1] + 1) if s.ranks else "-" for s in a.pipeline.stages]
     layers = [_span(*s.layers) if s.layers else "-" for s in a.pipeline.stages]
-    rw, lw = max(6, *map(len, ranks)) + 2, max(7, *map(len, layers)) + 2
+    # every left-aligned column as wide as its header or widest value, then two spaces (new-user trial:
+    # "stage ranks" ran together above values that seemed to sit under the wrong header)
+    sw = len(str(len(ranks) - 1)) + 2
+    sw, rw, lw = max(5 + 2, sw), max(5, *map(len, ranks)) + 2, max(6, *map(len, layers)) + 2
     lines.append(
-        f"  {'stage':<6}{'ranks':<{rw}}{'layers':<{lw}}{'time/microbatch':>16}{'what if':>12}{'peak memory':>13}  fits"
+        f"  {'stage':<{sw}}{'ranks':<{rw}}{'layers':<{lw}}{'time/microbatch':>15}{'what if':>12}"
+        f"{'peak memory':>13}  fits"
     )
     for s, t, r, k in zip(a.pipeline.stages, b.pipeline.stages, ranks, layers, strict=True):
         fits = _fits(t.memory_bytes, w.budget_after)
         lines.append(
-            f"  {s.index:<6}{r:<{rw}}{k:<{lw}}{fmt_seconds(s.compute_seconds):>16}"
+            f"  {s.index:<{sw}}{r:<{rw}}{k:<{lw}}{fmt_seconds(s.compute_seconds):>15}"
             f"{fmt_seconds(t.compute_seconds):>12}{fmt_bytes(t.memory_bytes):>13}  {fits}"
         )
     changed = _changed(a, b)

@@ -7,7 +7,9 @@ torch.export's own modules not yet), then the best of ``repeats`` further captur
 planned 2-block export, the 3-block check export and the rest (cleaning, annotation, the causal-mask proof,
 block labels).  The first capture pays torch.export's imports and its fake-tensor cache misses once per
 process; the rest is autoshard's own work.  CPU time (``time.process_time``): wall time on the shared machine
-says more about the load than about the code.
+says more about the load than about the code.  The cyclic collector is paused, as ``autoshard.plan`` pauses it
+(:mod:`autoshard.gcpause`): a full pass over the freshly imported heap would land in the first capture (~0.2 s)
+and say nothing about capture.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def capture_case(which: str, repeats: int = 4) -> dict[str, Any]:
     import autoshard.capture.export as export
     import autoshard.planner  # noqa: F401  (imported before planning starts, as plan_phases does)
     from autoshard import zoo
+    from autoshard.gcpause import paused_gc
 
     exports: list[float] = []
     plain = export._export
@@ -49,7 +52,7 @@ def capture_case(which: str, repeats: int = 4) -> dict[str, Any]:
         case = zoo.build(model, batch=batch, seq=seq, device="meta")
         exports.clear()
         c0 = time.process_time()
-        cap = export.capture(case.model, case.args, case.kwargs)
+        cap = paused_gc(export.capture)(case.model, case.args, case.kwargs)
         total = time.process_time() - c0
         planned, check = exports  # the 2-block shortcut with its 3-block check
         runs.append({"total": total, "planned": planned, "check": check, "rest": total - planned - check})

@@ -17,7 +17,8 @@ Steps:
    cut to 2 and to 3 layers, check that the 3-layer graph is the 2-layer graph plus one layer
    (:func:`~autoshard.capture.blocks.check_extension`) and return the 2-layer graph with
    ``BlockInfo(num_blocks=N, captured_blocks=2)``; a 70B model captures in about half a second of CPU instead
-   of 20 (``python -m benchmarks.capture_scale``: the two exports are nearly all of it).
+   of 20 (``python -m benchmarks.capture_scale``: the two exports are nearly all of it).  Neither export
+   records Python stacks (``node.meta["stack_trace"]``): a cut graph is planned, never emitted.
    If the check fails we export all N layers and say why in ``notes``.
 5. Further runs of identical blocks (``blocks="auto"``: an encoder tower beside the decoder stack, blocks
    held as ``self.layer0``, ``self.layer1``, ..): every block stays in the graph, labelled ``META_RUN``
@@ -141,10 +142,14 @@ def _capture_cut(
     check: bool = True,
     fuse_experts: bool = True,
 ) -> Captured | None:
-    """The 2-block capture, checked against a 3-block one; ``None`` (and a note) when that fails."""
+    """The 2-block capture, checked against a 3-block one; ``None`` (and a note) when that fails.
+
+    Why 3 blocks and not 1 (a 1-block check export would cost ~0.1 s less on 70B): the check is the only
+    place a third layer traces, so it catches a layer whose code branches on its index with period 3
+    (``layer_idx % 3``: an attention pattern, a NoPE layer), which a 1-versus-2 check never runs."""
     cut_notes: list[str] = []  # kept only if the shortcut succeeds
     try:
-        with cut_blocks(model, candidate, CUT_BLOCKS):
+        with cut_blocks(model, candidate, CUT_BLOCKS), _no_stack_traces():  # planned, never emitted
             small = _export(model, args, kwargs)
         _prepare(small, model, cut_notes, fuse_experts)
         info_small = annotate_blocks(small.gm, candidate, CUT_BLOCKS)
@@ -155,7 +160,7 @@ def _capture_cut(
             with (
                 cut_blocks(model, candidate, CUT_BLOCKS + 1),
                 cut_runs(model, runs, found, CUT_BLOCKS) as out,
-                _no_stack_traces(),  # this graph is only compared, never planned or emitted
+                _no_stack_traces(),  # this graph is only compared
             ):
                 big = _export(model, args, kwargs)
             _prepare(big, model, [], fuse_experts)
@@ -212,9 +217,15 @@ def _quiet_torch() -> Iterator[None]:
 @contextlib.contextmanager
 def _no_stack_traces() -> Iterator[None]:
     """Export without recording each node's Python stack (``node.meta["stack_trace"]``): a fifth of an
-    export's time (LLaMA-3-70B cut to 3 blocks: 0.37 -> 0.30 s CPU).  Only for the check export, whose
-    graph is compared by op, tensor metadata and argument structure (:func:`check_extension`), none of
-    which the stacks change; the planned graph keeps them (emitted code prints them as ``# File:`` lines)."""
+    export's time (LLaMA-3-70B cut to 3 blocks: 0.37 -> 0.30 s CPU), more in a process's first capture,
+    which reads the model's source files to quote them (70B, first capture as ``autoshard.plan`` makes it,
+    ten paired runs: 0.11 s CPU less at the median).  For both exports of the 2-block shortcut: the check
+    export's graph is only compared, by op, tensor metadata and argument structure (:func:`check_extension`),
+    none of which the stacks change; the 2-block graph is only planned.  No stage reads a planned graph's
+    stacks: codegen, verify and the pipeline runtime emit a capture of every layer (``blocks="full"``,
+    exported by :func:`_trace` with stacks, printed as ``# File:`` lines), never a graph holding two of the
+    N layers.
+    The stacks change nothing else in the graph (names, ops, meta: ``tests/capture/test_capture_lazy.py``)."""
     before = torch.fx.config.do_not_emit_stack_traces
     torch.fx.config.do_not_emit_stack_traces = True
     try:

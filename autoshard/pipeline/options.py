@@ -86,6 +86,14 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _both_limits(size: int, layers: int) -> str:
+    """Why a divisor of ``size`` is missing from the suggested degrees: a stage needs a repeated layer of its
+    own (new-user trial: llama-tiny's 2 layers on 8 devices offered [1, 2], yet 4 and 8 divide 8 too)."""
+    if all(d <= max(1, layers) for d in divisors(size)):
+        return ""
+    return f" (a degree must divide {size} and be at most the model's {layers} repeated layers)"
+
+
 def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -117,6 +125,7 @@ def check_request(
         if devices % degree:
             raise PipelineError(
                 f"pipeline={degree}: {degree} stages do not divide the {devices} devices; use one of {fits}"
+                + _both_limits(outer or devices, layers)
             )
         if outer is not None and outer % degree:
             raise PipelineError(

@@ -47,7 +47,9 @@ def headline(plan: Plan) -> str:
     parts, told = [], set()  # a note said once (TP/EP 8 × EP 2 share the experts note)
     for label, size in sizes.items():
         said = [note for kind in label.lower().split("/") for note in _kind_notes(plan, kind)]
-        said = [note for note in dict.fromkeys(said + notes.get(label, [])) if note not in told]
+        extra = notes.get(label, [])
+        said = [n for n in extra if n == "+SP"] + said + [n for n in extra if n != "+SP"]  # "TP 8 (+SP; ..."
+        said = [note for note in dict.fromkeys(said) if note not in told]
         told |= set(said)
         parts.append(f"{label} {size}" + (f" ({'; '.join(said)})" if said else ""))
     rest = unsplit_parts(every)  # axes no kind names: weights stored split, or plain replicas
@@ -104,9 +106,9 @@ def _dp_note(plan: Plan) -> str:
 
 
 def _weights_note(kind: str) -> Callable[[Plan], str] | None:
-    """A ring or sequence axis storing parameters split and gathering them says so as a DP axis does
-    (``CP 8 (contiguous; ZeRO-3/FSDP on 560 of 723 parameters)``)."""
-    if kind not in ("cp", "sp"):
+    """A ring, sequence or tensor-parallel axis storing parameters split and gathering them says so as a DP
+    axis does (``CP 8 (contiguous; ZeRO-3/FSDP on 560 of 723 parameters)``)."""
+    if kind not in ("cp", "sp", "tp"):
         return None
     from autoshard.report.axes import dp_weights_note
     from autoshard.report.groups import PlanView

@@ -16,7 +16,7 @@ and backward redistribution tables; :func:`edge_matrix` weights them per build.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,7 @@ from autoshard.problem.costs import (
 from autoshard.problem.dispatch import dispatch_times, dispatch_total, may_dispatch
 from autoshard.problem.graph import NodeInfo
 from autoshard.problem.pairs import SpecPairs, spec_pairs
+from autoshard.problem.reads import compute_key, memory_key
 from autoshard.problem.recompute import memory_total, rerun_share
 from autoshard.problem.shared import BuildCache, node_key
 from autoshard.search import Edge
@@ -115,18 +116,23 @@ def node_parts(
     def make() -> NodeParts:
         columns: list[list[float]] = [[] for _ in range(6)]
         sizes = operand_bytes(info, inputs)
-        state: dict[tuple, tuple[float, float, float]] = {}  # per first output spec
+        state: dict[object, tuple[float, float, float]] = {}  # per memory_key
+        computed: dict[tuple, tuple[float, tuple[float, float]]] = {}  # per compute_key
+        mesh = tuple(cluster.mesh_shape)
         for strat in strategies:
-            fwd, hidden = (
-                compute_parts(
-                    info, strat, cluster, opts.training, inputs, sizes, uses_autocast(opts.precision)
-                )
-                if info.kind == "op"
-                else (0.0, (0.0, 0.0))
-            )
-            held = state.get(strat.outputs[:1])
-            if held is None:  # the optimizer and the memory read the strategy's first output spec alone
-                held = state[strat.outputs[:1]] = (
+            fwd, hidden = 0.0, (0.0, 0.0)
+            if info.kind == "op":
+                key = compute_key(strat, mesh)
+                found = computed.get(key)
+                if found is None:
+                    found = computed[key] = compute_parts(
+                        info, strat, cluster, opts.training, inputs, sizes, uses_autocast(opts.precision)
+                    )
+                fwd, hidden = found
+            kept_key = memory_key(strat, mesh)
+            held = state.get(kept_key)
+            if held is None:  # the optimizer and the memory read the first output's shard count alone
+                held = state[kept_key] = (
                     optimizer_time(info, strat, cluster, opts),
                     node_memory(info, strat, cluster, opts, True),
                     node_memory(info, strat, cluster, opts, False),
@@ -343,22 +349,46 @@ def edge_arrays(
             return edge_tables(infos[tu], which, src, dst, pos, grad, cache.steps, opts.precision, pairs)
 
         tables = cache.get("edge", key, make)
-        matrix = priced_edge(producer, tables, opts) * weight
-        repeated_param = weight > 1 and producer.kind == "parameter" and producer.block is not None
-        if repeated_param and opts.training and opts.overlap.overlap_grad_sync:
-            # Gradient sync of a repeated layer's parameter overlaps the backward of the layers after it
-            # (cost_models.overlap): only the last layer's copy is exposed -- exact while a layer's sync is
-            # shorter than a layer's backward, optimistic beyond (the plan's critical path then says by how
-            # much).  Forward steps (FSDP gathers) keep every copy.
-            fwd = priced_edge(producer, tables, forward_only)
-            matrix = fwd * weight + (matrix / weight - fwd)
-        # backward re-runs the block, moves inside it included; or (FSDP reshard after forward) re-gathers
         share = rerun_share(producer, infos[tv], opts)  # recomputed blocks re-issue, the rest re-gather
-        if share:
-            again = priced_edge(producer, tables, forward_only)
-            matrix = matrix + again * (weight * share)
+        # all the weighted matrix reads of the options (priced_edge, repeats): builds that agree share it
+        priced = (weight, share, opts.microbatches, opts.training, opts.overlap.overlap_grad_sync)
+
+        def weighted(
+            producer: NodeInfo = producer, tables: tuple = tables, weight: int = weight, share: float = share
+        ) -> np.ndarray:
+            return _weighted(producer, tables, weight, share, opts, forward_only)
+
         if tu == tv:  # a node feeding its own copy in the next layer: only the diagonal can occur
-            node_costs[index[tu]] += np.diag(matrix)
+            node_costs[index[tu]] += np.diag(weighted())
             continue
-        edges.append(Edge(index[tu], index[tv], matrix))
+
+        def edge(u: int = index[tu], v: int = index[tv], weighted: Callable = weighted) -> Edge:
+            return Edge(u, v, weighted())
+
+        edges.append(cache.latest("edge of", key, priced, edge))
     return edges
+
+
+def _weighted(
+    producer: NodeInfo,
+    tables: tuple[np.ndarray, np.ndarray | None],
+    weight: int,
+    share: float,
+    opts: CostOptions,
+    forward_only: CostOptions,
+) -> np.ndarray:
+    """An edge's seconds per step in the full model (read-only: builds that price it alike share it)."""
+    matrix = priced_edge(producer, tables, opts) * weight
+    repeated_param = weight > 1 and producer.kind == "parameter" and producer.block is not None
+    if repeated_param and opts.training and opts.overlap.overlap_grad_sync:
+        # Gradient sync of a repeated layer's parameter overlaps the backward of the layers after it
+        # (cost_models.overlap): only the last layer's copy is exposed -- exact while a layer's sync is
+        # shorter than a layer's backward, optimistic beyond (the plan's critical path then says by how
+        # much).  Forward steps (FSDP gathers) keep every copy.
+        fwd = priced_edge(producer, tables, forward_only)
+        matrix = fwd * weight + (matrix / weight - fwd)
+    if share:  # backward re-runs the block, moves inside it included; or (FSDP reshard) re-gathers
+        again = priced_edge(producer, tables, forward_only)
+        matrix = matrix + again * (weight * share)
+    matrix.setflags(write=False)
+    return matrix

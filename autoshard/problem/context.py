@@ -177,9 +177,10 @@ def ring_seconds(
 
 def ring_free(info: NodeInfo, cluster: Cluster, inputs: int) -> bool:
     """Whether :func:`ring_seconds` is (0, 0) for every strategy of ``info`` (``inputs``: how many it reads):
-    no zigzag axis that could refuse a split, and not an attention with K and V (its two early returns).  The
-    builder skips the per-strategy call for such nodes (problem/arrays.py)."""
-    return zigzag_axis_of(cluster) is None and (_SDPA not in info.target or inputs < 3)
+    no zigzag axis that could refuse a split, or no one-run op to refuse, and not an attention with K and V
+    (its two early returns).  The builder skips the per-strategy call for such nodes (problem/arrays.py)."""
+    refusable = zigzag_axis_of(cluster) is not None and one_run_op(info)
+    return not refusable and (_SDPA not in info.target or inputs < 3)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ op runs, on top of everything kept: a max over nodes, given to the solver as ``S
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -70,13 +70,21 @@ class GatherNode:
     have: np.ndarray  # per producer strategy, its stored spec id
     want: np.ndarray  # per consumer strategy, the spec id it wants
     sizes: dict[tuple[int, int], float]  # (stored, wanted) spec ids -> gathered bytes (``factor`` excluded)
+    # the two edge matrices, made once: every build of the capture reads them (read-only)
+    matrices: tuple[np.ndarray, np.ndarray] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        matrices = (self._producer_matrix(), self._consumer_matrix())
+        for m in matrices:
+            m.setflags(write=False)
+        object.__setattr__(self, "matrices", matrices)
 
     def state(self, producer: int, consumer: int) -> int:
         """The state a (producer strategy, consumer strategy) pair implies."""
         w = int(self.want[consumer])
         return self.states.index((w, self.sizes[(int(self.have[producer]), w)]))
 
-    def producer_matrix(self) -> np.ndarray:
+    def _producer_matrix(self) -> np.ndarray:
         """``[S_producer, states]``: 0 where the stored spec gathers exactly the state's bytes, else inf."""
         stored, row = np.unique(self.have, return_inverse=True)  # one row per distinct stored spec
         rows = [
@@ -84,7 +92,7 @@ class GatherNode:
         ]
         return np.array(rows).reshape(len(stored), len(self.states))[row.reshape(-1)]
 
-    def consumer_matrix(self) -> np.ndarray:
+    def _consumer_matrix(self) -> np.ndarray:
         """``[S_consumer, states]``: 0 where the consumer wants the state's spec, else inf."""
         wanted = np.array([w for w, _ in self.states])
         return np.where(self.want[:, None] == wanted[None, :], 0.0, np.inf)
@@ -116,8 +124,8 @@ class MemoryExtras:
     def edges(self, index: dict[str, int]) -> list[Edge]:
         out: list[Edge] = []
         for k, g in enumerate(self.gathers):
-            out.append(Edge(index[g.producer], self.offset + k, g.producer_matrix()))
-            out.append(Edge(index[g.consumer], self.offset + k, g.consumer_matrix()))
+            out.append(Edge(index[g.producer], self.offset + k, g.matrices[0]))
+            out.append(Edge(index[g.consumer], self.offset + k, g.matrices[1]))
         return out
 
 

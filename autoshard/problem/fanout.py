@@ -224,14 +224,19 @@ def _group_node(
         return _Elements(pairs.entries, (forward, back.T if back is not None else None))
 
     found = make() if shared is None else shared.get("fanout", key, make)
-    element_cost = _priced(producer, found.tables, opts)
     share = rerun_share(producer, consumer, opts)  # recomputed blocks re-issue, FSDP re-gathers (as extract)
-    if share:  # the shared move is re-run once: by the recomputed blocks, or re-gathered after forward
-        again = _priced(producer, found.tables, replace(opts, training=False))
-        element_cost = element_cost + again * share
-    return fanout_node(
-        element_cost * group.weight, found.entries, search_fanout.MAX_FANOUT_STATES
-    ), found.entries
+
+    def node() -> FanOutNode | None:
+        element_cost = _priced(producer, found.tables, opts)
+        if share:  # the shared move is re-run once: by the recomputed blocks, or re-gathered after forward
+            again = _priced(producer, found.tables, replace(opts, training=False))
+            element_cost = element_cost + again * share
+        return fanout_node(element_cost * group.weight, found.entries, search_fanout.MAX_FANOUT_STATES)
+
+    if shared is None:
+        return node(), found.entries
+    # all the node reads of the options (_priced, repeats): builds that agree share it (never changed)
+    return shared.latest("fanout node", key, (share, opts.microbatches), node), found.entries
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,6 +69,9 @@ class _Graph:
     enters_p: np.ndarray  # (moves,) bool per axis: the axis whose move enters P, -1 for none
     axis: np.ndarray  # the mesh axis of each move
     moves: tuple[tuple[str, int, int], ...]  # (kind, bytes, axis) of each move: what its price is asked for
+    # the moves each P-axis mask allows, sorted for relaxation: price-free, one dict per skeleton, shared by
+    # its graphs and their zigzag copies (problem/shortest.py ``_order``)
+    orders: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +81,9 @@ class _Plan:
     template: np.ndarray  # zeros, inf where a side does not fit or is a non-sum partial (read-only)
     free: np.ndarray  # bool: the pairs that never move (equal specs, None on a side), set to 0 last
     canon: tuple[int, ...]  # the shape the layout graph is built on (module docstring: "Dim order")
-    live: list[int]  # the source specs that are layouts of the graph
-    start_idx: list[int]  # ... their layouts
-    groups: tuple[tuple[tuple[bool, ...], list[int], list[int]], ...]  # (P-axis mask, goal columns, layouts)
+    start_idx: np.ndarray  # the layouts of the source specs that are layouts of the graph (the live rows)
+    # per P-axis mask: the cells of the live rows and its goal columns (an open mesh), the goals' layouts
+    groups: tuple[tuple[tuple[bool, ...], tuple[np.ndarray, np.ndarray], np.ndarray], ...]
 
 
 class PriceTable:
@@ -91,8 +94,8 @@ class PriceTable:
         self.cluster, self.base = cluster, base
         self.mesh_shape = tuple(cluster.mesh_shape)
         self._graphs: dict[tuple[tuple[int, ...], int], _Graph] = {}
-        # (shape, itemsize, P-axis mask) -> (start index -> row, distances (rows, layouts))
-        self._rows: dict[tuple, tuple[dict[int, int], np.ndarray]] = {}
+        # (shape, itemsize, P-axis mask) -> (per layout its row or -1, distances (rows, layouts))
+        self._rows: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._prices: dict[tuple[str, int, int], float] = {}
         # pairwise(): (src specs, dst specs, shape, itemsize) -> table; _start(): (spec, shape) -> sorted-dims layout
         self._tables: dict[tuple, np.ndarray] = {}
@@ -133,9 +136,9 @@ class PriceTable:
         table = plan.template.copy()
         if plan.groups:
             graph = self._graph(plan.canon, itemsize)
-            for mask, cols, goal_idx in plan.groups:
+            for mask, cells, goal_idx in plan.groups:
                 rows, dist = self._distances(plan.canon, itemsize, mask, graph, plan.start_idx)
-                table[np.ix_(plan.live, cols)] = dist[np.ix_([rows[s] for s in plan.start_idx], goal_idx)]
+                table[cells] = dist[rows[plan.start_idx][:, None], goal_idx]
         table[plan.free] = 0.0
         table.setflags(write=False)
         self._tables[key] = table
@@ -169,11 +172,16 @@ class PriceTable:
         table.setflags(write=False)
         free = self._free(src, dst, starts)
         if not live or not by_mask:
-            return _Plan(table, free, canon, live, [], ())
+            return _Plan(table, free, canon, np.zeros(0, dtype=np.intp), ())
         index = self._graph(canon, itemsize).index
-        start_idx = [index[starts[i]] for i in live]  # type: ignore[index]
-        groups = tuple((m, cols, [index[goals[j]] for j in cols]) for m, cols in by_mask.items())  # type: ignore[index]
-        return _Plan(table, free, canon, live, start_idx, groups)
+        start_idx = np.array([index[starts[i]] for i in live], dtype=np.intp)  # type: ignore[index]
+        rows = np.array(live, dtype=np.intp)[:, None]
+        goal_idx = [index[g] if isinstance(g, tuple) else -1 for g in goals]  # every grouped goal is a layout
+        groups = tuple(
+            (m, (rows, np.array(cols, dtype=np.intp)), np.array([goal_idx[j] for j in cols], dtype=np.intp))
+            for m, cols in by_mask.items()
+        )
+        return _Plan(table, free, canon, start_idx, groups)
 
     @staticmethod
     def _free(src: Sequence, dst: Sequence, starts: list) -> np.ndarray:
@@ -244,7 +252,7 @@ class PriceTable:
         sk = skeleton(shape, self.mesh_shape)
         moves = tuple(zip(sk.kinds, sk.nbytes(shape, itemsize), sk.axis.tolist(), strict=True))
         w = np.array([self._price(*m) for m in moves], dtype=np.float64)
-        return _Graph(sk.index, sk.u, sk.v, w, sk.enters_p, sk.axis, moves)
+        return _Graph(sk.index, sk.u, sk.v, w, sk.enters_p, sk.axis, moves, sk.orders)
 
     def _price(self, kind: str, nbytes: int, axis: int) -> float:
         if kind not in COLLECTIVE_KINDS:
@@ -261,22 +269,33 @@ class PriceTable:
         itemsize: int,
         mask: tuple[bool, ...],
         graph: _Graph,
-        starts: list[int],
-    ) -> tuple[dict[int, int], np.ndarray]:
+        starts: np.ndarray | list[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, dist)``: shortest path prices from every start layout so far asked of this graph and mask,
+        ``dist[rows[s]]`` from layout ``s`` (``rows[s] == -1``: not asked yet); the rows of ``starts`` are
+        added first.  Rows keep their place as others are added."""
         key = (shape, itemsize, mask)
-        rows, dist = self._rows.get(key, ({}, np.zeros((0, len(graph.index)))))
-        missing = sorted({s for s in starts if s not in rows})
-        if missing:
+        found = self._rows.get(key)
+        if found is None:
+            found = (np.full(len(graph.index), -1, dtype=np.intp), np.zeros((0, len(graph.index))))
+        rows, dist = found
+        starts = np.asarray(starts, dtype=np.intp)
+        new = rows[starts] < 0
+        if new.any():
+            missing = np.unique(starts[new]).tolist()
             warm = None
             if any(mask):  # every path with one P axis fewer is a path here too: start from those prices
                 # drop the outermost P axis: the innermost (fastest) one's moves into P lower the most prices,
                 # so they stay in the warm start (70B on 16 x 8 x 8: a warm start without them costs 7x more)
                 first = min(a for a, m in enumerate(mask) if m)
                 fewer = tuple(m and a != first for a, m in enumerate(mask))
-                sub_rows, sub_dist = self._distances(shape, itemsize, fewer, graph, missing)
-                warm = (fewer, sub_dist[[sub_rows[s] for s in missing]])
+                sub_rows, sub_dist = self._distances(
+                    shape, itemsize, fewer, graph, np.array(missing, dtype=np.intp)
+                )
+                warm = (fewer, sub_dist[sub_rows[missing]])
             more = _bellman_ford(graph, mask, missing, warm)
-            rows = {**rows, **{s: len(rows) + k for k, s in enumerate(missing)}}
+            rows = rows.copy()
+            rows[missing] = np.arange(len(dist), len(dist) + len(missing))
             dist = np.vstack([dist, more])
             self._rows[key] = (rows, dist)
         return rows, dist

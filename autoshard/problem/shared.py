@@ -32,7 +32,12 @@ What keys what (so nothing that changes a price can hit a stale entry):
   them (:func:`node_key`); ``training`` also keys the fan-out elements and edge tables, and
   ``overlap.prefetch`` the gathered-buffer nodes;
 - ``recompute``, ``recompute_share``, ``microbatches``, the rest of ``overlap`` and ``cp_layout`` are applied
-  per build to the stored figures: safe to vary between builds that share a cache.
+  per build to the stored figures: safe to vary between builds that share a cache.  Two kinds of entry hold
+  such a composed figure, versioned by every option field it reads (:meth:`BuildCache.latest`, one per key:
+  made again whenever the version differs): an edge's weighted matrix and its ``Edge`` (``"edge of"``:
+  weight, rerun share, ``microbatches``, ``training``, ``overlap.overlap_grad_sync``) and a fan-out group's
+  node (``"fanout node"``: rerun share, ``microbatches``; ``training`` and ``precision`` key it), so
+  consecutive builds that price them alike share them (LLaMA-3-70B's light policy builds 0.03 -> 0.013 s).
 
 Entries are never changed in place: a build composes new arrays from them (per-node figures and price
 tables are read-only arrays).
@@ -85,6 +90,19 @@ class BuildCache:
         else:
             self.hits += 1
         return found
+
+    def latest(self, kind: str, key: Any, version: Any, make: Callable[[], T]) -> T:
+        """The entry ``(kind, key)`` made for ``version`` (what it reads of the build's options), made again
+        and kept in its place when the version differs: one per key, so a priced matrix that builds alike
+        share (consecutive policies mostly are) costs no memory of its own beyond the problems'."""
+        full = (kind, key)
+        found = self._entries.get(full)
+        if found is not None and found[0] == version:
+            self.hits += 1
+            return found[1]
+        value = make()
+        self._entries[full] = (version, value)
+        return value
 
 
 #: Entry kinds whose figures no collective prices (a local output's bytes, the spec pairs of edge and

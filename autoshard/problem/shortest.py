@@ -48,11 +48,8 @@ def bellman_ford(
     price fell (a column's prices depend on that column alone): after the first rounds few starts still
     change (70B on 16 x 8 x 8: 15-40 of 234).  Those columns are copied out together (a contiguous working
     table: row gathers, not a gather of rows and columns) and written back once they are final."""
-    allowed = allowed_moves(graph, mask)
-    u, v, w = graph.u[allowed], graph.v[allowed], graph.w[allowed]
-    order = np.argsort(v, kind="stable")
-    u, v, w = u[order], v[order], w[order, None]
-    every_head = _heads(v)
+    o = _order(graph, mask)
+    u, v, w = o.u, o.v, graph.w[o.sel, None]
     changed = np.zeros(len(graph.index), dtype=bool)
     if warm is None:
         dist = np.full((len(graph.index), len(starts)), math.inf)  # (layouts, starts)
@@ -65,7 +62,7 @@ def bellman_ford(
         active = changed[u]  # only moves out of a layout whose price just fell can lower anything
     else:
         dist = np.array(warm[1].T)
-        active = ~allowed_moves(graph, warm[0])[allowed][order]  # the moves the smaller mask did not allow
+        active = o.added(graph, warm[0])  # the moves the smaller mask did not allow
     work, held = dist, None  # held: the start columns still falling, which work copies (None: work is dist)
     buf = np.empty(len(u) * len(starts))  # the gathered sums of a round, written in place (_sums)
     full: _Blocks | None = None  # built on the first round that relaxes every move (warm starts seldom do)
@@ -74,7 +71,7 @@ def bellman_ford(
         if not count:
             break
         if count * _FULL >= len(u):  # most moves: relax them all, a minimum per rank block (_Blocks)
-            full = full or _Blocks.of(u, v, w, every_head)
+            full = full or _Blocks(o.blocks.u, w[o.blocks.order], o.blocks.targets, o.blocks.sizes)
             relaxed, targets = full.relax(work, buf), full.targets
         else:
             au, av, aw = u[active], v[active], w[active]
@@ -105,28 +102,39 @@ _FULL = 4
 
 
 @dataclass(frozen=True, slots=True)
-class _Blocks:
+class _Ranks:
     """Every move ordered for a relaxation without ``minimum.reduceat`` (half of the search's time, 70B).
 
     Moves are sorted by rank (the k-th move into its target), then by target, targets ordered by in-degree
     (most first): rank k's block is the same targets as rank 0's, cut to the first ``sizes[k]``, so the best
     move into each target is one ``minimum`` per rank over contiguous rows.  A minimum is exact, so the rows
-    are the ones ``reduceat`` gives, in the order of ``targets``."""
+    are the ones ``reduceat`` gives, in the order of ``targets``.  No price enters: ``order`` (into the moves
+    sorted by target) gathers each graph's prices (:class:`_Blocks`)."""
 
+    order: np.ndarray
     u: np.ndarray
-    w: np.ndarray
     targets: np.ndarray
     sizes: tuple[int, ...]
 
     @staticmethod
-    def of(u: np.ndarray, v: np.ndarray, w: np.ndarray, heads: np.ndarray) -> _Blocks:
+    def of(u: np.ndarray, v: np.ndarray, heads: np.ndarray) -> _Ranks:
         counts = np.diff(np.append(heads, len(v)))
         by_degree = np.argsort(-counts, kind="stable")
         place = np.empty(len(heads), dtype=np.int64)
         place[by_degree] = np.arange(len(heads))
         rank = np.arange(len(v)) - np.repeat(heads, counts)
         order = np.lexsort((np.repeat(place, counts), rank))
-        return _Blocks(u[order], w[order], v[heads][by_degree], tuple(np.bincount(rank).tolist()))
+        return _Ranks(order, u[order], v[heads][by_degree], tuple(np.bincount(rank).tolist()))
+
+
+@dataclass(frozen=True, slots=True)
+class _Blocks:
+    """:class:`_Ranks` with one graph's prices: a full relaxation round."""
+
+    u: np.ndarray
+    w: np.ndarray
+    targets: np.ndarray
+    sizes: tuple[int, ...]
 
     def relax(self, work: np.ndarray, buf: np.ndarray) -> np.ndarray:
         sums = _sums(work, self.u, self.w, buf)
@@ -135,6 +143,38 @@ class _Blocks:
             np.minimum(best[:size], sums[start : start + size], out=best[:size])
             start += size
         return best  # a view of buf: read before the next round writes it
+
+
+@dataclass(frozen=True, slots=True)
+class _Order:
+    """The moves one P-axis mask allows, sorted by target, and their :class:`_Ranks`: what a relaxation reads
+    of a layout graph's structure alone.  Every graph of one skeleton (:mod:`autoshard.problem.skeleton`: the
+    shapes that divide alike, and a zigzag cluster's copy of a plain graph) has the same moves in the same
+    order, only other prices, so it is kept per skeleton and mask (``graph.orders``) and each call gathers its
+    own prices by ``sel``: the arrays a call sorting afresh makes, so the same relaxations and results."""
+
+    sel: np.ndarray  # the allowed moves, in target order (a stable sort): indices into the graph's moves
+    u: np.ndarray
+    v: np.ndarray
+    blocks: _Ranks
+    warm: dict[tuple[bool, ...], np.ndarray]  # per smaller mask, the moves it did not allow (added())
+
+    def added(self, graph: _Graph, fewer: tuple[bool, ...]) -> np.ndarray:
+        """Per move (in this order), whether mask ``fewer`` did not allow it: a warm start's first moves."""
+        found = self.warm.get(fewer)
+        if found is None:
+            found = self.warm[fewer] = ~allowed_moves(graph, fewer)[self.sel]
+        return found
+
+
+def _order(graph: _Graph, mask: tuple[bool, ...]) -> _Order:
+    found = graph.orders.get(mask)
+    if found is None:
+        allowed = np.flatnonzero(allowed_moves(graph, mask))
+        sel = allowed[np.argsort(graph.v[allowed], kind="stable")]
+        u, v = graph.u[sel], graph.v[sel]
+        found = graph.orders[mask] = _Order(sel, u, v, _Ranks.of(u, v, _heads(v)), {})
+    return found
 
 
 def _sums(work: np.ndarray, au: np.ndarray, aw: np.ndarray, buf: np.ndarray) -> np.ndarray:

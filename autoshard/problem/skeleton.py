@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class Skeleton:
     kinds: tuple[str, ...]  # the step kind of each move
     mult: tuple[int, ...]  # bytes = numel * itemsize * mult // div
     div: tuple[int, ...]
+    orders: dict = field(default_factory=dict, compare=False, repr=False)  # problem/shortest.py ``_order``
 
     def nbytes(self, shape: tuple[int, ...], itemsize: int) -> list[int]:
         total = math.prod(shape) * itemsize

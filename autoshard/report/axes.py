@@ -10,7 +10,7 @@ Per axis, two facts are read from the plan, the same ones the strategy section w
   fall into four families, weighted by the op's compute time (all layers): ``batch``; ``sequence`` (a
   sequence split of activations, or attention heads exchanged by all-to-all around attention: Ulysses);
   ``features`` (weights used split: column, row, heads, vocabulary, hidden); ``experts``.  The family with the
-  largest share is what the axis splits;
+  largest share is what the axis splits (:mod:`autoshard.report.families`);
 - **the parameters**: how many are stored split on the axis, and whether they are all-gathered before use.
 
 The kind of parallelism follows from them, and nothing else:
@@ -20,11 +20,17 @@ kind                    when
 ======================  ================================================================================
 ``pp``                  the axis the pipeline stages are laid along
 ``ep``                  the compute is split by experts
-``tp``                  the compute uses weights split (Megatron column→row, heads, vocabulary)
+``tp``                  the compute uses weights split (Megatron column→row, heads, vocabulary); also
+                        an axis whose compute is mostly split by sequence when its *matmuls* mostly use
+                        weights split: Megatron tensor parallelism with sequence parallelism, the
+                        sequence split only between the split matrices (norms) and around
+                        attention.  Such an axis, or a TP axis whose norms run split by sequence, reads
+                        ``TP 8 (+SP)`` (:attr:`AxisUse.sequence_between`)
 ``cp``                  the axis runs ring attention (K/V hops around it: ``Plan.ring_transfers`` or
                         ``Plan.context_axis``), whatever else it splits; or the compute is split by
                         sequence and attention itself is
-``sp``                  the compute is split by sequence, attention is not (Ulysses, norms only)
+``sp``                  the compute is split by sequence, attention is not (Ulysses, norms only), and
+                        the matmuls keep their weights whole
 ``fsdp``                the compute is split by batch and at least half the parameters are stored split
                         and gathered before use (:func:`autoshard.report.roles.fsdp_params`)
 ``dp``                  the compute is split by batch, parameters mostly replicated
@@ -45,12 +51,17 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from autoshard.report.families import FAMILY as _FAMILY
+from autoshard.report.families import WEIGHTED as _WEIGHTED
+from autoshard.report.families import kind_of, largest, matmul_shares, norms_by_sequence, shares_of, ulysses
 from autoshard.report.groups import OpRow, PlanView
 from autoshard.report.labels import axes_text, shard_dim
-from autoshard.report.roles import all_to_all_axes, axis_role, fsdp_params
+from autoshard.report.roles import axis_role, fsdp_params
 
 __all__ = [
     "KIND_ORDER",
@@ -74,17 +85,6 @@ NOTE_SHARE = 0.01
 """A module whose weights an axis splits otherwise than the axis's kind says (an LM head split over the
 vocabulary on a DP axis) is named in the headline from this share of the weighted compute (LLaMA-3-8B's
 head: 6.5 %; an embedding's lookup, ~0 %, is not: the strategy section shows it)."""
-_FAMILY = {
-    "batch": "batch",
-    "sequence": "sequence",
-    "column": "features",
-    "row": "features",
-    "heads": "features",
-    "vocab": "features",
-    "hidden": "features",
-    "experts": "experts",
-}
-_WEIGHTED = ("matmul", "grouped_mm", "attention", "embedding")
 _KIND_FAMILY = {"tp": "features", "ep": "experts", "dp": "batch", "fsdp": "batch", "sp": "sequence"}
 _KIND_FAMILY["cp"] = "sequence"
 _SAYS = {
@@ -111,6 +111,11 @@ class AxisUse:
     params_gathered: int = 0  # how many of them
     also: str = ""  # a second kind the axis is named by ("ep" beside "tp": MIXED_SHARE), "" for none
     also_share: float = 0.0  # its share of the weighted compute
+    sequence_between: bool = False  # a TP axis whose activations between the split matrices are split by
+    # sequence (norms; Megatron's sequence parallelism): "TP 8 (+SP)"
+    matmul_share: float = 0.0  # a TP axis: the share of the matmuls' compute that uses weights split
+    sequence_share: float = 0.0  # a TP axis: the share of the weighted compute split by sequence
+    sequence_attention: bool = False  # ... of which attention, its heads exchanged by all-to-all (Ulysses)
 
     @property
     def label(self) -> str:
@@ -128,6 +133,8 @@ class AxisUse:
         if self.kind is None:  # weights stored split (and gathered before use), the compute not split
             return f"{head}compute not split: every device of this axis computes the same; {self._stored()}"
         what = _SAYS[self.compute] if self.compute else ""
+        if self.sequence_between:
+            return f"{head}{self.label} (+SP): {self._tp_sp()}; {self._stored()}"
         if (
             self.kind == "cp" and self.compute != "sequence"
         ):  # a ring on an axis that mostly splits other work
@@ -139,6 +146,18 @@ class AxisUse:
         if self.also:  # two weight splits on one axis: both shares
             share = f"{self.share:.0%}; {_SAYS[_KIND_FAMILY[self.also]]}: {self.also_share:.0%} of the weighted compute"
         return f"{head}{self.label}: {what} ({share}); {stored}"
+
+    def _tp_sp(self) -> str:
+        """What a TP axis with sequence parallelism splits: the weights in the matmuls, the sequence between."""
+        what = f"weights used split ({self.matmul_share:.0%} of the matmul compute, {self.share:.0%} of the weighted)"
+        between = "activations between them split by sequence"
+        if self.sequence_share >= 0.005:  # matmuls or attention split by sequence too: said with their share
+            around = ", attention's heads exchanged by all-to-all" if self.sequence_attention else ""
+            between += f" ({self.sequence_share:.0%} of the weighted compute{around})"
+        else:
+            between += " (norms)"
+        also = f"; {_SAYS[_KIND_FAMILY[self.also]]}: {self.also_share:.0%}" if self.also else ""
+        return f"{what}, {between}{also}"
 
     def _stored(self) -> str:
         stored = f"{self.params_split} of {self.params} parameters stored split"
@@ -183,22 +202,39 @@ def axis_uses(view: PlanView, pipeline_axis: int | None = None) -> list[AxisUse]
         if size == 1:
             continue
         split = sum(1 for spec in placements.values() if axis < len(spec) and spec[axis].startswith("S("))
-        shares, ring = _shares(view, axis)
-        family, share = _largest(shares)
+        shares, ring = shares_of(view, axis)
+        family, share = largest(shares)
         fsdp = len(gathered.get(axis, ()))
         if axis == pipeline_axis:
             kind: str | None = "pp"
         elif axis in rings:  # K/V hops around this axis: context parallel, whatever else it splits
             kind, ring = "cp", True
         else:
-            kind = _kind(family, ring, fsdp, len(placements))
+            kind = kind_of(family, ring, fsdp, len(placements))
+        matmuls = matmul_shares(view, axis)
+        if kind == "sp" and matmuls.get("features", 0.0) > matmuls.get("sequence", 0.0):
+            kind = "tp"  # the matrices are used split, the sequence split lies between them: TP with SP
+            family, share = "features", shares.get("features", 0.0)
+        between = (kind == "tp" and not ring) and (  # attention split by sequence is CP's, not SP's
+            shares.get("sequence", 0.0) > 0.0 or norms_by_sequence(view, axis)
+        )
         also, also_share = "", 0.0
         if kind in ("tp", "ep"):  # weights split and experts split on one axis: name both (MIXED_SHARE)
             other = "ep" if kind == "tp" else "tp"
             also_share = shares.get(_KIND_FAMILY[other], 0.0)
             also = other if also_share >= (MIXED_SHARE if other == "tp" else NOTE_SHARE) else ""
         uses = (split, len(placements), fsdp > 0, fsdp)
-        out.append(AxisUse(axis, size, kind, family, share, ring, *uses, also, also_share if also else 0.0))
+        use = AxisUse(axis, size, kind, family, share, ring, *uses, also, also_share if also else 0.0)
+        if between:  # what lies between the split matrices, for the "mesh axes" line
+            sequence = shares.get("sequence", 0.0)
+            use = dataclasses.replace(
+                use,
+                sequence_between=True,
+                matmul_share=matmuls.get("features", 0.0),
+                sequence_share=sequence,
+                sequence_attention=ulysses(view, axis),
+            )
+        out.append(use)
     return out
 
 
@@ -227,10 +263,22 @@ def dp_weights_note(view: PlanView, pipeline_axis: int | None = None, kind: str 
 def fsdp_note(view: PlanView, pipeline_axis: int | None = None) -> str:
     """What the headline adds to ``FSDP n``: how many parameters the FSDP axes shard (stored split and gathered
     before use, :func:`autoshard.report.roles.fsdp_params`, as the "mesh axes" lines and the patterns count
-    them): ``"224 of 291 parameters"``, so that it reads beside the DP note's count of the DP axes."""
+    them): ``"224 of 291 parameters"``, so that it reads beside the DP note's count of the DP axes.  When
+    several FSDP axes split different parameters the headline's degree holds only for those split over all of
+    them, so it says how many: ``"224 of 291 parameters split, 160 of them 16-way"`` (LLaMA-3-8B on 2 x 8,
+    whose k_proj and v_proj are split 8-way only)."""
     gathered = fsdp_params(view)
-    names = {f for u in axis_uses(view, pipeline_axis) if u.kind == "fsdp" for f in gathered.get(u.axis, ())}
-    return f"{len(names)} of {len(view.plan.param_placements)} parameters" if names else ""
+    uses = [u for u in axis_uses(view, pipeline_axis) if u.kind == "fsdp"]
+    sets = [set(gathered.get(u.axis, ())) for u in uses]
+    names = set().union(*sets)
+    if not names:
+        return ""
+    count = f"{len(names)} of {len(view.plan.param_placements)} parameters"
+    full = set.intersection(*sets)
+    if len(full) == len(names):
+        return count
+    degree = math.prod(u.size for u in uses)
+    return f"{count} split, {len(full)} of them {degree}-way"
 
 
 def experts_note(view: PlanView, pipeline_axis: int | None = None) -> str:
@@ -283,8 +331,9 @@ def split_notes(view: PlanView, uses: list[AxisUse]) -> dict[str, list[str]]:
     """What the headline adds to each axis label (:attr:`AxisUse.label`) so that it never says less than
     the body: the modules whose weights an axis splits otherwise than its kind says, from
     :data:`NOTE_SHARE` of the weighted compute, largest first (at most :data:`MAX_NOTES`):
-    ``{"DP": ["lm_head vocab-split on axis 0"]}``.  A CP axis may split weights without a note (its
-    "mesh axes" line names both)."""
+    ``{"DP": ["lm_head vocab-split on axis 0"]}``; first, ``"+SP"`` for a TP axis whose activations between
+    the split matrices are split by sequence (:attr:`AxisUse.sequence_between`).  A CP axis may split
+    weights without a note (its "mesh axes" line names both)."""
     rows = [r for r in view.ops if r.kind in _WEIGHTED]
     total = sum(r.node.compute_seconds for r in rows)
     seconds: dict[tuple[str, str, str], float] = defaultdict(float)
@@ -294,11 +343,11 @@ def split_notes(view: PlanView, uses: list[AxisUse]) -> dict[str, list[str]]:
             continue
         named = {_KIND_FAMILY[use.kind], _KIND_FAMILY.get(use.also, "")}
         named |= {use.compute} if use.kind == "cp" else set()
-        ulysses = _ulysses(view, use.axis)
+        exchanged = ulysses(view, use.axis)
         for row in rows:
             role = axis_role(row, use.axis)
             family = _FAMILY.get(role or "")
-            if row.kind == "attention" and role == "heads" and ulysses:
+            if row.kind == "attention" and role == "heads" and exchanged:
                 family = "sequence"
             if family not in ("features", "experts") or family in named or role is None:
                 continue
@@ -311,7 +360,8 @@ def split_notes(view: PlanView, uses: list[AxisUse]) -> dict[str, list[str]]:
         label, module, split = key
         if seconds[key] >= NOTE_SHARE * total > 0.0:
             out[label].append(f"{module} {split} on {axes_text(axes[key])}")
-    return {label: _capped(notes) for label, notes in out.items()}
+    sp = [use.label for use in uses if use.sequence_between]  # Megatron's sequence parallelism: "TP 8 (+SP)"
+    return {label: ["+SP"] * (label in sp) + _capped(out[label]) for label in dict.fromkeys([*sp, *out])}
 
 
 MAX_NOTES = 3  # the headline names at most this many modules per axis label; the body lists them all
@@ -339,50 +389,3 @@ def _capped(notes: list[str]) -> list[str]:
         return notes
     rest = len(notes) - MAX_NOTES
     return [*notes[:MAX_NOTES], f"{rest} more module{'s' * (rest > 1)} split otherwise (mesh axes below)"]
-
-
-def _ulysses(view: PlanView, axis: int) -> bool:
-    """Attention heads exchanged for the sequence by all-to-all around attention on ``axis`` (Ulysses)."""
-    return any("attention" in all_to_all_axes(view, g).get(axis, set()) for g in view.groups())
-
-
-def _shares(view: PlanView, axis: int) -> tuple[dict[str, float], bool]:
-    """({family: share of the weighted ops' compute time} on ``axis``, attention split by sequence); the
-    families in the order the largest share wins ties in (plans without compute times: the most ops)."""
-    ulysses = _ulysses(view, axis)
-    seconds: dict[str, float] = defaultdict(float)
-    ops: dict[str, int] = defaultdict(int)  # ties (plans without compute times) go to the most ops
-    total = 0.0
-    ring = False
-    for row in view.ops:
-        if row.kind not in _WEIGHTED:
-            continue
-        total += row.node.compute_seconds
-        role = axis_role(row, axis)
-        if role is None or role not in _FAMILY:
-            continue
-        family = _FAMILY[role]
-        if row.kind == "attention" and role == "heads" and ulysses:
-            family = "sequence"  # heads exchanged for the sequence around attention: Ulysses
-        ring = ring or (row.kind == "attention" and role == "sequence")
-        seconds[family] += row.node.compute_seconds
-        ops[family] += 1
-    order = sorted(seconds, key=lambda f: (seconds[f], ops[f], f), reverse=True)
-    return {f: (seconds[f] / total if total else 0.0) for f in order}, ring
-
-
-def _largest(shares: dict[str, float]) -> tuple[str, float]:
-    """The family that wins (the first of :func:`_shares`' order) and its share; ``("", 0.0)`` for none."""
-    return next(iter(shares.items()), ("", 0.0))
-
-
-def _kind(family: str, ring: bool, gathered: int, params: int) -> str | None:
-    if family == "experts":
-        return "ep"
-    if family == "features":
-        return "tp"
-    if family == "sequence":
-        return "cp" if ring else "sp"
-    if family == "batch":
-        return "fsdp" if gathered and 2 * gathered >= params else "dp"
-    return None

@@ -37,7 +37,9 @@ def axis_role(row: OpRow, axis: int) -> str | None:
     if row.kind in ("matmul", "grouped_mm", "embedding"):
         return _weighted_role(row, axis)
     if row.kind == "attention":
-        return {0: "batch", 1: "heads", 2: "sequence"}.get(_dim(row.label.input(0), axis) or -1)
+        # dim 0 is the batch, not "no split" (a DP axis's line left attention's share out)
+        dim = _dim(row.label.input(0), axis)
+        return {0: "batch", 1: "heads", 2: "sequence"}.get(dim) if dim is not None else None
     if row.kind == "view":
         return None
     dim = _dim(row.label.output, axis)

@@ -234,8 +234,12 @@ def _purpose(view: PlanView, c: Collective) -> tuple[str, str]:
         if c.recompute:
             return "weight re-gather (recompute)", ""
         return kinds.get(c.phase, "gradient sync"), ""
-    if c.node == "output":
-        return "output of", view.layer_of(c.module)
+    if c.node == "output":  # the graph's return value (a training graph's loss): the root module has no name
+        return (
+            ("output of", view.layer_of(c.module))
+            if c.module
+            else ("the model's output (its return value)", "")
+        )
     return "activations", view.layer_of(c.module) or c.node
 
 

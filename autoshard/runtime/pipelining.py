@@ -122,6 +122,7 @@ class PipelineRun:
     loss_steps: str = ""  # what the last stage runs on its output for the loss (e.g. an all-gather of logits)
     tied: tuple[TiedSync, ...] = ()  # weights tied across stages: their copies' gradients summed every step
     tied_log: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)  # (weight, bytes, ranks)
+    stages: tuple[Any, ...] = ()  # this rank's torch ``PipelineStage`` s, in the order of ``modules``
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """This rank's parameters (every stage it holds), for a ``torch.optim`` optimizer."""
@@ -232,6 +233,7 @@ def build_pipeline(
         tuple(deferred),
         loss_steps,
         tied_groups(builds, mine),
+        stages=tuple(pstages),
     )
 
 

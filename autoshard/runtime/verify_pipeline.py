@@ -12,6 +12,12 @@ microbatch and rank; ZB-V's two stages on the last rank hand over in memory, no 
 stage-to-rank map of torch's schedule), and the ring K/V hops of context parallelism against ``Plan.ring_transfers``
 (:func:`~autoshard.runtime.ring_check.check_staged_ring_hops`).  A check in which no p2p ran fails.
 
+The reference runs the single-device model microbatch by microbatch, as the stages do (the same rows, the
+mean of the microbatches' mean losses, gradients accumulated: the gradient of the whole batch's mean loss),
+so that its top-k (routing) choices can be pinned on every stage's ranks per microbatch
+(:func:`~autoshard.runtime.verify_routes.record_staged_routes`): each stage's pinned ``topk`` follows the
+chunk id torch's schedule hands the stage (:class:`_Chunk`).
+
 How: :func:`~autoshard.runtime.stages.prepare_stages` once in the parent (each stage runs the whole plan's
 decisions, :mod:`autoshard.runtime.stage_plan`), then one rank per device (:func:`~autoshard.runtime.launch.launch`)
 builds its stages with :func:`~autoshard.runtime.pipelining.build_pipeline`, runs one
@@ -25,6 +31,8 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -36,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autoshard.codegen import parallel_info
+from autoshard.codegen.assign import assign_strategies
 from autoshard.codegen.collectives import parse_steps
 from autoshard.codegen.shard import gather_full
 from autoshard.errors import VerifyError
@@ -47,7 +56,7 @@ from autoshard.runtime.pipelining import build_pipeline, step
 from autoshard.runtime.ring_check import check_staged_ring_hops
 from autoshard.runtime.stages import prepare_stages
 from autoshard.runtime.verdict import VerifyReport, difference
-from autoshard.runtime.verify_routes import count_routes
+from autoshard.runtime.verify_routes import ReferenceRoute, pin_routes, record_staged_routes, route_note
 
 __all__ = ["verify_pipeline_plan", "verify_pipelined"]
 
@@ -56,8 +65,33 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
+class _Chunk:
+    """The microbatch a stage runs now: the chunk id torch's schedule passes its stage's forward and backward
+    (first, positional), kept as they run (a recomputed block runs its ``topk`` again in backward)."""
+
+    def __init__(self, stage: Any) -> None:
+        self.index = 0
+        for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+            setattr(stage, name, self._following(getattr(stage, name)))
+
+    def _following(self, method: Any) -> Any:
+        def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
+            self.index = chunk
+            return method(chunk, *args, **kwargs)
+
+        return run
+
+    def __call__(self) -> int:
+        return self.index
+
+
 def _rank(
-    model: nn.Module, plan: Plan, builds: Any, ids: torch.Tensor, labels: torch.Tensor
+    model: nn.Module,
+    plan: Plan,
+    builds: Any,
+    ids: torch.Tensor,
+    labels: torch.Tensor,
+    routes: tuple[tuple[ReferenceRoute, ...], ...],
 ) -> dict[str, Any]:
     sends: list[int] = []
     original = c10d.isend
@@ -71,6 +105,12 @@ def _rank(
     dist.isend = counted
     try:
         run = build_pipeline(model, plan, (ids,), _loss, stages=builds, record=True)
+        flipped: dict[str, set[int]] = {}  # "stage:node" -> global rows whose own choice differed
+        for m, index, stage in zip(run.modules, run.stage_indices, run.stages, strict=True):
+            comm = parallel_info(m).comm
+            pinned = routes[index] if routes else ()
+            rows = pin_routes(m, pinned, comm.mesh_shape, comm.coord, comm.zigzag_axis, _Chunk(stage))
+            flipped.update({f"{index}:{node}": found for node, found in rows.items()})
         loss = step(run, ids, labels)
     finally:
         c10d.isend = original
@@ -87,8 +127,16 @@ def _rank(
             if grad is not None:
                 grads[a.fqn] = gather_full(grad, a.spec, a.global_shape, info.comm)
     ranks = getattr(run.schedule, "stage_index_to_group_rank", None)  # multi-stage schedules: torch's map
-    out = {"loss": loss, "loss_steps": run.loss_steps}  # the harness's gather for the loss (pipelining doc)
-    return {**out, "grads": grads, "logs": logs, "sends": len(sends), "hops": hops, "ranks": ranks}
+    return {
+        "loss": loss,
+        "loss_steps": run.loss_steps,  # the harness's gather for the loss (pipelining doc)
+        "grads": grads,
+        "logs": logs,
+        "sends": len(sends),
+        "hops": hops,
+        "ranks": ranks,
+        "flipped": flipped,
+    }
 
 
 def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: str = "") -> VerifyReport:
@@ -97,13 +145,18 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
     pipe = plan.pipeline
     assert pipe is not None, "verify_pipelined checks plans with stages"
     labels = torch.roll(ids, -1, 1)
-    logits, routes = count_routes(lambda: model(ids).logits)  # top-k choices: not pinned here, say so
-    reference = _loss(logits, labels)
+    builds = prepare_stages(model, plan, (ids,))
+    # the reference by microbatches, as the stages run (module doc), its top-k choices kept per stage node
+    m = plan.microbatches
+    batches = list(zip(ids.tensor_split(m), labels.tensor_split(m), strict=True))
+    stages = [(b.captured, assign_strategies(b.captured, b.plan)) for b in builds]
+    forwards = [lambda x=x: model(x).logits for x, _ in batches]
+    logits, routes, unpinned = record_staged_routes(stages, forwards)
+    reference = torch.stack([_loss(out, y) for out, (_, y) in zip(logits, batches, strict=True)]).mean()
     reference.backward()
     ref_grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    builds = prepare_stages(model, plan, (ids,))
-    results = launch(_rank, plan.num_devices, model, plan, builds, ids, labels, timeout=600)
+    results = launch(_rank, plan.num_devices, model, plan, builds, ids, labels, routes, timeout=600)
     losses = [r["loss"] for r in results if r["loss"] is not None]
     grads: dict[str, torch.Tensor] = {}
     by_stage: dict[int, list[list[tuple]]] = {}
@@ -149,12 +202,35 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
         seconds=time.perf_counter() - start,
         split=True,
         ring_hops=hops,
-        routes=routes,
+        routes=_route_note(routes, results) or unpinned,
+        exercised=_exercised(builds),
         source=(
             f"pipelined plan as deployed: {chunks} stages, {pipe.schedule}, {m} microbatches through "
             "torch.distributed.pipelining on gloo"
         ),
     )
+
+
+_LAYER = re.compile(r"[.]\d+(?=[.]|$)")  # model.layers.3.mlp -> model.layers.*.mlp
+
+
+def _exercised(builds: Any) -> tuple[str, ...]:
+    """The stages' decisions that split or reduce something ("stage 1 model.layers.* aten.linear.default:
+    ..."), each once: what the report lists as exercised (the stages run the plan's own decisions)."""
+    said = (
+        f"stage {b.index} {_LAYER.sub('.*', n.module) or '<root>'} {n.target}: {n.strategy}"
+        for b in builds
+        for n in b.plan.nodes
+        if n.target != "placeholder" and ("S(" in n.strategy or "P" in n.strategy)
+    )
+    return tuple(dict.fromkeys(said))
+
+
+def _route_note(routes: tuple[tuple[ReferenceRoute, ...], ...], results: list[dict[str, Any]]) -> Any:
+    """The ranks' flipped rows per stage node (:func:`~autoshard.runtime.verify_routes.route_note`); node names
+    repeat across stage captures, so each is named with its stage."""
+    named = [dataclasses.replace(r, node=f"{i}:{r.node}") for i, stage in enumerate(routes) for r in stage]
+    return route_note(named, [r["flipped"] for r in results])
 
 
 def _cuts(schedule: str, chunks: int, degree: int, results: list[dict[str, Any]]) -> tuple[bool, ...]:

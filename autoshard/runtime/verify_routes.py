@@ -24,18 +24,23 @@ How:
    (global row numbers, so a row computed on several ranks counts once).
 3. :func:`route_note` sums it up for the verdict (:class:`RoutePins`, printed by ``str(report)``).
 
-Not in a pipelined check (:mod:`autoshard.runtime.verify_pipeline`): its stages run microbatches in the
-schedule's order, so their choices are not pinned; :func:`count_routes` makes the report say so.
+A pipelined check (:mod:`autoshard.runtime.verify_pipeline`) runs its reference microbatch by microbatch, as
+the stages do (gradients accumulated), and :func:`record_staged_routes` keeps every microbatch's choices of
+every stage's ``topk`` nodes (matched in stage order, then graph order, by shape): a route then holds one
+choice per microbatch (:attr:`ReferenceRoute.microbatches`), and a stage's :class:`PinnedTopk` hands out the
+piece of the microbatch its stage is running (``microbatch``: the chunk id torch's schedule passes the stage).
 
 Example::
 
     out, routes, _ = record_routes(captured, strategies, lambda: model(ids))  # parent: the reference forward
+    outs, staged, _ = record_staged_routes(stages, [lambda: model(ids[:2]), lambda: model(ids[2:])])  # pipelined
     flipped = pin_routes(module, routes, mesh, coord, zigzag)     # each rank, before running its module
     note = route_note(routes, [flipped_rank0, flipped_rank1])     # "routing: 2 of 128 token routes ..."
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -55,9 +60,9 @@ __all__ = [
     "PinnedTopk",
     "ReferenceRoute",
     "RoutePins",
-    "count_routes",
     "pin_routes",
     "record_routes",
+    "record_staged_routes",
     "route_note",
 ]
 
@@ -75,6 +80,7 @@ class ReferenceRoute:
     dim: int  # the ranked dim
     indices: torch.Tensor  # the reference's chosen indices, global shape
     margins: torch.Tensor  # per row (the indices' shape without ``dim``): k-th minus (k+1)-th score
+    microbatches: int = 0  # a pipelined check's: indices and margins stacked on a leading microbatch dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,16 +148,6 @@ def _unpinned(calls: Sequence[tuple[torch.Tensor, torch.Tensor, int]], why: str)
     return RoutePins(len(calls), rows, 0, 0.0, unpinned=why) if calls else None
 
 
-def count_routes(forward: Callable[[], T]) -> tuple[T, RoutePins | None]:
-    """``forward()``'s result and, when it ran any ``topk``, the note that its choices are not pinned (the
-    pipelined check, :mod:`autoshard.runtime.verify_pipeline`)."""
-    recorder = _RecordTopk()
-    with recorder:
-        result = forward()
-    why = "the stages of a pipelined check run their own; verify the plan without stages to pin them"
-    return result, _unpinned(recorder.calls, why)
-
-
 def record_routes(
     captured: Captured, strategies: Mapping[str, OpStrategy], forward: Callable[[], T]
 ) -> tuple[T, tuple[ReferenceRoute, ...], RoutePins | None]:
@@ -161,40 +157,97 @@ def record_routes(
     recorder = _RecordTopk()
     with recorder:
         result = forward()
-    nodes = [n for n in captured.graph_module.graph.nodes if n.target is aten.topk.default]
-    shapes = [tuple(n.meta["val"][1].shape) for n in nodes]
-    ran = [tuple(i.shape) for i, _, _ in recorder.calls]
-    if shapes != ran:
-        why = f"the model ran top-k of shapes {ran}, its captured graph holds {shapes}, so they cannot be matched"
+    nodes = _topk_nodes(captured)
+    why = _unmatched(nodes, recorder.calls)
+    if why:
         return result, (), _unpinned(recorder.calls, why)
-    routes = []
-    for node, (indices, margins, dim) in zip(nodes, recorder.calls, strict=True):
-        strategy = strategies.get(node.name)
-        spec = strategy.outputs[1] if strategy is not None and len(strategy.outputs) > 1 else None
-        if spec is None or spec.partial_axes():
-            raise AutoshardError(
-                f"topk node {node.name} has no placed indices output in the plan ({strategy})"
-            )
-        stack = node.meta.get("nn_module_stack") or {}
-        module = str(list(stack.values())[-1][0]) if stack else ""
-        routes.append(ReferenceRoute(node.name, module, str(spec), dim, indices, margins))
+    routes = [_route(n, strategies, *call) for n, call in zip(nodes, recorder.calls, strict=True)]
     return result, tuple(routes), None
+
+
+def record_staged_routes(
+    stages: Sequence[tuple[Captured, Mapping[str, OpStrategy]]], forwards: Sequence[Callable[[], T]]
+) -> tuple[list[T], tuple[tuple[ReferenceRoute, ...], ...], RoutePins | None]:
+    """A pipelined check's reference: every microbatch's ``forwards[k]()`` result, and per stage (``stages``:
+    each stage's capture and strategies, in stage order) the routes of its ``topk`` nodes, each holding the
+    choices of every microbatch (module doc); or, when a microbatch's ``topk`` calls are not the stages'
+    nodes in order, no routes and the note saying they are not pinned."""
+    results, calls = [], []
+    for forward in forwards:
+        recorder = _RecordTopk()
+        with recorder:
+            results.append(forward())
+        calls.append(recorder.calls)
+    nodes = [(index, node) for index, (captured, _) in enumerate(stages) for node in _topk_nodes(captured)]
+    for ran in calls:
+        why = _unmatched([node for _, node in nodes], ran)
+        if why:
+            return results, (), _unpinned([c for ran in calls for c in ran], f"{why} (one microbatch)")
+    staged: list[list[ReferenceRoute]] = [[] for _ in stages]
+    for i, (index, node) in enumerate(nodes):
+        indices = torch.stack([ran[i][0] for ran in calls])
+        margins = torch.stack([ran[i][1] for ran in calls])
+        route = _route(node, stages[index][1], indices, margins, calls[0][i][2])
+        staged[index].append(dataclasses.replace(route, microbatches=len(calls)))
+    return results, tuple(tuple(routes) for routes in staged), None
+
+
+def _topk_nodes(captured: Captured) -> list[fx.Node]:
+    return [n for n in captured.graph_module.graph.nodes if n.target is aten.topk.default]
+
+
+def _unmatched(nodes: Sequence[fx.Node], calls: Sequence[tuple[torch.Tensor, torch.Tensor, int]]) -> str:
+    """Why the forward's ``topk`` calls are not the graph's ``topk`` nodes (in order, by shape), or ""."""
+    shapes = [tuple(n.meta["val"][1].shape) for n in nodes]
+    ran = [tuple(i.shape) for i, _, _ in calls]
+    if shapes == ran:
+        return ""
+    return (
+        f"the model ran top-k of shapes {ran}, its captured graph holds {shapes}, so they cannot be matched"
+    )
+
+
+def _route(
+    node: fx.Node,
+    strategies: Mapping[str, OpStrategy],
+    indices: torch.Tensor,
+    margins: torch.Tensor,
+    dim: int,
+) -> ReferenceRoute:
+    strategy = strategies.get(node.name)
+    spec = strategy.outputs[1] if strategy is not None and len(strategy.outputs) > 1 else None
+    if spec is None or spec.partial_axes():
+        raise AutoshardError(f"topk node {node.name} has no placed indices output in the plan ({strategy})")
+    stack = node.meta.get("nn_module_stack") or {}
+    module = str(list(stack.values())[-1][0]) if stack else ""
+    return ReferenceRoute(node.name, module, str(spec), dim, indices, margins)
 
 
 class PinnedTopk:
     """``topk`` of this rank's scores that returns the reference's choice (its piece of it) instead of its own,
-    and notes the global rows where its own choice differs (``flipped``)."""
+    and notes the global rows where its own choice differs (``flipped``).  A pipelined stage's holds one piece
+    (and its rows) per microbatch and hands out the one ``microbatch()`` names."""
 
     __name__ = "pinned_topk"
     __qualname__ = "pinned_topk"
 
-    def __init__(self, indices: torch.Tensor, rows: torch.Tensor, dim: int, flipped: set[int]) -> None:
-        self.indices, self.rows, self.dim, self.flipped = indices, rows, dim, flipped
+    def __init__(
+        self,
+        indices: torch.Tensor | Sequence[torch.Tensor],
+        rows: torch.Tensor | Sequence[torch.Tensor],
+        dim: int,
+        flipped: set[int],
+        microbatch: Callable[[], int] | None = None,
+    ) -> None:
+        self.pieces = (indices,) if isinstance(indices, torch.Tensor) else tuple(indices)
+        self.row_pieces = (rows,) if isinstance(rows, torch.Tensor) else tuple(rows)
+        self.dim, self.flipped, self.microbatch = dim, flipped, microbatch
 
     def __call__(
         self, x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        index = self.indices.to(x.device)
+        which = self.microbatch() if self.microbatch is not None else 0
+        index, rows = self.pieces[which].to(x.device), self.row_pieces[which]
         want = (*x.shape[: self.dim], k, *x.shape[self.dim + 1 :])
         if tuple(index.shape) != want:
             raise AutoshardError(
@@ -204,7 +257,7 @@ class PinnedTopk:
         with torch.no_grad():
             own = aten.topk.default(x, k, dim, largest, sorted)[1]
             differs = (own.sort(self.dim).values != index.sort(self.dim).values).any(self.dim)
-            self.flipped.update(int(r) for r in self.rows[differs.cpu()].tolist())
+            self.flipped.update(int(r) for r in rows[differs.cpu()].tolist())
         return x.gather(self.dim, index), index
 
     def __repr__(self) -> str:
@@ -217,12 +270,18 @@ def _local_rows(
     mesh: Sequence[int],
     coord: Sequence[int],
     zigzag_axis: int | None,
-) -> torch.Tensor:
-    """The global row numbers (row-major over the indices' shape without the ranked dim) this rank holds."""
-    shape = route.indices.shape
-    rows = torch.arange(route.margins.numel()).reshape(route.margins.shape).unsqueeze(route.dim)
-    whole = rows.expand(shape)
-    return local_piece(whole, spec, mesh, coord, zigzag_axis).select(route.dim, 0)
+) -> list[torch.Tensor]:
+    """The global row numbers (row-major over the indices' shape without the ranked dim) this rank holds, one
+    tensor per microbatch of a pipelined check's route (one in all otherwise)."""
+    rows = torch.arange(route.margins.numel()).reshape(route.margins.shape)
+    if not route.microbatches:
+        whole = rows.unsqueeze(route.dim).expand(route.indices.shape)
+        return [local_piece(whole, spec, mesh, coord, zigzag_axis).select(route.dim, 0)]
+    pieces = []
+    for k in range(route.microbatches):
+        whole = rows[k].unsqueeze(route.dim).expand(route.indices[k].shape)
+        pieces.append(local_piece(whole, spec, mesh, coord, zigzag_axis).select(route.dim, 0))
+    return pieces
 
 
 def pin_routes(
@@ -231,10 +290,12 @@ def pin_routes(
     mesh: Sequence[int],
     coord: Sequence[int],
     zigzag_axis: int | None = None,
+    microbatch: Callable[[], int] | None = None,
 ) -> dict[str, set[int]]:
     """Rewrite every ``topk`` node named in ``routes``, in ``module`` and its submodules (recomputed blocks), to
-    a :class:`PinnedTopk` holding this rank's piece; returns node name -> the set of flipped global rows it
-    fills as the module runs.  Raises :class:`AutoshardError` when a route's node is not in the module."""
+    a :class:`PinnedTopk` holding this rank's piece (of every microbatch, for a pipelined stage: ``microbatch``
+    says which one runs); returns node name -> the set of flipped global rows it fills as the module runs.
+    Raises :class:`AutoshardError` when a route's node is not in the module."""
     flipped: dict[str, set[int]] = {r.node: set() for r in routes}
     by_name = {r.node: r for r in routes}
     found: set[str] = set()
@@ -247,9 +308,10 @@ def pin_routes(
             if route is None or node.op != "call_function" or node.target is not aten.topk.default:
                 continue
             spec = ShardingSpec.parse(route.spec)
-            piece = local_piece(route.indices, spec, mesh, coord, zigzag_axis)
+            whole = list(route.indices) if route.microbatches else [route.indices]
+            pieces = [local_piece(w, spec, mesh, coord, zigzag_axis) for w in whole]
             rows = _local_rows(route, spec, mesh, coord, zigzag_axis)
-            node.target = PinnedTopk(piece, rows, route.dim, flipped[route.node])
+            node.target = PinnedTopk(pieces, rows, route.dim, flipped[route.node], microbatch)
             found.add(route.node)
             changed = True
         if changed:

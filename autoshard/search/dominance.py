@@ -42,8 +42,8 @@ __all__ = ["Certificates", "dominated_mask", "dominators", "edge_bound", "rechec
 #: Dominance removals, each ``(node, strategies, dominators)`` in original indices, in the order made.
 Certificates = tuple[tuple[int, np.ndarray, np.ndarray], ...]
 
-#: Entries of one ``(pairs, S_j)`` difference block: 2 MiB of float64, this machine's L2 cache (as
-#: exact.SLAB); the 70B reductions ran ~10 % faster than with 32 MB blocks (fresh pages each time).
+#: Entries of one ``(pairs, S_j)`` difference block: 2 MiB of float64, this machine's L2 cache; the 70B
+#: reductions ran ~10 % faster than with 32 MB blocks (fresh pages each time).
 _BLOCK_ENTRIES = 262_144
 #: Columns per edge, the same for every pair, for the cheap upper bound that rules out most (s, t) pairs
 #: before the exact pass (two more are chosen per pair, :func:`_targeted`).  On LLaMA-3-8B on 2x4x8 the two

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,7 @@ import numpy as np
 
 from autoshard.errors import InfeasibleError
 from autoshard.search.messages import message
+from autoshard.search.minplus import reduced
 from autoshard.search.order import EliminationPlan, FactorCapExceeded, Step, plan_elimination
 from autoshard.search.problem import Edge, PairwiseForm, SearchProblem, pairwise_form
 
@@ -65,12 +66,6 @@ __all__ = [
 #: Largest intermediate table (entries) variable elimination builds before handing over to CP-SAT: 2e7
 #: float64 entries are 160 MB, plus the argmin table.
 MAX_FACTOR_SIZE = 20_000_000
-
-#: Entries of one slab of a bucket's table (2 MiB, this machine's L2 cache): variable elimination sums and
-#: minimises a bucket a slab of the eliminated variable's strategies at a time, so no table of
-#: ``S^(width+1)`` entries is allocated (LLaMA-3-70B on 16 x 8 x 8: 7.8 M entries, 62 MB, per solve) and the
-#: sums stay in cache: ~3x faster on that table than summing it whole and reducing it.
-SLAB = 1 << 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +124,15 @@ class ExactSolver:
     """The elimination structure of one graph, reusable for many unary cost vectors (Lagrangian sweeps).
 
     Raises :class:`FactorCapExceeded` at construction when variable elimination would build a table over
-    ``max_factor_size`` entries.
+    ``max_factor_size`` entries; ``wide`` is called first when it needs conditioning (:func:`plan_elimination`).
     """
 
-    def __init__(self, form: PairwiseForm, max_factor_size: float = MAX_FACTOR_SIZE) -> None:
+    def __init__(
+        self,
+        form: PairwiseForm,
+        max_factor_size: float = MAX_FACTOR_SIZE,
+        wide: Callable[[], object] | None = None,
+    ) -> None:
         self.form = form
         self.sizes = tuple(u.size for u in form.unary)
         self._own: tuple[tuple[int, ...], float] | None = None  # the optimum at the form's own costs
@@ -153,7 +153,7 @@ class ExactSolver:
             else:
                 ve_nodes.extend(comp)
         self.plan: EliminationPlan | None = (
-            plan_elimination(ve_nodes, adj, self.sizes, max_factor_size) if ve_nodes else None
+            plan_elimination(ve_nodes, adj, self.sizes, max_factor_size, wide=wide) if ve_nodes else None
         )
         self.steps = self.plan.steps if self.plan else ()
         self.tree_steps = [
@@ -296,48 +296,9 @@ class ExactSolver:
         self, var: int, parts: Sequence[tuple[tuple[int, ...], np.ndarray]], keep: Sequence[int]
     ) -> np.ndarray:
         """``min`` of the sum of ``parts`` over every variable of theirs outside ``keep``, as a table over
-        ``keep`` in increasing order.  The parts are added in their order (as :meth:`_back` adds them: the
-        same sums to the bit), a slab of ``var``'s strategies at a time (:data:`SLAB`)."""
-        keep = tuple(sorted(keep))
-        order = (var, *sorted({w for f, _ in parts for w in f}.union(keep) - {var}))  # var first, then sorted
-        lined = []  # (whether it spans var, the part aligned to ``order``)
-        for fscope, arr in parts:
-            has = var in fscope
-            if has and fscope[0] != var:  # each scope is sorted: var to the front keeps the rest sorted
-                arr = np.ascontiguousarray(np.moveaxis(arr, fscope.index(var), 0))
-            lined.append((has, arr.reshape([self.sizes[w] if w in fscope else 1 for w in order])))
-        full = tuple(self.sizes[w] for w in order)
-        kept = [k for k, w in enumerate(order) if w in keep]
-        drop = tuple(k for k, w in enumerate(order) if w not in keep)
-        inner = math.prod(full[1:])
-        slab = max(1, SLAB // max(inner, 1))
-        buf = np.empty((min(slab, full[0]), *full[1:])) if len(lined) > 1 else None
-        out: np.ndarray | None = None
-        for lo in range(0, full[0], slab):
-            hi = min(full[0], lo + slab)
-            here = [a[lo:hi] if has else a for has, a in lined]
-            table = here[0]
-            owned = False  # the sum lives in ``buf`` (full size): add the rest in place
-            for a in here[1:]:  # in order; small while the parts broadcast to less than the slab
-                if owned:
-                    np.add(table, a, out=table)
-                elif np.broadcast_shapes(table.shape, a.shape) == (hi - lo, *full[1:]):
-                    assert buf is not None
-                    table, owned = np.add(table, a, out=buf[: hi - lo]), True
-                else:
-                    table = table + a
-            table = np.broadcast_to(table, (hi - lo, *full[1:]))
-            low = table.min(axis=drop) if drop else table
-            if var in keep:
-                if out is None:
-                    out = np.empty((full[0], *(full[k] for k in kept[1:])))
-                out[lo:hi] = low
-            elif out is None:
-                out = low  # a fresh array: var's axis is always reduced here
-            else:
-                np.minimum(out, low, out=out)
-        assert out is not None
-        return np.moveaxis(out, 0, keep.index(var)) if var in keep and keep[0] != var else out
+        ``keep`` in increasing order; the parts added in their order, as :meth:`_back` adds them (the same
+        sums to the bit: :func:`~autoshard.search.minplus.reduced`)."""
+        return reduced(self.sizes, var, parts, keep)
 
     def solve(self, unary: Sequence[np.ndarray] | None = None) -> tuple[tuple[int, ...], float]:
         """Optimal choice and objective for these unary costs (default: the form's own)."""

@@ -186,13 +186,17 @@ def plan_elimination(
     *,
     max_conditioned: int = MAX_CONDITIONED,
     max_work: float = MAX_WORK,
+    wide: Callable[[], object] | None = None,
 ) -> EliminationPlan:
     """The cheapest plan whose tables stay within ``cap`` entries, conditioning on up to ``max_conditioned``
     nodes when needed; raises :class:`FactorCapExceeded` when none fits (or the fitting one costs more than
-    ``max_work`` entries in all)."""
+    ``max_work`` entries in all).  ``wide``: called once before the conditioning search, when no order fits
+    the cap (the dispatcher's hinted bound: search/hinted.py; an exception it raises ends the planning)."""
     order = sorted(nodes)
     plan = _best_order(order, adj, sizes, ())
     cap = cap * (1 + 1e-9)
+    if wide is not None and plan.largest > cap:
+        wide()
     while plan.largest > cap and len(plan.conditioned) < max_conditioned:
         big = sorted(
             {

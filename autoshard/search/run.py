@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from autoshard.errors import InfeasibleError
@@ -21,7 +21,16 @@ from autoshard.search.problem import SearchProblem, Solution, evaluate, memory_o
 from autoshard.search.propagate import propagate
 from autoshard.search.reduce import Reduction
 
-__all__ = ["BoundExceeded", "Run", "carry", "exact_label", "exact_solver", "probe_first", "run_ilp"]
+__all__ = [
+    "BoundExceeded",
+    "Run",
+    "carry",
+    "exact_label",
+    "exact_solver",
+    "propagated",
+    "run_ilp",
+    "trivial_lower_bound",
+]
 
 
 class BoundExceeded(Exception):
@@ -181,9 +190,11 @@ def exact_label(ex: ExactSolver) -> str:
     return "exact:reduce" if ex.method == "none" else f"exact:{ex.method}"
 
 
-def exact_solver(run: Run, max_factor_size: float) -> ExactSolver | None:
+def exact_solver(
+    run: Run, max_factor_size: float, wide: Callable[[], object] | None = None
+) -> ExactSolver | None:
     try:
-        return ExactSolver(pairwise_form(run.current), max_factor_size)
+        return ExactSolver(pairwise_form(run.current), max_factor_size, wide)
     except FactorCapExceeded as e:
         run.log.append(f"exact: {e}; treewidth too high, using CP-SAT")
         return None
@@ -229,31 +240,22 @@ def run_ilp(
     )
 
 
-#: Factor from the probed multiplier to the second probe (:func:`probe_first`) when the first did not reach
-#: the ceiling: ``g`` is concave with supergradient ``memory(x) - L`` at the minimiser ``x``, so a minimiser
-#: that fits says the maximum lies at a smaller multiplier (x 1/4), one over the budget at a larger (x 4), the
-#: step :func:`~autoshard.search.budget.dual_search` grows by.  LLaMA-3-70B on 16 x 8 x 8: full
-#: recomputation's interval of the per-block search at selective's multiplier bounds 11.40 < 12.1359 (the
-#: ceiling), at a quarter of it 12.39: pruned after two solves instead of three (the optimum without the
-#: budget, then the sweep's first probe) and the least-memory plan (0.27 -> 0.22 s CPU).
-_TOWARD = 0.25
+def trivial_lower_bound(problem: SearchProblem) -> float:
+    """Every node and every edge at its own cheapest allowed entry: a valid bound, usually loose."""
+    form = pairwise_form(problem)
+    return math.fsum(float(u.min()) for u in form.unary) + math.fsum(
+        float(f.min()) for f in form.pairs.values()
+    )
 
 
-def probe_first(run: Run, ex: ExactSolver, lam: float) -> dict[float, tuple[tuple[int, ...], float]]:
-    """With a ceiling, the Lagrangian bound at a similar problem's multiplier before anything else: one exact
-    solve of ``cost + lam * memory`` that, when its bound reaches the ceiling, spares the optimum without the
-    budget, the least-memory plan and the sweep (the per-block recomputation search's intervals: one solve
-    each); short of it, a second probe on the side where the bound rises (:data:`_TOWARD`).  The bound holds
-    for every fitting plan; when none fits it is vacuous, and BoundExceeded (not InfeasibleError) is the
-    answer.  Returns those solves by multiplier, for the sweep not to repeat them."""
-    rp = run.current
-    if not (math.isfinite(run.ceiling) and lam > 0.0 and math.isfinite(lam)) or rp.memory is None:
-        return {}
-    assert rp.memory_limit is not None
-    known: dict[float, tuple[tuple[int, ...], float]] = {}
-    for _ in range(2):
-        plan, value = ex.solve([c + lam * m for c, m in zip(ex.form.unary, rp.memory, strict=True)])
-        known[lam] = (plan, value)
-        run.prune(value - lam * rp.memory_limit + run.offset())
-        lam *= _TOWARD if memory_of(rp, plan) <= rp.memory_limit else 1.0 / _TOWARD
-    return known
+def propagated(problem: SearchProblem, start: float) -> Solution | None:
+    """The propagation plan as a Solution, or None when it is not a valid plan (inf or over budget)."""
+    choice = propagate(problem)
+    objective = evaluate(problem, choice)
+    limit = problem.memory_limit
+    if not math.isfinite(objective) or (limit is not None and memory_of(problem, choice) > limit):
+        return None
+    log = ["propagate: greedy breadth-first plan from the annotations; bound: cheapest entry per term"]
+    return Run(problem, [], start, math.inf, log=log).finish_original(
+        choice, trivial_lower_bound(problem), False, "propagate"
+    )

@@ -26,7 +26,8 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
 5. ``ceiling``: once every term at its cheapest, the optimum without the budget, or the Lagrangian bound
    under it reaches it, :class:`~autoshard.search.run.BoundExceeded` instead of the rest of the budgeted
    solve (the mesh search's pruning, the recompute-count search's intervals, a recomputation policy that
-   cannot beat another's plan: LLaMA-3-70B's full recomputation by the first of these, in milliseconds).
+   cannot beat another's plan: LLaMA-3-70B's full recomputation by the first of these, in milliseconds);
+   with ``multiplier`` too, first of all its Lagrangian bound, on any path (:mod:`~autoshard.search.hinted`).
 
 ``"exact"`` never calls CP-SAT (under a binding budget it returns the Lagrangian plan and its proven gap);
 ``"ilp"`` always does; ``"propagate"`` returns the propagation plan with a trivial lower bound.
@@ -55,6 +56,7 @@ from autoshard.errors import AutoshardError, InfeasibleError
 from autoshard.search.brute import brute_force
 from autoshard.search.budget import Lagrange, below_masks, fixing_masks, lagrangian_sweep, relaxed_marginals
 from autoshard.search.exact import MAX_FACTOR_SIZE, ExactSolver, min_memory_plan
+from autoshard.search.hinted import Probe, probe_first
 from autoshard.search.pareto import pareto_below, pareto_plan
 from autoshard.search.problem import (
     SearchProblem,
@@ -64,18 +66,24 @@ from autoshard.search.problem import (
     memory_infeasible_error,
     memory_lower_bound,
     memory_of,
-    relative_gap,
 )
-from autoshard.search.propagate import propagate
 from autoshard.search.reduce import Certificates, reduce_problem
-from autoshard.search.run import BoundExceeded, Run, exact_label, exact_solver, probe_first, run_ilp
-from autoshard.search.wide import trivial_lower_bound, with_budget_by_reduction
+from autoshard.search.run import (
+    BoundExceeded,
+    Run,
+    exact_label,
+    exact_solver,
+    propagated,
+    run_ilp,
+    trivial_lower_bound,
+)
+from autoshard.search.wide import with_budget_by_reduction
 
 __all__ = ["BoundExceeded", "Method", "solve", "trivial_lower_bound"]
 
 Method = Literal["auto", "exact", "ilp", "propagate"]
 
-_Hints = tuple[float | None, Sequence[int] | None]  # a similar problem's multiplier and optimum
+_Hints = tuple[float | None, Sequence[int] | None, bool | None]  # multiplier, incumbent, probe_hint's fit
 
 
 #: Rounds of Lagrangian sweep + fixing + reduction before CP-SAT takes over.  A second round can only
@@ -131,7 +139,7 @@ def _with_budget(
     enumeration or CP-SAT on what is left; the multiplier of the best bound goes with the answer.
     ``hints``: ``solve``'s ``multiplier`` and ``incumbent``."""
     lam: list[float] = []  # the multiplier of the best bound so far
-    found = _budgeted(run, ex, method, num_workers, max_factor, hints[0], lam, hints[1])
+    found = _budgeted(run, ex, method, num_workers, max_factor, hints, lam)
     return dataclasses.replace(found, multiplier=lam[-1]) if lam else found
 
 
@@ -141,11 +149,11 @@ def _budgeted(
     method: Method,
     num_workers: int,
     max_factor: float,
-    first: float | None,
+    hints: _Hints,
     lam: list[float],
-    incumbent: Sequence[int] | None = None,
 ) -> Solution:
-    known = probe_first(run, ex, first) if first is not None else {}
+    first, incumbent, fits = hints
+    known = probe_first(run, ex, first, fits) if first is not None else {}
     done = _fits_unconstrained(run, ex)
     if done is not None:
         return done
@@ -335,7 +343,7 @@ def solve(
         return solve_with_peak(problem, solve, max_factor_size=max_factor_size, ceiling=ceiling, **kwargs)
     start = time.perf_counter()
     if method == "propagate":
-        sol = _propagate(problem, start)
+        sol = propagated(problem, start)
         if sol is not None:
             return sol
     if problem.memory is not None and problem.memory_limit is not None:
@@ -357,11 +365,13 @@ def solve(
         method = "auto"
     if method == "ilp":
         return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
-    ex = exact_solver(run, max_factor_size)
+    # the hinted bound first where the budgeted problem is too wide to eliminate as it is (search/hinted.py)
+    probe = Probe(run, multiplier, dominated, dominance_search, max_factor_size)
+    ex = exact_solver(run, max_factor_size, probe)
     if not dominance_search and (ex is None or ex.largest_factor > _HINTED_TABLE):  # wide: search after all
         red = reduce_problem(problem, hint=dominated)
-        run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
-        ex = exact_solver(run, max_factor_size)
+        probe.run = run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
+        ex = exact_solver(run, max_factor_size, probe)
     if ex is None and red.problem.memory_limit is not None:
         # Memory terms keep nodes from folding, so the budgeted problem's treewidth is high; each relaxed
         # problem (cost + lambda * memory, no budget) still reduces and solves exactly.
@@ -374,26 +384,8 @@ def solve(
         return run_ilp(run, None if hint is None else red.restrict(hint), num_workers)
     run.log.append(f"exact: {ex.describe()}")
     if red.problem.memory_limit is not None:
-        return _with_budget(run, ex, method, num_workers, max_factor_size, (multiplier, incumbent))
+        return _with_budget(
+            run, ex, method, num_workers, max_factor_size, (multiplier, incumbent, probe.fits)
+        )
     plan, value = ex.solve()
     return run.finish(plan, value + red.cost_offset, True, exact_label(ex))
-
-
-def _propagate(problem: SearchProblem, start: float) -> Solution | None:
-    """The propagation plan as a Solution, or None when it is not a valid plan (inf or over budget)."""
-    choice = propagate(problem)
-    objective = evaluate(problem, choice)
-    limit = problem.memory_limit
-    if not math.isfinite(objective) or (limit is not None and memory_of(problem, choice) > limit):
-        return None
-    bound = min(trivial_lower_bound(problem), objective)
-    return Solution(
-        choice=choice,
-        objective=objective,
-        lower_bound=bound,
-        gap=relative_gap(objective, bound),
-        optimal=False,
-        method="propagate",
-        seconds=time.perf_counter() - start,
-        log=("propagate: greedy breadth-first plan from the annotations; bound: cheapest entry per term",),
-    )

@@ -62,7 +62,7 @@ from autoshard.search.problem import (
 )
 from autoshard.search.reduce import Certificates, reduce_problem
 from autoshard.search.repair import repair
-from autoshard.search.run import Run, run_ilp
+from autoshard.search.run import Run, run_ilp, trivial_lower_bound
 
 __all__ = [
     "CPSAT_MAX_PAIRS",
@@ -93,14 +93,6 @@ _EARLY_ROOMS = (0.1, 0.3, 0.45)
 #: 405B stage (PP 16, selective, causal pricing): one threshold left, 818 strategies, proven in 0.54 units
 #: (0.65 s CPU, warm-started from the incumbent), about a tenth of this.
 RESIDUAL_WORK = 5.0
-
-
-def trivial_lower_bound(problem: SearchProblem) -> float:
-    """Every node and every edge at its own cheapest allowed entry: a valid bound, usually loose."""
-    form = pairwise_form(problem)
-    return math.fsum(float(u.min()) for u in form.unary) + math.fsum(
-        float(f.min()) for f in form.pairs.values()
-    )
 
 
 def _relaxed_by_reduction(problem: SearchProblem, max_factor: float) -> Relaxed:

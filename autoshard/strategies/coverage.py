@@ -20,8 +20,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from autoshard.capture.meta import META_BLOCK, META_FLOPS, Captured
+from torch import fx
+
+from autoshard.capture.meta import META_BLOCK, META_CAUSAL_MASK, META_FLOPS, Captured
 from autoshard.strategies.registry import _is_scalar_node, lookup
+from cost_models.compute import causal_share
 
 __all__ = ["FALLBACK", "OpCoverage", "op_coverage", "replicated_shares"]
 
@@ -54,8 +57,11 @@ def _rule_name(node: object) -> str:
     return FALLBACK
 
 
-def op_coverage(captured: Captured) -> tuple[OpCoverage, ...]:
-    """Every op kind of ``captured`` with count, FLOPs, FLOPs share and rule (largest FLOPs first)."""
+def op_coverage(captured: Captured, *, causal: bool = False) -> tuple[OpCoverage, ...]:
+    """Every op kind of ``captured`` with count, FLOPs, FLOPs share and rule (largest FLOPs first).
+
+    ``causal``: an attention whose explicit mask capture proved causal counts the triangle it runs with its
+    query rows whole, as the planner prices it (:mod:`autoshard.problem.attention`), not the full square."""
     blocks = captured.blocks
     weight = blocks.num_blocks / blocks.captured_blocks if blocks is not None else 1.0
     counts: dict[str, float] = defaultdict(float)
@@ -67,13 +73,24 @@ def op_coverage(captured: Captured) -> tuple[OpCoverage, ...]:
         op = str(node.target)
         w = weight if node.meta.get(META_BLOCK) is not None else 1.0
         counts[op] += w
-        flops[op] += w * int(node.meta.get(META_FLOPS, 0) or 0)
+        flops[op] += w * _flops(node, causal)
         rules[op] = _rule_name(node)
     total = sum(flops.values()) or 1.0
     rows = [
         OpCoverage(op, round(counts[op]), round(flops[op]), flops[op] / total, rules[op]) for op in counts
     ]
     return tuple(sorted(rows, key=lambda r: (-r.flops, -r.count, r.op)))
+
+
+def _flops(node: fx.Node, causal: bool) -> float:
+    """The node's counted forward FLOPs, at the causal triangle's share where asked and proven causal."""
+    flops = int(node.meta.get(META_FLOPS, 0) or 0)
+    if not causal or not node.meta.get(META_CAUSAL_MASK):
+        return flops
+    q, k = (getattr(a, "meta", {}).get("val") for a in node.args[:2])
+    if q is None or k is None or q.dim() < 2 or k.dim() < 2:
+        return flops
+    return flops * causal_share(int(q.shape[-2]), int(k.shape[-2]))
 
 
 def replicated_shares(captured: Captured) -> dict[str, float]:

@@ -7,7 +7,8 @@ program order, and collectives.  Nodes of a repeated-layer stack are named after
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 from autoshard.plans import Collective, NodePlan, Plan, SolverReport
 
@@ -27,7 +28,7 @@ def param_node(fqn: str) -> str:
 
 def make_plan(
     mesh: tuple[int, ...],
-    params: dict[str, tuple[str, ...]],
+    params: Mapping[str, tuple[str, ...]],
     ops: Sequence[Op],
     collectives: Sequence[Collective] = (),
     *,
@@ -83,6 +84,15 @@ def make_plan(
     )
 
 
+def timed(plan: Plan, seconds: dict[str, float]) -> Plan:
+    """``plan`` with the compute seconds of the named nodes set (the shares the headline weighs)."""
+    nodes = tuple(
+        dataclasses.replace(n, compute_seconds=seconds[n.name]) if n.name in seconds else n
+        for n in plan.nodes
+    )
+    return dataclasses.replace(plan, nodes=nodes)
+
+
 def collective(
     kind: str, phase: str, tensor: str, node: str, module: str, axis: int = 0, nbytes: int = 2**20, layer=None
 ) -> Collective:
@@ -93,7 +103,7 @@ def _spec(spec: tuple[str, ...]) -> str:
     return spec[0] if len(spec) == 1 else "(" + ", ".join(spec) + ")"
 
 
-def _expand(params: dict[str, tuple[str, ...]], layers: int, prefix: str) -> dict[str, tuple[str, ...]]:
+def _expand(params: Mapping[str, tuple[str, ...]], layers: int, prefix: str) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for fqn, spec in params.items():
         if layers > 1 and fqn.startswith(f"{prefix}.0."):

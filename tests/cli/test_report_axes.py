@@ -224,3 +224,30 @@ def test_ep_headline_says_what_every_axis_does_to_the_experts(tokens: str, store
     assert headline(plan) == f"EP 8 (experts split on axis 1; {says}) × DP 2, 1 microbatch"
     assert render(plan).splitlines()[0] == headline(plan)
     assert headline(cases.expert_parallel()) == "EP 8, 1 microbatch"  # one axis: the degree says it all
+
+
+def test_fsdp_headline_says_how_many_parameters_take_its_full_degree() -> None:
+    """LLaMA-3-8B on 2 x 8 (README's Python example) was headed "FSDP 16 (224 of 291 parameters)" while axis 0
+    split only 160 of them: k_proj and v_proj were (R, S(0)), 8-way.  The count beside the degree now says how
+    many parameters the whole degree splits."""
+    ops = [
+        ("linear", "q", LINEAR, "(S(0), S(0)), (R, R) -> (S(0), S(0))"),
+        ("linear_1", "k", LINEAR, "(S(0), S(0)), (R, R) -> (S(0), S(0))"),
+    ]
+    params = {"q.weight": ("S(0)", "S(1)"), "k.weight": ("R", "S(0)")}
+    q, k = cases.param_node("q.weight"), cases.param_node("k.weight")
+    comms = [
+        cases.collective("all_gather", "forward", q, "linear", "q", axis=0),
+        cases.collective("all_gather", "forward", q, "linear", "q", axis=1),
+        cases.collective("all_gather", "forward", k, "linear_1", "k", axis=1),
+    ]
+    plan = cases.make_plan((2, 8), params, ops, comms, inputs={"x": ("S(0)", "S(0)")})
+    assert headline(plan) == "FSDP 16 (2 of 2 parameters split, 1 of them 16-way), 1 microbatch"
+    both = cases.make_plan(
+        (2, 8),
+        params | {"k.weight": ("S(0)", "S(1)")},
+        ops,
+        [*comms[:2], cases.collective("all_gather", "forward", k, "linear_1", "k", axis=0), comms[2]],
+        inputs={"x": ("S(0)", "S(0)")},
+    )
+    assert headline(both) == "FSDP 16 (2 of 2 parameters), 1 microbatch"

@@ -5,6 +5,7 @@ and where it reaches the bound the layout is optimal with no solve (LLaMA-3-70B:
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -182,13 +183,17 @@ def test_a_masked_bound_under_a_binding_budget_skips_what_the_unbudgeted_bound_c
     could win with is solved *with* the budget (F3: a plan fits under Z_a iff under B).  Its optimum is
     below every such Z_a's budgeted optimum held to its rings (F1), and above the unbudgeted masked optimum,
     so a best between the two is skipped by the budgeted bound and not by the unbudgeted one.  Z_a's
-    Lagrangian bound at B's multiplier (``_dual``) never reaches a ceiling just above Z_a's optimum."""
+    Lagrangian bound at B's multiplier (the solver's first probe, search/hinted.py) never reaches a ceiling
+    just above Z_a's optimum, and reaches the unbudgeted masked optimum here."""
     from autoshard.capture import capture
     from autoshard.problem.build import build_problem
     from autoshard.problem.context import zigzag_cluster
     from autoshard.problem.costs import CostOptions
     from autoshard.search import BoundExceeded, solve
-    from autoshard.search.problem import memory_of
+    from autoshard.search.hinted import probe_hint
+    from autoshard.search.problem import memory_of, peak_floor
+    from autoshard.search.reduce import reduce_problem
+    from autoshard.search.run import Run
 
     model, args = Causal(1024).to("meta"), (torch.randn(8, 4096, 1024, device="meta"),)
     cluster = autoshard.load_cluster("a100x8", nodes=2, mesh=(2, 2, 4))
@@ -217,9 +222,20 @@ def test_a_masked_bound_under_a_binding_budget_skips_what_the_unbudgeted_bound_c
         held = dataclasses.replace(zig.problem, allowed=zigzag_masks(built, (a,), ring, zig.problem))
         optimum = solve(held).objective
         assert budgeted <= optimum * (1 + 1e-12)
-        search._dual(held, optimum * (1 + 1e-9))  # a true lower bound: no BoundExceeded
+        lam = bound.multiplier  # a true lower bound: no BoundExceeded just above the optimum
+        assert solve(held, multiplier=lam, ceiling=optimum * (1 + 1e-9)).objective == optimum
+        plain = dataclasses.replace(held, peak=None, memory_limit=limit - peak_floor(held))  # as peak.py
+
+        def probed(ceiling: float, plain: Any = plain, lam: Any = lam) -> bool | None:
+            run = Run(plain, [reduce_problem(plain)], time.perf_counter(), 60.0, ceiling=ceiling)
+            return probe_hint(run, lam)  # the hinted probe, as the wide path makes it
+
+        assert probed(optimum * (1 + 1e-9)) is not None  # probed, not pruned
+        with pytest.raises(BoundExceeded) as e:  # and no weaker than the unbudgeted masked bound here
+            probed(unbudgeted)
+        assert unbudgeted <= e.value.bound <= optimum
         with pytest.raises(BoundExceeded):
-            search._dual(held, unbudgeted)  # and no weaker than the unbudgeted masked bound here
+            solve(held, multiplier=lam, ceiling=unbudgeted)
     assert search._bounded(others, "zigzag on axes", (unbudgeted + budgeted) / 2)
     assert search.prices and "at least" in search.prices[-1]
     assert not search._bounded(others, "zigzag on axes", budgeted * (1 + 1e-9))

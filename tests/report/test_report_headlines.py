@@ -33,15 +33,6 @@ import report_cases as cases
 LINEAR, SDPA, GROUPED_MM = cases.LINEAR, cases.SDPA, cases.GROUPED_MM
 
 
-def _timed(plan: Plan, seconds: dict[str, float]) -> Plan:
-    """``plan`` with the compute seconds of the named nodes set (the shares the headline weighs)."""
-    nodes = tuple(
-        dataclasses.replace(n, compute_seconds=seconds[n.name]) if n.name in seconds else n
-        for n in plan.nodes
-    )
-    return dataclasses.replace(plan, nodes=nodes)
-
-
 def _moe_layer(heads_split: bool) -> Plan:
     """One MoE layer on 8 devices: the grouped expert matmul split by expert on axis 0, and the attention's
     projections and heads split on the same axis (``heads_split``) or replicated."""
@@ -58,7 +49,9 @@ def _moe_layer(heads_split: bool) -> Plan:
     params = {"attn.q.weight": (w,), "attn.o.weight": (w,), "moe.gate.weight": ("S(1)",)}
     plan = cases.make_plan((8,), params | {"moe.experts.w": ("S(0)",)}, ops)
     # Mixtral's shares: experts ~80 % of a layer's weighted compute, attention ~20 %, the router ~0.1 %
-    return _timed(plan, {"linear": 0.05, "sdpa": 0.1, "linear_1": 0.05, "router": 0.001, "_grouped_mm": 0.8})
+    return cases.timed(
+        plan, {"linear": 0.05, "sdpa": 0.1, "linear_1": 0.05, "router": 0.001, "_grouped_mm": 0.8}
+    )
 
 
 def test_an_axis_splitting_experts_and_heads_is_named_tp_ep() -> None:
@@ -68,7 +61,7 @@ def test_an_axis_splitting_experts_and_heads_is_named_tp_ep() -> None:
     assert "axis 0 (8): TP/EP: experts split (80%; weights used split: 20% of the weighted compute)" in report
     assert degrees_of(plan) == {"ep": 8}  # Plan.degrees keeps one kind per axis: the larger share
     # experts below the attention's share (a small MoE): still both, never "TP" alone
-    small = _timed(plan, {"linear": 0.3, "sdpa": 0.3, "linear_1": 0.3, "_grouped_mm": 0.1})
+    small = cases.timed(plan, {"linear": 0.3, "sdpa": 0.3, "linear_1": 0.3, "_grouped_mm": 0.1})
     assert headline(small) == "TP/EP 8, 1 microbatch"
     # a router split beside the experts (0.1 % of the compute) does not make the axis TP/EP
     assert headline(_moe_layer(heads_split=False)) == "EP 8, 1 microbatch"
@@ -111,7 +104,7 @@ def _dp_with_vocab_head(head_seconds: float) -> Plan:
     params = {"layers.0.mlp.up.weight": ("R", "R"), "layers.0.mlp.down.weight": ("R", "R")}
     plan = cases.make_plan((2, 8), params | {"lm_head.weight": ("S(0)", "R")}, ops, layers=4,
                            inputs={"x": ("S(0)", "S(0)")})  # fmt: skip
-    return _timed(plan, {"linear": 0.4, "linear_1": 0.4, "linear_2": head_seconds})
+    return cases.timed(plan, {"linear": 0.4, "linear_1": 0.4, "linear_2": head_seconds})
 
 
 def test_a_dp_headline_names_a_vocab_split_lm_head() -> None:

@@ -26,8 +26,8 @@ from autoshard.runtime.verify_routes import (
     PinnedTopk,
     ReferenceRoute,
     RoutePins,
-    count_routes,
     record_routes,
+    record_staged_routes,
     route_note,
 )
 
@@ -37,10 +37,10 @@ transformers = pytest.importorskip("transformers")
 SPLIT_ROUTER = {"*.mlp.gate": "row", "*.experts": ((2, 1), (2, 1, 1), (2, 1, 1))}
 
 
-def _near_tied_mixtral() -> torch.nn.Module:
+def _near_tied_mixtral(layers: int = 1) -> torch.nn.Module:
     config: Any = transformers.MixtralConfig(
         vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
-        num_hidden_layers=1, num_local_experts=2, num_experts_per_tok=1, router_jitter_noise=0.0,
+        num_hidden_layers=layers, num_local_experts=2, num_experts_per_tok=1, router_jitter_noise=0.0,
         max_position_embeddings=32, use_cache=False, bos_token_id=0, eos_token_id=1,
         experts_implementation="grouped_mm",
     )  # fmt: skip
@@ -116,14 +116,67 @@ def test_choices_that_cannot_be_pinned_are_said_so() -> None:
     def forward() -> torch.Tensor:
         return torch.topk(torch.rand(4, 3), 2).values
 
-    _, note = count_routes(forward)  # the pipelined check
-    assert note is not None and note.unpinned and (note.layers, note.routes) == (1, 4)
-    assert str(note).startswith("routing: top-k choices not pinned to the reference's (4 token routes in 1")
-    assert "pipelined check" in str(note)
     empty = SimpleNamespace(graph_module=torch.fx.symbolic_trace(torch.nn.Identity()))
     _, routes, note = record_routes(empty, {}, forward)  # type: ignore[arg-type]  # a graph without the top-k
-    assert routes == () and note is not None and "cannot be matched" in str(note)
-    assert count_routes(lambda: 1) == (1, None)
+    assert routes == () and note is not None and note.unpinned and (note.layers, note.routes) == (1, 4)
+    assert str(note).startswith("routing: top-k choices not pinned to the reference's (4 token routes in 1")
+    assert "cannot be matched" in str(note)
+    # the pipelined check: two microbatches, stages without the top-k
+    outs, staged, note = record_staged_routes([(empty, {})], [forward, forward])  # type: ignore[list-item]
+    assert len(outs) == 2 and staged == () and note is not None and (note.layers, note.routes) == (2, 8)
+    assert "cannot be matched (one microbatch)" in str(note)
+    assert record_staged_routes([], [lambda: 1]) == ([1], (), None)
+
+
+def test_a_stage_pinned_topk_hands_out_the_running_microbatchs_choice() -> None:
+    scores = torch.tensor([[0.5, 0.4, 0.1]])
+    choices = (torch.tensor([[0]]), torch.tensor([[2]]))  # microbatch 1's reference chose expert 2
+    running = [0]
+    flipped: set[int] = set()
+    pinned = PinnedTopk(choices, (torch.tensor([0]), torch.tensor([1])), 1, flipped, lambda: running[0])
+    assert torch.equal(pinned(scores, 1, -1)[1], choices[0]) and flipped == set()
+    running[0] = 1
+    assert torch.equal(pinned(scores, 1, -1)[1], choices[1]) and flipped == {1}  # global row 1: microbatch 1
+
+
+def _pipelined_moe() -> tuple[torch.nn.Module, Any]:
+    """The near-tied Mixtral with two layers, planned PP 2 on a 2 x 2 mesh (2 microbatches): each stage runs
+    one layer on 2 ranks with its router row-parallel and its experts split by all-to-all."""
+    model = _near_tied_mixtral(layers=2)
+    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(0))
+    cluster = cluster_for("a100x8", 4, (2, 2))
+    plan = autoshard.plan(model, cluster, (ids,), annotations=SPLIT_ROUTER, pipeline=2, microbatches=2)
+    return model, plan
+
+
+@pytest.mark.slow
+def test_a_pipelined_check_pins_every_stages_routes_per_microbatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On these ids (seed 3) the split run breaks 4 near-ties the other way, 2 in each stage's layer: pinned
+    (each stage handed the choices of the microbatch it runs), the check is OK; on the ranks' own choices the
+    experts' gradients fail."""
+    from autoshard.runtime.verify_pipeline import verify_pipelined
+
+    model, plan = _pipelined_moe()
+    ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(3))
+    report = verify_pipelined(plan, model, ids)
+    assert report.ok, str(report)
+    assert report.routes is not None and not report.routes.unpinned
+    assert (report.routes.layers, report.routes.routes, report.routes.flipped) == (2, 64, 4)
+    assert report.routes.where == ("model.layers.0.mlp.gate x2", "model.layers.1.mlp.gate x2")
+    assert "4 of 64 token routes in 2 top-k layers would have flipped" in str(report)
+    # what ran: the plan's collectives, the experts' token dispatch by all-to-all and the stages' p2p sends
+    assert report.emitted == report.planned and report.ranks_agree
+    assert report.emitted["forward all_to_all"] >= 4 and report.emitted["backward all_to_all"] >= 4
+    assert report.emitted["p2p send"] == 8  # 1 cut x 2 microbatches x 2 ranks, activations and gradients
+    assert {e.split(" ")[1] for e in report.exercised if "routed_experts" in e} == {"0", "1"}  # both stages
+
+    def own_choice(self: PinnedTopk, x: torch.Tensor, k: int, dim: int = -1, *a: Any) -> Any:
+        return torch.topk(x, k, dim)
+
+    monkeypatch.setattr(verify_routes.PinnedTopk, "__call__", own_choice)  # forked ranks inherit it
+    unpinned = verify_pipelined(plan, model, ids)
+    assert not unpinned.ok
+    assert any(not d.ok and "experts" in d.name for d in unpinned.grads), str(unpinned)
 
 
 @pytest.mark.slow

@@ -144,7 +144,7 @@ def test_too_wide_budgeted_problem_solved_by_reduced_relaxations(
     limit = float(math.floor(least_mem + fraction * (memory_of(p, free.choice) - least_mem)))
     q = dataclasses.replace(p, memory_limit=limit)
     want = solve(q, time_limit=20)
-    monkeypatch.setattr(dispatch, "exact_solver", lambda run, cap: None)
+    monkeypatch.setattr(dispatch, "exact_solver", lambda run, cap, wide=None: None)
     s = solve(q, method=method, time_limit=20)  # type: ignore[arg-type]
     assert memory_of(q, s.choice) <= limit
     assert s.lower_bound <= want.objective * (1 + 1e-9) + 1e-12 <= s.objective * (1 + 2e-9) + 2e-12
@@ -180,7 +180,9 @@ def test_budgeted_plan_does_not_depend_on_the_time_limit(monkeypatch: pytest.Mon
     limit = float(math.floor(least_mem + 0.4 * (memory_of(p, free.choice) - least_mem)))
     q = dataclasses.replace(p, memory_limit=limit)
     if wide:  # the wide path (search/wide.py), as the 405B stage takes it
-        monkeypatch.setattr(sys.modules["autoshard.search.solve"], "exact_solver", lambda run, cap: None)
+        monkeypatch.setattr(
+            sys.modules["autoshard.search.solve"], "exact_solver", lambda run, cap, wide=None: None
+        )
     slow, hurried = solve(q, method="exact", time_limit=60), solve(q, method="exact", time_limit=1e-9)
     assert (hurried.choice, hurried.objective, hurried.lower_bound) == (
         slow.choice,

@@ -81,3 +81,61 @@ def test_second_probe_goes_where_the_bound_rises(monkeypatch: pytest.MonkeyPatch
     assert math.isclose(e.value.bound, 0.75) and len(calls) == 2
     calls.clear()
     assert solve(dataclasses.replace(p), multiplier=1.0).objective == 1.0  # no ceiling: no probe first
+
+
+def _too_wide(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every budgeted problem "cannot be eliminated" (as LLaMA-3-70B's zigzag layout cannot): the solver's
+    ``wide`` hook runs, as the elimination planner runs it before its conditioning search; returns a list
+    that grows by one per call of the wide path (search/wide.py)."""
+    import sys
+
+    dispatch = sys.modules["autoshard.search.solve"]  # the module (the package exports the function)
+    real, calls = dispatch.with_budget_by_reduction, []
+
+    def too_wide(run: Any, cap: float, wide: Any = None) -> None:
+        if wide is not None:
+            wide()
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "exact_solver", too_wide)
+    monkeypatch.setattr(dispatch, "with_budget_by_reduction", spied)
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_wide_path_probes_the_hint_before_its_own_work(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hinted multiplier's bound ends a wide budgeted solve before the wide path starts when it reaches
+    the ceiling; short of it, the answer is the one without the hint."""
+    p = _budgeted(seed)
+    if p is None:
+        pytest.skip("nothing fits this draw")
+    assert p.memory is not None and p.memory_limit is not None
+    want = brute_force(p).objective
+    lam = max(want, 1e-9) / max(p.memory_limit, 1.0)
+    relaxed = dataclasses.replace(
+        p,
+        node_costs=tuple(c + lam * m for c, m in zip(p.node_costs, p.memory, strict=True)),
+        memory=None,
+        memory_limit=None,
+    )
+    bound = brute_force(relaxed).objective - lam * p.memory_limit  # the Lagrangian bound at lam
+    assert bound <= want * (1 + 1e-9) + 1e-12
+    calls = _too_wide(monkeypatch)
+    with pytest.raises(BoundExceeded) as e:
+        solve(p, method="exact", multiplier=lam, ceiling=bound - 1e-9 * abs(bound))  # (rounding)
+    assert not calls  # pruned before the wide path: by the probe (or the cheapest terms, before it)
+    assert bound * (1 - 1e-9) - 1e-12 <= e.value.bound <= want * (1 + 1e-9) + 1e-12  # a true bound
+    above = want * (1 + 1e-6) + 1e-9
+    plain = solve(p, method="exact", ceiling=above)
+    hinted = solve(p, method="exact", multiplier=lam, ceiling=above)
+    assert (hinted.choice, hinted.objective, hinted.lower_bound) == (
+        plain.choice,
+        plain.objective,
+        plain.lower_bound,
+    )
+    assert len(calls) == 2
