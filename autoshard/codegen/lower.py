@@ -309,11 +309,11 @@ class _Lowering:
         moved = self._insert(value, src.name, dst.name, steps.forward, steps.backward)
         if moved is value:
             return moved
-        block = _block(self.infos[dst.name]) if _block(self.infos[src.name]) is not None else None
+        made, into = self.infos[src.name], _block(self.infos[dst.name])
+        block = into if _block(made) is not None or made.after_block else None
         if moved.meta.get(META_BLOCK, block) != block:
             block = None  # shared by consumers in two blocks: in neither
-        # a move between block nodes belongs to its consumer's block (re-run when that block is recomputed,
-        # as problem/costs.reissued prices it); a move of a tensor made outside the blocks to none
+        # a move from a block node (or a stage input one made) is its consumer's block's: recompute.reissued
         moved.meta[META_BLOCK] = block
         return moved
 

@@ -118,6 +118,20 @@ def torch_refuses(schedule: Schedule, degree: int, virtual: int, microbatches: i
     return None
 
 
+def recompute_refused(schedule: Schedule, recompute: str) -> str | None:
+    """Why ``schedule`` cannot run a stage's recomputation as priced, or None.  The zero-bubble schedules
+    split backward into an input pass and a weight pass (``stage_backward_input`` walks the autograd graph),
+    and torch re-runs a ``torch.utils.checkpoint`` region in each and more (measured: 4 one-layer ZB-V chunks
+    with full recomputation re-issued every gather 10 times a microbatch, not once; pytorch/pytorch#136766)."""
+    if schedule in (Schedule.ZB_V, Schedule.INTERLEAVED_ZB) and recompute != "none":
+        return (
+            f"{schedule.value} splits backward in two and torch re-runs a checkpointed layer in each "
+            f"(pytorch/pytorch#136766): {recompute} recomputation cannot run as priced; use 1f1b, "
+            "interleaved_1f1b or gpipe, or no recomputation"
+        )
+    return None
+
+
 def device_of_chunk(schedule: Schedule, chunk: int, degree: int) -> int:
     """Which device runs model chunk ``chunk``: round robin (interleaved), or a V (ZB-V: down, then up, and so
     on for further laps).  The one map the pricing, ``verify`` and the runtime's stage ranks read."""

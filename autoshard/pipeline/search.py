@@ -14,7 +14,9 @@ only fits inside a node) and each microbatch count ``m``:
    re-weighted for the stage holding ``L / p`` layers and ``min(m, p)`` microbatches in flight
    (:func:`~autoshard.pipeline.layers.stage_memory_problem`); solve it with the exact solver
    (``search="auto"`` runs no CP-SAT inside this loop; under a binding budget that is the Lagrangian plan)
-   — one solve per (sub-mesh, microbatch count, recomputation), not per cut;
+   — one solve per (sub-mesh, microbatch count, recomputation), not per cut; that re-weighted problem is
+   pessimistic, not a floor, so before a candidate is refused :mod:`autoshard.pipeline.refit` checks a true
+   lower bound and tries other plans at the real budget;
 3. split its costs into one layer, ``pre`` and ``post`` (:func:`~autoshard.pipeline.layers.part_costs`),
    add the p2p time of one layer's output on the inter-stage link, and run the stage DP
    (:func:`~autoshard.pipeline.stages.best_split`) for every schedule and chunk count ``v`` that torch's
@@ -35,6 +37,7 @@ budget every policy is priced (the budget shapes the intra-op plan, so recomputi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,20 +49,18 @@ from autoshard.capture import Captured
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import InfeasibleError, PipelineError
 from autoshard.pipeline.bound import step_bound
-from autoshard.pipeline.layers import boundary_bytes, part_costs, stage_memory_problem
+from autoshard.pipeline.layers import part_costs, stage_memory_problem
 from autoshard.pipeline.options import PipelineRequest, divisors
+from autoshard.pipeline.pick import fastest_split, stage_shapes
+from autoshard.pipeline.refit import StageMemoryError, least_flight, least_refusal, refit
 from autoshard.pipeline.schedules import (
     Schedule,
     in_flight,
-    p2p_time,
-    tied_sync_time,
-    torch_refuses,
-    virtual_stage_options,
 )
-from autoshard.pipeline.stages import StageSplit, best_split, price_split
+from autoshard.pipeline.stages import StageSplit, price_split
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute, node_compute
-from autoshard.search import BoundExceeded, Solution, solve
+from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
 
 __all__ = ["Candidate", "Layout", "compute_floor", "layout", "microbatch_args", "search_pipeline"]
 
@@ -220,6 +221,7 @@ def search_pipeline(
     captures: dict[int, Captured] = {}
     best: Candidate | None = None
     errors: list[str] = []
+    floors: list[StageMemoryError | None] = []  # per error: its memory floor, when it has one
     priced: list[str] = []
     for degree, count in _candidates(request, cluster, batch, layers):
         where = layout(cluster, degree)
@@ -240,6 +242,7 @@ def search_pipeline(
                 )  # fmt: skip
             except InfeasibleError as e:
                 errors.append(f"pp {degree} x {count} microbatches ({policy.value}): {e}")
+                floors.append(e if isinstance(e, StageMemoryError) else None)
                 continue
             except BoundExceeded as e:  # a lower bound on its step reaches the best plan's: not solved
                 priced.append(
@@ -258,8 +261,7 @@ def search_pipeline(
         if not fitted:
             priced.append(f"pp {degree} × {count} microbatches: does not fit")
     if best is None:
-        detail = errors[-1] if errors else "no schedule and cut fits the memory"
-        raise InfeasibleError(f"no pipeline plan fits: {detail}")
+        raise least_refusal(errors, floors)
     return dataclasses.replace(best, priced=tuple(priced))
 
 
@@ -297,46 +299,46 @@ def _price(
     problem = stage_memory_problem(built, degree, flight)
     if math.isfinite(budget):
         problem = dataclasses.replace(problem, memory_limit=budget)
+    shapes = stage_shapes(request, degree, count, built.num_blocks)
     if math.isfinite(ceiling):
-        bound = step_bound(
-            built, problem, _shapes(request, degree, count, built.num_blocks), degree, ceiling, time_limit,
-            STAGE_MAX_FACTOR,
-        )  # fmt: skip
+        bound = step_bound(built, problem, shapes, degree, ceiling, time_limit, STAGE_MAX_FACTOR)
         if bound * (1 - _ROUNDING) >= ceiling:
             raise BoundExceeded(bound, ceiling)
     if hint is not None and (
         len(hint) != problem.num_nodes or any(s >= n for s, n in zip(hint, problem.sizes, strict=True))
     ):
         hint = None  # another graph: no warm start
-    solution = solve(
-        problem,
-        method=search_method,  # type: ignore[arg-type]
-        time_limit=time_limit,
-        hint=hint,
-        incumbent=hint,  # under a binding budget the Lagrangian sweep starts from it (CP-SAT reads only hint)
-        max_factor_size=STAGE_MAX_FACTOR,
-    )
-    costs = part_costs(built, solution)
-    hop = p2p_time(boundary_bytes(built, solution), where.p2p_bandwidth, where.p2p_latency)
-    tied = tied_sync_time(costs.tied_bytes, where.p2p_bandwidth, where.p2p_latency)  # embedding group
-    costs = dataclasses.replace(costs, p2p_seconds=hop, tied_sync=tied)
-    _enough_layers(request.schedules, degree, costs.layers)
-    best: StageSplit | None = None
+
+    def solve_at(stage: SearchProblem) -> Solution:
+        return solve(
+            stage,
+            method=search_method,  # type: ignore[arg-type]
+            time_limit=time_limit,
+            hint=hint,
+            incumbent=hint,  # under a binding budget the Lagrangian sweep starts from it (CP-SAT reads only hint)
+            max_factor_size=STAGE_MAX_FACTOR,
+        )
+
     refused: list[str] = []
-    for schedule in request.schedules:
-        for v in virtual_stage_options(schedule, degree, costs.layers):
-            why = torch_refuses(schedule, degree, v, count)
-            if why is not None:  # priced only what torch.distributed.pipelining can run
-                refused.append(why)
-                continue
-            if request.cuts and len(request.cuts) != degree * v - 1:
-                continue
-            split = best_split(costs, schedule, degree, v, count, budget, request.cuts)
-            if split is not None and (best is None or split.step_seconds < best.step_seconds):
-                best = split
+    link = (where.p2p_bandwidth, where.p2p_latency)
+    split_of = functools.partial(fastest_split, request, degree, link, built, count, budget, refused)
+    best: StageSplit | None = None
+    try:
+        solution = solve_at(problem)
+        best = split_of(solution)
+    except InfeasibleError:
+        if not (math.isfinite(budget) and shapes):
+            raise
+    if best is None and refused and len(request.schedules) == 1:
+        raise PipelineError(f"schedule={request.schedules[0].value!r} with {degree} stages: {refused[0]}")
+    if best is None and math.isfinite(budget) and shapes:  # the surrogate is no floor: pipeline/refit.py
+        try:
+            flight = least_flight(shapes, degree, count)
+            solution, best = refit(problem, built, degree, flight, budget, solve_at, split_of)
+        except StageMemoryError as e:
+            if not request.cuts or e.proven:
+                raise
     if best is None:
-        if refused and len(request.schedules) == 1:
-            raise PipelineError(f"schedule={request.schedules[0].value!r} with {degree} stages: {refused[0]}")
         if request.cuts:
             raise PipelineError(
                 f"{len(request.cuts)} pinned stage cuts fit no schedule of {degree} stages: pin "
@@ -345,31 +347,6 @@ def _price(
             )
         return None
     return Candidate(best.step_seconds, where, count, built, solution, captured, best, opts.recompute)
-
-
-def _shapes(request: PipelineRequest, degree: int, count: int, layers: int) -> list[tuple[Schedule, int]]:
-    """The (schedule, chunks per device) pairs the stage DP below may price for this candidate."""
-    return [
-        (schedule, v)
-        for schedule in request.schedules
-        for v in virtual_stage_options(schedule, degree, layers)
-        if torch_refuses(schedule, degree, v, count) is None
-        and (not request.cuts or len(request.cuts) == degree * v - 1)
-    ]
-
-
-def _enough_layers(schedules: tuple[Schedule, ...], degree: int, layers: int) -> None:
-    """PipelineError when no asked schedule can lay ``layers`` layers on ``degree`` stages: an interleaved
-    schedule runs at least 2 chunks per stage, each of a layer or more (it read "no schedule and cut fits the
-    memory" for LLaMA-tiny's 2 layers on 2 stages with zb_v, where gpipe fit easily)."""
-    if any(virtual_stage_options(s, degree, layers) for s in schedules):
-        return
-    names = ", ".join(s.value for s in schedules)
-    raise PipelineError(
-        f"schedule {names} cannot run {degree} stages x 2 chunks on {layers} layers (each chunk needs a layer, "
-        f"so at least {2 * degree}): use fewer stages (at most {layers // 2}; 1 is no pipeline), a "
-        "non-interleaved schedule (--schedule gpipe or 1f1b) or a model with more layers"
-    )
 
 
 def compute_floor(built: BuiltProblem, degree: int) -> float:

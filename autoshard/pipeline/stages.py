@@ -34,6 +34,9 @@ table ``H`` indexed by chunks placed ``c`` and layers consumed ``l``; one numpy 
 is exact (``tests/pipeline`` checks it against brute force over all cuts).  For ``v > 1`` the same
 recursion bounds each *chunk* by ``τ``, and the cuts it returns are priced exactly on their devices (a
 device's time is the sum of its ``v`` chunks): exact in the chunk bottleneck, a heuristic in the device's.
+Its memory filter lets a chunk take ``1 / v`` of the budget; when no cut passes it, the DP runs again letting a
+chunk take what the device's other chunks (a layer each, at the least) leave, so an uneven device (ZB-V's
+first: the embedding and the head) is not ruled out; every cut is checked on its devices' sums.
 """
 
 from __future__ import annotations
@@ -192,9 +195,17 @@ def price_split(
 
 
 def _tables(
-    costs: StageCosts, schedule: Schedule, degree: int, virtual: int, microbatches: int, limit: float
+    costs: StageCosts,
+    schedule: Schedule,
+    degree: int,
+    virtual: int,
+    microbatches: int,
+    limit: float,
+    loose: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per chunk ``c``: time ``T[c, l', l]``, once ``O[c, l', l]`` and whether it fits ``F[c, l', l]``."""
+    """Per chunk ``c``: time ``T[c, l', l]``, once ``O[c, l', l]`` and whether it fits ``F[c, l', l]``: within
+    ``1 / v`` of the budget, or (``loose``) within what the device's other chunks leave at the least (one layer
+    each), which rules out no cut that fits (ZB-V's first device holds the embedding and the head)."""
     n, chunks = costs.layers, degree * virtual
     k = np.arange(n + 1)[None, :] - np.arange(n + 1)[:, None]  # layers in [l', l)
     valid = k >= 1
@@ -212,7 +223,9 @@ def _tables(
         flight = in_flight(schedule, d, degree, virtual, microbatches)
         time = extra.forward + extra.backward + costs.gather_head + k * (lay.forward + lay.backward)
         memory = extra.static + k * lay.static + flight * (extra.activation + k * lay.activation)
-        ok = valid & (memory <= (limit - costs.reserve) / virtual)
+        others = (virtual - 1) * (lay.static + flight * lay.activation)  # the device's other chunks, at least
+        room = limit - costs.reserve - others if loose else (limit - costs.reserve) / virtual
+        ok = valid & (memory <= room)
         t[c] = np.where(valid, time, np.inf)
         tied = _tied(costs, schedule, degree, c, chunks)
         o[c] = np.where(valid, extra.once + tied + k * lay.once + synced[np.clip(k, 0, n)], np.inf)
@@ -233,7 +246,24 @@ def best_split(
     n, chunks = costs.layers, degree * virtual
     if chunks > n:
         return None
-    t, o, fits = _tables(costs, schedule, degree, virtual, microbatches, memory_limit)
+    best = _best_split(costs, schedule, degree, virtual, microbatches, memory_limit, pinned_cuts, False)
+    if best is None and virtual > 1 and math.isfinite(memory_limit):  # an uneven device: a chunk over 1/v
+        best = _best_split(costs, schedule, degree, virtual, microbatches, memory_limit, pinned_cuts, True)
+    return best
+
+
+def _best_split(
+    costs: StageCosts,
+    schedule: Schedule,
+    degree: int,
+    virtual: int,
+    microbatches: int,
+    memory_limit: float,
+    pinned_cuts: Sequence[int],
+    loose: bool,
+) -> StageSplit | None:
+    n, chunks = costs.layers, degree * virtual
+    t, o, fits = _tables(costs, schedule, degree, virtual, microbatches, memory_limit, loose)
     lo, hi = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
     for cut in pinned_cuts:  # a chunk may end or start at a pinned cut, never straddle it
         fits &= ~((lo < cut) & (cut < hi))[None]

@@ -18,7 +18,12 @@ import torch.fx as fx
 from autoshard.capture import meta as cmeta
 from autoshard.problem.autocast import autocast_dtype
 
-__all__ = ["NodeInfo", "describe"]
+__all__ = ["META_AFTER_BLOCK", "NodeInfo", "describe"]
+
+META_AFTER_BLOCK = "autoshard_after_block"
+"""``True`` on a pipeline stage's input placeholder whose value the whole model makes in a repeated block (the
+previous stage's last layer): moves from it into the stage's first layer are that layer's, as between blocks
+(:attr:`NodeInfo.after_block`; set by :mod:`autoshard.runtime.stage_plan`)."""
 
 # Ops whose output aliases or re-labels their input: they allocate nothing that backward must keep.
 _VIEW_OPS = frozenset(
@@ -60,6 +65,7 @@ class NodeInfo:
     grad_users: int = 0  # consumers needing its gradient (autograd sums theirs: problem/elementwise.py)
     kv_repeats: int = 1  # attention reading grouped-query K/V copies: heads per K/V head (capture/gqa.py)
     autocast_dtype: str = ""  # its output's dtype under the amp recipe (problem/autocast.py)
+    after_block: bool = False  # a stage input the previous layer (a block) made in the whole model
 
     @property
     def is_view(self) -> bool:
@@ -161,6 +167,7 @@ def describe(gm: fx.GraphModule) -> tuple[NodeInfo, ...]:
                 grad_users=_grad_users(node),
                 kv_repeats=int(node.meta.get(cmeta.META_KV_REPEATS, 1)),
                 autocast_dtype=amp[node.name],
+                after_block=bool(node.meta.get(META_AFTER_BLOCK, False)),
             )
         )
     return tuple(infos)

@@ -33,9 +33,12 @@ __all__ = [
 
 def reissued(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
     """Whether backward re-runs the move ``producer -> consumer``: the recomputed region is a whole block, and
-    a move between block nodes is inside it (codegen/recompute.py leaves moves from outside out of it)."""
+    a move between block nodes is inside it (codegen/recompute.py leaves moves from outside out of it).  A
+    pipeline stage's input that the previous layer made (``NodeInfo.after_block``) counts as a block node, so
+    a stage re-runs the moves into its first layer as the whole model does between layers."""
     training = opts.training and opts.recompute is not Recompute.NONE
-    return training and producer.block is not None and consumer.block is not None
+    inside = producer.block is not None or producer.after_block
+    return training and inside and consumer.block is not None
 
 
 def regathered(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> bool:
@@ -64,7 +67,8 @@ def rerun_share(producer: NodeInfo, consumer: NodeInfo, opts: CostOptions) -> fl
 def node_memory_total(
     info: NodeInfo, strategy: OpStrategy, cluster: Cluster, opts: CostOptions, keeps: bool, count: int
 ) -> float:
-    """Bytes per device of ``count`` copies, plus the recompute working set (one block's re-run activations).
+    """Bytes per device of ``count`` copies, plus the recompute working set (one block's re-run activations:
+    ``kept - dropped``, so none for a parameter, whose state is held either way).
 
     With ``opts.recompute_share < 1`` only that share of the copies drops what recomputation re-runs; the
     other blocks keep it."""
@@ -81,7 +85,9 @@ def memory_total(
     total = (kept if keeps else dropped) * count
     if not keeps and info.block is not None and opts.recompute is not Recompute.NONE:
         total = total + (kept - dropped) * count * (1.0 - opts.recompute_share)  # the blocks not recomputed
-        total = total + kept  # the working set
+        # the working set: what re-running one block re-materialises, the output it did not keep (a
+        # parameter's state is held whether or not the block recomputes: kept == dropped, nothing)
+        total = total + (kept - dropped)
     return total
 
 

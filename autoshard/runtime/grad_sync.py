@@ -108,8 +108,10 @@ def defer_gradient_sync(module: fx.GraphModule, *, gathered: bool = False) -> tu
     params = dict(module.named_parameters())
     replicated = _replicated(module)
     edge_kinds = (redistribute, gather_param)
-    changed = False
-    for node in module.graph.nodes:
+    changed: set[fx.GraphModule] = set()
+    # the root graph and the recomputed blocks' (codegen.recompute: their get_attr names are the root's FQNs)
+    graphs = [module, *(m for m in module.modules() if isinstance(m, fx.GraphModule) and m is not module)]
+    for graph, node in ((g, n) for g in graphs for n in g.graph.nodes):
         if node.op != "get_attr" or node.target not in params or node.target in record:
             continue
         users = list(node.users)
@@ -143,9 +145,9 @@ def defer_gradient_sync(module: fx.GraphModule, *, gathered: bool = False) -> tu
             record[fqn] = DeferredSync(
                 fqn, format_steps(tuple(Step("all_reduce", a, None, None, 0) for a in sorted(axes)))
             )
-        changed = True
-    if changed:
-        module.recompile()
+        changed.add(graph)
+    for graph in changed:
+        graph.recompile()
     setattr(module, RECORD_ATTR, record)
     return tuple(record.values())
 

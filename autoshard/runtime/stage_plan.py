@@ -39,21 +39,23 @@ from torch import nn
 from autoshard.annotations import pin_problem
 from autoshard.capture import Captured, capture
 from autoshard.capture.annotate import annotate_requires_grad
+from autoshard.capture.blocks import BlockCandidate, BlockMismatch, annotate_blocks
 from autoshard.capture.experts import plan_fuses_experts
 from autoshard.capture.meta import META_KIND
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
+from autoshard.pipeline.schedules import Schedule, recompute_refused
 from autoshard.plans import NodePlan, Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.context import zigzag_cluster
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.extract import extract_plan
-from autoshard.problem.graph import NodeInfo
+from autoshard.problem.graph import META_AFTER_BLOCK, NodeInfo
 from autoshard.report.labels import OpLabel, parse_label
 from autoshard.runtime.mapping import align_sequences
 from autoshard.search import solve
 
-__all__ = ["StagePlanError", "narrow_label", "plan_stage"]
+__all__ = ["StagePlanError", "label_layers", "narrow_label", "plan_stage"]
 
 
 class StagePlanError(AutoshardError, ValueError):
@@ -90,6 +92,7 @@ def plan_stage(
     """The stage's plan under the whole plan's decisions (module doc); ``pins``: the annotations every stage
     keeps (parameter placements, the stage input's, the user's)."""
     captured = capture(module, (example,), {}, blocks="full", fuse_experts=plan_fuses_experts(plan.nodes))
+    captured = label_layers(captured, module, plan, index)
     if index > 0 and example.is_floating_point() and plan.training:  # hidden states: their gradient goes back
         _input_gradient(captured, module)
     zigzag = plan.stage_zigzag_axis
@@ -120,6 +123,57 @@ def plan_stage(
         notes=(f"stage {index} of a pipelined plan: the whole plan's decisions on its sub-mesh",),
     )
     return stage_plan, captured
+
+
+def label_layers(captured: Captured, module: nn.Module, plan: Plan, index: int) -> Captured:
+    """The stage's layers labelled as the whole plan's repeated blocks, as its recomputation needs them.
+
+    Capture finds a stack only where a container holds two or more identical children indexed from 0; a
+    later stage holds ``layers.1`` alone, or ``layers.2`` and ``layers.3``, so its layers lost the block labels
+    that :func:`~autoshard.codegen.recompute.checkpoint_blocks` wraps -- the plan priced their recomputation,
+    the stage never re-ran it.  Here every layer the stage holds of the whole plan's stack is a block (its own
+    container index), and the stage's input is marked as made by the previous layer when that layer is a block
+    of the whole model (``META_AFTER_BLOCK``): the moves into the first layer re-run with it, as the whole
+    plan prices the moves between layers (:func:`autoshard.problem.recompute.reissued`)."""
+    heads = [m for n in plan.nodes if n.key.startswith("block:") and (m := _HEAD.match(n.module)) is not None]
+    if not heads or plan.recompute == "none":
+        return captured  # no repeated blocks, or none to recompute: the stage is planned as captured
+    refused = recompute_refused(Schedule(plan.pipeline.schedule), plan.recompute) if plan.pipeline else None
+    if refused is not None:  # the search prices no such plan; a plan file made before it did
+        raise StagePlanError(f"stage {index}: {refused}: re-plan this model")
+    prefix = heads[0].group(1)
+    first = min(int(m.group(2)) for m in heads if m.group(1) == prefix)  # container index of its block 0
+    try:
+        container = module.get_submodule(prefix)
+    except AttributeError:
+        return captured  # the stage holds none of the stack (an embedding-only or head-only stage)
+    held = sorted(int(k) for k in container._modules if k.isdigit() and int(k) >= first)
+    if not held:
+        return captured
+    if held != list(range(held[0], held[0] + len(held))):
+        raise StagePlanError(
+            f"stage {index}: layers {held} of {prefix} are not consecutive: fix the plan's stages"
+        )
+    info = captured.blocks
+    if info is None:
+        body = container.get_submodule(str(held[0]))
+        numel = sum(p.numel() for k in held for p in container.get_submodule(str(k)).parameters())
+        candidate = BlockCandidate(prefix, len(held), type(body).__name__, numel, held[0])
+        try:
+            info = annotate_blocks(captured.graph_module, candidate, len(held))
+        except BlockMismatch as e:
+            raise StagePlanError(
+                f"stage {index}: layers {held} of {prefix} are not the plan's repeated blocks ({e}), so they "
+                f"cannot recompute as the plan prices ({plan.recompute}): re-plan with recompute='none'"
+            ) from e
+    if held[0] > first:  # the input is the previous layer's output, a block of the whole model
+        for node in captured.graph_module.graph.nodes:
+            if node.op == "placeholder" and node.meta.get(META_KIND) == "user_input":
+                node.meta[META_AFTER_BLOCK] = True
+    return dataclasses.replace(captured, blocks=info)
+
+
+_HEAD = re.compile(r"^(.*?)\.(\d+)(?=\.|$)")
 
 
 def _input_gradient(captured: Captured, module: nn.Module) -> None:

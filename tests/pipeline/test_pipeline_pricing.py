@@ -21,10 +21,12 @@ from autoshard.search import solve
 transformers = pytest.importorskip("transformers")
 
 
-def _llama(layers: int, hidden: int, batch: int, seq: int) -> tuple[torch.nn.Module, torch.Tensor]:
+def _llama(
+    layers: int, hidden: int, batch: int, seq: int, vocab: int = 1024
+) -> tuple[torch.nn.Module, torch.Tensor]:
     cfg = transformers.LlamaConfig(
         hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=8,
-        num_key_value_heads=8, vocab_size=1024, max_position_embeddings=seq, use_cache=False,
+        num_key_value_heads=8, vocab_size=vocab, max_position_embeddings=seq, use_cache=False,
         attn_implementation="sdpa", bos_token_id=0, eos_token_id=1023,
     )  # fmt: skip
     with torch.device("meta"):

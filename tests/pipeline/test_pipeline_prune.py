@@ -92,9 +92,14 @@ def test_pruned_policy_gives_the_plan_of_pricing_every_policy(
 ) -> None:
     """Budgets a little under the no-recompute plan's memory: recomputation is priced, full recomputation's
     floor is above the best step, so it is named and not solved; the same plan (step, strategies, schedule,
-    cuts) as with pruning switched off.  The busiest device's bound (pipeline/bound.py) alone prunes it too."""
+    cuts) as with pruning switched off.  The busiest device's bound (pipeline/bound.py) alone prunes it too.
+
+    The budgets sit under selective recomputation's own memory (0.91 of the no-recompute plan's here), so
+    its budget binds and full is priced; at 0.95 selective fits unbound and full is rightly never priced
+    (0.95 passed only while the recompute working set counted a block's parameters twice)."""
     model, ids = _llama(layers=4, hidden=512, batch=32, seq=512)
-    pins: dict[str, Any] = {"pipeline": 2, "microbatches": 4}
+    # one schedule for every policy: the zero-bubble ones never run recomputation (pipeline/schedules.py)
+    pins: dict[str, Any] = {"pipeline": 2, "microbatches": 4, "schedule": "interleaved_1f1b"}
     none = autoshard.plan(model, fast_links, (ids,), recompute="none", **pins)
 
     def priced(plan: autoshard.Plan) -> str:
@@ -107,13 +112,13 @@ def test_pruned_policy_gives_the_plan_of_pricing_every_policy(
         assert a.pipeline == b.pipeline
 
     skipped = 0
-    for share in (0.95, 0.93):
+    for share in (0.93, 0.92):
         budget = share * none.memory_per_device
         pruned = autoshard.plan(model, fast_links, (ids,), recompute="auto", memory_limit=budget, **pins)
         skipped += "(full recompute): at least" in priced(pruned) and "not solved" in priced(pruned)
         with monkeypatch.context() as m:
             m.setattr(pipeline_search, "compute_floor", lambda built, degree: 0.0)
-            if share == 0.95:  # the layer bound without the compute floor
+            if share == 0.93:  # the layer bound without the compute floor
                 layered = autoshard.plan(
                     model, fast_links, (ids,), recompute="auto", memory_limit=budget, **pins
                 )
