@@ -147,6 +147,7 @@ def _merge(builts: Sequence[BuiltProblem], weights: Sequence[float]) -> tuple[Se
         gathers = (
             len(built.extras.gathers) if built.extras is not None else 0
         )  # memory nodes (problem/extras)
+        gathers += len(built.zero.nodes) if built.zero is not None else 0  # ZeRO-1's (problem/zero_terms)
         if p.num_nodes != len(built.variables) + len(built.fanouts) + gathers:
             raise AutoshardError(
                 f"shape {i}: the problem has {p.num_nodes} nodes for {len(built.variables)} variables and "

@@ -17,13 +17,11 @@ What is checked, each failure one :class:`~autoshard.errors.PlanFileError` line 
 - context parallelism: ``context_layout`` contiguous or zigzag, ``context_axis`` an axis of more than one device;
 - precision: a recipe the cost model prices (``cost_models.memory.RECIPES``; absent in older files: bf16);
   a ring transfer's ``itemsize`` (bytes per element as priced) 1, 2, 4 or 8 (0 or absent in older files);
-- optimizer gathers (ZeRO-1's, ``Plan.optimizer_gathers``): all-gathers of phase ``optimizer``;
-- a collective's ``recompute`` flag (re-run in backward by recomputation): a boolean, only on forward moves of a
-  plan that recomputes;
+- ZeRO-1's ``optimizer_gathers``: all-gathers of phase ``optimizer``; ``optimizer_gathers_priced`` a boolean;
+- a collective's ``recompute`` flag: a boolean, only on forward moves of a plan that recomputes;
 - gradient buckets (``Plan.grad_buckets``, absent in older files): each a known record on an axis of more than one
   device, its members parameters of the plan, at most once per axis and kind, in issue order; none when pipelined;
-- figures and ranking: step time and memory are numbers >= 0; a step claimed optimal (``solver.step_optimal``)
-  has a ``step_bound`` it does not exceed.
+- figures: step time and memory numbers >= 0; a step claimed optimal has a ``step_bound`` it does not exceed.
 
 Whether each node's strategy exists for the model is checked where the model is at hand: codegen's
 :func:`~autoshard.codegen.assign.assign_strategies` and verify's mapping (which lists what does not map).
@@ -97,6 +95,8 @@ def check_data(data: Mapping[str, Any], source: str) -> None:
         _known(c, Collective, source, f"optimizer_gathers[{i}].")
         if c.get("phase") != "optimizer" or c.get("kind") != "all_gather":
             raise _fail(source, f"optimizer_gathers[{i}]", "expected an all_gather of phase 'optimizer'")
+    if not isinstance(data.get("optimizer_gathers_priced", False), bool):
+        raise _fail(source, "optimizer_gathers_priced", "expected true or false (whether the step pays them)")
     if not all(isinstance(p, str) for p in _list(data, "pinned", source)):
         raise _fail(source, "pinned", "expected a list of strings such as 'annotations' or 'no tp'")
     if isinstance(data.get("solver"), Mapping):

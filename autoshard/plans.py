@@ -214,8 +214,9 @@ class Plan:
     context_layout: str = "contiguous"
     # The K/V hops of ring attention (point-to-point, overlapped with attention): listed beside the collectives
     ring_transfers: tuple[RingTransfer, ...] = ()
-    # ZeRO-1 gathers no gradient all-reduce pays (problem/zero_gathers.py); apart from the graph's ``collectives``
+    # ZeRO-1's gathers no all-reduce pays (problem/zero_gathers.py); priced: in the step (False: an older file)
     optimizer_gathers: tuple[Collective, ...] = ()
+    optimizer_gathers_priced: bool = True
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
     # The precision recipe priced (``cost_models.memory.RECIPES``): "bf16" (the model's dtypes, fp32 master +
@@ -333,6 +334,7 @@ class Plan:
                 context_layout=str(data.get("context_layout", "contiguous")),
                 ring_transfers=tuple(RingTransfer(**r) for r in data.get("ring_transfers", ())),
                 optimizer_gathers=tuple(Collective(**c) for c in data.get("optimizer_gathers", ())),
+                optimizer_gathers_priced=data.get("optimizer_gathers_priced", False),
                 pinned=tuple(str(p) for p in data.get("pinned", ())),
                 precision=str(data.get("precision", "bf16")),
                 grad_sync=SyncExposure.from_json(data.get("grad_sync")),

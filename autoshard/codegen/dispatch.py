@@ -3,7 +3,8 @@
 its tokens.
 
 On each of the ``n`` devices of that axis's group, holding ``T`` tokens and experts
-``[r·E/n, (r+1)·E/n)``:
+``[r·E/n, (r+1)·E/n)`` -- or, on the zigzag axis of context parallelism, where every split is stored zigzag,
+chunks ``r`` and ``2n-1-r`` of ``2n`` (``expert_order``: expert ids are renumbered in storage order first):
 
 1. sort the ``T·k`` token-expert pairs by expert (:func:`~autoshard.capture.dispatch.route_rows`); the rows
    for device ``d``'s experts are one contiguous run;
@@ -41,7 +42,7 @@ from autoshard.strategies import OpStrategy
 if TYPE_CHECKING:
     from autoshard.codegen.lower import LoweredGraph
 
-__all__ = ["META_DISPATCH", "all_to_all_routed_experts", "with_dispatch"]
+__all__ = ["META_DISPATCH", "all_to_all_routed_experts", "with_dispatch", "zigzag_expert_order"]
 
 META_DISPATCH = "autoshard_dispatch"
 """``node.meta`` key on a lowered routed-experts node: the forward all-to-alls it runs inside itself, which
@@ -89,13 +90,21 @@ def all_to_all_routed_experts(
     axis: int,
     ffn_start: int,
     comm: MeshComm,
+    expert_order: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """This device's tokens through the experts of the whole axis group (module doc): ``hidden`` (T, H),
-    ``index``/``weights`` (T, k) are this device's tokens; ``gate_up``/``down`` its experts."""
+    ``index``/``weights`` (T, k) are this device's tokens; ``gate_up``/``down`` its experts; ``expert_order``
+    the expert ids in the axis's storage order (None: in order)."""
     from autoshard.strategies.rules.moe import windowed_expert_mlp
 
     n, local = comm.mesh_shape[axis], gate_up.shape[0]
     k, group = index.shape[-1], comm.group(axis)
+    if expert_order is not None:  # expert id -> its position in storage order
+        position = torch.empty(n_experts, dtype=index.dtype, device=index.device)
+        position[torch.tensor(expert_order, device=index.device)] = torch.arange(
+            n_experts, dtype=index.dtype, device=index.device
+        )
+        index = position[index]
     perm, _ = route_rows(index, n_experts)
     rows = hidden[perm // k]  # (T*k, H) in expert order
     counts = torch.bincount(index.reshape(-1), minlength=n_experts).to(torch.int64)
@@ -114,6 +123,14 @@ def all_to_all_routed_experts(
     back[order] = torch.arange(order.numel(), device=order.device)
     returned = _AllToAll.apply(y[back], recv, send, comm, axis, nbytes)  # (T*k, H) in expert order
     return combine_rows(returned, weights, perm, k).to(hidden.dtype)
+
+
+def zigzag_expert_order(n_experts: int, n: int) -> tuple[int, ...]:
+    """Expert ids in storage order when the experts' dim is split zigzag over ``n`` devices (module doc)."""
+    from autoshard.strategies.local import zigzag_chunks
+
+    chunk = n_experts // (2 * n)
+    return tuple(e for r in range(n) for c in zigzag_chunks(r, n) for e in range(c * chunk, (c + 1) * chunk))
 
 
 all_to_all_routed_experts.takes_comm = True  # type: ignore[attr-defined]  # codegen passes the MeshComm

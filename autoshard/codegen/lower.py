@@ -14,11 +14,10 @@ priced on, and this device's mesh coordinate.  Output: a :class:`LoweredGraph` -
   :func:`~autoshard.codegen.collectives.redistribute` node carrying the steps of
   :func:`autoshard.problem.costs.edge_steps` -- the very function the cost model prices, called with the same
   cluster, so the collectives emitted are the collectives priced;
-- one redistribution per (tensor, layout): consumers of one tensor that need the same steps both ways share
-  one ``redistribute`` node, so its forward runs once and autograd sums their gradients before its one
-  backward (the fan-out nodes of :mod:`autoshard.problem.fanout` price exactly that); model outputs left
-  ``Partial`` are reduced (:func:`~autoshard.problem.costs.output_fix_steps`); what became dead (a causal
-  mask run as ``is_causal``) is dropped (:func:`autoshard.codegen.causal.drop_dead`).
+- one redistribution per (tensor, layout): consumers needing the same steps both ways share one node (its
+  forward runs once, autograd sums their gradients before its one backward: :mod:`autoshard.problem.fanout`
+  prices exactly that); outputs left ``Partial`` are reduced in the plan's precision (``output_fix_steps``);
+  what became dead (a causal mask run as ``is_causal``) is dropped (``causal.drop_dead``).
 
 Two details keep every rank issuing the same collectives in the same order.  The backward of a custom
 ``autograd.Function`` runs only where its output is used, and a rule's hook may drop an input on some ranks
@@ -285,7 +284,8 @@ class _Lowering:
                 results.append(value)
                 continue
             info, strategy = self.infos[value.name], self.strategies[value.name]
-            fix = output_fix_steps(info, strategy, self.cache) if info.kind == "op" else ()
+            op = info.kind == "op"
+            fix = output_fix_steps(info, strategy, self.cache, self.opts.precision) if op else ()
             results.append(self._insert(self.env[value.name], value.name, "output", fix, ()))
             self.outputs.append((dual_spec(self._spec(value.name)), self._global_shape(value.name)))
         self.graph.output(results[0] if len(results) == 1 else tuple(results))

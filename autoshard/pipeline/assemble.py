@@ -113,13 +113,15 @@ def assemble(
         return ("R", *p) if p else p
 
     tied = _tied_collectives(candidate)
-    added = cut_collectives(candidate, intra.collectives, prefix, first)
-    staged = (*intra.collectives, *added)
+    added, dropped = cut_collectives(candidate, intra.collectives, prefix, first)
+    staged = (*(c for c in intra.collectives if c not in dropped), *added)
     collectives = (*(dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in staged), *tied)
     worst = max(range(split.degree), key=lambda d: split.forward[d] + split.backward[d])
     share = split.forward[worst] + split.backward[worst]
     total = sum(split.forward) + sum(split.backward)
     exposed, p2p, cut, sync = _exposed(candidate, worst, added, sum(c.seconds for c in tied))
+    saved = _received_reduced(candidate, worst, dropped)  # priced per layer, not run: the cut reduced them
+    exposed -= saved
     bubble = 1.0 - m * share / split.pipeline_seconds if split.pipeline_seconds > 0 else 0.0
     note = (
         f"{split.degree} pipeline stages on mesh axis 0 ('pp'); each stage runs the plan on its "
@@ -153,9 +155,9 @@ def assemble(
             dataclasses.replace(c, mesh_axis=c.mesh_axis + 1) for c in intra.optimizer_gathers
         ),
         nodes=_worst_device_nodes(candidate, intra),
-        predicted_step_time=split.step_seconds + cut,
+        predicted_step_time=split.step_seconds + cut - saved,
         communication_time=exposed + p2p + cut,
-        compute_time=split.step_seconds - exposed - p2p,
+        compute_time=split.step_seconds - saved - exposed - p2p,
         memory_per_device=max(split.memory),
         microbatches=m,
         pipeline=pipeline,
@@ -239,6 +241,19 @@ def _exposed(
     seconds = held * layer_sync + pre_sync * (0 in mine) + post_sync * (chunks - 1 in mine)
     sync = SyncExposure(max(seconds, synced), synced)  # the stream's exposure never exceeds what it holds
     return m * per_microbatch + once + synced, p2p, cut, sync
+
+
+def _received_reduced(candidate: Candidate, worst: int, dropped: tuple[Collective, ...]) -> float:
+    """Seconds per step of the reductions device ``worst``'s chunks do not run: each chunk's first layer
+    receives its input already reduced (:func:`~autoshard.pipeline.cuts.cut_collectives`)."""
+    split = candidate.split
+    assert split is not None
+    starts = {
+        split.bounds[c]
+        for c in range(1, len(split.bounds) - 1)
+        if device_of_chunk(split.schedule, c, split.degree) == worst
+    }
+    return math.fsum(c.seconds for c in dropped if c.layer in starts)
 
 
 def _table_share(collectives: tuple[Collective, ...], exposed: float, share: float) -> str:

@@ -10,7 +10,10 @@ Output: ``Plan.collectives`` as the stages run them -- the same records the runt
   an attention mask) moved once, at the first layer that wants the layout; each stage holding layers runs
   that move itself, so it is listed again at the first layer of every later stage;
 - a stage ending inside the layer stack sends its last layer's output whole: one left ``Partial`` (a row-split
-  projection's sum not yet reduced) is reduced before the send, once per microbatch, listed at that layer.
+  projection's sum not yet reduced) is reduced before the send, once per microbatch, listed at that layer;
+  the next stage receives it reduced, so its first layer's forward reductions of that tensor (the whole
+  model's ``P -> R`` or ``P -> S(d)`` into the input norm) do not run there: they leave the list (their
+  ``R -> X`` is a local step, and a use that stays ``P`` takes the received value by a free ``R -> P``).
 
 :func:`stage_collectives` reads the result back per stage: a record belongs to the stage owning its module
 (a layer's module, the embedding's, the head's), a module no stage owns (rotary tables, the model's root)
@@ -24,6 +27,7 @@ import dataclasses
 
 from autoshard.pipeline.search import Candidate
 from autoshard.plans import Collective, Plan
+from autoshard.problem.build import BuiltProblem
 from autoshard.problem.extract import COLLECTIVE_KINDS
 from autoshard.problem.layers import LayerNamer
 from autoshard.problem.moves import output_fix_steps
@@ -33,8 +37,9 @@ __all__ = ["cut_collectives", "per_step", "stage_collectives"]
 
 def cut_collectives(
     candidate: Candidate, intra: tuple[Collective, ...], prefix: str | None, first: int
-) -> tuple[Collective, ...]:
-    """The records the stage cut adds to the whole-model extract's ``intra`` (module doc), on the sub-mesh."""
+) -> tuple[tuple[Collective, ...], tuple[Collective, ...]]:
+    """The records the stage cut adds to the whole-model extract's ``intra`` and those of ``intra`` it takes
+    away (module doc), on the sub-mesh."""
     split, built = candidate.split, candidate.built
     assert split is not None
     namer = LayerNamer(built, prefix, first)
@@ -65,7 +70,26 @@ def cut_collectives(
                     step.kind, step.nbytes, "forward", step.mesh_axis, "output", name, where, seconds
                 )
                 added.append(dataclasses.replace(record, layer=last))
-    return tuple(added)
+    reduced = {
+        (c.tensor, c.layer + 1, c.mesh_axis) for c in added if c.node == "output" and c.layer is not None
+    }
+    dropped = tuple(
+        c
+        for c in intra
+        if c.phase == "forward"
+        and c.kind in _REDUCING
+        and (c.tensor, c.layer, c.mesh_axis) in reduced
+        and _in_layer(built, c.node)  # a final norm after the last layer is no stage's first layer
+    )
+    return tuple(added), dropped
+
+
+def _in_layer(built: BuiltProblem, node: str) -> bool:
+    info = built.infos.get(node)
+    return info is not None and info.block is not None
+
+
+_REDUCING = frozenset({"all_reduce", "reduce_scatter"})  # the steps of a Partial's reduction
 
 
 def _relayer(module: str, old: int, new: int, namer: LayerNamer) -> str:

@@ -45,6 +45,7 @@ from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import node_compute, node_memory, optimizer_time
 from autoshard.problem.extract import plan_collectives
 from autoshard.problem.ready import Backward, Unit, backward_units, unit_backward
+from autoshard.problem.zero_gathers import zero_gathers
 from autoshard.search import SearchProblem, Solution
 from autoshard.strategies import OpStrategy
 from cost_models.overlap import SyncStream
@@ -149,6 +150,11 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
             continue
         sums[part]["backward" if c.phase == "regather" else c.phase] += seconds  # TP, resharding: exposed
         exposed[part] += seconds
+    pick = {name: chosen[built.template[name]] for name in built.infos}
+    for c in zero_gathers(built, pick):  # ZeRO-1's, after backward, once per step: with the optimizer update
+        reader = min(readers.get(built.template.get(c.tensor, c.tensor), {_PRE}))
+        part, share = (_LAYER, 1.0 / n) if c.layer is not None else (reader, 1.0)
+        sums[part]["once"] += c.seconds * share
     per_layer = max(0.0, gather - layer_fwd)  # what the previous layer's forward does not hide
     sums[_LAYER]["forward"] += per_layer
     per_layer_back = max(0.0, regather - layer_bwd)  # what the next layer's backward does not hide

@@ -56,6 +56,7 @@ from autoshard.problem.fanout import (
 from autoshard.problem.graph import NodeInfo, describe
 from autoshard.problem.runs import collapse_runs
 from autoshard.problem.shared import build_cache
+from autoshard.problem.zero_terms import ZeroTerms, zero_terms
 from autoshard.search import SearchProblem
 from autoshard.strategies import OpStrategy, strategies_for
 
@@ -99,6 +100,8 @@ class BuiltProblem:
     extras: MemoryExtras | None = None
     # nodes of further runs of identical blocks (problem/runs.py): node -> (run, block, position)
     runs: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # ZeRO-1's optimizer gathers as solver terms (problem/zero_terms.py): their nodes follow the gather nodes
+    zero: ZeroTerms | None = None
 
     def index(self, name: str) -> int:
         return self.variables.index(self.template[name])
@@ -107,6 +110,7 @@ class BuiltProblem:
         """A solver choice for the variables alone, completed with the state every fan-out node then needs."""
         chosen = dict(zip(self.variables, choice, strict=True))
         gathers = self.extras.complete(chosen) if self.extras is not None else []
+        gathers += self.zero.complete(chosen) if self.zero is not None else []
         return tuple(choice) + tuple(complete_choice(self.fanouts, chosen, self.strategies)) + tuple(gathers)
 
 
@@ -279,15 +283,23 @@ def build_problem(
     edges += extras.edges(index)
     names += [f"gathered {g.producer} for {g.consumer}" for g in extras.gathers]
     labels += extras.labels(cache)
+    # ZeRO-1's all-gathers where no gradient all-reduce pays them (problem/zero_terms.py)
+    zero = zero_terms(g.uses, infos, g.template, strategies, g.mult, cluster, opts, len(names))
+    zero.add_to(node_costs, index)
+    edges += zero.edges(index)
+    names += zero.names()
+    labels += zero.labels()
     trailing = [np.zeros(len(f.node.states)) for f in fans] + [
         np.zeros(len(g.states)) for g in extras.gathers
     ]
+    trailing += [np.zeros(len(z.states)) for z in zero.nodes]
     problem = SearchProblem(
         node_costs=tuple(node_costs) + tuple(trailing),
         edges=tuple(edges),
         memory=tuple(memory)
         + tuple(np.zeros(len(f.node.states)) for f in fans)
-        + tuple(g.memory for g in extras.gathers),
+        + tuple(g.memory for g in extras.gathers)
+        + tuple(np.zeros(len(z.states)) for z in zero.nodes),
         memory_limit=memory_limit,
         allowed=_allowed(variables, g.template, allowed, len(trailing)),
         names=tuple(names),
@@ -313,6 +325,7 @@ def build_problem(
         notes=tuple(notes) + extras.notes,
         extras=extras,
         runs=g.runs,
+        zero=zero,
     )
 
 

@@ -74,6 +74,8 @@ def extract_plan(
     step, _exposed, grad_sync, grad_buckets = critical_path(built, chosen, collectives, compute)
     context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
     step += context.extra_seconds
+    optimizer_gathers = zero_gathers(built, pick, layer_of.module)  # after backward, no overlap: exposed
+    step += sum(c.seconds for c in optimizer_gathers)
     notes = (*notes, context.note) if context.note else notes
     full = tuple(solution.choice)
     if len(full) != built.problem.num_nodes:  # a choice of the variables alone (hand-made plans)
@@ -116,7 +118,7 @@ def extract_plan(
         },
         nodes=nodes,
         collectives=tuple(collectives),
-        optimizer_gathers=zero_gathers(built, pick, collectives),  # listed, not in the step (its doc)
+        optimizer_gathers=optimizer_gathers,  # in the step and the objective (problem/zero_terms.py)
         predicted_step_time=step,  # the critical path under options.overlap (autoshard.problem.step)
         compute_time=compute,
         communication_time=comm,

@@ -215,16 +215,20 @@ def zero_text(plan: Plan) -> str:
     where = []
     if synced:
         where.append("its reduce-scatters and all-gathers are the gradient syncs (bwd)")
-    if gathers:  # listed by the plan, not priced in its step yet (autoshard.problem.zero_gathers)
+    if gathers:  # priced in the step (autoshard.problem.zero_terms); an older file's step did not pay them
         moved, seconds = (
             fmt_bytes(sum(c.nbytes for c in gathers)),
             fmt_seconds(sum(c.seconds for c in gathers)),
         )
         axes = axes_text(sorted({c.mesh_axis for c in gathers}))
         count = f"{len(gathers)} all-gather{'s' * (len(gathers) != 1)}"
+        paid = (
+            "in the step, after backward"
+            if plan.optimizer_gathers_priced
+            else "not in this file's step (saved by an older autoshard: search again to price them)"
+        )
         where.append(
-            f"{count} of updated shards on {axes} where gradients are not reduced ({moved}, {seconds}): the "
-            "runtime runs them, this step does not price them yet"
+            f"{count} of updated shards on {axes} where gradients are not reduced ({moved}, {seconds}, {paid})"
         )
     if not where:  # a file saved before Plan.optimizer_gathers: its gathers were never listed
         return (

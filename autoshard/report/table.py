@@ -276,7 +276,7 @@ def _collectives(view: PlanView, width: int) -> list[str]:
     if not rows and view.plan.optimizer_gathers:  # ZeRO-1's, named on the "optimizer:" line
         return [
             "collectives of one step",
-            "  none in forward or backward (the optimizer's: see optimizer below)",
+            "  none in forward or backward (ZeRO-1's optimizer all-gathers: see optimizer below)",
         ]
     if not rows:
         return ["collectives of one step", "  none: no device ever waits for another"]

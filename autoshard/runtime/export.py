@@ -12,7 +12,8 @@ How a plan maps (per mesh axis):
 - the *data* axis is the one the plan splits the batch over (``plan.input_placements``: ``S(0)``); the
   *tensor-parallel* axis is the other one (at most one of each: a plan over more axes is not expressible);
 - on the TP axis, a ``Linear`` weight ``S(0)`` is ``ColwiseParallel``, ``S(1)`` ``RowwiseParallel``; an
-  ``Embedding`` weight ``S(0)`` (vocabulary) is ``RowwiseParallel``, ``S(1)`` ``ColwiseParallel``; a sharded
+  ``Embedding`` weight ``S(0)`` (vocabulary) is ``RowwiseParallel``, ``S(1)`` ``ColwiseParallel`` with its output
+  gathered (the unsplit norm after it reads whole hidden states: a local ``Shard(-1)`` piece failed); a sharded
   LM head (a ``Linear`` that no later linear reads) returns replicated logits; anything else sharded on the TP
   axis (a norm weight, a bias-only module, a conv) is not expressible, and is named in the error;
 - on the data axis, every parameter is sharded by ``fully_shard`` (one unit per repeated layer, then the
@@ -106,7 +107,7 @@ def dtensor_styles(model: nn.Module, plan: Plan) -> ExportPlan:
             last = linears and linears[-1] == path
             styles[path] = ("colwise-replicated-output" if last else "colwise") if p.dim == 0 else "rowwise"
         elif isinstance(owner, nn.Embedding):
-            styles[path] = "rowwise" if p.dim == 0 else "colwise"
+            styles[path] = "rowwise" if p.dim == 0 else "colwise-replicated-output"  # layers read it whole
         else:
             refused.append(f"{fqn} ({type(owner).__name__}) is {spec}: no DTensor style splits this module")
     for name, placements in plan.input_placements.items():

@@ -11,8 +11,10 @@ since every collective is linear the sum of per-microbatch reductions equals the
 
 1. a *sole* use that reads the parameter in its own layout (no forward steps): all its backward steps (data
    parallel's all-reduce, or reduce-scatter + all-reduce + all-gather over two axes);
-2. otherwise, when every use is an edge and all agree, the ``all_reduce`` steps on mesh axes where the
-   parameter is replicated (a weight read by two edges; an edge that also slices);
+2. otherwise, when every use is an edge, the ``all_reduce`` steps on the mesh axes where the parameter is
+   replicated and *every* use all-reduces (a weight read by two edges; an edge that also slices); an axis
+   some use does not reduce keeps the others' all-reduces (the gradient is replicated there, and ZeRO-1
+   gathers it: :mod:`autoshard.problem.zero_gathers` prices the same rule);
 3. with ``gathered=True`` (pipelines), a sole use that *gathers* the parameter (FSDP: all-gather forward,
    reduce-scatter backward): its backward then adds the gathered gradient into a buffer on the parameter
    and the reduce-scatter runs once per step on the sum (as FSDP2 does with gradient sync off between
@@ -130,8 +132,8 @@ def defer_gradient_sync(module: fx.GraphModule, *, gathered: bool = False) -> tu
             per_use = [
                 {s.mesh_axis for s in parse_steps(str(u.args[3])) if s.kind == "all_reduce"} for u in users
             ]
-            axes = per_use[0] & replicated.get(fqn, set())
-            if not axes or any((use & replicated.get(fqn, set())) != axes for use in per_use):
+            axes = set.intersection(*per_use) & replicated.get(fqn, set())
+            if not axes:
                 continue
             for u in users:
                 kept = [

@@ -45,6 +45,7 @@ from torch import nn
 
 from autoshard.codegen import parallel_info
 from autoshard.codegen.assign import assign_strategies
+from autoshard.codegen.collectives import parse_steps
 from autoshard.codegen.shard import gather_full
 from autoshard.errors import VerifyError
 from autoshard.pipeline.cuts import per_step, stage_collectives
@@ -128,6 +129,7 @@ def _rank(
     ranks = getattr(run.schedule, "stage_index_to_group_rank", None)  # multi-stage schedules: torch's map
     return {
         "loss": loss,
+        "loss_steps": run.loss_steps,  # the harness's gather for the loss (pipelining doc)
         "grads": grads,
         "logs": logs,
         "sends": len(sends),
@@ -173,6 +175,13 @@ def verify_pipelined(plan: Plan, model: nn.Module, ids: torch.Tensor, *, name: s
             if c.phase in ("forward", "backward"):
                 planned[f"{c.phase} {c.kind}"] += per_step(plan, c)
                 runs[index][_key(c)] += per_step(plan, c)
+    for step_ in parse_steps(
+        max((r["loss_steps"] for r in results), key=len)  # the last stage's ranks ran it
+    ):  # the loss's own, once per microbatch on the last stage
+        if step_.is_collective and chunks - 1 in runs:  # its string has no bytes: the size the rank logged
+            ran = [r for r in by_stage[chunks - 1][0] if r[:3] == ("forward", step_.kind, step_.mesh_axis)]
+            runs[chunks - 1][("forward", step_.kind, step_.mesh_axis, ran[-1][3] if ran else 0)] += m
+            planned[f"forward {step_.kind}"] += m
     group = len(pipe.stages[0].ranks)
     hops = check_staged_ring_hops(plan, [r["hops"] for r in results], group)  # or VerifyError
     ring = sum(h.sends for r in results for h in r["hops"])  # context parallelism's, checked on their own

@@ -12,8 +12,10 @@ exactly that:
   parameter's edges run on axes where the parameter is replicated are taken out of the graph, so the
   gradient stays ``Partial`` there; the optimizer reduce-scatters it over those axes (outer axis first), each
   rank keeping the flat chunk it owns.  Axes on which the gradient is already replicated (a norm weight
-  under Megatron) are sliced, not reduced.  A parameter whose uses disagree keeps its all-reduce and is sliced;
-  :attr:`ZeroOptimizer.deferred` says which were deferred.
+  under Megatron) are sliced, not reduced.  On an axis where a parameter's uses disagree (one all-reduces,
+  another yields a replicated gradient) the all-reduce stays and the axis is sliced;
+  :attr:`ZeroOptimizer.deferred` says which axes were deferred.  The updated chunks are all-gathered over
+  every replicated axis; those of axes left sliced are ``Plan.optimizer_gathers`` (priced in the plan's step).
 - ``stage=1`` (ZeRO-1): whole local gradients live until ``step()``, which reduce-scatters them, runs the
   inner optimizer on the flat chunks (``torch.optim.AdamW`` over chunk tensors: its state is 1/k of the
   parameter's) and all-gathers the updated chunks into the parameters.

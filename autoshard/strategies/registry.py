@@ -148,9 +148,9 @@ def strategies_for(
 ) -> list[OpStrategy]:
     """The candidate strategies of ``node`` on ``mesh_shape`` (deterministic order, never empty).
 
-    With ``drop_dominated`` (the default), strategies that need a ``Partial`` input from a placeholder or
-    ``get_attr`` node are dropped: such a node never holds a Partial value, and the same strategy with that
-    input replicated yields an output at least as useful.  The numeric harness turns this off to check them.
+    With ``drop_dominated`` (the default), strategies that need a ``Partial`` input on an axis from placeholder
+    or ``get_attr`` nodes alone are dropped: such a node never holds a Partial value, and the same strategy
+    with that axis replicated yields an output at least as useful.  The numeric harness turns this off to check them.
     """
     mesh = tuple(int(n) for n in mesh_shape)
     if node.op == "output":
@@ -187,21 +187,32 @@ def _scalar_strategy(node: fx.Node) -> OpStrategy:
 
 
 def _drop_partial_from_leaf(node: fx.Node, strategies: list[OpStrategy]) -> list[OpStrategy]:
-    """The strategies that need no ``Partial`` input from a placeholder or ``get_attr`` node."""
+    """The strategies but those Partial on an axis in placeholder or ``get_attr`` inputs alone.  A leaf
+    Partial beside a computed one on the same axis is kept: ``x + h`` with ``x`` a pipeline stage's received
+    hidden states and ``h`` a row-split projection's sum runs ``P, P -> P`` with the leaf's ``R -> P`` a free
+    local step, where replicating the axis would reduce ``h``."""
     leaves = [k for k, inp in enumerate(node.all_input_nodes) if inp.op in ("placeholder", "get_attr")]
     if not leaves:
         return strategies
-    partial: dict[ShardingSpec, bool] = {}  # isinstance on torch placements is slow: once per spec
+    partial: dict[ShardingSpec, frozenset[int]] = {}  # isinstance on torch placements is slow: once per spec
 
-    def has_partial(spec: ShardingSpec | None) -> bool:
+    def axes(spec: ShardingSpec | None) -> frozenset[int]:
         if spec is None:
-            return False
+            return frozenset()
         found = partial.get(spec)
         if found is None:
-            found = partial[spec] = any(isinstance(p, Partial) for p in spec.placements)
+            found = partial[spec] = frozenset(
+                a for a, p in enumerate(spec.placements) if isinstance(p, Partial)
+            )
         return found
 
-    return [s for s in strategies if not any(has_partial(s.inputs[k]) for k in leaves)]
+    others = [k for k in range(len(node.all_input_nodes)) if k not in leaves]
+    kept = []
+    for s in strategies:
+        mine = frozenset().union(*(axes(s.inputs[k]) for k in leaves))
+        if not mine or mine <= frozenset().union(*(axes(s.inputs[k]) for k in others)):
+            kept.append(s)
+    return kept
 
 
 def module_path(node: fx.Node) -> str:

@@ -16,7 +16,9 @@ def test_column_row_on_a_small_mlp_reports_one_all_reduce_and_the_price(cli) -> 
     rows = [line.split() for line in r.out.splitlines() if line.lstrip().startswith(("fwd ", "bwd "))]
     assert [row[:2] for row in rows if row[0] == "fwd"] == [["fwd", "all_reduce"]]
     assert not any(row[1] == "all_gather" for row in rows)
-    assert "price of your annotations:" in r.out and "unpinned optimum (+" in r.out
+    # no extra cost since ZeRO-1's gathers are priced: Megatron's pins are the fastest plan the ranking knows
+    # (the free search's data parallel syncs show in its step; tests/planner/test_planner_pins.py)
+    assert "price of your annotations:" in r.out and "unpinned optimum (no extra cost)" in r.out
 
 
 def test_forbid_and_allow_kinds(cli) -> None:

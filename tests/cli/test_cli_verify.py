@@ -19,12 +19,23 @@ def test_verify_runs_a_tiny_model_on_two_processes(cli) -> None:
     assert r.out.startswith("verify mlp-deep on mesh (2,)") and "OK" in r.out
 
 
-def test_verify_of_a_replicated_plan_is_not_ok(cli) -> None:
+def test_verify_of_a_replicated_plan_is_not_ok(cli, tmp_path) -> None:
+    """A replicated plan, planned with every kind of parallelism forbidden (it was the small model's optimum
+    until ZeRO-1's gathers were priced: replication now pays them, and splitting wins)."""
     pytest.importorskip(VERIFY_MODULE)
-    r = cli("verify", "--model", "mlp-deep", "--nproc", "2")  # the small model's optimum: replication
+    import autoshard
+    from autoshard import zoo
+    from autoshard.runtime.verify import cluster_for
+
+    case = zoo.build("mlp-deep")
+    kinds = ("dp", "fsdp", "tp", "sp", "cp", "ep")
+    plan = autoshard.plan(case.model, cluster_for("cpu", 2), case.args, case.kwargs, forbid=kinds)
+    assert not plan.collectives
+    plan.save(tmp_path / "plan.json")
+    r = cli("verify", "--plan", str(tmp_path / "plan.json"), "--model", "mlp-deep")
     assert r.code == 1
     assert "NOTHING DISTRIBUTED CHECKED" in r.out.splitlines()[0] and "--allow-replicated" in r.out
-    r = cli("verify", "--model", "mlp-deep", "--nproc", "2", "--allow-replicated")
+    r = cli("verify", "--plan", str(tmp_path / "plan.json"), "--model", "mlp-deep", "--allow-replicated")
     assert r.code == 0 and " OK " in r.out.splitlines()[0]
 
 

@@ -89,9 +89,12 @@ def test_adam_state_is_sharded_over_one_stages_devices() -> None:
 
 
 def test_a_table_of_no_measurable_time_claims_no_share() -> None:
-    """New-user trial (llama-tiny --pp 2 on cpu): "of which this rank runs about 0.0 us (51.7%)"."""
+    """New-user trial (llama-tiny --pp 2 on cpu): "of which this rank runs about 0.0 us (51.7%)".  Every split
+    inside a stage is forbidden: since ZeRO-1's gathers are priced the free optimum splits the vocabulary on
+    the stage's 2 devices (its embedding's gather saved), and its table then lists measurable time."""
     case = zoo.build("llama-tiny")
-    plan = autoshard.plan(case.model, load_cluster("cpu"), case.args, pipeline=2)
+    forbid = ["dp", "tp", "sp", "cp", "ep", "fsdp"]
+    plan = autoshard.plan(case.model, load_cluster("cpu"), case.args, pipeline=2, forbid=forbid)
     note = next(n for n in plan.notes if n.startswith("communication "))
     assert note.endswith("the collectives table lists none that takes measurable time")
     assert "0.0 us (" not in note and "%" not in note

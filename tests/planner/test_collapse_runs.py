@@ -76,9 +76,10 @@ def _map_choice(small: BuiltProblem, big: BuiltProblem, choice) -> list[int]:
     return mapped
 
 
-def _exact(model, args, kwargs, cluster) -> tuple[BuiltProblem, float]:
-    collapsed = build_problem(capture(model, args, kwargs), cluster, CostOptions())
-    full = build_problem(_uncollapsed(capture(model, args, kwargs)), cluster, CostOptions())
+def _exact(model, args, kwargs, cluster, opts: CostOptions | None = None) -> tuple[BuiltProblem, float]:
+    opts = opts or CostOptions()
+    collapsed = build_problem(capture(model, args, kwargs), cluster, opts)
+    full = build_problem(_uncollapsed(capture(model, args, kwargs)), cluster, opts)
     assert collapsed.runs and not full.runs
     assert len(collapsed.variables) < len(full.variables)
     solution = solve(collapsed.problem)
@@ -133,8 +134,12 @@ def test_t5_collapsed_optimum_is_exact_on_the_uncollapsed_problem(mesh) -> None:
 
 @pytest.mark.parametrize("mesh", [(8,), (2, 4)])
 def test_attribute_blocks_collapsed_optimum_is_exact(mesh) -> None:
+    """Without ZeRO-1: since its optimizer gathers are priced (problem/zero_terms.py), this 16-wide toy's
+    optimum on 8 devices splits its first block and replicates the other three (0.67516 ms against 0.67563
+    for the best shared choice), a plan collapsing does not consider by design (build.py: exact among plans
+    that give identical blocks identical strategies).  Without them every block shares the optimum again."""
     cluster = autoshard.load_cluster("a100x8", mesh=mesh)
-    _exact(AttributeBlocks(), (torch.randn(64, 16),), {}, cluster)
+    _exact(AttributeBlocks(), (torch.randn(64, 16),), {}, cluster, CostOptions(shard_optimizer=False))
 
 
 def test_plan_lists_every_block_of_a_run() -> None:
@@ -194,9 +199,24 @@ def test_check_export_cuts_the_encoder_tower(monkeypatch) -> None:
 
 @pytest.mark.parametrize("which", ["t5", "attributes"])
 def test_plan_figures_are_the_collapsed_objective(which: str) -> None:
-    """Every block of a run listed with the shared decision adds up to what the solver priced once."""
+    """Every block of a run listed with the shared decision adds up to what the solver priced once.
+
+    Every kind of parallelism forbidden: replicated, these toys' optimum before ZeRO-1's gathers were priced
+    (then the step was the objective exactly).  Priced, a replicated plan pays every block's optimizer gathers,
+    and the heads now sum their outputs to get a Partial gradient instead (one all-reduce rather than gathers):
+    the step then differs from the objective by what of that gradient sync hides or shows (problem/step.py:
+    the objective assumes a sync outside the layers does not hide), never by more, and not by the run."""
     model, args, kwargs = tiny_t5(4) if which == "t5" else (AttributeBlocks(), (torch.randn(64, 16),), {})
-    plan = autoshard.plan(model, autoshard.load_cluster("a100x8", mesh=(2, 4)), args, kwargs)
-    assert plan.predicted_step_time == pytest.approx(plan.solver.objective, rel=1e-6, abs=1e-9)
-    assert plan.compute_time + plan.communication_time == pytest.approx(plan.predicted_step_time)
+    cluster = autoshard.load_cluster("a100x8", mesh=(2, 4))
+    plan = autoshard.plan(model, cluster, args, kwargs, forbid=("dp", "fsdp", "tp", "sp", "cp", "ep"))
+    gathered = {c.module for c in plan.optimizer_gathers}
+    assert gathered <= set(plan.param_placements)
+    blocks = ("encoder.block.1.", "encoder.block.3.") if which == "t5" else ("layer1.", "layer3.")
+    assert all(any(m.startswith(b) for m in gathered) for b in blocks)  # every block of the run pays its own
+    sync = plan.grad_sync.seconds if plan.grad_sync is not None else 0.0
+    assert abs(plan.predicted_step_time - plan.solver.objective) <= sync + 1e-9
+    gathers = sum(c.seconds for c in plan.optimizer_gathers)
+    hidden = plan.grad_sync.seconds - plan.grad_sync.exposed if plan.grad_sync is not None else 0.0
+    step = plan.compute_time + plan.communication_time - hidden + gathers
+    assert step == pytest.approx(plan.predicted_step_time)
     assert set(plan.param_placements) == {name for name, _ in model.named_parameters()}

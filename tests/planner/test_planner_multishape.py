@@ -32,7 +32,13 @@ def test_two_sequence_buckets_share_parameters_and_beat_either_single_shape_layo
     assert math.isclose(multi.weighted_step_time, weighted, rel_tol=1e-12)
     assert short.solver.optimal and long.solver.optimal
     # Pinning the parameters to either bucket's own optimum and planning the activations of both shapes
-    # under it is one of the joint plans: never better than the joint optimum.
+    # under it is one of the joint plans: never better than the joint optimum, up to the gradient sync the
+    # objective takes as hidden and the step may show (problem/step.py).  Since ZeRO-1's gathers are priced
+    # gpt2-tiny is no longer replicated here, and its syncs show.
+    slack = math.fsum(
+        w * (p.grad_sync.exposed if p.grad_sync is not None else 0.0)
+        for w, p in zip(WEIGHTS, multi.plans, strict=True)
+    )
     for _, args, kwargs in shapes:
         alone = autoshard.plan(model, cluster, args, kwargs)
         pinned = {name: spec for name, spec in alone.param_placements.items()}
@@ -40,7 +46,7 @@ def test_two_sequence_buckets_share_parameters_and_beat_either_single_shape_layo
             w * autoshard.plan(model, cluster, a, k, annotations=pinned).predicted_step_time
             for w, a, k in shapes
         )
-        assert multi.weighted_step_time <= total * (1 + 1e-9)
+        assert multi.weighted_step_time <= total * (1 + 1e-9) + slack
 
 
 def test_weights_must_be_positive() -> None:

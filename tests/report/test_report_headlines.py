@@ -128,9 +128,12 @@ class _Mlp(nn.Module):
 
 @pytest.fixture(scope="module")
 def replicated_plan() -> Plan:
-    """The MLP with its input pinned replicated on one a100x8 node: every device computes everything."""
+    """The MLP with its input and weights pinned replicated on one a100x8 node: every device computes
+    everything.  (Its weights are pinned since ZeRO-1's gathers are priced: with the input alone pinned,
+    Megatron's column/row split -- one 2 KiB all-reduce -- now beats gathering two 64 KiB weights.)"""
     x = torch.randn(8, 64)
-    return autoshard.plan(_Mlp(), autoshard.load_cluster("a100x8"), (x,), annotations={"x": ("R",)})
+    pins = {"x": ("R",), "fc1.weight": ("R",), "fc2.weight": ("R",)}
+    return autoshard.plan(_Mlp(), autoshard.load_cluster("a100x8"), (x,), annotations=pins)
 
 
 def test_a_replicated_plan_names_the_sharded_optimizer_state_all_gathers(
@@ -145,6 +148,10 @@ def test_a_replicated_plan_names_the_sharded_optimizer_state_all_gathers(
     assert all(
         c.phase == "optimizer" and c.kind == "all_gather" and c.seconds > 0 for c in plan.optimizer_gathers
     )
+    # priced: the step is compute plus the gathers (nothing else communicates), and equals the objective
+    gathers = sum(c.seconds for c in plan.optimizer_gathers)
+    assert plan.predicted_step_time == pytest.approx(plan.compute_time + gathers, rel=1e-12)
+    assert plan.solver.objective == pytest.approx(plan.predicted_step_time, rel=1e-6)
     report = " ".join(render(plan).split())
     assert report.startswith("replicated on 8 devices: no collective but ZeRO-1's 2 optimizer all-gathers")
     assert (

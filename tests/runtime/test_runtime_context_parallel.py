@@ -137,15 +137,15 @@ def test_an_hf_mask_proven_causal_prices_both_layouts_and_keeps_the_cheaper() ->
     case = zoo.build("llama-tiny", batch=1, seq=32)
     pins = {"model.layers.*.self_attn": "ring", "input_ids": ("S(1)",)}
     plan = autoshard.plan(case.model, cluster_for("cpu", 4), case.args, annotations=pins)
-    # the mask is proven causal (capture/causal.py), so both layouts are priced in the search; at 32 tokens the
-    # imbalance is smaller than zigzag's reordering of the gathers on the ring axis: contiguous is cheaper
+    # the mask is proven causal (capture/causal.py), so both layouts are priced in the search and the cheaper
+    # is kept; at 32 tokens the two are within 0.1 % (since ZeRO-1's gathers are priced the optimum changed --
+    # 2 optimizer gathers left of 21 -- and zigzag now edges contiguous out by 0.01 ms)
     (searched,) = [n for n in plan.notes if "layout searched" in n]
     prices = dict(re.findall(r"(zigzag on axis 0|contiguous) ([0-9.e-]+) s", searched))
     assert set(prices) == {"zigzag on axis 0", "contiguous"}
+    kept = "contiguous" if plan.context_layout == "contiguous" else "zigzag on axis 0"
     # (printed to 4 digits: once attention is priced at its triangle the two round alike)
-    assert plan.context_layout == "contiguous" and float(prices["contiguous"]) <= float(
-        prices["zigzag on axis 0"]
-    )
+    assert float(prices[kept]) <= min(float(p) for p in prices.values())
 
 
 class EmbedAttention(nn.Module):

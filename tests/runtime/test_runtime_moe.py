@@ -189,3 +189,14 @@ def test_planner_tries_fused_and_unfused_experts_and_codegen_follows() -> None:
     assert report.ok, str(report)
     assert report.emitted == report.planned and report.ranks_agree
     assert sum(report.emitted.values()) >= 1  # something distributed ran (here: the ids gathered)
+
+
+def test_experts_split_on_the_zigzag_axis_are_dispatched_in_storage_order() -> None:
+    """On the ring's zigzag axis every split is stored zigzag, the experts' too: device r of n holds chunks r
+    and 2n-1-r of 2n, and the all-to-all dispatch renumbers expert ids in that order (the H100 Mixtral plan
+    dispatching on its ring axis sent tokens to the wrong experts before)."""
+    from autoshard.codegen.dispatch import zigzag_expert_order
+
+    assert zigzag_expert_order(8, 2) == (0, 1, 6, 7, 2, 3, 4, 5)
+    assert zigzag_expert_order(4, 2) == (0, 3, 1, 2)
+    assert sorted(zigzag_expert_order(16, 4)) == list(range(16))

@@ -35,8 +35,13 @@ def test_recomputed_layers_match_single_device_and_reissue_what_was_priced(polic
     report = verify(m.model, m.args, m.kwargs, plan=plan, captured=m.captured, name=f"llama-{policy}")
     assert report.ok, str(report)
     assert report.emitted == report.planned and report.ranks_agree
-    # the re-issued forward all-reduces ran: more forward collectives than backward ones (Megatron: equal)
-    assert report.emitted["forward all_reduce"] > report.emitted["backward all_reduce"]
+    # the re-issued forward all-reduces (listed with ``recompute``) ran on top of the forward pass's own (the
+    # plan keeps the residual stream Partial since ZeRO-1's gathers are priced: not Megatron's equal counts)
+    rerun = sum(1 for c in plan.collectives if c.kind == "all_reduce" and c.recompute)
+    once = sum(
+        1 for c in plan.collectives if c.kind == "all_reduce" and c.phase == "forward" and not c.recompute
+    )
+    assert rerun > 0 and report.emitted["forward all_reduce"] == once + rerun
 
 
 def test_each_layer_is_one_checkpointed_region() -> None:

@@ -21,6 +21,7 @@ output ``(T, H)``.  Per mesh axis:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import fx
@@ -88,9 +89,11 @@ def _local(ctx: LocalContext) -> LocalCall:
     ffn_start, _ = ctx.in_range(down, 1)
     axis = dispatch_axis(ctx.strategy)
     if axis is not None:
-        from autoshard.codegen.dispatch import all_to_all_routed_experts
+        from autoshard.codegen.dispatch import all_to_all_routed_experts, zigzag_expert_order
 
-        kwargs = {"n_experts": n_experts, "axis": axis, "ffn_start": ffn_start}
+        kwargs: dict[str, Any] = {"n_experts": n_experts, "axis": axis, "ffn_start": ffn_start}
+        if ctx.zigzag_axis == axis:  # experts stored zigzag on the ring's axis, like every split there
+            kwargs["expert_order"] = zigzag_expert_order(n_experts, ctx.mesh_shape[axis])
         return LocalCall(all_to_all_routed_experts, tuple(ctx.args[:7]), kwargs)
     if ctx.strategy.work_divisor == 1:
         return default_call(ctx)
