@@ -271,12 +271,6 @@ class Plan:
 
         return summary(self, width, baseline)
 
-    def recipe_note(self, runner: str, runs: str) -> str:
-        """One line when ``runner`` runs another recipe (``runs``) than :attr:`precision`, else ""."""
-        from autoshard.report.figures import recipe_note
-
-        return recipe_note(self, runner, runs)
-
     # -- files ------------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -21,6 +21,7 @@ import autoshard
 from autoshard import zoo
 from autoshard.errors import PlanFileError
 from autoshard.plans import Plan, load_plan
+from autoshard.report.figures import recipe_note
 from autoshard.runtime.verify import cluster_for
 
 
@@ -95,7 +96,7 @@ def test_a_pipelined_amp_plan_prices_its_tied_gradient_in_fp32() -> None:
 def test_runners_say_in_one_line_when_they_run_another_recipe(plans: dict[str, Plan]) -> None:
     """``verify --plan`` and ``examples/train.py`` run the model's own dtype without autocast: an amp plan gets
     one line saying so (no silent mismatch); a bf16 plan, whose captured dtypes they keep, none."""
-    assert plans["bf16"].recipe_note("verify", "the model's dtype") == ""
-    note = plans["amp"].recipe_note("verify", "the model's dtype without autocast")
+    assert recipe_note(plans["bf16"], "verify", "the model's dtype") == ""
+    note = recipe_note(plans["amp"], "verify", "the model's dtype without autocast")
     assert note.endswith("\n") and note.count("\n") == 1
     assert "priced for amp: fp32 weights + bf16 autocast copies" in note and "verify runs" in note

@@ -288,13 +288,14 @@ def run_verify(
     plan verified, mapped onto a scaled-down copy past 8 devices or for a model built on meta."""
     from autoshard import zoo
     from autoshard.plans import load_plan
+    from autoshard.report.figures import recipe_note
     from autoshard.runtime.mapping import verify_plan
 
     flags: dict[str, Any] = {"allow_replicated": allow_replicated, "seed": seed, "fault": fault}
     if plan is not None:
         loaded = plan if isinstance(plan, Plan) else load_plan(plan)
         runs = "the model in its own dtype (float64 with --float64) without autocast"
-        print(loaded.recipe_note("verify", runs), end="")  # an amp plan: its splits checked, not its recipe
+        print(recipe_note(loaded, "verify", runs), end="")  # an amp plan: its splits checked, not its recipe
         return verify_plan(loaded, spec, float64=float64, **flags)
     if spec is None:
         raise AutoshardError("verify needs a plan or a model: --plan PLAN.json or --model SPEC")
