@@ -20,6 +20,7 @@ from autoshard.codegen.assign import assign_strategies
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions
 from autoshard.search import evaluate, solve
+from tests.planner.test_planner_costs import solver_optimum_step
 
 
 def tiny_t5(layers: int = 4) -> tuple[nn.Module, tuple[torch.Tensor], dict[str, torch.Tensor]]:
@@ -214,7 +215,10 @@ def test_plan_figures_are_the_collapsed_objective(which: str) -> None:
     blocks = ("encoder.block.1.", "encoder.block.3.") if which == "t5" else ("layer1.", "layer3.")
     assert all(any(m.startswith(b) for m in gathered) for b in blocks)  # every block of the run pays its own
     sync = plan.grad_sync.seconds if plan.grad_sync is not None else 0.0
-    assert abs(plan.predicted_step_time - plan.solver.objective) <= sync + 1e-9
+    if plan.solver.chosen.split(" = ")[0] == "solver optimum":
+        assert abs(plan.predicted_step_time - plan.solver.objective) <= sync + 1e-9
+    else:  # the ranking priced a faster candidate than the solver's optimum (planner_candidates): its step
+        assert plan.predicted_step_time <= solver_optimum_step(plan) * (1 + 1e-5)  # is of another plan
     gathers = sum(c.seconds for c in plan.optimizer_gathers)
     hidden = plan.grad_sync.seconds - plan.grad_sync.exposed if plan.grad_sync is not None else 0.0
     step = plan.compute_time + plan.communication_time - hidden + gathers

@@ -71,10 +71,11 @@ def test_the_shortcut_ranks_like_the_exhaustive_path(monkeypatch: pytest.MonkeyP
     if run is _llama_selective:  # one recomputation policy: a scope, inside which the bound is met
         assert calls and all(rank_plan(*a, **k).solver.bound_scope for a, k in calls)
         # the bound was met inside the scope (the hand plans then go unpriced) while llama-tiny ran replicated;
-        # since ZeRO-1's gathers are priced it syncs gradients, the step shows them, and when the bound is not
-        # met every hand plan is priced: nothing to skip
+        # since ZeRO-1's gathers are priced it syncs gradients and the step shows them: short of the bound the
+        # shortcut may still skip the candidates a masked lower bound proves slower (planner_candidates), so
+        # only a met bound says how many go unpriced
         met = all(rank_plan(*a, **k).solver.step_optimal for a, k in calls)
-        assert skipped > 0 if met else skipped == 0, "the shortcut skips hand plans once the bound is met"
+        assert skipped > 0 or not met, "the shortcut skips hand plans once the bound is met"
 
 
 def test_the_mesh_search_prices_its_winner_unpinned_as_planning_it_alone() -> None:

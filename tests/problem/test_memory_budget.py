@@ -14,11 +14,12 @@ from autoshard import zoo
 from autoshard.annotations import pin_problem
 from autoshard.capture import capture
 from autoshard.errors import InfeasibleError
+from autoshard.planner_candidates import SYNC_EXPOSED, kind_allowed, sync_exposed_problem
 from autoshard.planner_rerank import hand_plan_masks, lower_bound_problem
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.mix import best_share, share_problem
-from autoshard.search import memory_of, solve
+from autoshard.search import SearchProblem, memory_of, solve
 
 DATA_PARALLEL = {
     "input_ids": ("S(0)",),
@@ -46,6 +47,19 @@ def _built(
     return pin_problem(built, pins, frozenset(), "model.layers", 0) if pins else built
 
 
+def _candidate(built: BuiltProblem, name: str) -> tuple[SearchProblem, tuple[np.ndarray | None, ...] | None]:
+    """The problem and masks of the ranking's candidate ``name`` (planner_rerank, planner_candidates)."""
+    base, _, kind = name.partition(" without ")
+    problem = {
+        "solver optimum": built.problem,
+        "lower-bound optimum": lower_bound_problem(built),
+        SYNC_EXPOSED: sync_exposed_problem(built),
+    }.get(base)
+    if problem is None:  # a hand plan: the linear problem under its masks
+        return built.problem, hand_plan_masks(built, name)
+    return problem, kind_allowed(built, kind) if kind else None
+
+
 def test_fsdp_gathers_and_the_temporary_are_inside_the_budget() -> None:
     """Unpinned on 8 devices with a budget that forces sharding: the plan's memory (its breakdown included)
     is exactly the memory the solver held under the budget, and it fits."""
@@ -56,10 +70,7 @@ def test_fsdp_gathers_and_the_temporary_are_inside_the_budget() -> None:
     assert built.extras is not None and built.extras.gathers  # parameter uses that can all-gather
     plan = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none", memory_limit=limit)
     # the plan is the candidate with the lowest reported step (autoshard.planner_rerank): solve that one
-    chosen = plan.solver.chosen.split(" = ")[0]
-    masks = None if chosen.endswith("optimum") else hand_plan_masks(built, chosen)
-    problem = lower_bound_problem(built) if chosen == "lower-bound optimum" else built.problem
-    assert problem is not None
+    problem, masks = _candidate(built, plan.solver.chosen.split(" = ")[0])
     solution = solve(dataclasses.replace(problem, allowed=masks) if masks else problem)
     assert plan.memory_per_device <= limit
     assert plan.memory_per_device == pytest.approx(memory_of(built.problem, solution.choice), rel=1e-9)
