@@ -271,6 +271,12 @@ class Plan:
 
         return summary(self, width, baseline)
 
+    def recipe_note(self, runner: str, runs: str) -> str:
+        """One line when ``runner`` runs another recipe (``runs``) than :attr:`precision`, else ""."""
+        from autoshard.report.figures import recipe_note
+
+        return recipe_note(self, runner, runs)
+
     # -- files ------------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -389,8 +395,6 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    from autoshard.report.labels import fmt_bytes  # imported late: the report reads plans
+
+    return fmt_bytes(n)
