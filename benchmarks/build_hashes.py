@@ -52,23 +52,14 @@ def hashes_case(which: str) -> dict[str, str]:
     """Every build of one case in this (child) process, in the planner's order: label -> digest."""
     import gc
 
-    import autoshard
-    from autoshard import zoo
-    from autoshard.capture import capture
     from autoshard.problem.build import build_problem
     from autoshard.problem.context import zigzag_cluster
     from autoshard.problem.costs import CostOptions, Recompute
     from benchmarks.plan_phases import CASES
+    from benchmarks.rebuilds import captured_case
 
-    if which == "tiny":
-        model, profile, mesh, nodes, batch, seq = "llama-tiny", "a100x8", [2, 2, 2], 1, 4, 64
-    else:
-        model, profile, mesh, nodes, batch, seq, _ = CASES[which]
-    case = zoo.build(model, batch=batch, seq=seq, device="meta")
-    cluster = autoshard.load_cluster(profile, nodes=nodes, mesh=tuple(mesh))
-    args = case.args if isinstance(case.args, tuple) else (case.args,)
-    captured = capture(case.model, args, dict(case.kwargs or {}))
-    limit = float(cluster.device_memory)
+    tiny = ("llama-tiny", "a100x8", [2, 2, 2], 1, 4, 64)
+    cluster, captured, limit = captured_case(*(tiny if which == "tiny" else CASES[which][:6]))
     gc.disable()  # as autoshard.plan runs (autoshard.gcpause)
     builds: list[tuple[str, Any, CostOptions]] = [
         (p.value, cluster, CostOptions(recompute=p)) for p in Recompute
@@ -78,7 +69,7 @@ def hashes_case(which: str) -> dict[str, str]:
         for p in (Recompute.SELECTIVE, Recompute.FULL)
     ]
     builds.append(("contiguous", cluster, CostOptions(recompute=Recompute.SELECTIVE, cp_layout="contiguous")))
-    for axis in reversed(range(len(mesh))):
+    for axis in reversed(range(len(cluster.mesh_shape))):
         for p in Recompute:
             options = CostOptions(recompute=p, cp_layout="contiguous")
             builds.append((f"zigzag {axis} {p.value}", zigzag_cluster(cluster, axis), options))

@@ -22,23 +22,29 @@ from benchmarks.plan_phases import CASES
 __all__ = ["main", "rebuilds_case"]
 
 
+def captured_case(
+    model: str, profile: str, mesh: Any, nodes: int, batch: int, seq: int
+) -> tuple[Any, Any, float]:
+    """(cluster, captured model, memory limit) of one case, as autoshard.plan makes them."""
+    import autoshard
+    from autoshard import zoo
+    from autoshard.capture import capture
+
+    case = zoo.build(model, batch=batch, seq=seq, device="meta")
+    cluster = autoshard.load_cluster(profile, nodes=nodes, mesh=tuple(mesh))
+    args = case.args if isinstance(case.args, tuple) else (case.args,)
+    return cluster, capture(case.model, args, dict(case.kwargs or {})), float(cluster.device_memory)
+
+
 def rebuilds_case(which: str) -> dict[str, Any]:
     """Capture one case in this (child) process, then each build's CPU seconds."""
     import gc
 
-    import autoshard
-    from autoshard import zoo
-    from autoshard.capture import capture
     from autoshard.problem.build import build_problem
     from autoshard.problem.context import zigzag_cluster
     from autoshard.problem.costs import CostOptions, Recompute
 
-    model, profile, mesh, nodes, batch, seq, _ = CASES[which]
-    case = zoo.build(model, batch=batch, seq=seq, device="meta")
-    cluster = autoshard.load_cluster(profile, nodes=nodes, mesh=tuple(mesh))
-    args = case.args if isinstance(case.args, tuple) else (case.args,)
-    captured = capture(case.model, args, dict(case.kwargs or {}))
-    limit = float(cluster.device_memory)
+    cluster, captured, limit = captured_case(*CASES[which][:6])
     spent: dict[str, Any] = {}
     gc.disable()  # as autoshard.plan runs (autoshard.gcpause)
 
@@ -50,7 +56,7 @@ def rebuilds_case(which: str) -> dict[str, Any]:
     for policy in Recompute:
         timed(policy.value, cluster, policy)
     spent["policies"] = round(sum(spent[p.value] for p in Recompute), 3)
-    for axis in reversed(range(len(mesh))):
+    for axis in reversed(range(len(cluster.mesh_shape))):
         timed(f"zigzag {axis}", zigzag_cluster(cluster, axis), Recompute.SELECTIVE)
     return spent
 
