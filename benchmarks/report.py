@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.machine_speed import speed
+
 __all__ = ["Table", "fmt", "machine", "percent", "write_results"]
 
 Cell = str | int | float | None
@@ -119,7 +121,8 @@ def percent(x: float, signed: bool = False) -> str:
 
 
 def machine() -> dict[str, str]:
-    """Where the numbers came from: platform, CPU model, cores, Python and torch versions, date."""
+    """Where the numbers came from: platform, CPU model, cores, Python and torch versions, date, and the speed of
+    two reference workloads (:mod:`benchmarks.machine_speed`), since the same VM kind differs 3x between sessions."""
     cpu = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -143,6 +146,7 @@ def machine() -> dict[str, str]:
         "python": platform.python_version(),
         "torch": torch_version,
         "gpu": gpu,
+        "speed": " ".join(f"{k}={v}" for k, v in speed().items()),
     }
 
 
