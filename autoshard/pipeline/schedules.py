@@ -127,8 +127,8 @@ def recompute_refused(schedule: Schedule, recompute: str) -> str | None:
         return (
             f"{schedule.value} with {recompute} recomputation refused: torch splits {schedule.value}'s backward "
             "into an input pass and a weight pass and re-runs each checkpointed layer in both "
-            "(pytorch/pytorch#136766), not once as priced; plan with schedule 1f1b, interleaved_1f1b or gpipe "
-            "(or with recompute none where activations fit without it)"
+            "(pytorch/pytorch#136766), not once as priced; plan with schedule 1f1b, interleaved_1f1b or gpipe, "
+            "or without recomputation (pinned, or a memory budget that fits every activation)"
         )
     return None
 

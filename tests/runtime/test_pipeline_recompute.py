@@ -106,8 +106,8 @@ def test_zero_bubble_schedules_run_no_recomputation() -> None:
     refusal = (  # one line: what is refused, why, and what to plan instead
         r"zb_v with full recomputation refused: torch splits zb_v's backward into an input pass and a weight "
         r"pass and re-runs each checkpointed layer in both \(pytorch/pytorch#136766\), not once as priced; "
-        r"plan with schedule 1f1b, interleaved_1f1b or gpipe \(or with recompute none where activations fit "
-        r"without it\)$"
+        r"plan with schedule 1f1b, interleaved_1f1b or gpipe, or without recomputation \(pinned, or a memory "
+        r"budget that fits every activation\)$"
     )
     with pytest.raises(PipelineError, match=r"^2 pipeline stages: " + refusal):
         autoshard.plan(
