@@ -60,9 +60,8 @@ MAX_RING = 4
 are the same rank, every block comes straight from its owner), so it cannot show a hop sent to the wrong
 neighbour or a block forwarded in the wrong order; in a ring of 4 every block passes through a rank that
 neither made nor keeps it."""
-MAX_RANKS = (
-    8  # gloo ranks a mapped plan may take: the scaled copies split every dim 8 ways (runtime/scaled.py)
-)
+# gloo ranks a mapped plan may take: the scaled copies make every dim a plan splits divisible by 8 (scaled.py)
+MAX_RANKS = 8
 
 
 @dataclass(frozen=True)
@@ -81,25 +80,26 @@ def shrink_mesh(mesh_shape: tuple[int, ...], ring_axis: int | None = None) -> tu
     :data:`MAX_RING` while the mesh keeps to :data:`MAX_RANKS` ranks; an axis of 1 stays 1."""
     shrunk = [min(int(n), MAX_AXIS) for n in mesh_shape]
     if ring_axis is not None:
-        ring = min(int(mesh_shape[ring_axis]), MAX_RING)
+        # 4 or 2 wide, never 3: the scaled copies' dims divide by powers of 2 only
+        ring = MAX_RING if mesh_shape[ring_axis] >= MAX_RING else shrunk[ring_axis]
         if math.prod(shrunk) // shrunk[ring_axis] * ring <= MAX_RANKS:
             shrunk[ring_axis] = ring
     return tuple(shrunk)
 
 
 def _ring_note(plan: Plan, mesh: tuple[int, ...]) -> str:
-    """What the shrunk mesh leaves of the plan's ring, for the report ("" without one)."""
+    """What the shrunk mesh leaves of the plan's ring, for the report ("" without one): a ring kept at 2
+    (over :data:`MAX_RANKS` with 4, or 3 wide) says what it does not check."""
     axis = plan.context_axis
     if axis is None:
         return ""
     wide, ran = plan.mesh_shape[axis], mesh[axis]
-    if ran >= min(wide, MAX_RING):
-        return f"; the ring on axis {axis} runs {ran} ranks" + (
-            f" of the plan's {wide}" if ran < wide else ""
-        )
+    of = f" of the plan's {wide}" if ran < wide else ""
+    if ran in (MAX_RING, wide):
+        return f"; the ring on axis {axis} runs {ran} ranks{of}"
     return (
-        f"; the ring on axis {axis} runs {ran} ranks of the plan's {wide} (verify runs at most {MAX_RANKS}): a "
-        "rank's previous and next are one rank, so the hop order of a longer ring is not checked"
+        f"; the ring on axis {axis} runs {ran} ranks{of}: a rank's previous and next are one rank, so the "
+        "hop order of a longer ring is not checked"
     )
 
 

@@ -35,6 +35,7 @@ def test_shrink_mesh_keeps_axes_at_most_two_wide_and_a_ring_four() -> None:
     assert shrink_mesh((4,), ring_axis=0) == (4,)
     assert shrink_mesh((128, 16), ring_axis=1) == (2, 4)
     assert shrink_mesh((2, 2), ring_axis=0) == (2, 2)
+    assert shrink_mesh((3,), ring_axis=0) == (2,)  # the scaled copies' dims divide by powers of 2
     assert shrink_mesh((8, 16, 8), ring_axis=1) == (2, 2, 2)  # 16 ranks with a ring of 4: over the 8 allowed
     ring = SimpleNamespace(context_axis=1, mesh_shape=(8, 16, 8))
     assert _ring_note(ring, (2, 2, 2)).endswith("so the hop order of a longer ring is not checked")  # type: ignore[arg-type]
