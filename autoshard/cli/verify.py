@@ -1,12 +1,13 @@
 """``autoshard verify``: check a plan numerically on gloo processes against the single-device model.
 
 ``--plan PLAN.json`` checks the plan you will deploy: its strategies mapped onto a scaled-down copy of its
-model on a mesh whose axes are at most 2 wide.  ``--model SPEC`` alone plans the model at its real size on
-``--profile`` (``--nodes`` whole nodes, or ``--nproc`` devices) and checks that plan, mapped onto a
-scaled-down copy when it spans more than 8 devices or the model is too big for real weights.  A model of
-your own built on meta is rebuilt small from its Hugging Face config (``runtime.scaled.scale_hf``); a plain
-``nn.Module`` on meta is refused: return a small copy with real weights from the function.  A check in
-which no collective ran and nothing was split proves nothing: it exits 1 unless ``--allow-replicated``.
+model on a mesh whose axes are at most 2 wide (a ring's at most 4: ``runtime.mapping.shrink_mesh``).
+``--model SPEC`` alone plans the model at its real size on ``--profile`` (``--nodes`` whole nodes, or
+``--nproc`` devices) and checks that plan, mapped onto a scaled-down copy when it spans more than 8 devices
+or the model is too big for real weights.  A model of your own built on meta is rebuilt small from its
+Hugging Face config (``runtime.scaled.scale_hf``); a plain ``nn.Module`` on meta is refused: return a small
+copy with real weights from the function.  A check in which no collective ran and nothing was split proves
+nothing: it exits 1 unless ``--allow-replicated``.
 """
 
 from __future__ import annotations

@@ -125,9 +125,10 @@ def recompute_refused(schedule: Schedule, recompute: str) -> str | None:
     with full recomputation re-issued every gather 10 times a microbatch, not once; pytorch/pytorch#136766)."""
     if schedule in (Schedule.ZB_V, Schedule.INTERLEAVED_ZB) and recompute != "none":
         return (
-            f"{schedule.value} splits backward in two and torch re-runs a checkpointed layer in each "
-            f"(pytorch/pytorch#136766): {recompute} recomputation cannot run as priced; use 1f1b, "
-            "interleaved_1f1b or gpipe, or no recomputation"
+            f"{schedule.value} with {recompute} recomputation refused: torch splits {schedule.value}'s backward "
+            "into an input pass and a weight pass and re-runs each checkpointed layer in both "
+            "(pytorch/pytorch#136766), not once as priced; plan with schedule 1f1b, interleaved_1f1b or gpipe, "
+            "or without recomputation (pinned, or a memory budget that fits every activation)"
         )
     return None
 

@@ -330,7 +330,7 @@ def _price(
         if not (math.isfinite(budget) and shapes):
             raise
     if best is None and refused and len(request.schedules) == 1:
-        raise PipelineError(f"schedule={request.schedules[0].value!r} with {degree} stages: {refused[0]}")
+        raise PipelineError(f"{degree} pipeline stages: {refused[0]}")  # each reason names the schedule
     if best is None and math.isfinite(budget) and shapes:  # the surrogate is no floor: pipeline/refit.py
         try:
             flight = least_flight(shapes, degree, count)

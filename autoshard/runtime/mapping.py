@@ -2,7 +2,8 @@
 
 Input: a :class:`~autoshard.plans.Plan` (for example LLaMA-3-70B on 128 × 8), a small model of the same
 architecture with real weights (:func:`autoshard.zoo.build_scaled`), its example inputs, and a small cluster
-whose mesh has the plan's number of axes, each at most 2 wide (:func:`shrink_mesh`).
+whose mesh has the plan's number of axes, each at most 2 wide but a ring's, which keeps up to 4
+(:func:`shrink_mesh`).
 Output: a :class:`MappedPlan`: a plan for the small model in which every graph node that the big plan
 decided takes exactly the big plan's strategy label (``"(S(0), R), R -> S(0)"`` stays ``S(0)`` on the 2-wide
 axis), plus the list of what was exercised and what could not be mapped.
@@ -51,9 +52,16 @@ from autoshard.search import solve
 if TYPE_CHECKING:
     from autoshard.runtime.verify import VerifyReport
 
-__all__ = ["MAX_AXIS", "MappedPlan", "align_sequences", "map_plan", "shrink_mesh", "verify_plan"]
+__all__ = ["MAX_AXIS", "MAX_RING", "MappedPlan", "align_sequences", "map_plan", "shrink_mesh", "verify_plan"]
 
 MAX_AXIS = 2  # each mesh axis of a mapped plan is at most this wide: 2-4 gloo ranks for 1-2 axes, 8 for 3
+MAX_RING = 4
+"""How wide a context-parallel ring axis stays: a ring of 2 is one rank each way (a rank's previous and next
+are the same rank, every block comes straight from its owner), so it cannot show a hop sent to the wrong
+neighbour or a block forwarded in the wrong order; in a ring of 4 every block passes through a rank that
+neither made nor keeps it."""
+# gloo ranks a mapped plan may take: the scaled copies make every dim a plan splits divisible by 8 (scaled.py)
+MAX_RANKS = 8
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,32 @@ class MappedPlan:
     unmapped: tuple[str, ...]  # "module op: strategy (why)" for every decision that could not be carried
 
 
-def shrink_mesh(mesh_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Every axis at most :data:`MAX_AXIS` wide; an axis of 1 stays 1."""
-    return tuple(min(int(n), MAX_AXIS) for n in mesh_shape)
+def shrink_mesh(mesh_shape: tuple[int, ...], ring_axis: int | None = None) -> tuple[int, ...]:
+    """Every axis at most :data:`MAX_AXIS` wide, but ``ring_axis`` (the plan's ``context_axis``) at most
+    :data:`MAX_RING` while the mesh keeps to :data:`MAX_RANKS` ranks; an axis of 1 stays 1."""
+    shrunk = [min(int(n), MAX_AXIS) for n in mesh_shape]
+    if ring_axis is not None:
+        # 4 or 2 wide, never 3: the scaled copies' dims divide by powers of 2 only
+        ring = MAX_RING if mesh_shape[ring_axis] >= MAX_RING else shrunk[ring_axis]
+        if math.prod(shrunk) // shrunk[ring_axis] * ring <= MAX_RANKS:
+            shrunk[ring_axis] = ring
+    return tuple(shrunk)
+
+
+def _ring_note(plan: Plan, mesh: tuple[int, ...]) -> str:
+    """What the shrunk mesh leaves of the plan's ring, for the report ("" without one): a ring kept at 2
+    (over :data:`MAX_RANKS` with 4, or 3 wide) says what it does not check."""
+    axis = plan.context_axis
+    if axis is None:
+        return ""
+    wide, ran = plan.mesh_shape[axis], mesh[axis]
+    of = f" of the plan's {wide}" if ran < wide else ""
+    if ran in (MAX_RING, wide):
+        return f"; the ring on axis {axis} runs {ran} ranks{of}"
+    return (
+        f"; the ring on axis {axis} runs {ran} ranks{of}: a rank's previous and next are one rank, so the "
+        "hop order of a longer ring is not checked"
+    )
 
 
 _DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)")
@@ -197,7 +228,7 @@ def verify_plan(
     fault: str | None = None,
 ) -> VerifyReport:
     """Check the plan you will deploy: its strategies mapped onto a scaled-down copy of its model, every mesh
-    axis shrunk to at most 2 (:mod:`autoshard.runtime.mapping`), run on gloo against one device.
+    axis shrunk to at most 2 and a ring's to at most 4 (:func:`shrink_mesh`), run on gloo against one device.
 
     ``spec``: the zoo name or ``path/to/file.py:function`` to rebuild; default the plan's ``source``.  A zoo
     model is rebuilt by :func:`~autoshard.runtime.scaled.build_scaled`; a file is called as it is, and a model
@@ -232,7 +263,7 @@ def verify_plan(
         case = scale_hf(case, dtype=dtype)
     check_built(plan, spec, case.model, scaled=True)  # a copy with fewer layers: its class, not its names
     model = case.model.to(torch.float64) if float64 else case.model
-    mesh = shrink_mesh(tuple(plan.mesh_shape))
+    mesh = shrink_mesh(tuple(plan.mesh_shape), plan.context_axis)
     cluster = cluster_for(str(plan.cluster.get("profile", "cpu")), math.prod(mesh), mesh)
     mapped = map_plan(plan, model, case.args, case.kwargs, cluster)
     report = verify(
@@ -242,7 +273,7 @@ def verify_plan(
     source = (
         f"plan for {spec} on mesh {tuple(plan.mesh_shape)}, mapped onto a scaled-down copy on mesh {mesh}; "
         f"{mapped.mapped} of {len(plan.nodes)} graph-node decisions carried over, {len(mapped.exercised)} of "
-        "them split or reduce something (listed below)"
+        f"them split or reduce something (listed below){_ring_note(plan, mesh)}"
     )
     return dataclasses.replace(report, exercised=mapped.exercised, unmapped=mapped.unmapped, source=source)
 

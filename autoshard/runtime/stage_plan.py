@@ -140,7 +140,7 @@ def label_layers(captured: Captured, module: nn.Module, plan: Plan, index: int) 
         return captured  # no repeated blocks, or none to recompute: the stage is planned as captured
     refused = recompute_refused(Schedule(plan.pipeline.schedule), plan.recompute) if plan.pipeline else None
     if refused is not None:  # the search prices no such plan; a plan file made before it did
-        raise StagePlanError(f"stage {index}: {refused}: re-plan this model")
+        raise StagePlanError(f"stage {index} of a plan made before the search refused this pair: {refused}")
     prefix = heads[0].group(1)
     first = min(int(m.group(2)) for m in heads if m.group(1) == prefix)  # container index of its block 0
     try:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from context_cases import count_hops
 
 import autoshard
 from autoshard import zoo
 from autoshard.cli import main
 from autoshard.plans import Plan
-from autoshard.runtime.mapping import map_plan, shrink_mesh
+from autoshard.runtime.mapping import _ring_note, map_plan, shrink_mesh
 from autoshard.runtime.scaled import build_scaled
 from autoshard.runtime.verify import cluster_for, run_verify
 
@@ -26,9 +29,38 @@ def llama70b_plan() -> Plan:
     return dataclasses.replace(plan, source={"spec": "llama3-70b"})
 
 
-def test_shrink_mesh_keeps_axes_at_most_two_wide() -> None:
+def test_shrink_mesh_keeps_axes_at_most_two_wide_and_a_ring_four() -> None:
     assert shrink_mesh((128, 8)) == (2, 2)
     assert shrink_mesh((1, 16, 2)) == (1, 2, 2)
+    assert shrink_mesh((4,), ring_axis=0) == (4,)
+    assert shrink_mesh((128, 16), ring_axis=1) == (2, 4)
+    assert shrink_mesh((2, 2), ring_axis=0) == (2, 2)
+    assert shrink_mesh((3,), ring_axis=0) == (2,)  # the scaled copies' dims divide by powers of 2
+    assert shrink_mesh((8, 16, 8), ring_axis=1) == (2, 2, 2)  # 16 ranks with a ring of 4: over the 8 allowed
+    ring = SimpleNamespace(context_axis=1, mesh_shape=(8, 16, 8))
+    assert _ring_note(ring, (2, 2, 2)).endswith("so the hop order of a longer ring is not checked")  # type: ignore[arg-type]
+    assert _ring_note(ring, (2, 4, 2)) == "; the ring on axis 1 runs 4 ranks of the plan's 16"  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # a plan, two captures and 4 forked ranks: 16 s wall at load 4 (2 cores)
+def test_a_four_way_ring_plan_verifies_on_four_ranks(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``verify --plan`` of a plan whose ring spans 4 ranks runs a ring of 4 (it ran one of 2, where a rank's
+    previous and next are the same rank), and every rank sends the hops the mapped plan lists."""
+    case = zoo.build("llama-tiny", batch=1, seq=32)
+    pins = {"model.layers.*.self_attn": "ring", "input_ids": ("S(1)",)}
+    plan = autoshard.plan(case.model, cluster_for("cpu", 4), case.args, annotations=pins, cp_layout="zigzag")
+    assert (plan.mesh_shape, plan.context_axis, plan.degrees) == ((4,), 0, {"cp": 4})
+    path = tmp_path / "ring.json"
+    dataclasses.replace(plan, source={"spec": "llama-tiny"}).save(path)
+    hops = count_hops(tmp_path, monkeypatch)
+    assert main(["verify", "--plan", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("verify llama-tiny on mesh (4,) (float32): OK"), lines[0]
+    assert "mapped onto a scaled-down copy on mesh (4,);" in lines[1]
+    assert lines[1].endswith("; the ring on axis 0 runs 4 ranks"), lines[1]
+    # 4 ranks x 2 layers x (3 hops forward + 4 backward); verify compared each rank's with the mapped plan's
+    assert hops.read_text().count("hop") == 4 * 2 * 7
+    assert any(line.startswith("ring K/V hops per device and step: ") for line in lines)
 
 
 @pytest.mark.slow
