@@ -40,6 +40,7 @@ their floors under the budget (``python -m benchmarks.rank_step --case forbid``)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -244,6 +245,7 @@ def search_mesh(
     tried = f"{len(shapes)} meshes tried" + (f", {len(cut)} pruned by a lower bound" if cut else "")
     lines = [f"mesh search: {tried}; best {ranked[0]}"]
     lines += [f"  runner-up {c}" for c in ranked[1:6]]
+    chosen = dataclasses.replace(chosen, meshes_searched=len(shapes))  # the unpinned price: its mesh only
     return MeshSearch(_with_notes(chosen, tuple(lines)), ranked)
 
 
@@ -293,6 +295,4 @@ def _key(floor: MeshFloor | None) -> float:
 
 
 def _with_notes(plan: Plan, lines: tuple[str, ...]) -> Plan:
-    import dataclasses
-
     return dataclasses.replace(plan, notes=(*plan.notes, *lines))
