@@ -152,16 +152,20 @@ def _price(plan: Plan, width: int) -> list[str]:
     )
     what = " and ".join(named) or "the plan's pins"  # a pin kind this report does not name yet
     mesh = "x".join(map(str, plan.mesh_shape))
-    text = (
-        f"price of {what}: {fmt_seconds(plan.predicted_step_time)} pinned vs {fmt_seconds(free)} unpinned "
-        f"optimum on mesh {mesh} ({cost})"
-    )
-    others = plan.meshes_searched - 1
-    if others > 0:  # new-user trial: "+3.5 %" read as against every mesh, where another one was faster
+    pinned = f"price of {what}: {fmt_seconds(plan.predicted_step_time)} pinned"
+    searched = plan.meshes_searched
+    if plan.unpinned_mesh:  # the unpinned optimum over the same meshes (search --price-pins meshes)
+        other = "x".join(map(str, plan.unpinned_mesh))
+        text = (
+            f"{pinned} on mesh {mesh} vs {fmt_seconds(free)} unpinned optimum on mesh {other}, the best "
+            f"of the {searched} meshes searched ({cost})"
+        )
+        return wrap(text, width, "    ", "  ")
+    text = f"{pinned} vs {fmt_seconds(free)} unpinned optimum on mesh {mesh} ({cost})"
+    if searched > 1:  # new-user trial: "+3.5 %" read as against every mesh, where another one was faster
         text += (
-            f"; the pinned plan was the best of {plan.meshes_searched} meshes searched, and the other "
-            f"{others} {'were' if others > 1 else 'was'} not planned unpinned: plan each with --mesh and "
-            "without the pins to compare them"
+            f"; of the {searched} meshes searched, only this one was planned unpinned (search "
+            "--price-pins meshes plans them all)"
         )
     return wrap(text, width, "    ", "  ")
 

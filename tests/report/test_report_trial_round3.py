@@ -119,11 +119,14 @@ def test_refusals_for_a_model_without_repeated_layers_say_nothing_empty() -> Non
 
 def test_the_price_of_pins_names_the_mesh_it_compares_on() -> None:
     """``--nodes 2 --forbid cp`` with the mesh searched read "+3.5% vs 160.98 ms unpinned" (mesh 2x8) while
-    the unpinned search finds 150.09 ms on mesh 16: the price is of the plan's own mesh, and says so."""
+    the unpinned search finds 150.09 ms on mesh 16: the line says which mesh and what it covers."""
     plan = dataclasses.replace(cases.megatron_mlp(), pinned=("no cp",), unpinned_step_time=0.005)
-    text = " ".join("\n".join(figure_lines(plan, None, 100, None)).split())
-    assert "unpinned optimum on mesh 8 (+" in text and "meshes searched" not in text
-    searched = " ".join(
-        "\n".join(figure_lines(dataclasses.replace(plan, meshes_searched=3), None, 100, None)).split()
-    )
-    assert "the best of 3 meshes searched, and the other 2 were not planned unpinned" in searched
+
+    def line(p: Plan) -> str:
+        return " ".join("\n".join(figure_lines(p, None, 100, None)).split())
+
+    assert "unpinned optimum on mesh 8 (+" in line(plan) and "meshes searched" not in line(plan)
+    searched = dataclasses.replace(plan, meshes_searched=3)
+    assert "of the 3 meshes searched, only this one was planned unpinned" in line(searched)
+    over = dataclasses.replace(searched, unpinned_mesh=(2, 4))
+    assert "pinned on mesh 8 vs 5.00 ms unpinned optimum on mesh 2x4, the best of the 3 meshes" in line(over)
