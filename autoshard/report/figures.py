@@ -118,7 +118,11 @@ def figure_lines(plan: Plan, baseline: Baseline | None, width: int, budget: floa
     mine += (plan.memory_per_device, parts["parameter state"], max(0.0, parts["activations"]))
     theirs: tuple[float, ...] = ()
     if dp is not None and dp.step_time is not None:
-        theirs = (dp.step_time, dp.compute, dp.communication, dp.memory, dp.param_memory)
+        waited = (
+            dp.step_time - dp.compute
+        )  # beside a pipelined plan's: the row's meaning, not every collective
+        comm = waited if plan.pipeline is not None else dp.communication
+        theirs = (dp.step_time, dp.compute, comm, dp.memory, dp.param_memory)
         theirs += (dp.memory - dp.param_memory - dp.unowned,)
     lines = [f"{'predicted step time, memory':<30}{'this plan':>12}" + (f"{dp.name:>16}" if dp else "")]
     for i, name in enumerate((*names, "  activations")):

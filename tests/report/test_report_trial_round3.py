@@ -15,7 +15,7 @@ from autoshard.errors import InfeasibleError, PipelineError
 from autoshard.pipeline.assemble import _left_out, _stage_breakdown
 from autoshard.pipeline.options import check_request
 from autoshard.plans import Collective, PipelinePlan, PipelineStage, Plan
-from autoshard.report.figures import figure_lines, memory_parts, param_memory
+from autoshard.report.figures import Baseline, figure_lines, memory_parts, param_memory
 from autoshard.report.labels import fmt_seconds
 from autoshard.report.table import render
 from autoshard.steering import budget_refusal
@@ -58,16 +58,16 @@ def test_the_communication_total_lists_zero1_gathers_and_holds_the_exposed_time(
 
 
 def test_a_pipelined_plans_communication_says_it_is_waited_for() -> None:
-    """With stages the figure is what the busiest pipeline rank waits for, not every collective."""
+    """With stages the figure is what the busiest pipeline rank waits for, not every collective; the
+    data-parallel column beside it gives the same quantity (its step less its compute)."""
     plan = cases.megatron_mlp()
     stages = tuple(PipelineStage(i, (f"fc{i + 1}",), None, (i,)) for i in range(2))
     staged = dataclasses.replace(plan, pipeline=PipelinePlan(stages, "1f1b"))
-    assert any(
-        line.lstrip().startswith("communication waited for") for line in figure_lines(staged, None, 100, None)
-    )
-    assert any(
-        line.lstrip().startswith("communication (all)") for line in figure_lines(plan, None, 100, None)
-    )
+    dp = Baseline("data parallel", step_time=0.03, compute=0.01, communication=0.05, memory=2**30)
+    row = next(line for line in figure_lines(staged, dp, 100, None) if "communication" in line)
+    assert row.split()[:3] == ["communication", "waited", "for"] and row.endswith(fmt_seconds(0.02))
+    row = next(line for line in figure_lines(plan, dp, 100, None) if "communication" in line)
+    assert row.split()[:2] == ["communication", "(all)"] and row.endswith(fmt_seconds(0.05))
 
 
 def test_memory_parts_are_non_negative_and_sum_to_the_total() -> None:
