@@ -15,6 +15,8 @@ from autoshard.errors import InfeasibleError, PipelineError
 from autoshard.pipeline.assemble import _left_out, _stage_breakdown
 from autoshard.pipeline.options import check_request
 from autoshard.plans import Collective, PipelinePlan, PipelineStage, Plan
+from autoshard.report.diff import figures as diff_figures
+from autoshard.report.dot import to_dot as dot_text
 from autoshard.report.figures import Baseline, figure_lines, memory_parts, param_memory
 from autoshard.report.labels import fmt_seconds
 from autoshard.report.table import render
@@ -68,6 +70,10 @@ def test_a_pipelined_plans_communication_says_it_is_waited_for() -> None:
     assert row.split()[:3] == ["communication", "waited", "for"] and row.endswith(fmt_seconds(0.02))
     row = next(line for line in figure_lines(plan, dp, 100, None) if "communication" in line)
     assert row.split()[:2] == ["communication", "(all)"] and row.endswith(fmt_seconds(0.05))
+    # plan diff and the DOT title compare and name the same quantity
+    (term, a, b, _) = next(r for r in diff_figures(plan, staged) if "communication" in r[0])
+    assert term.strip() == "communication waited for" and a == b == pytest.approx(staged.communication_time)
+    assert "communication waited for" in dot_text(staged)
 
 
 def test_memory_parts_are_non_negative_and_sum_to_the_total() -> None:
