@@ -287,7 +287,7 @@ def _plan_captured(
         if pruned is not None:
             raise pruned  # every policy either does not fit or cannot beat the ceiling
         assert error is not None
-        tried = [p.value for p in policies]
+        tried = [p.value for p in policies] if any(i.block is not None for i in built.infos.values()) else []
         raise budget_refusal(error, kinds, tried, pinned=bool(annotations), training=training) from error
     found, free, built, read, solution = best
     if limit != float("inf") and found.memory_per_device > limit * (1 + 1e-9):  # the budget held every term

@@ -170,16 +170,14 @@ class Plan:
     collectives: tuple[Collective, ...]
     predicted_step_time: float
     compute_time: float
-    communication_time: float
+    communication_time: float  # all collectives (ZeRO-1 gathers too); pipelined: the busiest rank's wait
     memory_per_device: float
     device_memory: float
     solver: SolverReport
     timings: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     memory_limit: float | None = None  # the per-device budget the plan was solved under (None: none)
-    input_shapes: dict[str, tuple[tuple[int, ...], str]] = field(
-        default_factory=dict
-    )  # global (shape, dtype)
+    input_shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # global, dtype
     # Degree per kind of parallelism the plan uses: keys among "dp", "fsdp", "tp", "sp", "cp", "ep", "pp";
     # a kind that is unused is absent (or 1).  Filled by the planner; read by the report's headline.
     degrees: dict[str, int] = field(default_factory=dict)
@@ -219,6 +217,8 @@ class Plan:
     optimizer_gathers_priced: bool = True
     # What the plan was pinned by (``unpinned_step_time`` prices it): "annotations", "no tp", "no fsdp", ...
     pinned: tuple[str, ...] = ()
+    meshes_searched: int = 1  # meshes the plan was chosen from (meshsearch)
+    unpinned_mesh: tuple[int, ...] = ()  # the unpinned optimum's, when searched over meshes; (): this mesh
     # The precision recipe priced (``cost_models.memory.RECIPES``): "bf16" (the model's dtypes, fp32 master +
     # Adam moments for 16-bit weights) or "amp" (fp32 weights under bf16 autocast); grad_sync: problem/step.py
     precision: str = "bf16"
@@ -243,10 +243,7 @@ class Plan:
 
     @property
     def num_devices(self) -> int:
-        n = 1
-        for s in self.mesh_shape:
-            n *= s
-        return n
+        return math.prod(self.mesh_shape)
 
     def collective_counts(self, phase: str | None = None) -> Counter[str]:
         return Counter(c.kind for c in self.collectives if phase is None or c.phase == phase)
@@ -336,6 +333,8 @@ class Plan:
                 optimizer_gathers=tuple(Collective(**c) for c in data.get("optimizer_gathers", ())),
                 optimizer_gathers_priced=data.get("optimizer_gathers_priced", False),
                 pinned=tuple(str(p) for p in data.get("pinned", ())),
+                meshes_searched=int(data.get("meshes_searched", 1)),
+                unpinned_mesh=tuple(int(n) for n in data.get("unpinned_mesh", ())),
                 precision=str(data.get("precision", "bf16")),
                 grad_sync=SyncExposure.from_json(data.get("grad_sync")),
                 grad_buckets=tuple(GradBucket.from_json(b) for b in data.get("grad_buckets", ())),

@@ -262,10 +262,13 @@ def budget_refusal(
     error: InfeasibleError, kinds: frozenset[str], tried: Sequence[str], *, pinned: bool, training: bool
 ) -> InfeasibleError:
     """A memory-budget refusal whose advice leaves out what the user already did and names what they ruled
-    out: no "recompute activations" once none, selective and full were all tried (or for inference), no
-    "allow fsdp" unless fsdp was forbidden, no "relax annotations" without annotations."""
+    out: no "recompute activations" once none, selective and full were all tried, for inference, or with
+    nothing ``tried`` (a model without repeated blocks: recomputation is per block; new-user trial: an MLP
+    read "tried recomputation ... of every repeated block"), no "allow fsdp" unless fsdp was forbidden, no
+    "relax annotations" without annotations."""
     text = " ".join(str(error).split())
     what, sep, fix = text.partition(" Fix: ")
+    training = training and bool(tried)  # nothing to recompute: neither said as tried nor advised
     done = [f"tried recomputation {', '.join(tried)} of every repeated block"] if training else []
     left = [k for k in KINDS if k not in kinds]
     done += (

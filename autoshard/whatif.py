@@ -200,7 +200,7 @@ def plan_cost(plan: Plan, name: str | None = None) -> PlanCost:
     cluster = plan_cluster(plan)
     ring_lat = (d - 1) / (d0 - 1) if one_axis and d0 > 1 else sympy.Integer(1)
     ring_bw = ((d - 1) / d) / ((d0 - 1) / d0) if one_axis and d0 > 1 else sympy.Integer(1)
-    for c in plan.collectives:
+    for c in (*plan.collectives, *plan.optimizer_gathers):  # ZeRO-1's gathers: in communication_time too
         latency = min(c.seconds, cluster.collective_time(c.kind, 1, axis=c.mesh_axis))
         moved = tokens if c.tensor in act else sympy.Integer(1)
         terms.append(sympy.Float(latency) * ring_lat + sympy.Float(c.seconds - latency) * moved * ring_bw / w)

@@ -6,9 +6,12 @@ import argparse
 import ast
 import math
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from autoshard.errors import AutoshardError
+
+if TYPE_CHECKING:
+    from autoshard.cluster import Cluster
 
 __all__ = [
     "PATTERNS",
@@ -16,6 +19,7 @@ __all__ = [
     "OneLineParser",
     "amount",
     "annotation",
+    "check_memory_limit",
     "count_or_auto",
     "first_clause",
     "mesh",
@@ -197,3 +201,17 @@ def first_clause(error: BaseException) -> str:
     cut = min((i for i in (text.find("; "), text.find(". ")) if i > 0), default=len(text))
     head = text[:cut]
     return head + ")" * max(0, head.count("(") - head.count(")"))  # a clause cut inside "(...)" is closed
+
+
+def check_memory_limit(gib: float | None, cluster: Cluster) -> None:
+    """A per-device budget above the device's memory, or below a MiB, is a unit mistake, not a budget."""
+    if gib is None:
+        return
+    device = cluster.device_memory / 2**30
+    if gib > device:
+        raise CliError(
+            f"--memory-limit {gib:g} GiB is more than the {device:g} GiB of one {cluster.profile.name} device "
+            f"(the limit is per device, in GiB): give at most {device:g}"
+        )
+    if gib < 2**-10:
+        raise CliError(f"--memory-limit {gib:g} GiB is below 1 MiB: the limit is per device, in GiB, e.g. 40")

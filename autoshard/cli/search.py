@@ -13,6 +13,7 @@ from autoshard.cli.args import (
     CliError,
     amount,
     annotation,
+    check_memory_limit,
     count_or_auto,
     first_clause,
     mesh,
@@ -105,6 +106,13 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="pipeline schedule: auto, gpipe, 1f1b, interleaved_1f1b, zb_v, interleaved_zb",
     )
+    s.add_argument(
+        "--price-pins",
+        choices=("mesh", "meshes"),
+        default="mesh",
+        help="with --mesh auto and --annotate/--allow/--forbid: the unpinned optimum the pins are priced "
+        "against, of the chosen mesh (default) or of every mesh searched (a second mesh search)",
+    )
     s.add_argument("--inference", action="store_true", help="plan the forward pass only")
     s.add_argument(
         "--precision",
@@ -133,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     auto = args.mesh == "auto"
     cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=None if auto else args.mesh)
-    _check_memory_limit(args.memory_limit, cluster)
+    check_memory_limit(args.memory_limit, cluster)
     phases: list[Phase] = []
     with Progress(f"building {args.model}") as progress:
         case = timed(phases, "model", lambda: _model_case(args))
@@ -213,20 +221,6 @@ def _source(args: argparse.Namespace) -> dict[str, Any]:
     return {"spec": args.model, **options}
 
 
-def _check_memory_limit(gib: float | None, cluster: Cluster) -> None:
-    """A per-device budget above the device's memory, or below a MiB, is a unit mistake, not a budget."""
-    if gib is None:
-        return
-    device = cluster.device_memory / 2**30
-    if gib > device:
-        raise CliError(
-            f"--memory-limit {gib:g} GiB is more than the {device:g} GiB of one {cluster.profile.name} device "
-            f"(the limit is per device, in GiB): give at most {device:g}"
-        )
-    if gib < 2**-10:
-        raise CliError(f"--memory-limit {gib:g} GiB is below 1 MiB: the limit is per device, in GiB, e.g. 40")
-
-
 def _model_case(args: argparse.Namespace) -> ModelCase:
     from autoshard import zoo
 
@@ -255,7 +249,7 @@ def _plan_auto(
     """--mesh auto: every candidate mesh planned from one capture; the best plan, its cluster, and each
     candidate's planning time (best first)."""
     import autoshard
-    from autoshard.meshsearch import search_mesh
+    from autoshard.meshsearch import price_over_meshes, search_mesh
     from autoshard.report.timing import Phase, with_parts
 
     options: dict[str, Any] = {
@@ -281,6 +275,18 @@ def _plan_auto(
         captured=captured,
         **options,
     )
+    plan = found.plan
+    if getattr(args, "price_pins", "mesh") == "meshes" and plan.pinned:  # the pins' price over every mesh
+        plan = price_over_meshes(
+            found,
+            case.model,
+            args.profile,
+            case.args,
+            case.kwargs,
+            progress.stage,
+            captured=captured,
+            **options,
+        )
     tried = [
         Phase(f"mesh {'x'.join(map(str, c.mesh_shape))}", c.seconds, (("bounded, pruned", c.seconds),))
         if c.pruned and not c.timings  # bounded before it was planned (autoshard.meshbound)
@@ -288,7 +294,7 @@ def _plan_auto(
         for c in found.candidates
     ]
     return (
-        found.plan,
+        plan,
         autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=found.mesh_shape),
         tried,
     )

@@ -121,6 +121,11 @@ def check_request(
         degree = None
     elif _whole(pipeline) and pipeline >= 1:  # type: ignore[operator]
         degree = int(pipeline)
+        if degree > 1 and layers == 0:  # new-user trial: an MLP read "the model's 0 repeated layers"
+            raise PipelineError(
+                f"pipeline={degree}: the model has no repeated layers, and stages are cut between them; "
+                "plan it without pipeline stages"
+            )
         fits = [d for d in divisors(outer or devices) if d <= max(1, layers)]
         if devices % degree:
             raise PipelineError(

@@ -70,12 +70,12 @@ def extract_plan(
     nodes, compute, memory = _node_table(built, chosen)
     collectives = _edge_collectives(built, pick, layer_of) + _output_collectives(built, chosen, layer_of)
     collectives += _dispatch_collectives(built, chosen, layer_of)
-    comm = sum(c.seconds for c in collectives)
     step, _exposed, grad_sync, grad_buckets = critical_path(built, chosen, collectives, compute)
     context = choose_layout(built, chosen, collectives)  # the ring axis's sequence layout, and its price
     step += context.extra_seconds
     optimizer_gathers = zero_gathers(built, pick, layer_of.module)  # after backward, no overlap: exposed
     step += sum(c.seconds for c in optimizer_gathers)
+    comm = sum(c.seconds for c in (*collectives, *optimizer_gathers))  # every collective the step priced
     notes = (*notes, context.note) if context.note else notes
     full = tuple(solution.choice)
     if len(full) != built.problem.num_nodes:  # a choice of the variables alone (hand-made plans)

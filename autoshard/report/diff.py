@@ -28,10 +28,14 @@ Row = tuple[str, str, str, str]  # term, A, B, B - A
 
 def figures(a: Plan, b: Plan) -> list[tuple[str, float, float, Callable[[float], str]]]:
     """The headline figures of both plans: (term, A, B, format)."""
+    waited = a.pipeline is not None or b.pipeline is not None  # like with like: what each step waits for
+    comm = "  communication waited for" if waited else "  communication (all)"
+    a_comm = a.predicted_step_time - a.compute_time if waited else a.communication_time
+    b_comm = b.predicted_step_time - b.compute_time if waited else b.communication_time
     rows: list[tuple[str, float, float, Callable[[float], str]]] = [
         ("step time", a.predicted_step_time, b.predicted_step_time, fmt_seconds),
         ("  compute", a.compute_time, b.compute_time, fmt_seconds),
-        ("  communication", a.communication_time, b.communication_time, fmt_seconds),
+        (comm, a_comm, b_comm, fmt_seconds),
         ("memory per device", a.memory_per_device, b.memory_per_device, fmt_bytes),
         ("devices", float(a.num_devices), float(b.num_devices), lambda x: f"{x:g}"),
     ]

@@ -393,6 +393,7 @@ def _title(plan: Plan) -> str:
     where = f"{cluster.get('nodes', 1)} x {cluster.get('profile', '?')}, mesh {tuple(plan.mesh_shape)}"
     return (
         f"{plan.model} on {where}: step {fmt_seconds(plan.predicted_step_time)} "
-        f"(compute {fmt_seconds(plan.compute_time)}, communication {fmt_seconds(plan.communication_time)}), "
+        f"(compute {fmt_seconds(plan.compute_time)}, communication{' waited for' * bool(plan.pipeline)} "
+        f"{fmt_seconds(plan.communication_time)}), "
         f"{fmt_bytes(plan.memory_per_device)} per device"
     )

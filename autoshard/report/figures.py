@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,15 @@ from cost_models.memory import RECIPES, itemsize
 from cost_models.overlap import SyncExposure
 from cost_models.profile import canonical_dtype
 
-__all__ = ["Baseline", "figure_lines", "param_memory", "recipe_note", "recipe_text", "recompute_text"]
+__all__ = [
+    "Baseline",
+    "figure_lines",
+    "memory_parts",
+    "param_memory",
+    "recipe_note",
+    "recipe_text",
+    "recompute_text",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,19 +89,40 @@ class Baseline:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+def memory_parts(plan: Plan) -> dict[str, float]:
+    """The memory per device in parts that sum to it: parameter state (the parameters' nodes),
+    activations (the rest of the nodes' share) and ``Plan.memory_breakdown``'s terms (reserve, gathered
+    weights, largest temporary).  Every part is non-negative, else the plan's total and its breakdown
+    disagree: an internal error (new-user trial: a pipelined plan read "activations -187.7 MiB")."""
+    params = param_memory(plan)
+    unowned = math.fsum(plan.memory_breakdown.values())
+    parts = {"parameter state": params, "activations": plan.memory_per_device - params - unowned}
+    parts |= plan.memory_breakdown
+    slack = 1e-9 * max(plan.memory_per_device, 1.0)  # rounding of a total summed in another order
+    negative = {k: v for k, v in parts.items() if v < -slack}
+    if negative:
+        listed = ", ".join(f"{k} {v:.6g} B" for k, v in parts.items())
+        raise AssertionError(
+            f"internal: the memory per device of the plan for {plan.model} ({plan.memory_per_device:.6g} B) "
+            f"splits into negative parts: {listed}"
+        )
+    return parts
+
+
 def figure_lines(plan: Plan, baseline: Baseline | None, width: int, budget: float | None) -> list[str]:
     dp = baseline if baseline is not None and baseline.step_time is not None else None
-    mine_params = param_memory(plan)
+    parts = memory_parts(plan)  # reserve, gathered weights, temporary: shown in _assumptions
     state = "  weights, grads, optimizer" if plan.training else "  weights only"
-    names = ("step time", "  compute", "  communication", "memory per device", state)
+    names = ("step time", "  compute", _comm_label(plan), "memory per device", state)
     mine: tuple[float, ...] = (plan.predicted_step_time, plan.compute_time, plan.communication_time)
-    unowned = sum(
-        plan.memory_breakdown.values()
-    )  # reserve, gathered weights, temporary: shown in _assumptions
-    mine += (plan.memory_per_device, mine_params, plan.memory_per_device - mine_params - unowned)
+    mine += (plan.memory_per_device, parts["parameter state"], max(0.0, parts["activations"]))
     theirs: tuple[float, ...] = ()
     if dp is not None and dp.step_time is not None:
-        theirs = (dp.step_time, dp.compute, dp.communication, dp.memory, dp.param_memory)
+        waited = (
+            dp.step_time - dp.compute
+        )  # beside a pipelined plan's: the row's meaning, not every collective
+        comm = waited if plan.pipeline is not None else dp.communication
+        theirs = (dp.step_time, dp.compute, comm, dp.memory, dp.param_memory)
         theirs += (dp.memory - dp.param_memory - dp.unowned,)
     lines = [f"{'predicted step time, memory':<30}{'this plan':>12}" + (f"{dp.name:>16}" if dp else "")]
     for i, name in enumerate((*names, "  activations")):
@@ -102,6 +132,13 @@ def figure_lines(plan: Plan, baseline: Baseline | None, width: int, budget: floa
     named = baseline.name if baseline is not None else None
     comparison = _comparison(plan, baseline, width) + _replicated(plan, named, width)
     return lines + _assumptions(plan, width) + _price(plan, width) + comparison
+
+
+def _comm_label(plan: Plan) -> str:
+    """What the communication figure is: every collective's time (ZeRO-1's optimizer gathers included), or
+    with pipeline stages what the busiest pipeline rank waits for (new-user trial: both read
+    "communication", and the first left the gathers out)."""
+    return "  communication waited for" if plan.pipeline is not None else "  communication (all)"
 
 
 def _price(plan: Plan, width: int) -> list[str]:
@@ -118,10 +155,22 @@ def _price(plan: Plan, width: int) -> list[str]:
         kinds
     )
     what = " and ".join(named) or "the plan's pins"  # a pin kind this report does not name yet
-    text = (
-        f"price of {what}: {fmt_seconds(plan.predicted_step_time)} pinned vs {fmt_seconds(free)} unpinned "
-        f"optimum ({cost})"
-    )
+    mesh = "x".join(map(str, plan.mesh_shape))
+    pinned = f"price of {what}: {fmt_seconds(plan.predicted_step_time)} pinned"
+    searched = plan.meshes_searched
+    if plan.unpinned_mesh:  # the unpinned optimum over the same meshes (search --price-pins meshes)
+        other = "x".join(map(str, plan.unpinned_mesh))
+        text = (
+            f"{pinned} on mesh {mesh} vs {fmt_seconds(free)} unpinned optimum on mesh {other}, the best "
+            f"of the {searched} meshes searched ({cost})"
+        )
+        return wrap(text, width, "    ", "  ")
+    text = f"{pinned} vs {fmt_seconds(free)} unpinned optimum on mesh {mesh} ({cost})"
+    if searched > 1:  # new-user trial: "+3.5 %" read as against every mesh, where another one was faster
+        text += (
+            f"; of the {searched} meshes searched, only this one was planned unpinned (search "
+            "--price-pins meshes plans them all)"
+        )
     return wrap(text, width, "    ", "  ")
 
 

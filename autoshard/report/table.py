@@ -45,7 +45,8 @@ __all__ = ["NOT_COMPARED", "Baseline", "collective_rows", "render", "report_data
 MINOR_SHARE = 0.005  # groups below this share of compute, without parameters, are listed by name only
 MAX_COLLECTIVE_ROWS = 12
 MAX_PARAMETER_ROWS = 24
-_PHASE = {"forward": "fwd", "backward": "bwd", "regather": "bwd", "recompute": "bwd"}
+_PHASE = {"forward": "fwd", "backward": "bwd", "regather": "bwd", "recompute": "bwd", "optimizer": "opt"}
+ZERO_PURPOSE = "ZeRO-1 gather of updated optimizer shards"  # Plan.optimizer_gathers, after backward
 RING_KIND, RING_PURPOSE = "ring K/V hop", "ring K/V"  # context parallelism's point-to-point sends
 
 
@@ -195,7 +196,7 @@ def _patterns(view: PlanView, width: int) -> list[str]:
 def collective_rows(view: PlanView) -> list[CollectiveRow]:
     """The step's collectives grouped by (phase, kind, axis, purpose, where), most time first."""
     buckets: dict[tuple[str, str, int, str, str], list[Collective]] = defaultdict(list)
-    for c in view.plan.collectives:
+    for c in (*view.plan.collectives, *view.plan.optimizer_gathers):  # every collective the step priced
         purpose, where = _purpose(view, c)
         buckets[(_row_phase(c), c.kind, c.mesh_axis, purpose, where)].append(c)
     rows = [
@@ -242,7 +243,10 @@ def _row_phase(c: Collective) -> str:
 
 
 def _purpose(view: PlanView, c: Collective) -> tuple[str, str]:
-    """(purpose, where): gradient sync and weight gathers of parameters, else activations at a module."""
+    """(purpose, where): gradient sync and weight gathers of parameters, ZeRO-1's gathers of updated
+    shards, else activations at a module."""
+    if c.phase == "optimizer":
+        return ZERO_PURPOSE, ""
     if c.tensor in view.param_nodes:
         kinds = {"forward": "weight all-gather (FSDP)", "regather": "weight re-gather (FSDP)"}
         if c.recompute:
@@ -254,13 +258,23 @@ def _purpose(view: PlanView, c: Collective) -> tuple[str, str]:
             if c.module
             else ("the model's output (its return value)", "")
         )
-    return "activations", view.layer_of(c.module) or c.node
+    if not c.module:  # the root module's own op: its node name alone read as a module ("at pad")
+        return "activations", f"{c.node} ({_op_of(view, c.node)} on {c.tensor}, outside any submodule)"
+    return "activations", view.layer_of(c.module)
+
+
+def _op_of(view: PlanView, node: str) -> str:
+    """``aten.pad`` for a node whose target is ``aten.pad.default``; the node's name when not in the table."""
+    row = view.row(node)
+    return row.node.target.removesuffix(".default") if row is not None else node
 
 
 def _collectives(view: PlanView, width: int) -> list[str]:
     rows = collective_rows(view)
     head = f"  {'':<4}{'kind':<15}{'axis':>4}{'count':>6}{'bytes':>11}{'time':>10}  what"
-    lines = ["collectives of one step (fwd: forward, bwd: backward)", head]
+    title = "collectives of one step (fwd: forward, bwd: backward"
+    title += ", opt: after backward)" if view.plan.optimizer_gathers else ")"
+    lines = [title, head]
     for r in rows[:MAX_COLLECTIVE_ROWS]:
         what = f"at {r.where}" if r.purpose == "activations" else f"{r.purpose} {r.where}".strip()
         what += " (recompute)" if r.phase == "recompute" and r.purpose == "activations" else ""
@@ -273,11 +287,6 @@ def _collectives(view: PlanView, width: int) -> list[str]:
     if rest:
         n, secs = sum(r.count for r in rest), sum(r.seconds for r in rest)
         lines.append(f"  … {len(rest)} more rows: {n} collectives, {fmt_seconds(secs)}")
-    if not rows and view.plan.optimizer_gathers:  # ZeRO-1's, named on the "optimizer:" line
-        return [
-            "collectives of one step",
-            "  none in forward or backward (ZeRO-1's optimizer all-gathers: see optimizer below)",
-        ]
     if not rows:
         return ["collectives of one step", "  none: no device ever waits for another"]
     lines += wrap(_totals(view), width, " " * 9, "  total: ")  # wrapped, never cut
@@ -294,16 +303,17 @@ def _collectives(view: PlanView, width: int) -> list[str]:
 
 
 def _totals(view: PlanView) -> str:
-    """Count, bytes and time per phase: the collectives' time adds up to the communication figure.
+    """Count, bytes and time per phase, ZeRO-1's optimizer gathers included: the collectives' time adds up
+    to the communication figure (of a plan without pipeline stages).
 
     A weight gather backward runs again to recompute its block is a re-gather like FSDP's reshard after
     forward (``regather``, with how many of them recomputation's); other recomputed moves are ``recompute``."""
     phases: dict[str, list[Collective]] = defaultdict(list)
-    for c in view.plan.collectives:
+    for c in (*view.plan.collectives, *view.plan.optimizer_gathers):
         regathered = c.recompute and c.kind == "all_gather" and c.tensor in view.param_nodes
         phases["regather" if regathered else _row_phase(c)].append(c)
     parts = []
-    for phase in ("forward", "backward", "regather", "recompute"):
+    for phase in ("forward", "backward", "regather", "recompute", "optimizer"):
         cs = phases.get(phase, [])
         if cs:
             again = sum(c.recompute for c in cs) if phase == "regather" else 0

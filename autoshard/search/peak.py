@@ -158,9 +158,10 @@ def _too_big(problem: SearchProblem, floor: float) -> InfeasibleError:
     with contextlib.suppress(FactorCapExceeded):  # the least sum any plan needs + the least peak: tighter
         need = max(need, min_memory_plan(dataclasses.replace(problem, peak=None))[1] + floor)
     over = max(need - limit, 0.0)
+    # a floor of 0 B says nothing (new-user trial: an MLP's "largest temporary alone at least 0 B")
+    temporary = f"; the largest temporary alone at least {format_bytes(floor)}" if floor > 0 else ""
     return InfeasibleError(
         f"no plan fits the memory budget of {format_bytes(limit)} per device: every plan needs at least "
-        f"{format_bytes(need)} ({format_bytes(over)} over; the largest temporary alone at least "
-        f"{format_bytes(floor)}). Fix: more devices (a larger mesh shards more), allow fsdp, recompute "
-        "activations, or raise the memory limit."
+        f"{format_bytes(need)} ({format_bytes(over)} over{temporary}). Fix: more devices (a larger mesh "
+        "shards more), allow fsdp, recompute activations, or raise the memory limit."
     )

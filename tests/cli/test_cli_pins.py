@@ -10,15 +10,20 @@ SMALL = f"{HERE / 'cli_models.py'}:small_mlp"
 
 def test_column_row_on_a_small_mlp_reports_one_all_reduce_and_the_price(cli) -> None:
     r = cli(
-        "search", "--profile", "a100x8", "--model", SMALL, "--annotate", "fc1=column", "--annotate", "fc2=row"
-    )
+        "search", "--profile", "a100x8", "--model", SMALL, "--annotate", "fc1=column", "--annotate", "fc2=row",
+        "--price-pins", "meshes", "--no-baseline",
+    )  # fmt: skip
     assert r.code == 0, r.err
     rows = [line.split() for line in r.out.splitlines() if line.lstrip().startswith(("fwd ", "bwd "))]
     assert [row[:2] for row in rows if row[0] == "fwd"] == [["fwd", "all_reduce"]]
     assert not any(row[1] == "all_gather" for row in rows)
     # no extra cost since ZeRO-1's gathers are priced: Megatron's pins are the fastest plan the ranking knows
     # (the free search's data parallel syncs show in its step; tests/planner/test_planner_pins.py)
-    assert "price of your annotations:" in r.out and "unpinned optimum (no extra cost)" in r.out
+    # priced against every mesh searched unpinned (--price-pins meshes), the best of which is this one's
+    out = " ".join(r.out.split())
+    assert "price of your annotations:" in out
+    assert "unpinned optimum on mesh 8, the best of the 3 meshes" in out
+    assert "(no extra cost)" in out
 
 
 def test_forbid_and_allow_kinds(cli) -> None:

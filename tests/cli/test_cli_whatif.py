@@ -44,7 +44,7 @@ def _by_hand(plan: autoshard.Plan) -> tuple[float, float]:
     fixed = sum(n.compute_seconds for n in plan.nodes if n.name not in activations)
     fixed -= plan.compute_time + plan.communication_time - plan.predicted_step_time  # hidden by overlap
     cluster = plan_cluster(plan)
-    for c in plan.collectives:
+    for c in (*plan.collectives, *plan.optimizer_gathers):
         latency = min(c.seconds, cluster.collective_time(c.kind, 1, axis=c.mesh_axis))
         fixed += latency
         if c.tensor in activations:

@@ -151,6 +151,9 @@ def test_a_replicated_plan_names_the_sharded_optimizer_state_all_gathers(
     # priced: the step is compute plus the gathers (nothing else communicates), and equals the objective
     gathers = sum(c.seconds for c in plan.optimizer_gathers)
     assert plan.predicted_step_time == pytest.approx(plan.compute_time + gathers, rel=1e-12)
+    assert plan.communication_time == pytest.approx(
+        gathers, rel=1e-12
+    )  # every collective priced, gathers too
     assert plan.solver.objective == pytest.approx(plan.predicted_step_time, rel=1e-6)
     report = " ".join(render(plan).split())
     assert report.startswith("replicated on 8 devices: no collective but ZeRO-1's 2 optimizer all-gathers")

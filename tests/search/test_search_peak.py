@@ -69,3 +69,17 @@ def test_no_plan_fits_says_by_how_much() -> None:
     p = dataclasses.replace(p, memory=(np.array([3072.0, 2048.0]),))
     with pytest.raises(InfeasibleError, match=r"at least 3.00 KiB \(1.00 KiB over; the largest temporary"):
         solve(p)
+
+
+def test_no_plan_fits_names_no_temporary_of_0_bytes() -> None:
+    """An MLP read "the largest temporary alone at least 0 B": a floor of nothing is not said."""
+    p = SearchProblem(
+        node_costs=(np.array([0.0, 1.0]),),
+        edges=(),
+        names=("a",),
+        memory=(np.array([3072.0, 2048.0]),),
+        memory_limit=1024.0,
+        peak=(np.array([0.0, 0.0]),),
+    )
+    with pytest.raises(InfeasibleError, match=r"at least 2.00 KiB \(1.00 KiB over\)\. Fix:"):
+        solve(p)
