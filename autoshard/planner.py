@@ -185,7 +185,7 @@ def plan(
                                       fuse_experts=False)  # fmt: skip
         options = dict(annotations=annotations, training=training, memory_limit=memory_limit, recompute=recompute,
                        search=search, time_limit=time_limit, blocks=blocks, allow=allow, forbid=forbid,
-                       cp_layout=cp_layout, **({} if precision == "bf16" else {"precision": precision}))  # fmt: skip
+                       cp_layout=cp_layout, precision=precision)  # fmt: skip
         result = plan_unfused(fused, recapture, solve_one, cluster, options, ceiling)
         timings["experts_alternative"] = time.perf_counter() - t0
     if isinstance(result, AutoshardError):
