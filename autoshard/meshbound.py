@@ -57,7 +57,7 @@ from autoshard.errors import AutoshardError, InfeasibleError
 from autoshard.planner_rerank import lower_bound_problem, unsound_reason
 from autoshard.planner_steps import build
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.costs import CostOptions, Recompute
+from autoshard.problem.costs import CostOptions, Recompute, recipe
 from autoshard.problem.mix import least_fitting, share_problem
 from autoshard.search import BoundExceeded, Edge, SearchProblem, solve
 from autoshard.steering import forbidden_kinds
@@ -80,6 +80,7 @@ _OPTIONS = {
     "pipeline": None,
     "microbatches": None,
     "schedule": "auto",
+    "precision": "bf16",
 }
 
 
@@ -140,8 +141,12 @@ def mesh_floor(captured: Captured, cluster: Cluster, options: Mapping[str, Any])
     training, recompute = bool(opts["training"]), str(opts["recompute"])
 
     def pinned(policy: Recompute, share: float = 1.0) -> BuiltProblem:
-        costs = CostOptions(
-            training=training, recompute=policy, recompute_share=share, cp_layout=opts["cp_layout"]
+        costs = CostOptions(  # as the planner prices the capture (planner._plan_captured)
+            training=training,
+            recompute=policy,
+            recompute_share=share,
+            cp_layout=opts["cp_layout"],
+            precision=recipe(opts["precision"]),
         )
         return build(captured, cluster, costs, opts["annotations"], limit, {}, kinds)[1]
 

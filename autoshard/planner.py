@@ -17,8 +17,9 @@
    (:mod:`autoshard.problem.mix`), and recorded in ``Plan.recompute_blocks``;
 6. read the plan back from the same cost functions, so its step time is the solver's objective;
 7. when capture fused grouped-GEMM expert MLPs (:mod:`autoshard.capture.experts`: cheap expert parallelism,
-   but no K/N split inside the experts), plan the unfused capture too and keep the cheaper plan (a note says
-   which); codegen captures the same way (:func:`~autoshard.capture.experts.plan_fuses_experts`).
+   but no K/N split inside the experts), plan the unfused capture too, unless its floor proves it slower
+   (:mod:`autoshard.planner_experts`), and keep the cheaper plan (a note says which); codegen captures the
+   same way (:func:`~autoshard.capture.experts.plan_fuses_experts`).
 
 With ``pipeline`` / ``microbatches`` (or a ``"stage"`` annotation), steps 2–5 run inside
 :func:`autoshard.pipeline.search.search_pipeline` instead: once per (stage sub-mesh, microbatch size), with
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -49,16 +49,15 @@ from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, sp
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plan_model import identity
+from autoshard.planner_experts import plan_unfused
 from autoshard.planner_layout import search_layout
 from autoshard.planner_policy import cannot_win, search_counts
 from autoshard.planner_rerank import by_step
 from autoshard.planner_steps import (
-    Pruned,
     SearchMethod,
     batch_size,
     budget_idle,
     build,
-    cheaper,
     global_shapes,
     output_order,
     ranked,
@@ -140,8 +139,8 @@ def plan(
         ceiling: a step time to beat (the mesh search's best so far).  When a proven lower bound on this
             plan's step time reaches it, :class:`~autoshard.search.BoundExceeded` is raised instead of
             solving under the memory budget and retrying with recomputation.  Not applied with pipeline
-            stages, nor to a capture with fused expert MLPs (their unfused alternative is planned too,
-            with the fused plan's step, or this if lower, as its ceiling).
+            stages, nor to a capture with fused expert MLPs (their unfused alternative is bounded, and planned
+            if its bound is below it, with the fused plan's step, or this if lower, as its ceiling).
         precision: the training recipe priced: ``"bf16"`` or ``"amp"`` (``Plan.precision``).
 
     Raises:
@@ -179,21 +178,15 @@ def plan(
     except (InfeasibleError, AnnotationError) as e:
         fused = e
     result: Plan | AutoshardError = fused
-    if fuses:  # fused expert MLPs: cheap EP, but no K/N split: try both
+    if fuses:  # fused expert MLPs: cheap EP, but no K/N split: the op-by-op capture too, unless proven slower
         t0 = time.perf_counter()
-        plain: Plan | AutoshardError | Pruned
-        try:
-            # the fused capture's blocks (3-block check done there); its step a ceiling, as a mesh is pruned
-            again = capture(model, args, kwargs, blocks=blocks, check_blocks=False, fuse_experts=False)
-            best = fused.predicted_step_time if isinstance(fused, Plan) else math.inf
-            plain = solve_one(again, {}, ceiling=min(ceiling, best))
-        except (InfeasibleError, AnnotationError) as e:
-            plain = e
-        except BoundExceeded as e:
-            if not isinstance(fused, Plan):
-                raise  # the caller's own ceiling: neither capture beats it
-            plain = Pruned(e.bound)
-        result = cheaper(fused, plain)
+        # the fused capture's blocks (3-block check done there); the options its floor is built under
+        recapture = functools.partial(capture, model, args, kwargs, blocks=blocks, check_blocks=False,
+                                      fuse_experts=False)  # fmt: skip
+        options = dict(annotations=annotations, training=training, memory_limit=memory_limit, recompute=recompute,
+                       search=search, time_limit=time_limit, blocks=blocks, allow=allow, forbid=forbid,
+                       cp_layout=cp_layout, precision=precision)  # fmt: skip
+        result = plan_unfused(fused, recapture, solve_one, cluster, options, ceiling)
         timings["experts_alternative"] = time.perf_counter() - t0
     if isinstance(result, AutoshardError):
         raise result

@@ -3,6 +3,7 @@ budgeted bound against the exact optimum of every recomputation count, solved on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -13,7 +14,7 @@ from autoshard.errors import InfeasibleError
 from autoshard.meshbound import mesh_floor, prove_above
 from autoshard.planner_rerank import lower_bound_problem
 from autoshard.planner_steps import build
-from autoshard.problem.costs import CostOptions, Recompute
+from autoshard.problem.costs import CostOptions, Recompute, recipe
 from autoshard.problem.mix import share_problem
 from autoshard.search import memory_of, solve
 
@@ -106,3 +107,14 @@ def test_no_floor_where_the_plan_space_is_wider() -> None:
     assert pinned is not None and [p and p.name for p in pinned.parts] == ["full"]
     inference = mesh_floor(captured, cluster, {"training": False})
     assert inference is not None and [p and p.name for p in inference.parts] == ["none"]
+
+
+def test_the_floor_prices_the_recipe_the_planner_prices() -> None:
+    """``precision="amp"`` (fp32 weights, autocast copies): the floor is the amp problem's bound, not bf16's."""
+    _, captured, cluster = _case()
+    amp, bf16 = (mesh_floor(captured, cluster, {"precision": p}) for p in ("amp", "bf16"))
+    opts = CostOptions(recompute=Recompute.NONE, precision=recipe("amp"))
+    lower = lower_bound_problem(build(captured, cluster, opts, None, float(cluster.device_memory), {})[1])
+    assert lower is not None and amp is not None and bf16 is not None
+    assert amp.floor == solve(dataclasses.replace(lower, memory_limit=None, peak=None)).lower_bound
+    assert amp.floor != bf16.floor

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from autoshard import zoo
 from autoshard.capture import capture
 from autoshard.placement import ShardingSpec
 from autoshard.problem.build import BuiltProblem, build_problem
@@ -118,3 +119,21 @@ def test_a_replicated_choice_pays_the_gathers_the_runtime_runs() -> None:
     assert {c.module for c in zero_gathers(built, pick)} == {"w", "v"}
     listed = _listed(built, choice)
     assert listed > 0 and evaluate(only, full) == pytest.approx(listed, rel=1e-12)
+
+
+def test_on_a_moe_the_terms_add_no_node_and_no_neighbour() -> None:
+    """Mixtral-tiny op by op (the capture whose plan slowed 7x after these terms; the cause was elsewhere,
+    autoshard/planner_experts.py): every weight has one use, so each gather is a pair on an edge the problem
+    already has.  Same nodes and the same neighbours: the same elimination width and tables."""
+    case = zoo.build("mixtral-tiny")
+    captured = capture(case.model, case.args, dict(case.kwargs), fuse_experts=False)
+    cluster = cluster_for("cpu", 4, (2, 2))
+    priced, free = (build_problem(captured, cluster, CostOptions(shard_optimizer=z)) for z in (True, False))
+    assert priced.zero is not None and priced.zero.pairs and not priced.zero.nodes
+
+    def neighbours(p: SearchProblem) -> set[tuple[int, int]]:
+        return {(min(e.u, e.v), max(e.u, e.v)) for e in p.edges}
+
+    assert priced.problem.num_nodes == free.problem.num_nodes
+    assert len(priced.problem.edges) == len(free.problem.edges) + len(priced.zero.pairs)
+    assert neighbours(priced.problem) == neighbours(free.problem)
