@@ -20,8 +20,10 @@ from autoshard.whatif_limits import describe, plan_limits
 def plans(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("pp")
     pp, flat = root / "pp.json", root / "flat.json"
-    for path, extra in ((pp, ["--pp", "2"]), (flat, [])):
-        done = run_main("search", "--profile", "a100x8", "--model", "llama-tiny", *extra, "--out", str(path))
+    # a fixed mesh: --mesh auto would search three meshes per plan (~60 CPU s for these two), which no test here reads
+    common = ("--profile", "cpu", "--nodes", "2", "--mesh", "2x4", "--model", "llama-tiny", "--no-baseline")
+    for path, extra in ((pp, ("--pp", "2")), (flat, ())):
+        done = run_main("search", *common, *extra, "--out", str(path))
         assert done.code == 0, done.err
     return pp, flat
 

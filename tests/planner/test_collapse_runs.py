@@ -8,13 +8,15 @@ equals the uncollapsed optimum.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import transformers
 from torch import nn
 
 import autoshard
-from autoshard.capture import capture
+from autoshard.capture import Captured, capture
 from autoshard.capture.meta import META_RUN
 from autoshard.codegen.assign import assign_strategies
 from autoshard.problem.build import BuiltProblem, build_problem
@@ -77,10 +79,20 @@ def _map_choice(small: BuiltProblem, big: BuiltProblem, choice) -> list[int]:
     return mapped
 
 
-def _exact(model, args, kwargs, cluster, opts: CostOptions | None = None) -> tuple[BuiltProblem, float]:
+@functools.cache
+def _t5_captures() -> tuple[Captured, Captured]:
+    """Tiny T5 captured (runs collapsed) and captured again with its runs forgotten, once for every test here:
+    building a problem or planning leaves a capture as it is."""
+    model, args, kwargs = tiny_t5(4)
+    return capture(model, args, kwargs), _uncollapsed(capture(model, args, kwargs))
+
+
+def _exact(
+    collapsed_cap: Captured, full_cap: Captured, cluster, opts: CostOptions | None = None
+) -> tuple[BuiltProblem, float]:
     opts = opts or CostOptions()
-    collapsed = build_problem(capture(model, args, kwargs), cluster, opts)
-    full = build_problem(_uncollapsed(capture(model, args, kwargs)), cluster, opts)
+    collapsed = build_problem(collapsed_cap, cluster, opts)
+    full = build_problem(full_cap, cluster, opts)
     assert collapsed.runs and not full.runs
     assert len(collapsed.variables) < len(full.variables)
     solution = solve(collapsed.problem)
@@ -97,8 +109,7 @@ def _exact(model, args, kwargs, cluster, opts: CostOptions | None = None) -> tup
 
 
 def test_t5_collapses_both_towers() -> None:
-    model, args, kwargs = tiny_t5(4)
-    cap = capture(model, args, kwargs)
+    cap = _t5_captures()[0]
     assert cap.blocks is not None and (cap.blocks.prefix, cap.blocks.first, cap.blocks.captured_blocks) == (
         "decoder.block",
         1,
@@ -130,7 +141,7 @@ def test_blocks_that_differ_in_the_graph_are_not_collapsed() -> None:
 @pytest.mark.parametrize("mesh", [(8,), (2, 4)])
 def test_t5_collapsed_optimum_is_exact_on_the_uncollapsed_problem(mesh) -> None:
     cluster = autoshard.load_cluster("a100x8", mesh=mesh)
-    _exact(*tiny_t5(4), cluster)
+    _exact(*_t5_captures(), cluster)
 
 
 @pytest.mark.parametrize("mesh", [(8,), (2, 4)])
@@ -140,7 +151,10 @@ def test_attribute_blocks_collapsed_optimum_is_exact(mesh) -> None:
     for the best shared choice), a plan collapsing does not consider by design (build.py: exact among plans
     that give identical blocks identical strategies).  Without them every block shares the optimum again."""
     cluster = autoshard.load_cluster("a100x8", mesh=mesh)
-    _exact(AttributeBlocks(), (torch.randn(64, 16),), {}, cluster, CostOptions(shard_optimizer=False))
+    model, x = AttributeBlocks(), torch.randn(64, 16)
+    _exact(
+        capture(model, (x,)), _uncollapsed(capture(model, (x,))), cluster, CostOptions(shard_optimizer=False)
+    )
 
 
 def test_plan_lists_every_block_of_a_run() -> None:

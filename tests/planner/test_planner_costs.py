@@ -3,13 +3,15 @@ loses nothing against solving every layer."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
 
 import autoshard
 from autoshard import zoo
-from autoshard.capture import capture
+from autoshard.capture import Captured, capture
 from autoshard.plans import Plan
 from autoshard.problem.build import build_problem
 from autoshard.problem.costs import CostOptions
@@ -101,11 +103,17 @@ def test_no_hand_plan_beats_the_search(hand: str) -> None:
         assert bound is not None and bound <= forced.predicted_step_time * (1 + 1e-9)
 
 
-def _problem(model, args, kwargs, blocks, cluster):
+@functools.cache
+def _llama4_capture(blocks: str) -> Captured:
+    """LLaMA-tiny of 4 layers captured once per ``blocks`` for both meshes (a problem build leaves it as it is)."""
+    case = zoo.build("llama-tiny", layers=4)
+    return capture(case.model, case.args, case.kwargs, blocks=blocks)
+
+
+def _problem(cap, cluster):
     """Without overlapped gradient sync: the collapsed problem prices a repeated layer's sync once and hides
     its other copies, which an uncollapsed graph (no repeated layers) cannot (arrays.py ``edge_arrays``).
     That never showed while these toys ran replicated; with ZeRO-1's gathers priced they run data parallel."""
-    cap = capture(model, args, kwargs, blocks=blocks)
     opts = CostOptions(overlap=OverlapPolicy(overlap_grad_sync=False))
     return cap, build_problem(cap, cluster, opts)
 
@@ -130,10 +138,9 @@ def _map_choice(cut, full, cut_choice) -> list[int]:
 def test_collapsed_layers_are_exact_on_the_full_graph(mesh) -> None:
     """Solve LLaMA (4 layers) with layers 1..3 sharing layer 0's variables, map that choice onto the graph
     of every layer and evaluate it there: the cost must be exactly what the collapsed problem claimed."""
-    case = zoo.build("llama-tiny", layers=4)
     cluster = autoshard.load_cluster("a100x8", nodes=mesh[0] if len(mesh) == 2 else 1, mesh=mesh)
-    cut_cap, cut = _problem(case.model, case.args, case.kwargs, "auto", cluster)
-    full_cap, full = _problem(case.model, case.args, case.kwargs, "full", cluster)
+    cut_cap, cut = _problem(_llama4_capture("auto"), cluster)
+    full_cap, full = _problem(_llama4_capture("full"), cluster)
     assert cut_cap.blocks is not None and cut_cap.blocks.captured_blocks == 2
     assert full_cap.blocks is not None and full_cap.blocks.captured_blocks == 4
     cut_solution = solve(cut.problem)

@@ -150,14 +150,20 @@ def test_a_pin_against_a_forbidden_kind_names_the_kind_to_allow() -> None:
         pin_problem(built, {"model.layers.*.self_attn": "ring"}, frozenset({"cp", "tp"}), "model.layers", 0)
 
 
+@functools.cache
+def _mixtral_built() -> BuiltProblem:
+    """Mixtral-tiny's problem, built once for both kinds (pin_problem leaves it as it is: see the fsdp test)."""
+    case = zoo.build("mixtral-tiny", device="meta")
+    captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto")
+    return build_problem(captured, autoshard.load_cluster("a100x8", mesh=MESH), CostOptions())
+
+
 @pytest.mark.parametrize(("kind", "split", "kept"), [("ep", {0}, {1, 2}), ("tp", {1, 2}, {0})])
 def test_expert_weights_split_by_expert_are_ep_and_inside_an_expert_tp(kind, split, kept) -> None:
     """Mixtral (tiny, 4 experts): forbidding ep keeps the stacked expert weights whole along the experts
     (their dim 0 at the routed-experts op), forbidding tp keeps them whole inside each expert; the other
     split stays allowed."""
-    case = zoo.build("mixtral-tiny", device="meta")
-    captured = capture(case.model, case.args, dict(case.kwargs), blocks="auto")
-    built = build_problem(captured, autoshard.load_cluster("a100x8", mesh=MESH), CostOptions())
+    built = _mixtral_built()
     pinned = pin_problem(built, None, frozenset({kind}))
     seen: set[int] = set()
     for k, name in enumerate(built.variables):

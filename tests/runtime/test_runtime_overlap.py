@@ -153,7 +153,7 @@ def _ahead(events: list[tuple[str, str, str]], phase: str, order: list[str]) -> 
 
 @pytest.mark.slow
 def test_fsdp_gathers_are_prefetched_forward_and_backward() -> None:
-    reference = _reference()
+    reference, _ = _reference(), plan("llama", 2, None, FSDP)  # planned once: the ranks fork with it
     for state, counts, events, rewired, planned in launch(_train_fsdp_prefetch, 2):
         _equal(state, reference)
         assert counts["forward:all_gather"] == planned * STEPS  # prefetch adds no gather

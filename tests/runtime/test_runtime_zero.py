@@ -1,8 +1,14 @@
-"""ZeRO-1/2 at run time equal single-process AdamW, shard the state, and run the collectives the plan priced."""
+"""ZeRO-1/2 at run time equal single-process AdamW, shard the state, and run the collectives the plan priced.
+
+A run prints nothing of torch's own: the bucketed gradient reduce-scatters and FSDP's use torch 2.13's
+``reduce_scatter_single``, not ``reduce_scatter_tensor``, which warns (FutureWarning) on every rank and call; the
+ranks turn FutureWarning into an error.
+"""
 
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Literal
 
 import pytest
@@ -41,9 +47,16 @@ def _reference() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in reference.state_dict().items()}
 
 
-def _train(
-    kind: str, stage: Literal[1, 2, 3], overlap: bool
-) -> tuple[dict[str, torch.Tensor], dict[str, int], int, int, int, int, int]:
+Trained = tuple[dict[str, torch.Tensor], dict[str, int], int, int, int, int, int]
+
+
+def _train(kind: str, stage: Literal[1, 2, 3], overlap: bool) -> Trained:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a deprecated collective fails the rank
+        return _train_steps(kind, stage, overlap)
+
+
+def _train_steps(kind: str, stage: Literal[1, 2, 3], overlap: bool) -> Trained:
     m, p = model("llama"), plan("llama", 2, None, PLANS[kind])
     module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
     opt = ZeroOptimizer(
@@ -79,6 +92,7 @@ def _train(
     ("kind", "stage", "overlap"), [("dp", 1, False), ("dp", 2, True), ("megatron", 2, False)]
 )
 def test_zero_matches_single_process_adamw(kind: str, stage: Literal[1, 2, 3], overlap: bool) -> None:
+    plan("llama", 2, None, PLANS[kind])  # captured and planned here once: the forked ranks inherit both
     ranks = launch(_train, 2, kind, stage, overlap)
     reference = _reference()
     # Megatron keeps the residual stream Partial and all-reduces it after LLaMA's RMSNorm casts it to float32 (half
@@ -144,6 +158,7 @@ def _train_fsdp() -> tuple[dict[str, torch.Tensor], dict[str, int], int]:
 
     m, p = model("llama"), plan("llama", 2, None, FSDP)
     module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
+    warnings.simplefilter("error", FutureWarning)  # this forked rank only: a deprecated collective fails it
     rewired = reshard_after_forward(module)
     opt = ZeroOptimizer(module, torch.optim.AdamW, stage=3, lr=1e-2, weight_decay=0.1)
     for ids in _batches():
@@ -158,6 +173,7 @@ def _train_fsdp() -> tuple[dict[str, torch.Tensor], dict[str, int], int]:
 
 @pytest.mark.slow
 def test_zero3_fsdp_plan_reshards_after_forward_and_matches() -> None:
+    plan("llama", 2, None, FSDP)  # captured and planned here once: the forked ranks inherit both
     ranks = launch(_train_fsdp, 2)
     reference = _reference()
     for state, counts, rewired in ranks:

@@ -74,6 +74,7 @@ def test_gpt2_gathers_are_a_deferred_all_reduces_half_or_listed() -> None:
     """Every optimizer all-gather the runtime runs (one per replicated parameter on a 1-D mesh) is either half
     of a deferred gradient all-reduce or one the plan lists and its step pays -- the tied embedding's too,
     whose two uses must both reduce the axis for its gather to be paid by the all-reduce."""
+    plan("gpt2", 2, None, ())  # captured and planned here once: the forked ranks inherit both
     for ran, deferred, listed in launch(_train_gpt2, 2, ()):  # the free plan: 4 deferred, 14 listed
         assert sum(ran.values()) == deferred + sum(listed.values())
         assert all(ran[size] >= n for size, n in listed.items())  # the listed sizes are the sizes that ran
