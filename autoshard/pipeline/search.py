@@ -51,7 +51,7 @@ from autoshard.errors import InfeasibleError, PipelineError
 from autoshard.pipeline.bound import step_bound
 from autoshard.pipeline.layers import part_costs, stage_memory_problem
 from autoshard.pipeline.options import PipelineRequest, divisors
-from autoshard.pipeline.pick import fastest_split, stage_shapes
+from autoshard.pipeline.pick import fastest_split, priced_shapes, stage_shapes
 from autoshard.pipeline.refit import StageMemoryError, least_flight, least_refusal, refit
 from autoshard.pipeline.schedules import (
     Schedule,
@@ -300,8 +300,9 @@ def _price(
     if math.isfinite(budget):
         problem = dataclasses.replace(problem, memory_limit=budget)
     shapes = stage_shapes(request, degree, count, built.num_blocks)
-    if math.isfinite(ceiling):
-        bound = step_bound(built, problem, shapes, degree, ceiling, time_limit, STAGE_MAX_FACTOR)
+    if math.isfinite(ceiling):  # over the shapes fastest_split prices for this policy, not all torch runs
+        priced = priced_shapes(shapes, opts.recompute)
+        bound = step_bound(built, problem, priced, degree, ceiling, time_limit, STAGE_MAX_FACTOR)
         if bound * (1 - _ROUNDING) >= ceiling:
             raise BoundExceeded(bound, ceiling)
     if hint is not None and (
