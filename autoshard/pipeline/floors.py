@@ -40,18 +40,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import numpy as np
-
 from autoshard.pipeline.bound import step_bound
-from autoshard.pipeline.layers import part_names, runtime_reserve
 from autoshard.pipeline.refit import StageMemoryError, floor_problem, least_memory
 from autoshard.pipeline.schedules import Schedule, in_flight
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.costs import node_memory
 from autoshard.search import SearchProblem
 from autoshard.search.problem import format_bytes
 
-__all__ = ["Live", "harmonic_flight", "harmonic_problem", "live_shapes", "refit_bound"]
+__all__ = ["Live", "harmonic_flight", "live_shapes", "refit_bound"]
 
 Shape = tuple[Schedule, int]
 
@@ -82,30 +78,6 @@ def harmonic_flight(schedule: Schedule, virtual: int, degree: int, microbatches:
     return degree / sum(1.0 / f for f in flights)
 
 
-def harmonic_problem(built: BuiltProblem, degree: int, flight: float, budget: float | None) -> SearchProblem:
-    """``built.problem`` with each node's memory its share of the layers' harmonic floor: a node read in the
-    layers counts ``L / degree`` times (parameter state) or ``L / degree × flight`` (activations,
-    ``flight`` from :func:`harmonic_flight`), a node outside them nothing; the reserve once."""
-    problem = built.problem
-    parts = part_names(built)
-    readers: dict[str, set[str]] = {}
-    for use in built.edges:  # a parameter counts where it is read, as part_costs counts it
-        if built.infos[use.producer].kind == "parameter":
-            readers.setdefault(built.template[use.producer], set()).add(parts[use.consumer])
-    share = max(1, built.num_blocks) / degree
-    memory: list[np.ndarray] = []
-    for k, name in enumerate(built.variables):
-        info, keeps = built.infos[name], built.keeps.get(name, True)
-        static = info.kind in ("parameter", "buffer", "constant")
-        weight = (share if static else share * flight) if "layer" in readers.get(name, {parts[name]}) else 0.0
-        own = [node_memory(info, s, built.cluster, built.options, keeps) for s in built.strategies[name]]
-        memory.append(
-            np.asarray(own, dtype=np.float64) * weight + (runtime_reserve(built) if k == 0 else 0.0)
-        )
-    memory += [np.zeros(len(m)) for m in problem.memory[len(built.variables) :]] if problem.memory else []
-    return dataclasses.replace(problem, memory=tuple(memory), peak=None, memory_limit=budget)
-
-
 def live_shapes(built: BuiltProblem, degree: int, shapes: Sequence[Shape], budget: float) -> Live:
     """The shapes whose floors (module docstring) all fit ``budget``, each with its floor problem of the
     largest least memory; floors shared by shapes of equal flights are solved once, the mean device's and the
@@ -116,7 +88,7 @@ def live_shapes(built: BuiltProblem, degree: int, shapes: Sequence[Shape], budge
     def floor(kind: str, flight: float) -> tuple[float, SearchProblem]:
         if (kind, flight) not in solved:
             if kind == "harmonic":
-                problem = harmonic_problem(built, degree, flight, budget)
+                problem = floor_problem(built, degree, flight, budget, "layers")
                 solved[kind, flight] = (least_memory(problem)[1], problem)
             else:
                 problem = floor_problem(built, degree, flight, budget)

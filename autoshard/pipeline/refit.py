@@ -92,8 +92,10 @@ def floor_problem(
     """``built.problem`` with each node's memory its share of a device's floor (module docstring): of the
     busiest device (``holder`` None): parameter state ``copies / degree``, activations ``flight x copies /
     degree`` (``copies``: the layers for a layer's node, 1 outside them); of the device holding the part
-    ``holder`` (``"pre"`` or ``"post"``): that part and one layer, activations ``flight`` times.  The reserve
-    once; gathered weights and the temporary dropped (the stage DP does not count them)."""
+    ``holder`` (``"pre"`` or ``"post"``): that part and one layer, activations ``flight`` times; of the layers
+    alone (``"layers"``, the harmonic floor of :mod:`autoshard.pipeline.floors`): a layer's node as for the
+    busiest device, others nothing.  The reserve once; gathered weights and the temporary dropped (the stage
+    DP does not count them)."""
     problem = built.problem
     parts = part_names(built)
     readers: dict[str, set[str]] = {}
@@ -106,8 +108,8 @@ def floor_problem(
         info, keeps = built.infos[name], built.keeps.get(name, True)
         static = info.kind in ("parameter", "buffer", "constant")
         held = readers.get(name, {parts[name]})
-        if holder is None:
-            copies = (layers if "layer" in held else 1) / degree
+        if holder is None or holder == "layers":
+            copies = (layers if "layer" in held else (1 if holder is None else 0)) / degree
         else:
             copies = 1.0 if held & {holder, "layer"} else 0.0
         weight = copies * (1.0 if static else flight)

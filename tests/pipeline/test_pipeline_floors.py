@@ -21,15 +21,15 @@ import autoshard
 import autoshard.pipeline.search as pipeline_search
 from autoshard.capture import capture
 from autoshard.errors import InfeasibleError
-from autoshard.pipeline.floors import Live, harmonic_flight, harmonic_problem
+from autoshard.pipeline.floors import Live, harmonic_flight
 from autoshard.pipeline.layers import part_costs
 from autoshard.pipeline.refit import floor_problem
 from autoshard.pipeline.schedules import Schedule, in_flight, torch_refuses, virtual_stage_options
 from autoshard.pipeline.stages import price_split
 from autoshard.pipeline.walk import RefitDeferred, Walk
-from autoshard.problem.build import build_problem
+from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute
-from autoshard.search import BoundExceeded, memory_of, solve
+from autoshard.search import BoundExceeded, Solution, memory_of, solve
 from tests.pipeline.test_pipeline_pricing import _llama
 
 pytest.importorskip("transformers")
@@ -53,22 +53,27 @@ def _shapes() -> list[tuple[Schedule, int]]:
     ]
 
 
-def test_each_shapes_floors_are_below_every_cut(built) -> None:
-    best = solve(built.problem, method="exact")
-    rng = random.Random(3)
-    plans = [best] + [
-        dataclasses.replace(best, choice=tuple(
+def random_plans(built: BuiltProblem, best: Solution, rng: random.Random, count: int) -> list[Solution]:
+    """``best`` and ``count`` plans of random strategies (fan-out nodes as in ``best``)."""
+    plans = [best]
+    for _ in range(count):
+        choice = [
             rng.randrange(n) if i < len(built.variables) else c
             for i, (c, n) in enumerate(zip(best.choice, built.problem.sizes, strict=True))
-        ))
-        for _ in range(4)
-    ]  # fmt: skip
+        ]
+        plans.append(dataclasses.replace(best, choice=tuple(choice)))
+    return plans
+
+
+def test_each_shapes_floors_are_below_every_cut(built) -> None:
+    best = solve(built.problem, method="exact")
+    plans = random_plans(built, best, random.Random(3), 4)
     checked = 0
     for schedule, v in _shapes():
         fewest = min(in_flight(schedule, d, DEGREE, v, MICROBATCHES) for d in range(DEGREE))
         floors = [floor_problem(built, DEGREE, max(1.0, fewest), None, h) for h in (None, "pre", "post")]
         floors.append(
-            harmonic_problem(built, DEGREE, harmonic_flight(schedule, v, DEGREE, MICROBATCHES), None)
+            floor_problem(built, DEGREE, harmonic_flight(schedule, v, DEGREE, MICROBATCHES), None, "layers")
         )
         chunks = DEGREE * v
         for solution in plans:
