@@ -25,7 +25,7 @@ each shape has its own, tighter floors:
 A plan the stage DP fits under a shape meets every floor of that shape (each is at most its busiest device),
 so a shape whose least floor (:func:`~autoshard.search.exact.min_memory_plan` of the floor problem) is over the
 budget runs no plan of the candidate.  LLaMA-3 405B on PP 16 without recomputation: 9.73 GiB under all
-shapes at once; per shape GPipe and ZB-V 136 GiB, interleaved v = 2 113 GiB (harmonic), v = 3 122 GiB, v = 4
+shapes at once; per shape (the harmonic floor) GPipe and ZB-V 135 GiB, interleaved v = 2 113 GiB, v = 3 122 GiB, v = 4
 125 GiB, over 79.18 GiB; only 1F1B (40.8 GiB) lives.
 
 The bound.  The refit returns a plan only with a split the stage DP fits under a live shape, so the plan meets

@@ -239,7 +239,7 @@ def search_pipeline(
             method,
             time_limit,
         )
-        walk = walk.candidate(price, policies, f"pp {degree} × {count} microbatches", say)
+        walk = walk.candidate(price, policies, degree, count, say)
     if walk.best is None:
         raise least_refusal(walk.errors, walk.floors)
     return dataclasses.replace(walk.best, priced=tuple(walk.priced))

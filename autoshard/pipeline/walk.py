@@ -72,9 +72,15 @@ class Walk(Generic[C]):
     priced: list[str] = dataclasses.field(default_factory=list)
 
     def candidate(
-        self, price: PriceFn[C], policies: list[Recompute], label: str, say: Callable[[str], None]
+        self,
+        price: PriceFn[C],
+        policies: list[Recompute],
+        degree: int,
+        count: int,
+        say: Callable[[str], None],
     ) -> Walk[C]:
-        """This state after one (degree, microbatches) candidate's policies (``label`` names it)."""
+        """This state after the policies of ``degree`` stages and ``count`` microbatches."""
+        label = f"pp {degree} × {count} microbatches"
         before = dataclasses.replace(
             self, errors=[*self.errors], floors=[*self.floors], priced=[*self.priced]
         )
@@ -124,7 +130,7 @@ class Walk(Generic[C]):
             except InfeasibleError as e:
                 if fresh:
                     known[policy] = e
-                self._refused(f"{label} ({policy.value}): {e}", e, len(self.errors))
+                self._refused(label, policy, e, len(self.errors))
                 continue
             except BoundExceeded as e:  # a lower bound on its step reaches the best plan's: not solved
                 self._pruned(label, policy, e, len(self.priced))
@@ -145,7 +151,7 @@ class Walk(Generic[C]):
             found = deferred.finish(ceiling)
         except InfeasibleError as e:
             known[deferred.policy] = e
-            self._refused(f"{label} ({deferred.policy.value}): {e}", e, errors_at)
+            self._refused(label, deferred.policy, e, errors_at)
             return False
         except BoundExceeded as e:
             self._pruned(label, deferred.policy, e, priced_at)
@@ -153,8 +159,10 @@ class Walk(Generic[C]):
         known[deferred.policy] = found
         return found is not None
 
-    def _refused(self, line: str, error: InfeasibleError, at: int) -> None:
-        self.errors.insert(at, line)
+    def _refused(self, label: str, policy: Recompute, error: InfeasibleError, at: int) -> None:
+        self.errors.insert(
+            at, f"{label.replace(' × ', ' x ')} ({policy.value}): {error}"
+        )  # as the CLI prints it
         self.floors.insert(at, error if isinstance(error, StageMemoryError) else None)
 
     def _pruned(self, label: str, policy: Recompute, e: BoundExceeded, at: int) -> None:

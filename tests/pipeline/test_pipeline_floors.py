@@ -164,15 +164,15 @@ def test_walk_defers_the_refit_and_keeps_the_in_order_answer(refit, bound, prune
         walk: Walk[_Plan] = Walk()
         price = _price(steps, refit, bound, calls)
         if defer:
-            walk = walk.candidate(price, policies, "pp 2", lambda stage: None)
+            walk = walk.candidate(price, policies, 2, 4, lambda stage: None)
         else:  # the in-order walk: the refit at its place
-            walk._policies(price, policies, "pp 2", False, {}, lambda stage: None)
+            walk._policies(price, policies, "pp 2 × 4 microbatches", False, {}, lambda stage: None)
         results.append((walk.best, walk.priced, calls))
     (deferred, lines, calls), (in_order, order_lines, _) = results
     assert deferred == in_order  # the same plan, warm starts included
     if pruned:  # the refit is not solved: named with its bound, where it would have stood
         assert lines == [
-            "pp 2 (none recompute): at least 5 s (a proven lower bound), not solved",
+            "pp 2 × 4 microbatches (none recompute): at least 5 s (a proven lower bound), not solved",
             *order_lines,
         ]
     else:
