@@ -47,7 +47,15 @@ from autoshard.search import FactorCapExceeded, SearchProblem, Solution
 from autoshard.search.exact import min_memory_plan
 from autoshard.search.problem import format_bytes, memory_lower_bound
 
-__all__ = ["BISECTIONS", "StageMemoryError", "floor_problem", "least_flight", "least_refusal", "refit"]
+__all__ = [
+    "BISECTIONS",
+    "StageMemoryError",
+    "floor_problem",
+    "least_flight",
+    "least_memory",
+    "least_refusal",
+    "refit",
+]
 
 BISECTIONS = 3
 """Surrogate budgets bisected after its least-memory plan fits (each one budgeted stage solve; only reached
@@ -84,8 +92,10 @@ def floor_problem(
     """``built.problem`` with each node's memory its share of a device's floor (module docstring): of the
     busiest device (``holder`` None): parameter state ``copies / degree``, activations ``flight x copies /
     degree`` (``copies``: the layers for a layer's node, 1 outside them); of the device holding the part
-    ``holder`` (``"pre"`` or ``"post"``): that part and one layer, activations ``flight`` times.  The reserve
-    once; gathered weights and the temporary dropped (the stage DP does not count them)."""
+    ``holder`` (``"pre"`` or ``"post"``): that part and one layer, activations ``flight`` times; of the layers
+    alone (``"layers"``, the harmonic floor of :mod:`autoshard.pipeline.floors`): a layer's node as for the
+    busiest device, others nothing.  The reserve once; gathered weights and the temporary dropped (the stage
+    DP does not count them)."""
     problem = built.problem
     parts = part_names(built)
     readers: dict[str, set[str]] = {}
@@ -98,8 +108,8 @@ def floor_problem(
         info, keeps = built.infos[name], built.keeps.get(name, True)
         static = info.kind in ("parameter", "buffer", "constant")
         held = readers.get(name, {parts[name]})
-        if holder is None:
-            copies = (layers if "layer" in held else 1) / degree
+        if holder is None or holder == "layers":
+            copies = (layers if "layer" in held else (1 if holder is None else 0)) / degree
         else:
             copies = 1.0 if held & {holder, "layer"} else 0.0
         weight = copies * (1.0 if static else flight)
@@ -111,7 +121,9 @@ def floor_problem(
     return dataclasses.replace(problem, memory=tuple(memory), peak=None, memory_limit=budget)
 
 
-def _least(problem: SearchProblem) -> tuple[tuple[int, ...] | None, float]:
+def least_memory(problem: SearchProblem) -> tuple[tuple[int, ...] | None, float]:
+    """The least-memory plan of ``problem`` and its memory, peak dropped (None and a sum of per-node least
+    memories when the problem is too wide to eliminate: also a floor)."""
     try:
         plan, value = min_memory_plan(dataclasses.replace(problem, peak=None))
     except FactorCapExceeded:  # too wide to eliminate: the sum of each node's least memory, also a floor
@@ -140,7 +152,9 @@ def refit(
     the floor rules every plan out (``proven``) or none of the plans tried fits."""
     floor = floor_problem(built, degree, flight, budget)
     # the busiest device holds at least the mean, and at least what the stage of the embedding / the head holds
-    least = max(_least(floor_problem(built, degree, flight, budget, h))[1] for h in (None, "pre", "post"))
+    least = max(
+        least_memory(floor_problem(built, degree, flight, budget, h))[1] for h in (None, "pre", "post")
+    )
     held = "1 microbatch's" if flight == 1 else f"{flight:g} microbatches'"
     share = (
         f"a 1/{degree} share of the model's parameter state and of {held} activations, the fewest any device "
@@ -168,7 +182,7 @@ def refit(
         return solution
 
     top = attempt(floor)
-    plan, low = _least(surrogate)
+    plan, low = least_memory(surrogate)
     low = _value(surrogate, plan) if plan is not None else low
     high = _value(surrogate, top.choice) if top is not None else low
     fitted = len(found)

@@ -16,7 +16,9 @@ only fits inside a node) and each microbatch count ``m``:
    (``search="auto"`` runs no CP-SAT inside this loop; under a binding budget that is the Lagrangian plan)
    — one solve per (sub-mesh, microbatch count, recomputation), not per cut; that re-weighted problem is
    pessimistic, not a floor, so before a candidate is refused :mod:`autoshard.pipeline.refit` checks a true
-   lower bound and tries other plans at the real budget;
+   lower bound and tries other plans at the real budget, unless each schedule's floor rules the candidate
+   out or a bound on those plans' steps reaches the best step (:mod:`autoshard.pipeline.floors`; the first
+   candidate's refit waits for one, :mod:`autoshard.pipeline.walk`);
 3. split its costs into one layer, ``pre`` and ``post`` (:func:`~autoshard.pipeline.layers.part_costs`),
    add the p2p time of one layer's output on the inter-stage link, and run the stage DP
    (:func:`~autoshard.pipeline.stages.best_split`) for every schedule and chunk count ``v`` that torch's
@@ -49,15 +51,14 @@ from autoshard.capture import Captured
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import InfeasibleError, PipelineError
 from autoshard.pipeline.bound import step_bound
+from autoshard.pipeline.floors import live_shapes, refit_bound
 from autoshard.pipeline.layers import part_costs, stage_memory_problem
 from autoshard.pipeline.options import PipelineRequest, divisors
-from autoshard.pipeline.pick import fastest_split, stage_shapes
+from autoshard.pipeline.pick import fastest_split, priced_shapes, stage_shapes
 from autoshard.pipeline.refit import StageMemoryError, least_flight, least_refusal, refit
-from autoshard.pipeline.schedules import (
-    Schedule,
-    in_flight,
-)
+from autoshard.pipeline.schedules import Schedule, in_flight
 from autoshard.pipeline.stages import StageSplit, price_split
+from autoshard.pipeline.walk import RefitDeferred, Walk
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import CostOptions, Recompute, node_compute
 from autoshard.search import BoundExceeded, SearchProblem, Solution, solve
@@ -219,50 +220,51 @@ def search_pipeline(
 ) -> Candidate:
     """The least step time over every candidate; InfeasibleError when none fits."""
     captures: dict[int, Captured] = {}
-    best: Candidate | None = None
-    errors: list[str] = []
-    floors: list[StageMemoryError | None] = []  # per error: its memory floor, when it has one
-    priced: list[str] = []
+    walk: Walk[Candidate] = Walk()
     for degree, count in _candidates(request, cluster, batch, layers):
         where = layout(cluster, degree)
         size = batch // count
         if size not in captures:
             say("capture")
             captures[size] = capture_fn(*_microbatch_args(args, kwargs, batch, size))
-        fitted = False
-        hint: tuple[int, ...] | None = None  # the last policy's plan warm-starts the next (same graph)
-        for policy in policies:
-            say("strategies" if policy is policies[0] else "recompute")
-            opts = CostOptions(training=training, recompute=policy, microbatches=count)
-            ceiling = math.inf if best is None else best.step_seconds
-            try:
-                found = _price(
-                    request, where, count, captures[size], opts, build, memory_limit, method, time_limit, hint,
-                    ceiling,
-                )  # fmt: skip
-            except InfeasibleError as e:
-                errors.append(f"pp {degree} x {count} microbatches ({policy.value}): {e}")
-                floors.append(e if isinstance(e, StageMemoryError) else None)
-                continue
-            except BoundExceeded as e:  # a lower bound on its step reaches the best plan's: not solved
-                priced.append(
-                    f"pp {degree} × {count} microbatches ({policy.value} recompute): at least {e.bound:.5g} s "
-                    "(a proven lower bound), not solved"
-                )
-                continue
-            if found is not None and (best is None or found.step_seconds < best.step_seconds * (1 - 1e-12)):
-                best = found
-            if found is not None:
-                hint = found.solution.choice
-                fitted = True
-                priced.append(found.describe())
-                if found.solution.budget_binding is False:
-                    break  # the budget did not shape the intra-op plan: recomputing only adds time
-        if not fitted:
-            priced.append(f"pp {degree} × {count} microbatches: does not fit")
-    if best is None:
-        raise least_refusal(errors, floors)
-    return dataclasses.replace(best, priced=tuple(priced))
+        price = functools.partial(
+            _price_policy,
+            request,
+            where,
+            count,
+            captures[size],
+            training,
+            build,
+            memory_limit,
+            method,
+            time_limit,
+        )
+        walk = walk.candidate(price, policies, degree, count, say)
+    if walk.best is None:
+        raise least_refusal(walk.errors, walk.floors)
+    return dataclasses.replace(walk.best, priced=tuple(walk.priced))
+
+
+def _price_policy(
+    request: PipelineRequest,
+    where: Layout,
+    count: int,
+    captured: Captured,
+    training: bool,
+    build: BuildFn,
+    limit: float,
+    method: str,
+    time_limit: float,
+    policy: Recompute,
+    hint: tuple[int, ...] | None,
+    ceiling: float,
+    defer: bool,
+) -> Candidate | None:
+    """:func:`_price` of one recomputation policy (:class:`~autoshard.pipeline.walk.Walk`'s callback)."""
+    opts = CostOptions(training=training, recompute=policy, microbatches=count)
+    return _price(
+        request, where, count, captured, opts, build, limit, method, time_limit, hint, ceiling, defer
+    )
 
 
 def _price(
@@ -277,6 +279,7 @@ def _price(
     time_limit: float,
     hint: tuple[int, ...] | None = None,
     ceiling: float = math.inf,
+    defer: bool = False,
 ) -> Candidate | None:
     """The best schedule and cut of one (degree, microbatches, recomputation) candidate, its intra-op plan
     solved once; None when no cut fits.  ``ceiling`` (the best step so far): BoundExceeded without a solve
@@ -300,8 +303,9 @@ def _price(
     if math.isfinite(budget):
         problem = dataclasses.replace(problem, memory_limit=budget)
     shapes = stage_shapes(request, degree, count, built.num_blocks)
-    if math.isfinite(ceiling):
-        bound = step_bound(built, problem, shapes, degree, ceiling, time_limit, STAGE_MAX_FACTOR)
+    if math.isfinite(ceiling):  # over the shapes fastest_split prices for this policy, not all torch runs
+        priced = priced_shapes(shapes, opts.recompute)
+        bound = step_bound(built, problem, priced, degree, ceiling, time_limit, STAGE_MAX_FACTOR)
         if bound * (1 - _ROUNDING) >= ceiling:
             raise BoundExceeded(bound, ceiling)
     if hint is not None and (
@@ -332,21 +336,46 @@ def _price(
     if best is None and refused and len(request.schedules) == 1:
         raise PipelineError(f"{degree} pipeline stages: {refused[0]}")  # each reason names the schedule
     if best is None and math.isfinite(budget) and shapes:  # the surrogate is no floor: pipeline/refit.py
-        try:
-            flight = least_flight(shapes, degree, count)
-            solution, best = refit(problem, built, degree, flight, budget, solve_at, split_of)
-        except StageMemoryError as e:
-            if not request.cuts or e.proven:
-                raise
-    if best is None:
-        if request.cuts:
-            raise PipelineError(
-                f"{len(request.cuts)} pinned stage cuts fit no schedule of {degree} stages: pin "
-                f"{degree - 1} cuts (or {degree} x v - 1 with v chunks per device), or make sure the "
-                f"pinned stages fit in memory"
+        live = live_shapes(built, degree, shapes, budget)
+        if not live.shapes:  # every shape's floor is over the budget (pipeline/floors.py): no refit
+            raise live.refusal()
+
+        def finish(ceiling: float) -> Candidate | None:
+            """The refit, unless the bound on every plan it can return reaches ``ceiling``."""
+            if math.isfinite(ceiling):
+                bound = refit_bound(built, degree, live, ceiling, time_limit, STAGE_MAX_FACTOR)
+                if bound * (1 - _ROUNDING) >= ceiling:
+                    raise BoundExceeded(bound, ceiling)
+            try:
+                flight = least_flight(shapes, degree, count)
+                solution, split = refit(problem, built, degree, flight, budget, solve_at, split_of)
+            except StageMemoryError as e:
+                if not request.cuts or e.proven:
+                    raise
+                _no_cut(request, degree)
+                return None
+            return Candidate(
+                split.step_seconds, where, count, built, solution, captured, split, opts.recompute
             )
+
+        if defer and not math.isfinite(ceiling):
+            raise RefitDeferred(finish)
+        return finish(ceiling)
+    if best is None:
+        _no_cut(request, degree)
         return None
     return Candidate(best.step_seconds, where, count, built, solution, captured, best, opts.recompute)
+
+
+def _no_cut(request: PipelineRequest, degree: int) -> None:
+    """None (no cut fits), or PipelineError when the cuts are pinned."""
+    if request.cuts:
+        raise PipelineError(
+            f"{len(request.cuts)} pinned stage cuts fit no schedule of {degree} stages: pin "
+            f"{degree - 1} cuts (or {degree} x v - 1 with v chunks per device), or make sure the "
+            f"pinned stages fit in memory"
+        )
+    return None
 
 
 def compute_floor(built: BuiltProblem, degree: int) -> float:

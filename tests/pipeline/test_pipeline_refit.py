@@ -7,7 +7,6 @@ refused 2.17 GiB as needing 4.22 GiB, where a plan of 2.21 GiB existed (pipeline
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import re
 
@@ -23,6 +22,7 @@ from autoshard.pipeline.stages import Part, StageCosts, best_split
 from autoshard.problem.build import build_problem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.search import memory_of, solve
+from tests.pipeline.test_pipeline_floors import random_plans
 from tests.pipeline.test_pipeline_pricing import _llama as llama
 
 transformers = pytest.importorskip("transformers")
@@ -105,14 +105,7 @@ def test_floor_is_below_every_cut_of_every_plan(policy: Recompute) -> None:
     flight = least_flight(shapes, degree, m)
     floors = [floor_problem(built, degree, flight, None, holder) for holder in (None, "pre", "post")]
     best = solve(built.problem, method="exact")
-    rng = random.Random(7)
-    plans = [best] + [
-        dataclasses.replace(best, choice=tuple(
-            rng.randrange(n) if i < len(built.variables) else c
-            for i, (c, n) in enumerate(zip(best.choice, built.problem.sizes, strict=True))
-        ))
-        for _ in range(4)
-    ]  # fmt: skip
+    plans = random_plans(built, best, random.Random(7), 4)
     checked = 0
     for solution in plans:
         costs = part_costs(built, solution)
