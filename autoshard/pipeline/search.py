@@ -238,6 +238,7 @@ def search_pipeline(
             memory_limit,
             method,
             time_limit,
+            len(policies) == 1,
         )
         walk = walk.candidate(price, policies, degree, count, say)
     if walk.best is None:
@@ -255,15 +256,17 @@ def _price_policy(
     limit: float,
     method: str,
     time_limit: float,
+    pinned: bool,
     policy: Recompute,
     hint: tuple[int, ...] | None,
     ceiling: float,
     defer: bool,
 ) -> Candidate | None:
-    """:func:`_price` of one recomputation policy (:class:`~autoshard.pipeline.walk.Walk`'s callback)."""
+    """:func:`_price` of one recomputation policy (:class:`~autoshard.pipeline.walk.Walk`'s callback).
+    ``pinned``: the policy is the only one searched, so a schedule refused with it is the user's error."""
     opts = CostOptions(training=training, recompute=policy, microbatches=count)
     return _price(
-        request, where, count, captured, opts, build, limit, method, time_limit, hint, ceiling, defer
+        request, where, count, captured, opts, build, limit, method, time_limit, hint, ceiling, defer, pinned
     )
 
 
@@ -280,6 +283,7 @@ def _price(
     hint: tuple[int, ...] | None = None,
     ceiling: float = math.inf,
     defer: bool = False,
+    pinned: bool = True,
 ) -> Candidate | None:
     """The best schedule and cut of one (degree, microbatches, recomputation) candidate, its intra-op plan
     solved once; None when no cut fits.  ``ceiling`` (the best step so far): BoundExceeded without a solve
@@ -333,8 +337,11 @@ def _price(
     except InfeasibleError:
         if not (math.isfinite(budget) and shapes):
             raise
-    if best is None and refused and len(request.schedules) == 1:
-        raise PipelineError(f"{degree} pipeline stages: {refused[0]}")  # each reason names the schedule
+    if best is None and refused and len(request.schedules) == 1:  # each reason names the schedule
+        if pinned:  # the user's pair (schedule, recomputation) cannot run
+            raise PipelineError(f"{degree} pipeline stages: {refused[0]}")
+        # one policy of several: refused like a plan that does not fit, so another policy's plan still wins
+        raise InfeasibleError(f"{degree} pipeline stages: {refused[0]}")
     if best is None and math.isfinite(budget) and shapes:  # the surrogate is no floor: pipeline/refit.py
         live = live_shapes(built, degree, shapes, budget)
         if not live.shapes:  # every shape's floor is over the budget (pipeline/floors.py): no refit

@@ -16,6 +16,7 @@ import pytest
 import autoshard
 import autoshard.pipeline.search as pipeline_search
 from autoshard.capture import capture
+from autoshard.errors import PipelineError
 from autoshard.pipeline.layers import part_costs
 from autoshard.pipeline.schedules import Schedule, torch_refuses, virtual_stage_options
 from autoshard.pipeline.search import compute_floor
@@ -142,3 +143,20 @@ def test_pruned_policy_gives_the_plan_of_pricing_every_policy(
         same(pruned, every)
     assert skipped  # the pruning did happen
     assert bounded and not any(schedule.zero_bubble for schedule, _ in bounded)
+
+
+def test_a_schedule_refused_with_one_policy_of_several_keeps_the_plan_of_another() -> None:
+    """zb_v pinned, recomputation searched: once the budget binds, selective recomputation is refused with zb_v
+    (torch re-runs checkpointed layers in both halves of its backward), and that refusal used to abort the
+    whole search although no recomputation fits.  Now it is one policy's refusal; pinned, it stays an error."""
+    model, ids = _llama(layers=8, hidden=256, batch=8, seq=256)
+    cluster = autoshard.load_cluster("a100x8", nodes=1, mesh=(8,))
+    kw: dict[str, Any] = dict(pipeline=4, microbatches=8, forbid=["tp"], schedule="zb_v")
+    free = autoshard.plan(model, cluster, (ids,), recompute="none", **kw)
+    plan = autoshard.plan(
+        model, cluster, (ids,), recompute="auto", memory_limit=free.memory_per_device * 1.0000001, **kw
+    )
+    assert plan.recompute == "none" and plan.pipeline is not None and plan.pipeline.schedule == "zb_v"
+    assert plan.memory_per_device <= free.memory_per_device * 1.0000001
+    with pytest.raises(PipelineError, match=r"^4 pipeline stages: zb_v with selective recomputation refused"):
+        autoshard.plan(model, cluster, (ids,), recompute="selective", **kw)
