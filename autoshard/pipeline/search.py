@@ -88,10 +88,9 @@ class Layout:
 
 
 #: Largest elimination table for a pipeline stage's budgeted solve; wider stages take the Lagrangian path by
-#: reduction (search/wide.py: neighbourhood re-solves, min-sum diffusion fixing).  Measured on the 405B
-#: stage (PP 16, 16 microbatches, selective recomputation, causal pricing): at the solver's default cap its
-#: 14.2e6-entry tables fit, and the plain Lagrangian sweep's fitting plan was 267.92 s (bound 234.93 s) in
-#: 30 s CPU; below it, the wide path found 236.00 s (same bound) in 6 s, a faster step than full recompute.
+#: reduction (search/wide.py).  Measured on the 405B stage (PP 16, 16 microbatches, selective recomputation):
+#: at the solver's default cap its 14.2e6-entry tables fit, and the plain Lagrangian sweep's fitting plan was
+#: 267.92 s (bound 234.93 s) in 30 s CPU; below it, the wide path found 236.00 s (same bound) in 6 s.
 STAGE_MAX_FACTOR = 10_000_000
 
 
@@ -152,20 +151,18 @@ class Candidate:
         )
 
 
-def _microbatch_args(
+def microbatch_args(
     args: tuple[Any, ...], kwargs: Mapping[str, Any], batch: int, size: int
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """One microbatch's inputs (the first ``size`` samples of every batch-sized tensor), as the search captures
+    them: :mod:`autoshard.pipeline_replay` rebuilds a saved plan's stage problem from the same cut."""
+
     def cut(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == batch:
             return x.narrow(0, 0, size)
         return x
 
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
-
-
-microbatch_args = _microbatch_args
-"""One microbatch's inputs (the first ``size`` samples of every batch-sized tensor), as the search captures
-them: :mod:`autoshard.pipeline_replay` rebuilds a saved plan's stage problem from the same cut."""
 
 
 def microbatch_sizes(batch: int, nodes: int) -> tuple[int, ...]:
@@ -226,7 +223,7 @@ def search_pipeline(
         size = batch // count
         if size not in captures:
             say("capture")
-            captures[size] = capture_fn(*_microbatch_args(args, kwargs, batch, size))
+            captures[size] = capture_fn(*microbatch_args(args, kwargs, batch, size))
         price = functools.partial(
             _price_policy,
             request,
@@ -262,8 +259,7 @@ def _price_policy(
     ceiling: float,
     defer: bool,
 ) -> Candidate | None:
-    """:func:`_price` of one recomputation policy (:class:`~autoshard.pipeline.walk.Walk`'s callback).
-    ``pinned``: the policy is the only one searched, so a schedule refused with it is the user's error."""
+    """:func:`_price` of one recomputation policy (:class:`~autoshard.pipeline.walk.Walk`'s callback)."""
     opts = CostOptions(training=training, recompute=policy, microbatches=count)
     return _price(
         request, where, count, captured, opts, build, limit, method, time_limit, hint, ceiling, defer, pinned
@@ -288,7 +284,8 @@ def _price(
     """The best schedule and cut of one (degree, microbatches, recomputation) candidate, its intra-op plan
     solved once; None when no cut fits.  ``ceiling`` (the best step so far): BoundExceeded without a solve
     when :func:`compute_floor`, or with stages :func:`~autoshard.pipeline.bound.step_bound` (the busiest
-    device's layers, one schedule's bubble), shows that no plan of this candidate is faster."""
+    device's layers, one schedule's bubble), shows that no plan of this candidate is faster.  ``pinned``: the
+    policy is the only one searched, so a schedule refused with it is the user's error, not a misfit."""
     search_method = "exact" if method == "auto" else method
     degree = where.degree
     budget = limit if math.isfinite(limit) else math.inf
@@ -338,10 +335,8 @@ def _price(
         if not (math.isfinite(budget) and shapes):
             raise
     if best is None and refused and len(request.schedules) == 1:  # each reason names the schedule
-        if pinned:  # the user's pair (schedule, recomputation) cannot run
-            raise PipelineError(f"{degree} pipeline stages: {refused[0]}")
-        # one policy of several: refused like a plan that does not fit, so another policy's plan still wins
-        raise InfeasibleError(f"{degree} pipeline stages: {refused[0]}")
+        error = PipelineError if pinned else InfeasibleError  # one policy of several: refused as a misfit
+        raise error(f"{degree} pipeline stages: {refused[0]}")
     if best is None and math.isfinite(budget) and shapes:  # the surrogate is no floor: pipeline/refit.py
         live = live_shapes(built, degree, shapes, budget)
         if not live.shapes:  # every shape's floor is over the budget (pipeline/floors.py): no refit
@@ -359,8 +354,7 @@ def _price(
             except StageMemoryError as e:
                 if not request.cuts or e.proven:
                     raise
-                _no_cut(request, degree)
-                return None
+                return _no_cut(request, degree)
             return Candidate(
                 split.step_seconds, where, count, built, solution, captured, split, opts.recompute
             )
@@ -369,12 +363,11 @@ def _price(
             raise RefitDeferred(finish)
         return finish(ceiling)
     if best is None:
-        _no_cut(request, degree)
-        return None
+        return _no_cut(request, degree)
     return Candidate(best.step_seconds, where, count, built, solution, captured, best, opts.recompute)
 
 
-def _no_cut(request: PipelineRequest, degree: int) -> None:
+def _no_cut(request: PipelineRequest, degree: int) -> Candidate | None:
     """None (no cut fits), or PipelineError when the cuts are pinned."""
     if request.cuts:
         raise PipelineError(
