@@ -67,7 +67,7 @@ from autoshard.search.problem import (
     memory_lower_bound,
     memory_of,
 )
-from autoshard.search.reduce import Certificates, reduce_problem
+from autoshard.search.reduce import WIDE_FOLD, Certificates, reduce_problem
 from autoshard.search.run import (
     BoundExceeded,
     Run,
@@ -371,6 +371,11 @@ def solve(
     if not dominance_search and (ex is None or ex.largest_factor > _HINTED_TABLE):  # wide: search after all
         red = reduce_problem(problem, hint=dominated)
         probe.run = run = Run(problem, [red], start, time_limit, log=list(red.log), ceiling=ceiling)
+        ex = exact_solver(run, max_factor_size, probe)
+    if ex is None and red.problem.memory_limit is None:  # folds over the default cap: often exact after all
+        red = reduce_problem(problem, hint=dominated, fold_cap=WIDE_FOLD)  # (LLaMA-tiny on 2x2x2: 47 -> 2 s)
+        log = [*run.log[:-1], run.log[-1].replace("using CP-SAT", f"folding up to {WIDE_FOLD:.0e}"), *red.log]
+        probe.run = run = Run(problem, [red], start, time_limit, log=log, ceiling=ceiling)
         ex = exact_solver(run, max_factor_size, probe)
     if ex is None and red.problem.memory_limit is not None:
         # Memory terms keep nodes from folding, so the budgeted problem's treewidth is high; each relaxed
