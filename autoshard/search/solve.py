@@ -9,7 +9,8 @@ Input: a :class:`~autoshard.search.problem.SearchProblem`.  Output: a
 1. :func:`~autoshard.search.reduce.reduce_problem` prunes, folds fixed nodes, eliminates memory-free
    nodes of degree <= 2 and drops dominated strategies (all exact).
 2. No budget: exact tree DP / variable elimination (cutset conditioning when a table would exceed the size
-   cap).  Only if even that fails, CP-SAT with a propagation warm start.
+   cap).  If even that fails, the reduction again with degree-2 folds past their default cap (LLaMA-tiny's
+   2x2x2 floor: 43 nodes left -> 5); only then CP-SAT with a propagation warm start.
 3. Budget: the exact optimum without the budget; if it fits, it is optimal under the budget too.  Otherwise
    the least-memory plan decides feasibility (InfeasibleError stating the least memory needed), a
    Lagrangian sweep (:mod:`~autoshard.search.budget`: exact solves of ``cost + lambda * memory``) gives a
