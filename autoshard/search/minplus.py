@@ -33,7 +33,7 @@ import numpy as np
 
 from autoshard.search.recall import LEAST, recall
 
-__all__ = ["SLAB", "reduced"]
+__all__ = ["SLAB", "fold_min", "reduced"]
 
 #: Entries of one slab of a bucket's table (512 KiB of float64, within this machine's 2 MiB L2 cache with
 #: the inputs beside it): variable elimination sums and minimises a bucket a slab at a time, so no table
@@ -146,3 +146,16 @@ def _by_var_slabs(
             out = low if out is None else np.minimum(out, low)  # (a scalar when nothing is kept)
     assert out is not None
     return np.moveaxis(out, 0, at) if kept and at else out
+
+
+def fold_min(u: np.ndarray, mats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Argmin and min over ``v``'s strategies of ``u[v] + mats[0][a, v] (+ mats[1][b, v])``, per ``a (, b)``:
+    eliminating a node of degree <= 2 (:mod:`~autoshard.search.reduce`), the parts added in that order."""
+    table = u.reshape((1,) * len(mats) + (-1,))
+    for k, mat in enumerate(mats):
+        shape = [1] * (len(mats) + 1)
+        shape[k], shape[-1] = mat.shape
+        table = table + mat.reshape(shape)  # (S_nbr0, [S_nbr1,] S_v)
+    arg = np.asarray(np.argmin(table, axis=-1))  # the minimum read at the argmin: a minimum along the short
+    # last axis runs row by row (15 ms on a (200, 200, 27) table, against 2 ms for both)
+    return arg, np.take_along_axis(table, arg[..., None], axis=-1)[..., 0]

@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ import numpy as np
 
 from autoshard.search.consistency import prune_domains
 from autoshard.search.dominance import Certificates, dominators, edge_bound, recheck
+from autoshard.search.minplus import fold_min
 from autoshard.search.problem import (
     Edge,
     SearchProblem,
@@ -55,8 +57,11 @@ from autoshard.search.problem import (
 
 __all__ = ["Certificates", "Reduction", "prune_domains", "reduce_problem"]
 
-#: Degree-2 elimination builds an ``S_a x S_b x S_v`` table; above this it is left to the solver.
+#: Degree-2 elimination minimises an ``S_a x S_b x S_v`` table, a slab of at most this many entries at a
+#: time; a larger one is left to the solver unless ``reduce_problem(fold_cap=)`` allows it.
 _MAX_FOLD_TABLE = 1_000_000
+#: ``solve``'s cap where the default leaves a graph too wide to eliminate (LLaMA-tiny on 2x2x2: 43 -> 5 nodes).
+WIDE_FOLD = 100_000_000
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -125,8 +130,9 @@ def _separable(mat: np.ndarray) -> bool:
 class _Reducer:
     """Mutable working state of :func:`reduce_problem`; all arrays are over the pruned (local) domains."""
 
-    def __init__(self, problem: SearchProblem, eliminate_free: bool, dominance: bool) -> None:
+    def __init__(self, problem: SearchProblem, eliminate_free: bool, dominance: bool, fold_cap: int) -> None:
         form = pairwise_form(problem)
+        self.fold_cap = fold_cap
         live = prune_domains(problem, form)
         self.problem = problem
         self.eliminate_free = eliminate_free
@@ -210,17 +216,14 @@ class _Reducer:
             return True
         if len(nbrs) > 2 or not self._is_free(v):
             return False
-        if u.size * np.prod([self.unary[w].size for w in nbrs]) > _MAX_FOLD_TABLE:
+        if u.size * np.prod([self.unary[w].size for w in nbrs]) > self.fold_cap:
             return False
-        table = u.reshape((1,) * len(nbrs) + (-1,))
-        for k, w in enumerate(nbrs):
-            shape = [1] * (len(nbrs) + 1)
-            shape[k], shape[-1] = self.unary[w].size, u.size
-            table = table + self.pair(w, v).reshape(shape)  # (S_nbr0, [S_nbr1,] S_v)
-        arg = np.asarray(np.argmin(table, axis=-1))
-        # the minimum is the entry at the argmin: read it there rather than reduce the short last axis again
-        # (a minimum along it runs row by row: 15 ms on a (200, 200, 27) table, against 2 ms for both)
-        best = np.take_along_axis(table, arg[..., None], axis=-1)[..., 0]
+        mats = [self.pair(w, v) for w in nbrs]  # (S_nbr, S_v) each
+        rows = max(1, _MAX_FOLD_TABLE // (u.size * math.prod(m.shape[0] for m in mats[1:])))
+        slabs = [
+            fold_min(u, [m[lo : lo + rows], *mats[1:]]) for m in mats[:1] for lo in range(0, len(m), rows)
+        ]
+        arg, best = (np.concatenate(t) for t in zip(*slabs, strict=True)) if mats else fold_min(u, [])
         for w in nbrs:
             self._drop_pair(w, v)
         if len(nbrs) == 2:
@@ -357,6 +360,7 @@ def reduce_problem(
     dominance: bool = True,
     hint: Certificates = (),
     search: bool = True,
+    fold_cap: int | None = None,
 ) -> Reduction:
     """Shrink ``problem`` exactly (see the module docstring); the flags enable steps 4 and 5.  ``hint``: the
     :attr:`Reduction.dominated` of a similar problem (same nodes and strategies, other costs), checked here
@@ -365,8 +369,9 @@ def reduce_problem(
     the hint's removals that hold here, no dominance search of its own (still exact: fewer strategies
     dropped, larger tables later); for a problem asked one or two exact solves, where that search, most of
     a hinted reduction, costs more than the larger tables (LLaMA-3-70B's per-block intervals: ~0.07 s CPU
-    less each, the same bound)."""
-    red = _Reducer(problem, eliminate_free, dominance)
+    less each, the same bound).  ``fold_cap``: the largest degree-2 elimination made (table entries; default
+    :data:`_MAX_FOLD_TABLE`)."""
+    red = _Reducer(problem, eliminate_free, dominance, _MAX_FOLD_TABLE if fold_cap is None else fold_cap)
     red.run(hint, search)
     kept = tuple(sorted(red.unary))
     local = {v: k for k, v in enumerate(kept)}

@@ -158,3 +158,24 @@ def test_carry_maps_any_plan_to_a_kept_one_no_dearer_and_no_larger(seed: int) ->
         if red.restrict(plan) == carried:
             continue
         assert any(x is None for x in red.restrict(plan))  # it differs only where restrict has a hole
+
+
+def test_folds_over_the_cap_run_in_slabs_and_keep_a_wide_graph_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoshard.search import reduce as reduce_module
+    from autoshard.search import solve
+
+    rng = np.random.default_rng(3)
+    p = SearchProblem(  # a ring of free nodes, nothing dominated: it folds away, else needs tables of 9 entries
+        tuple(0.1 * rng.random(3) for _ in range(6)),
+        tuple(Edge(i, (i + 1) % 6, 1 - np.eye(3) + 0.1 * rng.random((3, 3))) for i in range(6)),
+        tuple("abcdef"),
+    )
+    whole = reduce_problem(p)
+    monkeypatch.setattr(reduce_module, "_MAX_FOLD_TABLE", 2)  # no fold by default; slabs of one row
+    assert reduce_problem(p).problem.num_nodes == 6
+    sliced = reduce_problem(p, fold_cap=10**6)
+    assert sliced.problem.num_nodes == whole.problem.num_nodes == 0
+    assert (sliced.cost_offset, sliced.expand(())) == (whole.cost_offset, whole.expand(()))  # to the bit
+    found = solve(p, max_factor_size=1)  # too wide to eliminate as reduced by default: folded after all
+    assert found.optimal and "cp-sat" not in found.method and any("folding up to" in s for s in found.log)
+    assert close(found.objective, brute_force(p).objective)
