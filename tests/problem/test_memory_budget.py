@@ -63,7 +63,7 @@ def _halfway() -> float:
 @functools.cache
 def _data_parallel_plan(limit: float, time_limit: float = 60.0) -> autoshard.Plan:
     """The data-parallel plan under ``limit``, made once for the tests that read it (they do not mutate it)."""
-    case, _, cluster = _case()
+    case, captured, cluster = _case()
     return autoshard.plan(
         case.model,
         cluster,
@@ -72,6 +72,7 @@ def _data_parallel_plan(limit: float, time_limit: float = 60.0) -> autoshard.Pla
         annotations=DATA_PARALLEL,
         memory_limit=limit,
         time_limit=time_limit,
+        captured=captured,
     )
 
 
@@ -91,12 +92,14 @@ def _candidate(built: BuiltProblem, name: str) -> tuple[SearchProblem, tuple[np.
 def test_fsdp_gathers_and_the_temporary_are_inside_the_budget() -> None:
     """Unpinned on 8 devices with a budget that forces sharding: the plan's memory (its breakdown included)
     is exactly the memory the solver held under the budget, and it fits."""
-    case, _, cluster = _case()
-    free = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none")
+    case, captured, cluster = _case()
+    free = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none", captured=captured)
     limit = free.memory_per_device * 0.999
     built = _built(Recompute.NONE, limit=limit, pinned=False)
     assert built.extras is not None and built.extras.gathers  # parameter uses that can all-gather
-    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none", memory_limit=limit)
+    plan = autoshard.plan(
+        case.model, cluster, case.args, case.kwargs, recompute="none", memory_limit=limit, captured=captured
+    )
     # the plan is the candidate with the lowest reported step (autoshard.planner_rerank): solve that one
     problem, masks = _candidate(built, plan.solver.chosen.split(" = ")[0])
     solution = solve(dataclasses.replace(problem, allowed=masks) if masks else problem)
@@ -106,9 +109,9 @@ def test_fsdp_gathers_and_the_temporary_are_inside_the_budget() -> None:
 
 
 def test_a_budget_below_every_plan_is_refused_with_the_overshoot() -> None:
-    case, _, cluster = _case()
+    case, captured, cluster = _case()
     with pytest.raises(InfeasibleError, match=r"over.*Fix: .*devices.*(recompute|fsdp)|no plan fits"):
-        autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=1.0e9)
+        autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=1.0e9, captured=captured)
 
 
 @pytest.mark.parametrize("k", [1, 3, LAYERS - 1])
