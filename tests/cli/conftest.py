@@ -2,7 +2,8 @@
 
 Planning here uses only models that plan in about a second on the meta device or the CPU (``mlp``,
 ``mlp-deep``, ``seed``, the user-spec models of ``cli_models.py``): a subprocess pays ~2 s of
-``import torch`` (and ~5 s more for transformers), so only two tests start one.
+``import torch`` (and ~5 s more for transformers), so only two tests start one.  The one larger pair:
+LLaMA-tiny pipelined and flat (``pipelined_plans``), made once for the two files that read it.
 """
 
 from __future__ import annotations
