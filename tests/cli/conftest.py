@@ -2,7 +2,8 @@
 
 Planning here uses only models that plan in about a second on the meta device or the CPU (``mlp``,
 ``mlp-deep``, ``seed``, the user-spec models of ``cli_models.py``): a subprocess pays ~2 s of
-``import torch`` (and ~5 s more for transformers), so only two tests start one.
+``import torch`` (and ~5 s more for transformers), so only two tests start one.  The one larger pair:
+LLaMA-tiny pipelined and flat (``pipelined_plans``), made once for the two files that read it.
 """
 
 from __future__ import annotations
@@ -49,3 +50,16 @@ def wide_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert result.code == 0, result.err
     return path
+
+
+@pytest.fixture(scope="session")
+def pipelined_plans(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """LLaMA-tiny on 2 nodes of the cpu profile (a fixed 2 x 4 mesh), saved with --out pipelined (--pp 2) and
+    flat: one pair for the pipelined whatif/explain tests (an --out file holds no baseline: --no-baseline)."""
+    root = tmp_path_factory.mktemp("pp")
+    pp, flat = root / "pp.json", root / "flat.json"
+    common = ("--profile", "cpu", "--nodes", "2", "--mesh", "2x4", "--model", "llama-tiny", "--no-baseline")
+    for path, extra in ((pp, ("--pp", "2")), (flat, ())):
+        done = run_main("search", *common, *extra, "--out", str(path))
+        assert done.code == 0, done.err
+    return pp, flat

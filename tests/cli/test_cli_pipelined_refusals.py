@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import sympy
 from cli_support import run_main
 
@@ -16,20 +15,8 @@ from autoshard.plans import load_plan
 from autoshard.whatif_limits import describe, plan_limits
 
 
-@pytest.fixture(scope="module")
-def plans(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("pp")
-    pp, flat = root / "pp.json", root / "flat.json"
-    # a fixed mesh: --mesh auto would search three meshes per plan (~60 CPU s for these two), which no test here reads
-    common = ("--profile", "cpu", "--nodes", "2", "--mesh", "2x4", "--model", "llama-tiny", "--no-baseline")
-    for path, extra in ((pp, ("--pp", "2")), (flat, ())):
-        done = run_main("search", *common, *extra, "--out", str(path))
-        assert done.code == 0, done.err
-    return pp, flat
-
-
-def test_whatif_of_a_pipelined_plan_refuses_in_one_line(plans: tuple[Path, Path]) -> None:
-    pp, flat = plans
+def test_whatif_of_a_pipelined_plan_refuses_in_one_line(pipelined_plans: tuple[Path, Path]) -> None:
+    pp, flat = pipelined_plans
     for first, other in ((flat, pp), (pp, pp)):
         done = run_main("whatif", str(first), "--against", str(other), "--vary", "batch=1..64")
         assert done.code == 2 and "Traceback" not in done.err
@@ -37,8 +24,8 @@ def test_whatif_of_a_pipelined_plan_refuses_in_one_line(plans: tuple[Path, Path]
         assert len(done.err.strip().splitlines()) == 1
 
 
-def test_microbatch_limit_without_a_batch_split_is_described(plans: tuple[Path, Path]) -> None:
-    plan = load_plan(plans[0])
+def test_microbatch_limit_without_a_batch_split_is_described(pipelined_plans: tuple[Path, Path]) -> None:
+    plan = load_plan(pipelined_plans[0])
     assert plan.pipeline is not None and plan.microbatches > 1 and plan.degrees.get("dp", 1) == 1
     limits = plan_limits(plan, sympy.Integer(0), sympy.Integer(1))
     point = {"batch": 1.0, "seq": 16.0, "devices": 8.0, "bandwidth": 1.0}
@@ -46,8 +33,8 @@ def test_microbatch_limit_without_a_batch_split_is_described(plans: tuple[Path, 
     assert describe(limits, {**point, "batch": float(plan.microbatches)}) is None
 
 
-def test_explain_of_a_pipelined_plan_explains_its_stage_problem(plans: tuple[Path, Path]) -> None:
-    pp, flat = plans
+def test_explain_of_a_pipelined_plan_explains_its_stage_problem(pipelined_plans: tuple[Path, Path]) -> None:
+    pp, flat = pipelined_plans
     done = run_main("explain", str(pp), "--node", "model.layers.0")
     assert done.code == 0 and "pipelined: PP 2" in done.out and "differ" not in done.err
     assert (

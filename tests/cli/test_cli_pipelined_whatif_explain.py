@@ -25,19 +25,8 @@ pytestmark = pytest.mark.slow  # a search and a few stage rebuilds (~30 s on 2 c
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("ppw")
-    pp, flat = root / "pp.json", root / "flat.json"
-    common = ("--profile", "cpu", "--nodes", "2", "--mesh", "2x4", "--model", "llama-tiny")
-    for path, extra in ((pp, ("--pp", "2")), (flat, ())):
-        done = run_main("search", *common, *extra, "--out", str(path))
-        assert done.code == 0, done.err
-    return pp, flat
-
-
-@pytest.fixture(scope="module")
-def replayed(saved: tuple[Path, Path]) -> tuple[Plan, Replay]:
-    plan = load_plan(saved[0])
+def replayed(pipelined_plans: tuple[Path, Path]) -> tuple[Plan, Replay]:
+    plan = load_plan(pipelined_plans[0])
     assert plan.pipeline is not None and plan.pipeline.degree == 2
     return plan, replay(plan)
 
@@ -85,8 +74,8 @@ def test_twice_the_inter_node_bandwidth_moves_only_the_hand_offs(replayed: tuple
     assert memory == [s.memory_bytes for s in w.before.pipeline.stages]  # type: ignore[union-attr]
 
 
-def test_cli_whatif_set_and_its_refusals(saved: tuple[Path, Path]) -> None:
-    pp, flat = saved
+def test_cli_whatif_set_and_its_refusals(pipelined_plans: tuple[Path, Path]) -> None:
+    pp, flat = pipelined_plans
     done = run_main("whatif", str(pp), "--set", "inter_bandwidth=2", "--set", "memory=0.0005")
     assert done.code == 0, done.err
     assert "inter_bandwidth=2x" in done.out and "bubble share" in done.out and "no: " in done.out
@@ -115,8 +104,8 @@ def test_explain_prints_the_plans_decisions(replayed: tuple[Plan, Replay]) -> No
     assert heads and all(e.stages == (last,) for e in heads)
 
 
-def test_cli_explain_of_a_stage(saved: tuple[Path, Path]) -> None:
-    pp, _ = saved
+def test_cli_explain_of_a_stage(pipelined_plans: tuple[Path, Path]) -> None:
+    pp, _ = pipelined_plans
     plan = load_plan(pp)
     done = run_main("explain", str(pp), "--stage", "1", "--node", "lm_head")
     assert done.code == 0, done.err

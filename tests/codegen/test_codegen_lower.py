@@ -60,9 +60,22 @@ def _llama(layers: int) -> tuple[zoo.ModelCase, Captured]:
     return case, capture(case.model, case.args, case.kwargs, blocks="full")
 
 
+@functools.cache
+def _megatron_mlp() -> Plan:
+    model, x, _ = _mlp()
+    return autoshard.plan(model, cluster_for("cpu", 2), (x,), annotations=MEGATRON_MLP)
+
+
+@functools.cache
+def _megatron_llama(layers: int) -> Plan:
+    """llama-tiny's Megatron plan on 2 CPU ranks, made once per layer count for the tests that lower it."""
+    case, _ = _llama(layers)
+    return autoshard.plan(case.model, cluster_for("cpu", 2), case.args, annotations=MEGATRON_LLAMA)
+
+
 def test_megatron_mlp_code_shows_f_and_g_and_ties_the_dropped_bias() -> None:
-    model, x, cap = _mlp()
-    plan = autoshard.plan(model, cluster_for("cpu", 2), (x,), annotations=MEGATRON_MLP)
+    cap = _mlp()[2]
+    plan = _megatron_mlp()
     first, second = _code(cap, plan, (0,)), _code(cap, plan, (1,))
     # g: the row-parallel output is all-reduced forward; the replicated bias's gradient all-reduced backward
     assert plan_counts(plan) == Counter({"forward all_reduce": 1, "backward all_reduce": 1})
@@ -72,8 +85,8 @@ def test_megatron_mlp_code_shows_f_and_g_and_ties_the_dropped_bias() -> None:
 
 
 def test_sizes_and_weights_are_local() -> None:
-    case, cap = _llama(2)
-    plan = autoshard.plan(case.model, cluster_for("cpu", 2), case.args, annotations=MEGATRON_LLAMA)
+    cap = _llama(2)[1]
+    plan = _megatron_llama(2)
     lowered = lower_graph(cap, assign_strategies(cap, plan), plan_cluster(plan), (1,))
     code = lowered.graph.python_code("self").src
     # q: (batch 2, seq 16, 4 heads, 16) split over heads; k/v (GQA): 2 kv heads split, expanded to 2 each
@@ -88,8 +101,8 @@ def test_sizes_and_weights_are_local() -> None:
 
 def test_cut_plan_maps_onto_every_layer() -> None:
     """Planned on 2 of 3 layers (one decision per layer position), lowered on all 3."""
-    case, cap = _llama(3)
-    plan = autoshard.plan(case.model, cluster_for("cpu", 2), case.args, annotations=MEGATRON_LLAMA)
+    cap = _llama(3)[1]
+    plan = _megatron_llama(3)
     assert any(n.key.startswith("block:") for n in plan.nodes)
     code = _code(cap, plan, (0,))
     assert code_counts(code) == plan_counts(plan)
@@ -109,8 +122,8 @@ def test_every_rank_runs_the_same_collectives_in_the_same_order() -> None:
 
 
 def test_a_model_that_is_not_the_planned_one_is_refused() -> None:
-    model, x, _ = _mlp()
-    plan = autoshard.plan(model, cluster_for("cpu", 2), (x,), annotations=MEGATRON_MLP)
+    x = _mlp()[1]
+    plan = _megatron_mlp()
     odd = MLP(8, 15).double()  # 15 hidden features cannot be split over 2 devices
     with pytest.raises(PlanMismatchError, match="not a strategy of this node"):
         assign_strategies(capture(odd, (x,), blocks="full"), plan)
@@ -121,7 +134,7 @@ def test_a_model_that_is_not_the_planned_one_is_refused() -> None:
 
 def test_parallelize_without_a_process_group_says_how_to_start_one() -> None:
     model, x, _ = _mlp()
-    plan = autoshard.plan(model, cluster_for("cpu", 2), (x,), annotations=MEGATRON_MLP)
+    plan = _megatron_mlp()
     with pytest.raises(autoshard.MeshError, match="init_process_group"):
         autoshard.parallelize(model, plan, (x,))
 
@@ -129,7 +142,7 @@ def test_parallelize_without_a_process_group_says_how_to_start_one() -> None:
 def test_every_device_in_the_graph_is_the_ranks() -> None:
     """A capture on the CPU lowered for another device keeps no CPU device: not in ``arange(device=...)`` and not
     in HF's rotary ``aten.to.device(x, cpu)`` (positional; emitted on a GPU it was a cross-device matmul)."""
-    case, cap = _llama(2)
+    cap = _llama(2)[1]
     captured = [
         a
         for n in cap.graph_module.graph.nodes
@@ -137,7 +150,7 @@ def test_every_device_in_the_graph_is_the_ranks() -> None:
         if isinstance(a, torch.device)
     ]
     assert torch.device("cpu") in captured  # the capture does pin the CPU, positionally too
-    plan = autoshard.plan(case.model, cluster_for("cpu", 2), case.args, annotations=MEGATRON_LLAMA)
+    plan = _megatron_llama(2)
     lowered = lower_graph(
         cap, assign_strategies(cap, plan), plan_cluster(plan), (0,), device=torch.device("meta")
     )

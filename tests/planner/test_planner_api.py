@@ -10,6 +10,7 @@ from torch import nn
 
 import autoshard
 from autoshard import zoo
+from autoshard.capture import capture
 
 
 class Tower(nn.Module):
@@ -32,14 +33,21 @@ def cluster() -> autoshard.Cluster:
 
 
 @pytest.fixture(scope="module")
+def gpt2(cluster: autoshard.Cluster):  # type: ignore[no-untyped-def]
+    """gpt2-tiny, its capture and its default plan on ``cluster``, made once (a plan is frozen)."""
+    case = zoo.build("gpt2-tiny")
+    captured = capture(case.model, case.args, case.kwargs)
+    return case, captured, autoshard.plan(case.model, cluster, case.args, case.kwargs, captured=captured)
+
+
+@pytest.fixture(scope="module")
 def tower():
     with torch.device("meta"):
         return Tower(), torch.randn(32, 4096)
 
 
-def test_plan_round_trips_through_json(tmp_path, cluster) -> None:
-    case = zoo.build("gpt2-tiny")
-    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs)
+def test_plan_round_trips_through_json(tmp_path, gpt2) -> None:
+    plan = gpt2[2]
     path = tmp_path / "plan.json"
     plan.save(path)
     assert autoshard.load_plan(path) == plan
@@ -74,11 +82,10 @@ def test_bad_plan_files_say_what_is_wrong(tmp_path, text: str, match: str) -> No
     ("field", "value"),
     [("predicted_step_time", "abc"), ("predicted_step_time", -1.0), ("memory_per_device", None)],
 )
-def test_a_plan_figure_that_is_no_number_is_named(tmp_path, cluster, field: str, value: object) -> None:
+def test_a_plan_figure_that_is_no_number_is_named(tmp_path, gpt2, field: str, value: object) -> None:
     """A step time or memory that is not a number >= 0 is refused under its own name (the trial saw 'abc' blamed
     on solver.step_optimal, and a negative step shown as a plan)."""
-    case = zoo.build("gpt2-tiny")
-    data = autoshard.plan(case.model, cluster, case.args, case.kwargs).to_json()
+    data = gpt2[2].to_json()
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({**data, field: value}))
     with pytest.raises(autoshard.PlanFileError, match=f"field '{field}': {value!r} is not a number"):
@@ -162,19 +169,18 @@ def test_strategy_tuple_annotation_pins_the_op(tower) -> None:
     assert plan.param_placements["fcs.0.weight"] == ("S(0)",)
 
 
-def test_memory_budget_is_respected_or_reported(cluster) -> None:
-    case = zoo.build("gpt2-tiny")
-    free = autoshard.plan(case.model, cluster, case.args, case.kwargs)
+def test_memory_budget_is_respected_or_reported(cluster, gpt2) -> None:
+    case, captured, free = gpt2
     # The budget covers everything the plan holds: what the strategies hold, the runtime reserve, gathered
     # weights and the largest temporary (problem/extras.py; itemised in memory_breakdown).
     reserve = free.memory_breakdown["runtime reserve"]
     searched = free.memory_per_device - reserve
     limit = reserve + 0.6 * searched
-    tight = autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=limit)
+    tight = autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=limit, captured=captured)
     assert tight.memory_per_device <= limit
     assert tight.predicted_step_time >= free.predicted_step_time * (1 - 1e-9)
     with pytest.raises(autoshard.InfeasibleError, match="memory"):
-        autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=1024)
+        autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=1024, captured=captured)
 
 
 def test_inference_plans_have_no_backward(cluster) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 import autoshard
 import autoshard.planner_layout as layout
 from autoshard import zoo
+from autoshard.capture import capture
 from autoshard.problem.context import ring_variable, zigzag_masks
 from autoshard.runtime.verify import cluster_for
 
@@ -64,12 +65,15 @@ def test_the_bound_plan_priced_under_a_layout_bounds_it_and_keeps_the_optimum(
         model, args = built.model, built.args
         pins = {"model.layers.*.self_attn": "ring", "input_ids": ("S(1)",)}
     cluster = cluster_for("cpu", 4)
+    captured = capture(model, args)  # one capture for the three plans
     ref = {
-        lay: autoshard.plan(model, cluster, args, annotations=pins, cp_layout=lay).solver.objective
+        lay: autoshard.plan(
+            model, cluster, args, annotations=pins, cp_layout=lay, captured=captured
+        ).solver.objective
         for lay in ("zigzag", "contiguous")
     }
     seen = _spy(monkeypatch)
-    plan = autoshard.plan(model, cluster, args, annotations=pins, cp_layout="auto")
+    plan = autoshard.plan(model, cluster, args, annotations=pins, cp_layout="auto", captured=captured)
     assert plan.solver.objective == pytest.approx(min(ref.values()), rel=1e-12) and plan.solver.optimal
     assert seen["priced"], "the bound's plan was priced under no layout"
     for bound, _, got in seen["priced"]:
@@ -96,7 +100,6 @@ def test_the_layout_problems_bound_and_dominate_one_another_plan_by_plan() -> No
     a 2 x 2 x 2 mesh: the balanced bound prices every plan at most as C and each Z_a do; a plan that rings
     on no node over ``a`` costs at least as much under Z_a as under C; and every plan holds the same memory
     under B, C and each Z_a (so a budget refuses the same plans under every layout)."""
-    from autoshard.capture import capture
     from autoshard.problem.build import build_problem
     from autoshard.problem.context import ring_axis_of, zigzag_cluster
     from autoshard.problem.costs import CostOptions
@@ -135,7 +138,6 @@ def test_under_a_binding_budget_the_stop_at_the_bound_keeps_the_best_of_every_la
     """F3 with the budget binding.  The zigzag cluster's cheapest path of a weight gathers other sizes than
     the plain cluster's, but the plain one is what runs (codegen lowers a zigzag plan on the plain cluster),
     so every layout's problem prices those: the search's answer is the best of every layout solved in full."""
-    from autoshard.capture import capture
     from autoshard.codegen.parallelize import plan_cluster
     from autoshard.problem.build import build_problem
     from autoshard.problem.context import zigzag_axis_of, zigzag_cluster
@@ -157,9 +159,9 @@ def test_under_a_binding_budget_the_stop_at_the_bound_keeps_the_best_of_every_la
     ), "no gather whose zigzag path differs: F3 would hold here without the runtime's paths"
     assert zig.extras.gathers is plain.extras.gathers
 
-    free = autoshard.plan(model, cluster, args, memory_limit=float("inf"))
+    free = autoshard.plan(model, cluster, args, memory_limit=float("inf"), captured=captured)
     limit = 0.98 * free.memory_per_device
-    plan = autoshard.plan(model, cluster, args, memory_limit=limit)
+    plan = autoshard.plan(model, cluster, args, memory_limit=limit, captured=captured)
     assert plan.memory_per_device <= limit and plan.solver.objective > free.solver.objective  # it binds
     assert plan.solver.optimal and any("layout searched" in n for n in plan.notes)
     if plan.context_layout == "zigzag":
@@ -174,7 +176,7 @@ def test_under_a_binding_budget_the_stop_at_the_bound_keeps_the_best_of_every_la
         self.reach, self.proven = -1.0, None
 
     monkeypatch.setattr(layout._Search, "contiguous", everything)
-    full = autoshard.plan(model, cluster, args, memory_limit=limit)
+    full = autoshard.plan(model, cluster, args, memory_limit=limit, captured=captured)
     assert plan.solver.objective == pytest.approx(full.solver.objective, rel=1e-12)
 
 
@@ -185,7 +187,6 @@ def test_a_masked_bound_under_a_binding_budget_skips_what_the_unbudgeted_bound_c
     so a best between the two is skipped by the budgeted bound and not by the unbudgeted one.  Z_a's
     Lagrangian bound at B's multiplier (the solver's first probe, search/hinted.py) never reaches a ceiling
     just above Z_a's optimum, and reaches the unbudgeted masked optimum here."""
-    from autoshard.capture import capture
     from autoshard.problem.build import build_problem
     from autoshard.problem.context import zigzag_cluster
     from autoshard.problem.costs import CostOptions

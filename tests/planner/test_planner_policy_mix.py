@@ -4,8 +4,6 @@ fit, and skipping leaves the search's answer unchanged wherever the rule applies
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 
@@ -15,18 +13,9 @@ from autoshard.planner_rerank import lower_bound_problem
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import Recompute
 from autoshard.problem.mix import least_fitting, mix_policies, share_problem
-from autoshard.search import memory_of, solve
+from autoshard.search import solve
 from tests.problem.test_memory_budget import LAYERS, _built
-
-
-@functools.cache
-def _limit() -> float:
-    """Halfway between keeping every activation and recomputing every block: nothing fits without
-    recomputation, and some counts of either policy do."""
-    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
-    high = memory_of(none.problem, solve(none.problem).choice)
-    low = memory_of(full.problem, solve(full.problem).choice)
-    return (high + low) / 2
+from tests.problem.test_memory_budget import _halfway as _limit  # nothing fits without recomputation
 
 
 def _pair(policy: Recompute) -> tuple[BuiltProblem, BuiltProblem]:

@@ -38,13 +38,42 @@ def _case():
     return case, capture(case.model, case.args, case.kwargs), autoshard.load_cluster("a100x8", mesh=(8,))
 
 
+@functools.cache
 def _built(
-    policy: Recompute, share: float = 1.0, limit: float | None = None, pins=DATA_PARALLEL
+    policy: Recompute, share: float = 1.0, limit: float | None = None, pinned: bool = True
 ) -> BuiltProblem:
+    """Built once per argument set and shared by the tests (a built problem is frozen; no test mutates its
+    arrays): ``pinned`` pins DATA_PARALLEL."""
     _, captured, cluster = _case()
     opts = CostOptions(recompute=policy, recompute_share=share)
     built = build_problem(captured, cluster, opts, memory_limit=limit)
-    return pin_problem(built, pins, frozenset(), "model.layers", 0) if pins else built
+    return pin_problem(built, DATA_PARALLEL, frozenset(), "model.layers", 0) if pinned else built
+
+
+@functools.cache
+def _halfway() -> float:
+    """A budget halfway between keeping everything and recomputing every block, data parallel pinned."""
+    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
+    return (
+        memory_of(none.problem, solve(none.problem).choice)
+        + memory_of(full.problem, solve(full.problem).choice)
+    ) / 2
+
+
+@functools.cache
+def _data_parallel_plan(limit: float, time_limit: float = 60.0) -> autoshard.Plan:
+    """The data-parallel plan under ``limit``, made once for the tests that read it (they do not mutate it)."""
+    case, captured, cluster = _case()
+    return autoshard.plan(
+        case.model,
+        cluster,
+        case.args,
+        case.kwargs,
+        annotations=DATA_PARALLEL,
+        memory_limit=limit,
+        time_limit=time_limit,
+        captured=captured,
+    )
 
 
 def _candidate(built: BuiltProblem, name: str) -> tuple[SearchProblem, tuple[np.ndarray | None, ...] | None]:
@@ -63,12 +92,14 @@ def _candidate(built: BuiltProblem, name: str) -> tuple[SearchProblem, tuple[np.
 def test_fsdp_gathers_and_the_temporary_are_inside_the_budget() -> None:
     """Unpinned on 8 devices with a budget that forces sharding: the plan's memory (its breakdown included)
     is exactly the memory the solver held under the budget, and it fits."""
-    case, _, cluster = _case()
-    free = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none")
+    case, captured, cluster = _case()
+    free = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none", captured=captured)
     limit = free.memory_per_device * 0.999
-    built = _built(Recompute.NONE, limit=limit, pins=None)
+    built = _built(Recompute.NONE, limit=limit, pinned=False)
     assert built.extras is not None and built.extras.gathers  # parameter uses that can all-gather
-    plan = autoshard.plan(case.model, cluster, case.args, case.kwargs, recompute="none", memory_limit=limit)
+    plan = autoshard.plan(
+        case.model, cluster, case.args, case.kwargs, recompute="none", memory_limit=limit, captured=captured
+    )
     # the plan is the candidate with the lowest reported step (autoshard.planner_rerank): solve that one
     problem, masks = _candidate(built, plan.solver.chosen.split(" = ")[0])
     solution = solve(dataclasses.replace(problem, allowed=masks) if masks else problem)
@@ -78,9 +109,9 @@ def test_fsdp_gathers_and_the_temporary_are_inside_the_budget() -> None:
 
 
 def test_a_budget_below_every_plan_is_refused_with_the_overshoot() -> None:
-    case, _, cluster = _case()
+    case, captured, cluster = _case()
     with pytest.raises(InfeasibleError, match=r"over.*Fix: .*devices.*(recompute|fsdp)|no plan fits"):
-        autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=1.0e9)
+        autoshard.plan(case.model, cluster, case.args, case.kwargs, memory_limit=1.0e9, captured=captured)
 
 
 @pytest.mark.parametrize("k", [1, 3, LAYERS - 1])
@@ -99,10 +130,8 @@ def test_recomputing_some_blocks_beats_every_uniform_choice_and_equals_brute_for
     """Data parallel pinned, a budget halfway between keeping everything and recomputing every block: the
     scan's count equals the best of solving every k = 0..N exactly, strictly inside, and beats both uniform
     policies (none does not fit; full costs more)."""
-    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
-    high = memory_of(none.problem, solve(none.problem).choice)
-    low = memory_of(full.problem, solve(full.problem).choice)
-    limit = (high + low) / 2
+    none = _built(Recompute.NONE)
+    limit = _halfway()
     zero = _built(Recompute.FULL, 0.0, limit)
     whole = _built(Recompute.FULL, 1.0, limit)
     every = {}
@@ -117,10 +146,7 @@ def test_recomputing_some_blocks_beats_every_uniform_choice_and_equals_brute_for
         solve(dataclasses.replace(none.problem, memory_limit=limit))
     found = best_share(zero, whole, solve, incumbent=every[LAYERS])
     assert found is not None and found[0] == best_k and found[2].objective == pytest.approx(every[best_k])
-    case, _, cluster = _case()
-    plan = autoshard.plan(
-        case.model, cluster, case.args, case.kwargs, annotations=DATA_PARALLEL, memory_limit=limit
-    )
+    plan = _data_parallel_plan(limit)
     # the planner searches selective counts too: with the batch split pinned on every linear, selective in 6
     # blocks beats the best full count (it did before the causal pricing as well); a full plan is best_k's
     assert plan.recompute in ("full", "selective") and plan.recompute_blocks is not None
@@ -137,24 +163,7 @@ def test_the_per_block_search_does_not_depend_on_the_time_limit() -> None:
     """The per-block count search stops by its interval count (mix.MAX_INTERVALS), never by the clock: a
     time limit spent before its first interval (as on a loaded machine) gives the same plan, count and
     certificate as a generous one."""
-    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
-    limit = (
-        memory_of(none.problem, solve(none.problem).choice)
-        + memory_of(full.problem, solve(full.problem).choice)
-    ) / 2
-    case, _, cluster = _case()
-    slow, hurried = (
-        autoshard.plan(
-            case.model,
-            cluster,
-            case.args,
-            case.kwargs,
-            annotations=DATA_PARALLEL,
-            memory_limit=limit,
-            time_limit=t,
-        )
-        for t in (60.0, 1e-9)
-    )
+    slow, hurried = (_data_parallel_plan(_halfway(), t) for t in (60.0, 1e-9))
     assert slow.recompute_blocks is not None  # the per-block search ran and chose a count
     same = ("recompute", "recompute_blocks", "predicted_step_time", "memory_per_device", "param_placements")
     assert [getattr(hurried, k) for k in same] == [getattr(slow, k) for k in same]
@@ -170,11 +179,7 @@ def test_the_per_block_search_does_not_depend_on_the_time_limit() -> None:
 def test_the_count_search_stops_after_its_intervals_and_says_so() -> None:
     """Out of intervals, best_count keeps what it found and does not claim it optimal (same answer each
     time: a count, not a clock, stops it)."""
-    none, full = _built(Recompute.NONE), _built(Recompute.FULL)
-    limit = (
-        memory_of(none.problem, solve(none.problem).choice)
-        + memory_of(full.problem, solve(full.problem).choice)
-    ) / 2
+    limit = _halfway()
     zero, whole = _built(Recompute.FULL, 0.0, limit), _built(Recompute.FULL, 1.0, limit)
     whole_cost = solve(whole.problem).objective
     found = best_share(zero, whole, solve, incumbent=whole_cost)

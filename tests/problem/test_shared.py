@@ -1,7 +1,7 @@
 """Builds of one capture on one cluster share their policy-free figures (problem/shared.py), and the problems
 are the ones pricing every strategy one at a time gives, bit for bit.
 
-A 4-layer LLaMA (collapsed to 2 blocks) on a (2, 2, 2) mesh is built under every recomputation policy, at
+A 4-layer LLaMA (collapsed to 2 blocks) on a 2 x 4 mesh is built under every recomputation policy, at
 shares 1, 0.5 and 0, with 1 and 2 microbatches: a build that finds the cache warm equals a cold build, the
 node arrays equal the scalar cost functions strategy by strategy (node_compute, node_memory_total,
 dispatch_seconds, ...: what the builder called before it composed arrays), and a warm build prices nothing
@@ -37,7 +37,7 @@ from autoshard.problem.pricing import PriceTable
 from autoshard.problem.recompute import node_memory_total
 from autoshard.problem.shared import build_cache
 
-MESH = (2, 2, 2)
+MESH = (2, 4)  # two axes split a dim together as three do, at a fifth of (2, 2, 2)'s strategies
 OPTIONS = [  # the planner's five builds (three policies, two at share 0), a share between, microbatches
     CostOptions(),
     CostOptions(recompute=Recompute.SELECTIVE),
@@ -143,7 +143,7 @@ def test_a_warm_build_prices_nothing_again(llama, monkeypatch) -> None:  # type:
 def test_a_cache_serves_one_cluster_and_capture(llama) -> None:  # type: ignore[no-untyped-def]
     captured, cluster = llama
     other = autoshard.load_cluster("h100x8", mesh=MESH)
-    zig = zigzag_cluster(cluster, 2)
+    zig = zigzag_cluster(cluster, 1)
     gm, blocks = captured.graph_module, captured.blocks
     first = build_cache(gm, blocks, cluster, None)
     assert build_cache(gm, blocks, cluster, None) is first
@@ -186,7 +186,7 @@ def test_a_zigzag_build_reuses_the_plain_clusters_figures_bit_for_bit(llama, mon
             lambda *a, _real=real, _name=name, **k: (computed.update([_name]), _real(*a, **k))[1],
         )
     policies = [CostOptions(cp_layout="contiguous", recompute=r) for r in Recompute]
-    for axis, opts in [(0, policies[0]), (1, policies[0]), *((2, o) for o in policies)]:
+    for axis, opts in [(0, policies[0]), *((1, o) for o in policies)]:
         zig = zigzag_cluster(cluster, axis)
         warm = dataclasses.replace(opts, cp_layout="auto")
         build_problem(captured, cluster, warm)  # the plain cluster's cache is warm
