@@ -108,6 +108,10 @@ def live_shapes(built: BuiltProblem, degree: int, shapes: Sequence[Shape], budge
         least = min(least, need)
         if need <= budget:
             live.append(((schedule, v), problem))
+    # the refusal's figure: the mean and end stages' floor at the fewest flight holds under every shape too
+    if not live and shapes:
+        fewest = min(in_flight(s, d, degree, v, m) for s, v in shapes for d in range(degree))
+        least = max(least, floor("mean", max(1.0, fewest))[0])
     return Live(tuple(live), least)
 
 
