@@ -25,13 +25,16 @@ DATA_PARALLEL = {
 @functools.cache
 def forced(policy: str, megatron: bool = False, limit: float | None = None) -> Plan | None:
     """The plan under ``policy`` ("auto": searched), or None when none fits ``limit``."""
-    case, captured = _short()
-    annotations = MEGATRON if megatron else DATA_PARALLEL
-    cluster = autoshard.load_cluster("a100x8", mesh=(8,))
+    return _plan_on_8(256, policy, limit, MEGATRON if megatron else DATA_PARALLEL)
+
+
+def _plan_on_8(seq: int, policy: str, limit: float | None, annotations: dict | None = None) -> Plan | None:
+    """llama-tiny (2 layers, batch 8 x ``seq``) on 8 A100 under ``policy``; None when no plan fits ``limit``."""
+    case, captured = _captured(seq)
     try:
         return autoshard.plan(
             case.model,
-            cluster,
+            autoshard.load_cluster("a100x8", mesh=(8,)),
             case.args,
             case.kwargs,
             annotations=annotations,
@@ -44,9 +47,9 @@ def forced(policy: str, megatron: bool = False, limit: float | None = None) -> P
 
 
 @functools.cache
-def _short() -> tuple[zoo.ModelCase, Captured]:
-    """llama-tiny at seq 256, captured once for every ``forced`` plan (planning leaves a capture unchanged)."""
-    case = zoo.build("llama-tiny", layers=2, batch=8, seq=256, device="meta")
+def _captured(seq: int) -> tuple[zoo.ModelCase, Captured]:
+    """llama-tiny at ``seq``, captured once for every plan of it (planning leaves a capture unchanged)."""
+    case = zoo.build("llama-tiny", layers=2, batch=8, seq=seq, device="meta")
     return case, capture(case.model, case.args, case.kwargs)
 
 
@@ -114,25 +117,7 @@ def test_plan_records_the_choice_through_json(tmp_path) -> None:
 def unpinned(policy: str, limit: float | None = None) -> Plan | None:
     """llama-tiny planned freely at a long sequence (2 layers, batch 8 x 2048 on 8 A100), where activations
     are a large part of what a device keeps; None when no plan of ``policy`` fits ``limit``."""
-    case, captured = _long()
-    try:
-        return autoshard.plan(
-            case.model,
-            autoshard.load_cluster("a100x8", mesh=(8,)),
-            case.args,
-            case.kwargs,
-            recompute=policy,  # type: ignore[arg-type]
-            memory_limit=limit,
-            captured=captured,
-        )
-    except autoshard.InfeasibleError:
-        return None
-
-
-@functools.cache
-def _long() -> tuple[zoo.ModelCase, Captured]:
-    case = zoo.build("llama-tiny", layers=2, batch=8, seq=2048, device="meta")
-    return case, capture(case.model, case.args, case.kwargs)
+    return _plan_on_8(2048, policy, limit)
 
 
 @pytest.mark.slow  # a capture and five plans: 5.3 CPU s on this machine (2026-11, load 4)
