@@ -186,8 +186,9 @@ def step_bound(
     """A lower bound on the step of every plan fitting ``problem`` on any of ``shapes`` ((schedule, chunks per
     device) pairs the search may pick): the least over them of ``F / L × β(r)``, ``β(r)`` a lower bound on
     ``B + r G`` over the fitting plans (:func:`_least`); 0 when there is none.  Shapes are taken by
-    increasing ``F``; one whose ``F / L × β(0)`` cannot lower the least so far is not solved, and the search
-    stops at the first bound under ``best_step`` (then no candidate is pruned)."""
+    increasing ``F``; one whose ``F / L × β(0)`` cannot lower the least so far, or already reaches ``best_step``
+    (then so does every later shape's), is not solved, and the search stops at the first bound under
+    ``best_step`` (then no candidate is pruned)."""
     layers, m = built.num_blocks, built.options.microbatches
     if not shapes or layers < degree:
         return 0.0
@@ -210,6 +211,12 @@ def step_bound(
     bound = math.inf
     for k, (factor, r) in enumerate(weights):
         if factor * plain / layers >= bound:
+            continue
+        if factor * plain / layers * (1 - _ROUNDING) >= best_step:
+            # ``β(0)`` bounds ``B + r G`` too (``G >= 0``): it prunes this shape as the caller prunes (the
+            # bound less its rounding at the best step) and every later one (``F`` rises), so ``β(r)``'s
+            # solve would change no decision (405B: the full-recompute and refit bounds, one solve each)
+            bound = factor * plain / layers
             continue
         bound = min(bound, factor * least(r, factor) / layers)
         if bound < best_step:  # no prune: the rest only by what the plain bound says of them

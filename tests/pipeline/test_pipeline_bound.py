@@ -98,6 +98,9 @@ def test_layer_bound_is_below_every_priced_step(odd, policy: Recompute) -> None:
         bound = step_bound(built, budgeted, shapes, DEGREE, float("inf"), 60.0, 1e7)
         fitting = [step for step, mem in steps if limit is None or mem <= limit]
         assert 0 < bound <= min(fitting) * (1 + 1e-9)
+        # a best step every bound reaches: the gathers' solves are skipped, the bound still holds and prunes
+        early = step_bound(built, budgeted, shapes, DEGREE, 1e-12, 60.0, 1e7)
+        assert 1e-12 <= early <= bound * (1 + 1e-9)
 
 
 def test_factor_prices_the_bubble() -> None:
