@@ -257,7 +257,7 @@ def test_far_starting_line_changes_only_the_probes(monkeypatch: pytest.MonkeyPat
     assert near.bound <= brute_force(p).objective * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", [3, 5])  # 13 and 16 nodes left at the small cap, 4 at the large one
 def test_relaxed_solves_fold_up_to_the_elimination_cap_with_the_same_minimum(seed: int) -> None:
     """Each relaxed problem of the wide path folds degree-2 nodes up to the elimination's own cap
     (search/wide.py): a minimiser of ``cost + lambda * memory`` of the same value whatever that cap, and as

@@ -57,8 +57,7 @@ def test_the_kernel_is_the_whole_table_to_the_bit(
         assert np.asarray(got).tobytes() == want.tobytes(), (keep, [f for f, _ in parts])
 
 
-@pytest.mark.parametrize("keep", [(0, 2, 3), (2, 3), (0, 3), (1, 2, 3), (3,)])
-def test_the_largest_domain_runs_last_and_the_table_keeps_its_order(keep: tuple[int, ...]) -> None:
+def test_the_largest_domain_runs_last_and_the_table_keeps_its_order() -> None:
     """A small domain sorted last (the 405B stage's 4-strategy node) is computed with the largest domain last
     instead (:func:`~autoshard.search.minplus._inner_last`); the table comes back over ``keep`` in increasing
     order, the same bits as the whole table."""
@@ -71,8 +70,9 @@ def test_the_largest_domain_runs_last_and_the_table_keeps_its_order(keep: tuple[
         ((0, 1, 3), rng.random((6, 5, 2)).round(2)),
         ((1, 2), rng.random((5, 40))),
     ]
-    got = reduced(sizes, 1, parts, keep)
-    assert got.tobytes() == _whole(sizes, 1, parts, keep).tobytes()
+    for keep in ((0, 2, 3), (2, 3), (0, 3), (1, 2, 3), (3,)):
+        got = reduced(sizes, 1, parts, keep)
+        assert got.tobytes() == _whole(sizes, 1, parts, keep).tobytes(), keep
 
 
 def test_a_large_table_is_recalled_only_for_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
