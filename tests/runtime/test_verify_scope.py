@@ -71,3 +71,16 @@ def test_recomputation_and_regathers_of_a_mapped_fsdp_plan_run_and_are_counted()
     assert report.not_run == () and also_ran(mapped.plan) == report.also_ran
     assert f"{again} forward collectives re-issued in backward" in str(report)
     assert f"{regathers} backward re-gathers" in str(report)
+
+
+def test_the_small_copy_advice_is_deep_enough_for_interleaved_chunks() -> None:
+    """2 stages x 2 chunks of interleaved_zb need 4 layers, llama-tiny has 2: the advice says --layers 4."""
+    from types import SimpleNamespace
+
+    from autoshard.runtime.verify_pipeline import small_copy
+
+    pipe = SimpleNamespace(degree=2, stages=(None,) * 4, schedule="interleaved_zb")
+    advice = small_copy(SimpleNamespace(pipeline=pipe))  # type: ignore[arg-type]
+    assert "--model llama-tiny --layers 4 --mesh 2x2 --pp 2 --schedule interleaved_zb" in advice
+    plain = SimpleNamespace(degree=2, stages=(None,) * 2, schedule="gpipe")
+    assert "--layers 2 --mesh 2x2 --pp 2 --schedule gpipe" in small_copy(SimpleNamespace(pipeline=plain))  # type: ignore[arg-type]
