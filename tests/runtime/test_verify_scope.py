@@ -7,7 +7,7 @@ import dataclasses
 import re
 
 import pytest
-from runtime_cases import model, plan
+from runtime_cases import LLAMA_FSDP, model, plan
 
 import autoshard
 from autoshard.runtime.mapping import map_plan
@@ -15,13 +15,6 @@ from autoshard.runtime.verify import cluster_for, verify
 from autoshard.runtime.verify_scope import also_ran, not_run, replicated_warnings
 
 DP = (("x", "S(0)"),)
-FSDP = (
-    ("input_ids", ("S(0)",)),
-    ("*_proj", ((2, 1, 1), (1, 1))),
-    ("*_proj.weight", ("S(0)",)),
-    ("lm_head", ((2, 1, 1), (1, 1))),
-    ("lm_head.weight", ("S(0)",)),
-)
 
 
 def test_an_axis_that_splits_nothing_is_warned_with_its_share() -> None:
@@ -58,7 +51,7 @@ def test_recomputation_and_regathers_of_a_mapped_fsdp_plan_run_and_are_counted()
     and the ranks' re-issued gathers and backward re-gathers are counted against the plan's."""
     m = model("llama")
     cluster = cluster_for("cpu", 2)
-    deployed = autoshard.plan(m.model, cluster, m.args, annotations=dict(FSDP), recompute="full")
+    deployed = autoshard.plan(m.model, cluster, m.args, annotations=dict(LLAMA_FSDP), recompute="full")
     assert deployed.recompute == "full"
     mapped = map_plan(deployed, m.model, m.args, {}, cluster)
     assert mapped.plan.recompute == "full"
