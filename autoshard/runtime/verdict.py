@@ -125,6 +125,12 @@ class VerifyReport:
         lines = [head] + ([f"checks the {self.source}"] if self.source else [])
         lines += [f"plan run: {self.plan_line}"] if self.plan_line else []
         lines += list(self.warnings)
+        if (
+            self.warnings and not self.source
+        ):  # --model: planned here for this small mesh, not what you deploy
+            lines.append(
+                "  to check the splits you deploy: verify --plan PLAN.json (from autoshard search --out)"
+            )
         lines += ["largest differences:", *(f"  {d}" for d in self.worst())]
         lines.append(f"collectives per step: {_counts(self.emitted)} (plan: {_counts(self.planned)})")
         lines += [f"  of which {a}" for a in self.also_ran]

@@ -79,8 +79,7 @@ def replicated_warnings(plan: Plan) -> tuple[str, ...]:
             continue
         out.append(
             f"WARNING axis {axis} ({size} wide) splits {split:.0%} of the compute: {1.0 - split:.0%} runs "
-            f"replicated on its {size} ranks, so this check says little about that axis; to check the splits "
-            "you deploy, verify that plan (--plan PLAN.json from `autoshard search --out`)"
+            f"replicated on its {size} ranks, so this check says little about that axis"
         )
     return tuple(out)
 

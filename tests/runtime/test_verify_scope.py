@@ -11,6 +11,7 @@ from runtime_cases import LLAMA_FSDP, model, plan
 
 import autoshard
 from autoshard.runtime.mapping import map_plan
+from autoshard.runtime.verdict import VerifyReport
 from autoshard.runtime.verify import cluster_for, verify
 from autoshard.runtime.verify_scope import also_ran, not_run, replicated_warnings
 
@@ -26,6 +27,9 @@ def test_an_axis_that_splits_nothing_is_warned_with_its_share() -> None:
     )
     (line,) = replicated_warnings(dataclasses.replace(dp, nodes=nodes))  # every device computes the same
     assert line.startswith("WARNING axis 0 (2 wide) splits 0% of the compute: 100% runs replicated")
+    counts = {"backward all_reduce": 1}
+    report = VerifyReport("m", (2, 2), "float32", (), (), True, counts, counts, 1.0, warnings=(line, line))
+    assert str(report).count("verify --plan PLAN.json") == 1  # --model: the advice once, after the warnings
 
 
 def test_what_one_forward_and_backward_does_not_run_is_listed() -> None:
