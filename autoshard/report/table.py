@@ -36,6 +36,7 @@ from autoshard.report.axes import axis_uses
 from autoshard.report.figures import Baseline, figure_lines, zero_split
 from autoshard.report.groups import Group, PlanView
 from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text, wrap
+from autoshard.report.notes import user_notes
 from autoshard.report.patterns import describe_group, recognise
 from autoshard.report.proof import proof_line
 from autoshard.report.timing import Phase, timing_text
@@ -345,7 +346,7 @@ def _footer(plan: Plan, timing: str, width: int) -> list[str]:
     proof = "linear step model optimal" if s.optimal else f"linear step model gap {s.gap:.2%}"
     line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}" + (f"; {timing}" if timing else "")
     lines = wrap(proof_line(plan), width, "  ", "proven: ") + wrap(line, width, "  ", "")
-    for note in plan.notes:
+    for note in user_notes(plan):  # those that concern this plan, in a user's words
         lines += wrap(note, width, "      ", "note: ")
     return lines
 

@@ -45,3 +45,31 @@ def test_zero1_labels_name_each_collective_and_agree_with_the_optimizer_note() -
         "(the bwd rows marked ZeRO-1) runs as a reduce-scatter of the gradient, then an all-gather of the "
         "updated weights"
     )
+
+
+def test_notes_that_concern_no_context_parallelism_are_left_out_and_solver_notes_reworded() -> None:
+    """A plan with no context-parallel axis printed the layout search and "(over 256 states); each is priced
+    once per consumer (an upper bound)"."""
+    from autoshard.report.notes import user_notes
+
+    fanout = (
+        "7 ops' outputs (in model.norm and 6 more): their consumers can combine too many layouts to price one "
+        "redistribution per layout (over 256 states); each is priced once per consumer (an upper bound)"
+    )
+    notes = (
+        "explicit attention masks proven causal (context parallelism runs them per chunk)",
+        "context-parallel layout searched: contiguous 5.879 s; zigzag on axis 1 5.882 s (ring on axis 1)",
+        fanout,
+        "captured 2 of 32 blocks of model.layers",
+    )
+    plan = dataclasses.replace(cases.megatron_mlp(), notes=notes)
+    assert plan.context_axis is None and not plan.ring_transfers
+    assert "layout searched" not in render(plan) and "256 states" not in render(plan)
+    shown = user_notes(plan)
+    assert shown == [
+        "step time may be overstated a little: 7 ops' outputs (in model.norm and 6 more) are read in more "
+        "layouts than the solver prices together, so each reader's move is counted as if none were shared",
+        "captured 2 of 32 blocks of model.layers",
+    ]
+    context = dataclasses.replace(plan, context_axis=0)
+    assert [n for n in user_notes(context) if "context" in n] == list(notes[:2])
