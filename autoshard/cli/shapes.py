@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from autoshard.cli.args import CliError, amount, positive
+from autoshard.cli.args import CliError, amount, positive, profile_help
 
 __all__ = ["HELP", "add_arguments", "parse_shapes", "run"]
 
@@ -42,9 +42,7 @@ def parse_shapes(text: str) -> list[tuple[int, int, float]]:
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
-    s.add_argument(
-        "--profile", required=True, help="bundled profile (a100x8, h100x8, v100x8, cpu) or JSON path"
-    )
+    s.add_argument("--profile", required=True, help=profile_help())
     s.add_argument("--model", default="gpt2", help="zoo name (default gpt2)")
     s.add_argument("--nodes", type=positive, default=1, help="number of nodes (default 1)")
     s.add_argument("--mesh", default=None, help="mesh axis sizes, e.g. 4x2 (default: one axis)")

@@ -73,3 +73,14 @@ def test_notes_that_concern_no_context_parallelism_are_left_out_and_solver_notes
     ]
     context = dataclasses.replace(plan, context_axis=0)
     assert [n for n in user_notes(context) if "context" in n] == list(notes[:2])
+
+
+def test_small_lines_of_the_trial() -> None:
+    """``memory_limit=0.001`` refused as "the memory budget of 0 B"; ``--profile``'s help omitted h100_measured."""
+    from autoshard.cli.args import profile_help
+    from autoshard.search.problem import format_bytes
+    from hardware_profiles import bundled_profiles
+
+    assert format_bytes(0.001) == "0.001 B" and format_bytes(0) == "0 B" and format_bytes(512) == "512 B"
+    assert "h100_measured" in bundled_profiles()
+    assert all(name in profile_help() for name in bundled_profiles())
