@@ -102,14 +102,22 @@ def _count(n: object) -> str:
 
 
 def check_built(
-    plan: Plan, spec: str, model: nn.Module, *, scaled: bool, path: str | None = None, replan: str = ""
+    plan: Plan,
+    spec: str,
+    model: nn.Module,
+    *,
+    scaled: bool,
+    path: str | None = None,
+    replan: str = "",
+    model_required: bool = False,
 ) -> None:
     """Refuse a built ``model`` of another class than the plan's, or, unless ``scaled`` (a smaller copy with
     fewer layers), with other parameter names or shapes.  ``replan``: the command that plans ``spec`` (default: the
-    ``autoshard search`` on the plan's cluster)."""
+    ``autoshard search`` on the plan's cluster); ``model_required``: the command cannot run without --model (its
+    weights directory), so the refusal never suggests dropping it."""
     built = type(model).__name__
     if built != plan.model:
-        raise PlanModelError(_refusal(plan, spec, f"{spec}, a {built}", path, replan))
+        raise PlanModelError(_refusal(plan, spec, f"{spec}, a {built}", path, replan, model_required))
     if scaled:
         return
     names = {name for name, _ in model.named_parameters()}
@@ -119,14 +127,18 @@ def check_built(
         differs = f"has {len(extra)} parameters the plan lacks ({extra[0]}, ...)" if extra else (
             f"lacks {len(missing)} of the plan's parameters ({missing[0]}, ...)"
         )  # fmt: skip
-        raise PlanModelError(_refusal(plan, spec, f"{spec}, whose {built} {differs}", path, replan))
+        raise PlanModelError(
+            _refusal(plan, spec, f"{spec}, whose {built} {differs}", path, replan, model_required)
+        )
     own, recorded = identity(model), plan.source.get("model")  # same names: their shapes (a wider copy)
     if isinstance(recorded, dict) and recorded.get("digest") not in (None, own["digest"]):
         given = f"{spec}, a {built} of {_count(own['parameters'])} parameters"
-        raise PlanModelError(_refusal(plan, spec, given, path, replan))
+        raise PlanModelError(_refusal(plan, spec, given, path, replan, model_required))
 
 
-def _refusal(plan: Plan, spec: str, given: str, path: str | None, replan: str = "") -> str:
+def _refusal(
+    plan: Plan, spec: str, given: str, path: str | None, replan: str = "", model_required: bool = False
+) -> str:
     """``plan g.json was made for gpt2 (GPT2LMHeadModel, 97 graph nodes), not llama3-8b; re-plan ...``."""
     recorded = str(plan.source.get("spec") or "")
     nodes = f"{len(plan.nodes)} graph nodes"
@@ -134,7 +146,8 @@ def _refusal(plan: Plan, spec: str, given: str, path: str | None, replan: str = 
     if not recorded and isinstance(own, dict) and "parameters" in own:  # a plan saved from Python
         nodes = f"{_count(own['parameters'])} parameters, {nodes}"
     made_for = f"{recorded} ({plan.model}, {nodes})" if recorded else f"a {plan.model} ({nodes})"
-    own = recorded and not is_file_spec(recorded)  # else --model is needed: a plan never runs a file it names
+    # else --model is needed: a plan never runs a file it names, nor a command without its weights directory
+    own = recorded and not is_file_spec(recorded) and not model_required
     return (
         f"{f'plan {path}' if path else 'the plan'} was made for {made_for}, not {given}; re-plan "
         f"with `{replan or _search_line(plan, spec)}`, or "

@@ -77,10 +77,9 @@ def cmd_init(args: argparse.Namespace) -> None:
     config.save_pretrained(out)
     model = _meta_model(str(out))
     source = InitWeights(model, seed=args.seed)
-    names = list(model.state_dict())
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for name in names:
+    for name in model.state_dict():
         tensor = source.full(name).clone()
         if shards[-1] and size + tensor.numel() * tensor.element_size() > args.shard_bytes:
             save_safetensors(shards[-1], out / f"part-{len(shards)}.safetensors")
@@ -118,6 +117,7 @@ def _layout(kind: str, mesh: tuple[int, ...]) -> dict[str, Any] | None:
 def cmd_plan(args: argparse.Namespace) -> None:
     """Plan the model on the meta device for ``--nproc`` devices and save the plan."""
     import autoshard
+    from autoshard.report import Baseline, render
     from autoshard.runtime.verify import cluster_for
 
     mesh = args.mesh or (args.nproc,)
@@ -129,7 +129,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
         model, cluster, (ids,), {"labels": ids}, annotations=_layout(args.layout, mesh), memory_limit=limit
     )
     plan.save(args.out)
-    print(plan.summary())
+    why = "not compared: train.py plan plans one layout (compare plans: `autoshard diff A.json B.json`)"
+    print(render(plan, baseline=Baseline("data parallel", reason=why)))  # not summary(): its advice is Python
     print(f"saved {args.out}")
 
 
@@ -150,10 +151,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     drops the collective's tensors after ``wait()`` has returned.  If the last reference to such a tensor is
     the worker's when the interpreter finalises, freeing it needs the GIL, the thread is stopped inside a
     ``noexcept`` frame and the process aborts ("terminate called without an active exception").  Destroying a
-    gloo group joins its workers -- but only when its last reference goes, and the module, the optimizer and
-    the last step's autograd graph (its ``ctx.comm``) all hold the groups.  So training runs in its own frame;
-    once it has returned nothing of ours holds a group, ``destroy_process_group`` drops c10d's references, the
-    groups are destroyed here and their workers joined while the interpreter is whole.
+    gloo group joins its workers -- only when its last reference goes, and the module, the optimizer and the
+    last step's autograd graph (``ctx.comm``) hold the groups.  So training runs in its own frame, then
+    ``destroy_process_group`` drops c10d's references: the workers are joined with the interpreter whole.
     """
     import gc
 
@@ -174,10 +174,9 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def check_run(args: argparse.Namespace, world: int | None = None) -> None:
-    """Refuse, in one line and exit code 2, what ``run`` cannot do as asked, before any process group: a plan
-    for another model or another number of ranks than the job has (``world``: ``--nproc`` in the launcher, else
-    torchrun's ``WORLD_SIZE``), ``--zero 3`` (free gathered weights, FSDP) with a plan that stores no weight
-    split and gathered (TP x DP: ZeRO-1/2 apply), and a plan without token ids to train on."""
+    """Refuse in one line, exit code 2, before any process group, what ``run`` cannot do: a plan for another
+    model or rank count than the job's (``world``: ``--nproc`` in the launcher, else torchrun's ``WORLD_SIZE``),
+    ``--zero 3`` (FSDP) with a plan storing no weight split and gathered, a plan without token ids."""
     import autoshard
     from autoshard.plan_model import check_built
     from autoshard.report.groups import PlanView
@@ -189,7 +188,8 @@ def check_run(args: argparse.Namespace, world: int | None = None) -> None:
     started = "torchrun started" if world is None else "--nproc asks for"
     world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
     again = f"train.py plan --model {args.model} --nproc {world} --out PLAN.json"
-    check_built(plan, args.model, _meta_model(args.model), scaled=False, path=args.plan, replan=again)
+    check_built(plan, args.model, _meta_model(args.model), scaled=False, path=args.plan, replan=again,
+                model_required=True)  # fmt: skip
     mesh = "x".join(map(str, plan.mesh_shape))
     problem = ""
     nproc = getattr(args, "nproc", 0)
@@ -217,6 +217,7 @@ def _train(args: argparse.Namespace) -> None:
 
     import autoshard
     from autoshard.codegen import parallel_info, parallelize, shard_inputs
+    from autoshard.report.labels import fmt_bytes
     from autoshard.runtime import init_from_env
     from autoshard.runtime.checkpoint import load_checkpoint, save_checkpoint
     from autoshard.runtime.materialize import InitWeights, SafetensorsWeights
@@ -270,6 +271,7 @@ def _train(args: argparse.Namespace) -> None:
             (Path(args.save) / "autoshard-step.json").write_text(
                 json.dumps({"next_step": first + args.steps})
             )
+            print(f"saved checkpoint {args.save} (continue with --resume {args.save})")
     held = sum(p.numel() * p.element_size() for p in module.parameters())
     state = optimizer.state_elements() * 4
     mine = torch.tensor([_rss_bytes(), held, state, built_rss, start_rss], dtype=torch.float64)
@@ -277,10 +279,10 @@ def _train(args: argparse.Namespace) -> None:
     dist.all_gather(every, mine)
     if rank == 0:
         full = sum(p.numel() * p.element_size() for p in model.parameters())
-        print(f"built in {built:.1f} s; model {full / 2**20:.0f} MiB of parameters")
+        print(f"built in {built:.1f} s; model {fmt_bytes(full)} of parameters")
         for r, (rss, params, optim, before, _) in enumerate(t.tolist() for t in every):
-            print(f"rank {r}: peak RSS {rss / 2**20:.0f} MiB ({before / 2**20:.0f} MiB once built); parameters "
-                  f"{params / 2**20:.0f} MiB, optimizer state {optim / 2**20:.0f} MiB")  # fmt: skip
+            print(f"rank {r}: peak RSS {fmt_bytes(rss)} ({fmt_bytes(before)} once built); parameters "
+                  f"{fmt_bytes(params)}, optimizer state {fmt_bytes(optim)}")  # fmt: skip
         if args.metrics:
             counts = parallel_info(module).collective_counts()
             Path(args.metrics).write_text(json.dumps({
@@ -297,10 +299,8 @@ def plan_batch(plan: Any) -> tuple[int, int]:
     if "input_ids" not in plan.input_shapes:
         from autoshard.runtime.local_job import fail
 
-        fail(
-            f"train.py run: error: the plan has no input_ids input ({list(plan.input_shapes)}): plan a causal "
-            "LM with train.py plan"
-        )
+        fail(f"train.py run: error: the plan has no input_ids input ({list(plan.input_shapes)}): plan a causal "
+             "LM with train.py plan")  # fmt: skip
     shape = plan.input_shapes["input_ids"][0]
     return int(shape[0]), int(shape[1])
 

@@ -27,12 +27,20 @@ __all__ = [
     "parse_choice",
     "pin_map",
     "positive",
+    "profile_help",
     "schedule",
     "sizes",
     "whole_in",
 ]
 
 PATTERNS = ("column", "row", "vocab", "replicate", "ring")  # ring: context-parallel attention
+
+
+def profile_help() -> str:
+    """``--profile``'s help: every bundled profile by name (the trial's help omitted h100_measured)."""
+    from hardware_profiles import bundled_profiles
+
+    return f"bundled profile ({', '.join(bundled_profiles())}) or JSON path"
 
 
 class CliError(AutoshardError, ValueError):

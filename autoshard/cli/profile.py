@@ -13,11 +13,24 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoshard.cli.args import CliError, mesh, positive
 
-__all__ = ["HELP", "add_arguments", "gemm_summary", "run"]
+if TYPE_CHECKING:
+    from autoshard.profiling import Measurements
+    from cost_models.profile import HardwareProfile
+
+__all__ = ["HELP", "add_arguments", "gemm_summary", "implausible", "run"]
+
+KINDS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+)  # autoshard.profiling.KINDS, without torch
 
 HELP = "measure this machine (GEMMs, memory, collectives by size) and write a hardware profile"
 
@@ -91,4 +104,36 @@ def run(args: argparse.Namespace) -> int:
     print(f"  memory {stream / 1e9:.1f} GB/s, all_reduce busbw {bus.all_reduce / 1e9:.2f} GB/s")
     for axis, kinds in axis_bus_bandwidths(m).items():
         print(f"  {axis}: " + ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in kinds.items()))
+    for line in implausible(m, profile, args.base):
+        print(f"warning: {line}", file=sys.stderr)
     return 0
+
+
+def implausible(m: Measurements, profile: HardwareProfile, base: str | None) -> list[str]:
+    """Fitted figures no machine can have, each with the option that fixes it (new-user trial: an all_reduce
+    busbw of 124 GB/s beside a 12.8 GB/s memory copy, fitted over messages of 1-64 KiB, was written silently).
+
+    A collective moves its bytes through memory at least once, so its bus bandwidth cannot exceed the copy
+    rate measured here: above it, the sizes were too small for the fit to see bandwidth, only latency.  A copy
+    faster than the base profile's datasheet bandwidth stayed in cache."""
+    copy = m.stream[0] / m.stream[1] if m.stream[1] > 0 else 0.0
+    out = []
+    bus = profile.intra_node.bus_bandwidth
+    fast = [k for k in KINDS if m.collectives.get(k) and copy and bus.of(k) > copy]
+    if fast:
+        top = max(size for k in fast for size, _ in m.collectives[k])
+        sizes = ",".join(str(max(2**20, top * 4) * 4**i) for i in range(3))
+        figures = ", ".join(f"{k} {bus.of(k) / 1e9:.2f} GB/s" for k in fast)
+        out.append(
+            f"busbw {figures} above the memory copy rate measured here, {copy / 1e9:.1f} GB/s, which no "
+            f"collective can beat: messages up to {top} B time latency, not bandwidth; measure larger ones, "
+            f"e.g. --message-sizes {sizes}"
+        )
+    if base is not None and copy > profile.memory.bandwidth * 1.001:  # efficiency was capped at 1
+        mib = m.stream[0] / 2 / 2**20  # read + written: the copy is half
+        out.append(
+            f"memory copy {copy / 1e9:.1f} GB/s above the {base} datasheet {profile.memory.bandwidth / 1e9:.1f} "
+            f"GB/s: a copy of {mib:.0f} MiB stays in cache; measure a larger one, e.g. --stream-mib "
+            f"{max(256, int(mib) * 16)}"
+        )
+    return out

@@ -20,6 +20,7 @@ from autoshard.cli.args import (
     one_line,
     pin_map,
     positive,
+    profile_help,
     schedule,
     whole_in,
 )
@@ -42,9 +43,7 @@ MAX_AXES = 4  # --max-axes: DP, FSDP/CP, TP and a pipeline or expert axis; more 
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
-    s.add_argument(
-        "--profile", required=True, help="bundled profile (a100x8, h100x8, v100x8, cpu) or JSON path"
-    )
+    s.add_argument("--profile", required=True, help=profile_help())
     s.add_argument(
         "--model", default=DEFAULT_MODEL, help="zoo name (default gpt2) or path/to/file.py:function"
     )

@@ -1,15 +1,17 @@
 """``autoshard shapes``: one parameter layout for several (batch, sequence) shapes of a zoo model, weighted.
 
-autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x512:0.7,8x1024:0.3
+autoshard shapes --profile a100x8 --model gpt2 --mesh 4x2 --shapes 8x512:0.7,8x1024:0.3 --out gpt2.json
+(writes gpt2.8x512.json and gpt2.8x1024.json: one plan per shape, the same parameter layout)
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from autoshard.cli.args import CliError, amount, positive
+from autoshard.cli.args import CliError, amount, positive, profile_help
 
-__all__ = ["HELP", "add_arguments", "parse_shapes", "run"]
+__all__ = ["HELP", "add_arguments", "parse_shapes", "run", "shape_paths"]
 
 HELP = "plan one parameter layout for several weighted input shapes (sequence buckets)"
 
@@ -42,12 +44,15 @@ def parse_shapes(text: str) -> list[tuple[int, int, float]]:
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
-    s.add_argument(
-        "--profile", required=True, help="bundled profile (a100x8, h100x8, v100x8, cpu) or JSON path"
-    )
+    s.add_argument("--profile", required=True, help=profile_help())
     s.add_argument("--model", default="gpt2", help="zoo name (default gpt2)")
     s.add_argument("--nodes", type=positive, default=1, help="number of nodes (default 1)")
-    s.add_argument("--mesh", default=None, help="mesh axis sizes, e.g. 4x2 (default: one axis)")
+    s.add_argument(
+        "--mesh",
+        default=None,
+        help="mesh axis sizes, e.g. 4x2 (default: one axis of every device; shapes does not search meshes "
+        "as search --mesh auto does: plan one shape with search to pick a mesh)",
+    )
     s.add_argument(
         "--shapes",
         type=parse_shapes,
@@ -58,6 +63,26 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--memory-limit", type=amount, default=None, metavar="GiB", help="per-device budget in GiB"
     )
+    s.add_argument(
+        "--out",
+        default=None,
+        metavar="PLAN.json",
+        help="save each shape's plan (one layout) as PLAN.BxS.json, e.g. plan.8x512.json: show, verify, "
+        "parallelize read each",
+    )
+
+
+def shape_paths(out: str, shapes: list[tuple[int, int, float]]) -> list[Path]:
+    """``plan.json`` and shapes 8x512, 8x1024 -> ``plan.8x512.json``, ``plan.8x1024.json``; refused when the
+    directory is missing or two shapes would share a file."""
+    path = Path(out)
+    if not path.resolve().parent.is_dir():
+        raise CliError(f"--out {out}: directory {path.parent} does not exist; create it first")
+    names = [f"{b}x{s}" for b, s, _ in shapes]
+    if len(set(names)) != len(names):
+        raise CliError(f"--shapes: {', '.join(names)} repeats a shape; give each BATCHxSEQ once")
+    suffix = path.suffix or ".json"
+    return [path.with_name(f"{path.name.removesuffix(path.suffix)}.{n}{suffix}") for n in names]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         sizes = mesh(args.mesh)
         if sizes == "auto":
             raise CliError("shapes plans on one mesh: give --mesh sizes, e.g. 4x2")
+    paths = shape_paths(args.out, args.shapes) if args.out else []  # refused before planning, not after
     cluster = autoshard.load_cluster(args.profile, nodes=args.nodes, mesh=sizes)  # type: ignore[arg-type]
     cases = [(w, zoo.build(args.model, batch=b, seq=s)) for b, s, w in args.shapes]
     multi = plan_shapes(
@@ -84,4 +110,10 @@ def run(args: argparse.Namespace) -> int:
     print("parameter placements (shared; repeated layers with one placement on one row):")
     for name, placement in collapse_layers(multi.param_placements):
         print(f"  {name}: {', '.join(placement)}")
+    for plan, path in zip(multi.plans, paths, strict=True):
+        try:
+            plan.save(path)
+        except OSError as e:
+            raise CliError(f"cannot write {path}: {e.strerror}; check the path and its permissions") from e
+        print(f"wrote {path}")
     return 0

@@ -2,7 +2,8 @@
 that differ first.
 
 Input: two :class:`~autoshard.plans.Plan` (typically of one model: two meshes, with and without annotations,
-two memory budgets, two precision recipes: a note says when ``Plan.precision`` differs).  Placements are
+two memory budgets, two precision recipes).  A note before the table names each setting that differs: model,
+inputs (batch, sequence), hardware (profile and nodes), precision recipe, memory budget.  Placements are
 compared normalised: replicated on every axis is ``R`` whatever the mesh's rank, so ``R`` on a 1-D mesh
 equals ``(R, R, R)`` on a 3-D one.
 Output: text (:func:`render`).  Nothing is re-planned; every figure is the plans' own.
@@ -115,16 +116,55 @@ def _spec(value: object) -> str:
     return "(" + ", ".join(map(str, value)) + ")" if isinstance(value, tuple) else str(value)
 
 
+def _notes(a: Plan, b: Plan) -> list[str]:
+    """One line per setting the plans were made under that differs, so a figure that moved because the
+    batch, the hardware, the recipe or the budget moved is not read as the plan's doing."""
+    out = []
+    if a.model != b.model:
+        out.append("the plans are for different models; placements and strategies compare by name")
+    if a.input_shapes != b.input_shapes:
+        out.append(
+            f"inputs differ (A {_inputs(a)}; B {_inputs(b)}): figures move with the batch and sequence too"
+        )
+    if _hardware(a) != _hardware(b):
+        out.append(
+            f"hardware differs (A {_hardware(a)}; B {_hardware(b)}): figures move with the hardware too"
+        )
+    if a.precision != b.precision:  # Plan.precision: step time and memory differ by the recipe too
+        out.append(
+            f"A is priced for the {a.precision} recipe, B for {b.precision}: figures move with the recipe too"
+        )
+    if _budget(a) != _budget(b) and not (_whole_device(a) and _whole_device(b)):
+        out.append(
+            f"memory budgets differ (A {_budget(a)}; B {_budget(b)} per device): figures move with the budget too"
+        )
+    return [f"  note: {line}" for line in out]
+
+
+def _inputs(plan: Plan) -> str:
+    if not plan.input_shapes:
+        return "inputs not recorded"
+    return ", ".join(f"{k} {tuple(shape)}" for k, (shape, _) in plan.input_shapes.items())
+
+
+def _hardware(plan: Plan) -> str:
+    c = plan.cluster
+    return f"{c.get('nodes', '?')} x {c.get('profile', '?')}"
+
+
+def _whole_device(plan: Plan) -> bool:
+    """The default budget: the whole device (its difference then follows from the hardware's)."""
+    return plan.memory_limit is None or plan.memory_limit == plan.device_memory
+
+
+def _budget(plan: Plan) -> str:
+    return "no limit" if plan.memory_limit is None else fmt_bytes(plan.memory_limit)
+
+
 def render(a: Plan, b: Plan, name_a: str = "A", name_b: str = "B", limit: int = 20) -> str:
     """Figures that differ, then placements and strategies that differ, then what is the same."""
     lines = [f"A: {name_a} ({a.model}, mesh {a.mesh_shape})", f"B: {name_b} ({b.model}, mesh {b.mesh_shape})"]
-    if a.model != b.model:
-        lines.append("  note: the plans are for different models; placements and strategies compare by name")
-    if a.precision != b.precision:  # Plan.precision: step time and memory differ by the recipe too
-        lines.append(
-            f"  note: A is priced for the {a.precision} recipe, B for {b.precision}: step time and memory "
-            "differ by the recipe as well as by the plan"
-        )
+    lines += _notes(a, b)
     rows = [(t, fmt(x), fmt(y), _delta(x, y, fmt)) for t, x, y, fmt in figures(a, b)]
     differ = [r for r in rows if r[1] != r[2]]
     same = [r[0].strip() for r in rows if r[1] == r[2]]

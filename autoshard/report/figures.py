@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from autoshard.plans import Plan
+from autoshard.plans import Collective, Plan
 from autoshard.report.labels import axes_text, fmt_bytes, fmt_seconds, wrap
 from cost_models.memory import RECIPES, itemsize
 from cost_models.overlap import SyncExposure
@@ -240,6 +240,15 @@ def priced_shape(plan: Plan) -> str:
     return f"batch {shape[0]}" if shape else ""
 
 
+def zero_split(plan: Plan, c: Collective, fqn: str) -> bool:
+    """Whether ZeRO-1 (runtime/zero.py) runs this backward all-reduce of parameter ``fqn``'s gradient as a
+    reduce-scatter and an all-gather of the updated weights: on an axis where ``fqn`` is replicated, not a
+    pipeline's stage axis (its stages hold other parameters)."""
+    spec, stages = plan.param_placements.get(fqn, ()), plan.pipeline and plan.pipeline.mesh_axis
+    replicated = c.mesh_axis < len(spec) and spec[c.mesh_axis] == "R" and c.mesh_axis != stages
+    return plan.training and c.phase == "backward" and c.kind == "all_reduce" and replicated
+
+
 def zero_text(plan: Plan) -> str:
     """Where the sharded optimizer state's collectives are (ZeRO-1: every parameter's Adam state split over
     the devices on which the parameter is replicated): inside the gradient all-reduces (a reduce-scatter and
@@ -258,12 +267,21 @@ def zero_text(plan: Plan) -> str:
     )
     if not replicated:
         return "" if plan.num_devices == 1 else "optimizer: Adam state split as the parameters are stored"
-    nodes = {n.name for n in plan.nodes if n.target == "placeholder" and n.module in params}
+    nodes = {n.name: n.module for n in plan.nodes if n.target == "placeholder" and n.module in params}
+    split = sum(
+        zero_split(plan, c, c.module if c.module in params else nodes[c.tensor])
+        for c in plan.collectives
+        if c.tensor in nodes
+    )
     synced = any(c.phase == "backward" and c.tensor in nodes for c in plan.collectives)
     gathers = plan.optimizer_gathers
     where = []
-    if synced:
-        where.append("its reduce-scatters and all-gathers are the gradient syncs (bwd)")
+    if split:
+        where.append(
+            f"{split} gradient all-reduce{'s' * (split != 1)} of replicated weights (the bwd rows marked ZeRO-1) "
+            f"{'runs' if split == 1 else 'each run'} as a reduce-scatter of the gradient, then an all-gather of "
+            "the updated weights"
+        )
     if gathers:  # priced in the step (autoshard.problem.zero_terms); an older file's step did not pay them
         moved, seconds = (
             fmt_bytes(sum(c.nbytes for c in gathers)),
@@ -277,8 +295,10 @@ def zero_text(plan: Plan) -> str:
             else "not in this file's step (saved by an older autoshard: search again to price them)"
         )
         where.append(
-            f"{count} of updated shards on {axes} where gradients are not reduced ({moved}, {seconds}, {paid})"
+            f"{count} of updated weights on {axes} where gradients are not reduced ({moved}, {seconds}, {paid})"
         )
+    if not where and synced:  # every replicated weight's gradient reduced where it is sharded: nothing split
+        return f"optimizer: Adam state sharded over {zero_group(plan)} (ZeRO-1)"
     if not where:  # a file saved before Plan.optimizer_gathers: its gathers were never listed
         return (
             f"optimizer: Adam state sharded over {zero_group(plan)} (ZeRO-1); this plan file lists none "

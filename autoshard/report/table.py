@@ -33,9 +33,10 @@ from typing import Any
 from autoshard.pipeline.summary import headline
 from autoshard.plans import Collective, Plan, RingTransfer
 from autoshard.report.axes import axis_uses
-from autoshard.report.figures import Baseline, figure_lines
+from autoshard.report.figures import Baseline, figure_lines, zero_split
 from autoshard.report.groups import Group, PlanView
 from autoshard.report.labels import fmt_bytes, fmt_seconds, spec_text, wrap
+from autoshard.report.notes import user_notes
 from autoshard.report.patterns import describe_group, recognise
 from autoshard.report.proof import proof_line
 from autoshard.report.timing import Phase, timing_text
@@ -46,7 +47,10 @@ MINOR_SHARE = 0.005  # groups below this share of compute, without parameters, a
 MAX_COLLECTIVE_ROWS = 12
 MAX_PARAMETER_ROWS = 24
 _PHASE = {"forward": "fwd", "backward": "bwd", "regather": "bwd", "recompute": "bwd", "optimizer": "opt"}
-ZERO_PURPOSE = "ZeRO-1 gather of updated optimizer shards"  # Plan.optimizer_gathers, after backward
+ZERO_PURPOSE = "ZeRO-1 all-gather of updated weights"  # Plan.optimizer_gathers, after backward
+#: A gradient all-reduce on an axis where the parameter is replicated: ZeRO-1 (runtime/zero.py) runs it as a
+#: reduce-scatter of the gradient, then an all-gather of the updated weights (the same bytes)
+ZERO_SYNC = "gradient sync (ZeRO-1 split: see optimizer)"
 RING_KIND, RING_PURPOSE = "ring K/V hop", "ring K/V"  # context parallelism's point-to-point sends
 
 
@@ -251,7 +255,7 @@ def _purpose(view: PlanView, c: Collective) -> tuple[str, str]:
         kinds = {"forward": "weight all-gather (FSDP)", "regather": "weight re-gather (FSDP)"}
         if c.recompute:
             return "weight re-gather (recompute)", ""
-        return kinds.get(c.phase, "gradient sync"), ""
+        return kinds.get(c.phase) or _gradient_purpose(view, c), ""
     if c.node == "output":  # the graph's return value (a training graph's loss): the root module has no name
         return (
             ("output of", view.layer_of(c.module))
@@ -261,6 +265,16 @@ def _purpose(view: PlanView, c: Collective) -> tuple[str, str]:
     if not c.module:  # the root module's own op: its node name alone read as a module ("at pad")
         return "activations", f"{c.node} ({_op_of(view, c.node)} on {c.tensor}, outside any submodule)"
     return "activations", view.layer_of(c.module)
+
+
+def _gradient_purpose(view: PlanView, c: Collective) -> str:
+    """A parameter's backward move is its gradient's: an all-gather there gathers reduced gradient shards
+    (the last hop of a hierarchical sync), never weights; an all-reduce where the weight is replicated is
+    the one ZeRO-1 splits (new-user trial: both read "gradient sync" beside a ZeRO-1 note naming neither)."""
+    if c.kind == "all_gather":
+        return "gradient sync (gathers gradient shards)"
+    fqn = c.module if c.module in view.plan.param_placements else view.param_nodes.get(c.tensor, "")
+    return ZERO_SYNC if zero_split(view.plan, c, fqn) else "gradient sync"
 
 
 def _op_of(view: PlanView, node: str) -> str:
@@ -279,10 +293,11 @@ def _collectives(view: PlanView, width: int) -> list[str]:
         what = f"at {r.where}" if r.purpose == "activations" else f"{r.purpose} {r.where}".strip()
         what += " (recompute)" if r.phase == "recompute" and r.purpose == "activations" else ""
         what = f"at {r.where}" if r.purpose == RING_PURPOSE else what
-        lines.append(
+        cells = (
             f"  {_PHASE.get(r.phase, r.phase):<4}{r.kind:<15}{r.axis:>4}{r.count:>6}{fmt_bytes(r.nbytes):>11}"
-            f"{fmt_seconds(r.seconds):>10}  {what}"
+            f"{fmt_seconds(r.seconds):>10}  "
         )
+        lines += wrap(what, width, " " * (len(cells) + 2), cells)  # a long "what" wraps, never cut
     rest = rows[MAX_COLLECTIVE_ROWS:]
     if rest:
         n, secs = sum(r.count for r in rest), sum(r.seconds for r in rest)
@@ -331,7 +346,7 @@ def _footer(plan: Plan, timing: str, width: int) -> list[str]:
     proof = "linear step model optimal" if s.optimal else f"linear step model gap {s.gap:.2%}"
     line = f"solver {s.method}: {proof} in {fmt_seconds(s.seconds)}" + (f"; {timing}" if timing else "")
     lines = wrap(proof_line(plan), width, "  ", "proven: ") + wrap(line, width, "  ", "")
-    for note in plan.notes:
+    for note in user_notes(plan):  # those that concern this plan, in a user's words
         lines += wrap(note, width, "      ", "note: ")
     return lines
 

@@ -326,7 +326,9 @@ def format_bytes(num: float) -> str:
     """``1536 -> '1.50 KiB'``: human-readable bytes for messages."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(num) < 1024 or unit == "TiB":
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.2f} {unit}"
+            if unit == "B":  # a fraction of a byte as given (memory_limit=0.001 read "0 B": new-user trial)
+                return f"{num:.0f} B" if abs(num) >= 1 or num == 0 else f"{num:.3g} B"
+            return f"{num:.2f} {unit}"
         num /= 1024
     raise AssertionError("unreachable")
 

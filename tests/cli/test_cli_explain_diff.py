@@ -122,3 +122,29 @@ def test_explain_offers_no_runner_up_the_plan_forbade(cli, tmp_path: Path) -> No
     assert "S(0), R, R -> S(0)" not in r.out
     assert "5 strategies (4 ruled out by the plan's allow tp); chosen R, S(0), S(0) -> S(2)" in block
     assert "no other strategy the plan allows fits this node" in block
+
+
+def test_diff_names_each_setting_that_differs_before_the_table() -> None:
+    """A new user compared a batch-64 A100 plan with a batch-8 H100 one and read "0.04x" with no word of why."""
+    import dataclasses
+
+    import report_cases as cases
+
+    from autoshard.report.diff import render
+
+    a = cases.megatron_mlp()
+    a = dataclasses.replace(a, input_shapes={"x": ((64, 16), "float32")}, memory_limit=a.device_memory)
+    assert "note:" not in render(a, a)
+    b = dataclasses.replace(
+        a,
+        input_shapes={"x": ((8, 16), "float32")},
+        cluster={**a.cluster, "profile": "h100x8"},
+        precision="fp32",
+        memory_limit=2**30,
+    )
+    lines = render(a, b).splitlines()
+    notes = [line for line in lines if line.startswith("  note:")]
+    assert lines[2 : 2 + len(notes)] == notes and len(notes) == 4  # one line each, before the table
+    assert "inputs differ (A x (64, 16); B x (8, 16))" in notes[0]
+    assert "hardware differs (A 1 x a100x8; B 1 x h100x8)" in notes[1]
+    assert "recipe" in notes[2] and "memory budgets differ (A 80.0 GiB; B 1.0 GiB per device)" in notes[3]

@@ -56,3 +56,33 @@ def test_profile_refuses_bad_sizes(cli, tmp_path: Path) -> None:
     assert r.code == 2 and "whole numbers" in r.err
     r = cli("profile", "--out", str(tmp_path / "p.json"), "--ranks", "2", "--mesh", "2x2")
     assert r.code == 2 and "--mesh 2x2 has 4 ranks" in r.err
+
+
+def test_a_busbw_above_the_memory_copy_rate_is_warned_with_the_sizes_to_raise(tmp_path: Path) -> None:
+    """The trial's profile: all_reduce fitted at 124 GB/s over 1-64 KiB messages beside a 12.8 GB/s copy, and
+    a 16 MiB copy faster than the cpu datasheet (it stayed in cache); both written without a word."""
+    from autoshard.cli.profile import implausible
+    from autoshard.profiling import Measurements, profile_document
+
+    m = Measurements("CPU (2 cores)", "float32", 2, gemm=[(256, 1e-3)], launch=5e-6, capacity=2**33)
+    m.stream = (2 * 16 * 2**20, 2 * 16 * 2**20 / 20e9)  # 20 GB/s: above the cpu profile's 12.8
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        m.collectives[kind] = [(1024, 50e-6), (65536, 50.5e-6)]  # flat: latency only
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(profile_document(m, "node", load_profile("cpu"))))
+    lines = implausible(m, load_profile(str(path)), "cpu")
+    assert len(lines) == 2
+    assert (
+        lines[0].startswith("busbw all_reduce ")
+        and "above the memory copy rate measured here, 20.0 GB/s" in lines[0]
+    )
+    assert lines[0].endswith("messages up to 65536 B time latency, not bandwidth; measure larger ones, e.g. "
+                             "--message-sizes 1048576,4194304,16777216")  # fmt: skip
+    assert lines[1] == (
+        "memory copy 20.0 GB/s above the cpu datasheet 12.8 GB/s: a copy of 16 MiB stays in cache; measure a "
+        "larger one, e.g. --stream-mib 256"
+    )
+    m.collectives = {k: [(2**20, 1e-3), (2**24, 16e-3)] for k in m.collectives}  # ~1 GB/s: plausible
+    m.stream = (2 * 2**28, 2 * 2**28 / 10e9)
+    path.write_text(json.dumps(profile_document(m, "node", load_profile("cpu"))))
+    assert implausible(m, load_profile(str(path)), "cpu") == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def test_shapes_prints_each_bucket_and_the_shared_layout(cli) -> None:
+def test_shapes_prints_each_bucket_and_the_shared_layout(cli, tmp_path) -> None:
     r = cli(
         "shapes",
         "--profile",
@@ -14,6 +14,8 @@ def test_shapes_prints_each_bucket_and_the_shared_layout(cli) -> None:
         "8",
         "--shapes",
         "8x16:0.75,8x64:0.25",
+        "--out",
+        str(tmp_path / "plan.json"),  # new-user trial: no --out, so a several-shapes plan could not be saved
     )
     assert r.code == 0, r.err
     assert "2 input shapes, one parameter layout" in r.out
@@ -22,6 +24,24 @@ def test_shapes_prints_each_bucket_and_the_shared_layout(cli) -> None:
     assert layers == [layers[0]] and layers[0].startswith(
         "  transformer.h.0–1.attn.c_attn.weight: "
     )  # grouped
+    from autoshard.plans import load_plan
+
+    short, long = (load_plan(tmp_path / f"plan.8x{n}.json") for n in (16, 64))
+    assert f"wrote {tmp_path / 'plan.8x64.json'}" in r.out
+    assert short.input_shapes["input_ids"][0] == (8, 16) and long.input_shapes["input_ids"][0] == (8, 64)
+    assert short.param_placements == long.param_placements  # one layout
+
+
+def test_shapes_out_is_refused_before_planning(tmp_path) -> None:
+    import pytest
+
+    from autoshard.cli.args import CliError
+    from autoshard.cli.shapes import shape_paths
+
+    with pytest.raises(CliError, match="repeats a shape"):
+        shape_paths(str(tmp_path / "p.json"), [(8, 16, 0.5), (8, 16, 0.5)])
+    with pytest.raises(CliError, match="does not exist; create it first"):
+        shape_paths(str(tmp_path / "no" / "p.json"), [(8, 16, 1.0)])
 
 
 def test_collapse_layers_keeps_runs_with_one_value() -> None:

@@ -137,7 +137,7 @@ def test_communication_bound_plans_are_labelled_by_what_was_proven(tmp_path) -> 
     assert s.step_bound is not None and s.step_bound <= s.objective
     assert not s.step_optimal and s.ranked and s.chosen
     line = proof_line(plan)
-    assert line.startswith("optimal under the linear step model; reported step within")
+    assert line.startswith("reported step within") and "optimal under the linear step model only" in line
     assert "optimal by the reported" not in plan.summary()
     plan.save(tmp_path / "p.json")
     again = load_plan(tmp_path / "p.json")
@@ -173,11 +173,17 @@ def test_the_label_says_what_the_bound_covers() -> None:
     assert line(step_optimal=False, bound_scope=scope).startswith(
         f"optimal by the reported (critical-path) step among {scope}"
     )
-    assert "within 25.00% of the proven bound" in line(step_optimal=False, step_bound=step / 1.25)
-    assert "no proven bound (why not)" in line(
+    assert line(step_optimal=False, step_bound=step / 1.25).startswith(
+        "reported step within 25.00% of a lower bound"
+    )
+    assert "of the reported step, which has no proven bound (why not)" in line(
         step_optimal=False, step_bound=None, bound_scope="no bound: why not"
     )
-    assert line(step_optimal=False, step_bound=None, ranked=()).endswith("was not ranked")
-    assert line(optimal=False, step_optimal=False, step_bound=None, ranked=(), gap=0.1).startswith(
-        "solved under"
+    unranked = "nothing of the reported (critical-path) step, which was not ranked; "
+    assert (
+        line(step_optimal=False, step_bound=None, ranked=())
+        == unranked + "optimal under the linear step model only"
+    )
+    assert line(optimal=False, step_optimal=False, step_bound=None, ranked=(), gap=0.1) == (
+        unranked + "solved under the linear step model to a gap of 10.00% only"
     )

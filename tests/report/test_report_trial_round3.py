@@ -49,7 +49,7 @@ def test_the_communication_total_lists_zero1_gathers_and_holds_the_exposed_time(
     plan = _tp_with_zero_gathers()
     text = render(plan, width=120)
     rows = [line for line in text.splitlines() if line.lstrip().startswith("opt all_gather")]
-    assert len(rows) == 1 and rows[0].rstrip().endswith("ZeRO-1 gather of updated optimizer shards")
+    assert len(rows) == 1 and rows[0].rstrip().endswith("ZeRO-1 all-gather of updated weights")
     assert " 2 " in rows[0]  # both gathers, one row
     total = next(line for line in text.splitlines() if line.lstrip().startswith("total:"))
     assert f"optimizer 2 (2.0 MiB, {fmt_seconds(4e-4)})" in total
@@ -109,6 +109,12 @@ def test_a_collective_of_a_root_op_names_the_op() -> None:
     plan = cases.make_plan((8,), {}, ops, comms, inputs={"labels": ("S(0)",)})
     row = next(line for line in render(plan, width=120).splitlines() if "all_gather" in line)
     assert row.rstrip().endswith("at pad (aten.pad on labels, outside any submodule)")
+    lines = render(plan, width=90).splitlines()  # fourth trial: at 100 columns the cell was cut "submo…"
+    at = next(i for i, line in enumerate(lines) if "all_gather" in line)
+    assert " ".join(lines[at].split()[-6:] + lines[at + 1].split()) == (
+        "at pad (aten.pad on labels, outside any submodule)"
+    )
+    assert lines[at + 1].startswith(" " * 56) and not any(line.endswith("…") for line in lines)
 
 
 def test_refusals_for_a_model_without_repeated_layers_say_nothing_empty() -> None:

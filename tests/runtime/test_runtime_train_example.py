@@ -62,6 +62,8 @@ def test_readme_training_commands(tmp_path: Path) -> None:
     for step, loss in {**trained, **resumed}.items():  # printed to 6 decimals
         assert loss == pytest.approx(reference[step], abs=2e-6), step
     assert "peak RSS" in outputs[3] and "tokens/s" in outputs[3]
+    assert "saved checkpoint out/dcp" in outputs[3]  # new-user trial: --save wrote it without a word
+    assert " 0 MiB" not in outputs[3]  # a tiny model's parameters read "0 MiB" per rank
     assert (tmp_path / "out" / "dcp" / ".metadata").exists()
 
 

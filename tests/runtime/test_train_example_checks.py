@@ -7,8 +7,10 @@ Started with python, ``run`` checks before starting any rank; under plain torchr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -39,8 +41,37 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for layout, nproc, mesh in (("tp-dp", "4", "2x2"), ("fsdp", "2", "")):
         out[layout] = root / f"{layout}.json"
         argv = ["plan", "--model", model, "--nproc", nproc, "--layout", layout, "--out", str(out[layout])]
-        train.main([*argv, *(["--mesh", mesh] if mesh else [])])
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            train.main([*argv, *(["--mesh", mesh] if mesh else [])])
+        out[f"{layout}.txt"] = root / f"{layout}.txt"
+        out[f"{layout}.txt"].write_text(printed.getvalue())
     return out
+
+
+def test_plan_prints_no_python_advice(plans) -> None:
+    """``train.py plan`` read "pass summary(baseline=...)", an argument of a Python call, in a command's output."""
+    text = " ".join(plans["fsdp.txt"].read_text().split())
+    assert "summary(" not in text and text.endswith(f"saved {plans['fsdp']}")
+    assert "data parallel" in text and "(compare plans: `autoshard diff A.json B.json`)" in text
+
+
+def test_a_plan_of_another_model_never_suggests_dropping_model(plans, monkeypatch, capsys) -> None:
+    """``run`` needs --model (the weights directory): the refusal said "or drop --model to use the plan's own
+    model", which argparse then refused."""
+    import dataclasses
+
+    from autoshard.plan_model import PlanModelError
+    from autoshard.plans import load_plan
+
+    other = plans["fsdp"].parent / "other.json"  # beside the checkpoint _check passes as --model
+    plan = load_plan(plans["fsdp"])
+    dataclasses.replace(plan, model="GPT2LMHeadModel", source={"spec": "gpt2"}).save(other)
+    with pytest.raises(PlanModelError) as refused:  # main() prints it in one line, exit code 2
+        _check(other, 1, 2, 0, monkeypatch, capsys)
+    err = str(refused.value)
+    assert "was made for gpt2 (GPT2LMHeadModel" in err
+    assert "drop --model" not in err and err.endswith("or pass the --model the plan was made from")
 
 
 def _check(plan: Path, zero: int, world: int, rank: int, monkeypatch, capsys) -> tuple[int | None, str]:
