@@ -39,8 +39,8 @@ from autoshard.errors import AutoshardError
 from autoshard.zoo_extra import MLP, DeepMLP, DeepMLPBlock, SeedTextModel
 
 __all__ = [
-    "MLP", "DeepMLP", "DeepMLPBlock", "ModelCase", "SeedTextModel", "UnknownModelError", "build", "load_spec",
-    "names",
+    "MLP", "DeepMLP", "DeepMLPBlock", "ModelCase", "SeedTextModel", "UnknownModelError", "build", "default_dtype",
+    "load_spec", "names",
 ]  # fmt: skip
 
 Device = Literal["meta", "cpu"]
@@ -292,6 +292,14 @@ _ZOO: dict[str, _Entry] = {
 def names() -> tuple[str, ...]:
     """Every zoo name, in a stable order."""
     return tuple(_ZOO)
+
+
+def default_dtype(name: str) -> torch.dtype:
+    """The dtype zoo model ``name`` is built in by default (``bfloat16`` for LLaMA-3 and Mixtral)."""
+    entry = _ZOO.get(name)
+    if entry is None:
+        raise UnknownModelError(f"unknown zoo model {name!r}; valid names: {', '.join(names())}")
+    return entry.dtype
 
 
 def build(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,17 @@ def test_profiles_carry_the_published_reference_figures() -> None:
     assert h100.inter_node.nic_bandwidth == pytest.approx(400e9 / 8)  # 400 Gb/s in bytes
     assert v100.inter_node.nics_per_node * v100.inter_node.nic_bandwidth == pytest.approx(25e9 / 8)
     assert "bfloat16" not in dict(v100.compute.peak_flops)
+
+
+@pytest.mark.parametrize("name", [n for n in BUNDLED if re.search(r"\d+GB", load_profile(n).device)])
+def test_gpu_capacity_is_what_cuda_allocates_not_the_nominal_size(name: str) -> None:
+    """A plan fills the budget: it must be CUDA's totalGlobalMem (``torch.cuda.get_device_properties().total_memory``),
+    which is below the size in the device's name (nvidia-smi's 81920 MiB on an A100 80GB is not allocatable)."""
+    profile = load_profile(name)
+    nominal = int(re.search(r"(\d+)GB", profile.device).group(1)) * 2**30  # type: ignore[union-attr]
+    assert profile.memory.capacity < nominal
+    source = dict(profile.sources)["memory.capacity"]
+    assert "totalGlobalMem" in source or source.startswith("measured"), source
 
 
 def test_unknown_bundled_name_is_none() -> None:

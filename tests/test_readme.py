@@ -3,8 +3,9 @@
 A new-user trial found ``F``, ``labels`` and ``ids_1k`` used but never defined.  Every block is checked
 statically, in order (each name a statement reads is bound by an earlier statement, by itself, or is a
 builtin); the blocks that run in one process in seconds are also executed, after the imports of the blocks
-before them.  The others were run by hand: the LLaMA-3-8B and GPT-3 175B plans (~7 CPU s each here; their
-comments say what they print: the 8B plan's placement ``('S(0)', 'S(1)')`` and ``FSDP 16 (...)``), the
+before them.  The others were run by hand: the LLaMA-3-8B plan (39 CPU s here: its memory budget binds) and
+the GPT-3 175B plan (their comments say what they print: the 8B plan's placement ``('R', 'S(0)')`` and
+``FSDP 8 (...) × DP 2``), the
 ``train.py`` pieces under ``torchrun --nproc_per_node 4`` after its ``init`` and ``plan`` commands; the
 pipeline-run block needs the 1,024-rank job its plan is for.
 """

@@ -65,6 +65,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--batch", type=positive, default=None, help="global batch size (zoo models)")
     s.add_argument("--seq", type=positive, default=None, help="sequence length (zoo models)")
+    s.add_argument("--layers", type=positive, default=None, help="repeated layers (zoo models)")
     s.add_argument(
         "--annotate",
         type=annotation,
@@ -217,8 +218,7 @@ def _capture(case: ModelCase, progress: Progress) -> Captured:
 
 def _source(args: argparse.Namespace) -> dict[str, Any]:
     """What ``verify --plan`` needs to rebuild the model (Plan.source)."""
-    options = {k: getattr(args, k) for k in ("batch", "seq") if getattr(args, k) is not None}
-    return {"spec": args.model, **options}
+    return {"spec": args.model, **{k: v for k in ("batch", "seq", "layers") if (v := getattr(args, k, None))}}
 
 
 def _model_case(args: argparse.Namespace) -> ModelCase:
@@ -226,9 +226,9 @@ def _model_case(args: argparse.Namespace) -> ModelCase:
 
     path, sep, _ = args.model.rpartition(":")
     if not (sep and path.endswith(".py")):
-        return zoo.build(args.model, batch=args.batch, seq=args.seq)
-    if args.batch is not None or args.seq is not None:
-        raise CliError(f"--batch/--seq apply to zoo models; {args.model} builds its own inputs: drop them")
+        return zoo.build(args.model, batch=args.batch, seq=args.seq, layers=getattr(args, "layers", None))
+    if len(_source(args)) > 1:  # --batch, --seq or --layers
+        raise CliError(f"--batch/--seq apply to zoo models (--layers too): drop them for {args.model}")
     try:
         return zoo.load_spec(args.model)
     except AutoshardError:

@@ -61,7 +61,7 @@ from autoshard.problem.fanout import split_uses
 from autoshard.problem.recompute import recompute_blocks, reissued, rerun_share
 from autoshard.search import BoundExceeded, Edge, SearchProblem, memory_of, solve
 
-__all__ = ["layer_problem", "schedule_factor", "step_bound"]
+__all__ = ["layer_compute", "layer_problem", "schedule_factor", "step_bound"]
 
 #: Relative slack on the budgeted solve's ceiling: ``F β / L`` and the step sum the same figures in another
 #: order (the caller prunes with its own slack).
@@ -91,24 +91,40 @@ def schedule_factor(schedule: Schedule, virtual: int, degree: int, layers: int, 
     return layers / virtual + (microbatches - 1.0 / virtual) * most
 
 
-def layer_problem(built: BuiltProblem, problem: SearchProblem, gathers: float = 0.0) -> SearchProblem:
-    """``problem`` (the stage's, built from ``built``) with ``B(s) + gathers × G(s)`` as its objective: the
-    repeated layers' compute and activation moves of one microbatch, summed over the ``L`` layers, and their
-    weights' forward moves (module docstring).  Its memory, budget, masks and infinite (impossible) entries
-    are ``problem``'s."""
+def layer_compute(built: BuiltProblem) -> dict[int, np.ndarray]:
+    """Per solver variable of a repeated layer's op, its compute (forward + backward, recomputation
+    included) under each strategy, times its copies: ``B``'s node costs.  They depend on ``built`` alone, so
+    :func:`step_bound` prices them once for every ``gathers`` weight it solves (LLaMA-3 405B's stage:
+    ~10k strategies, ~0.3 s CPU each time)."""
     opts, cluster, infos = built.options, built.cluster, built.infos
-    costs: list[np.ndarray] = []
-    for i, base in enumerate(problem.node_costs):
-        cost = np.zeros_like(base)
-        name = built.variables[i] if i < len(built.variables) else None
-        info = infos[name] if name is not None else None
-        if name is not None and info is not None and info.kind == "op" and info.block is not None:
+    costs: dict[int, np.ndarray] = {}
+    for i, name in enumerate(built.variables):
+        info = infos[name]
+        if info.kind == "op" and info.block is not None:
             inputs = tuple(infos[s] for s in info.inputs)
             cost = np.array(
                 [sum(node_compute(info, s, cluster, opts, inputs)) for s in built.strategies[name]]
             )
-            cost = cost * built.multiplicity[name]
-        costs.append(np.where(np.isfinite(base), cost, np.inf))
+            costs[i] = cost * built.multiplicity[name]
+    return costs
+
+
+def layer_problem(
+    built: BuiltProblem,
+    problem: SearchProblem,
+    gathers: float = 0.0,
+    compute: dict[int, np.ndarray] | None = None,
+) -> SearchProblem:
+    """``problem`` (the stage's, built from ``built``) with ``B(s) + gathers × G(s)`` as its objective: the
+    repeated layers' compute and activation moves of one microbatch, summed over the ``L`` layers, and their
+    weights' forward moves (module docstring).  Its memory, budget, masks and infinite (impossible) entries
+    are ``problem``'s.  ``compute``: :func:`layer_compute` of ``built``, when the caller has it."""
+    if compute is None:
+        compute = layer_compute(built)
+    costs: list[np.ndarray] = []
+    for i, base in enumerate(problem.node_costs):
+        cost = compute.get(i)
+        costs.append(np.where(np.isfinite(base), np.zeros_like(base) if cost is None else cost, np.inf))
     edges = [Edge(e.u, e.v, np.where(np.isfinite(e.cost), 0.0, np.inf)) for e in problem.edges]
     edges = [e for e in edges if not np.all(np.isfinite(e.cost))]  # only what forbids pairs stays
     edges += _activation_edges(built, gathers)
@@ -170,8 +186,9 @@ def step_bound(
     """A lower bound on the step of every plan fitting ``problem`` on any of ``shapes`` ((schedule, chunks per
     device) pairs the search may pick): the least over them of ``F / L × β(r)``, ``β(r)`` a lower bound on
     ``B + r G`` over the fitting plans (:func:`_least`); 0 when there is none.  Shapes are taken by
-    increasing ``F``; one whose ``F / L × β(0)`` cannot lower the least so far is not solved, and the search
-    stops at the first bound under ``best_step`` (then no candidate is pruned)."""
+    increasing ``F``; one whose ``F / L × β(0)`` cannot lower the least so far, or already reaches ``best_step``
+    (then so does every later shape's), is not solved, and the search stops at the first bound under
+    ``best_step`` (then no candidate is pruned)."""
     layers, m = built.num_blocks, built.options.microbatches
     if not shapes or layers < degree:
         return 0.0
@@ -182,16 +199,24 @@ def step_bound(
         }
     )
     found: dict[float, float] = {}
+    compute = layer_compute(built)  # the same for every ``r``
 
     def least(r: float, factor: float) -> float:
         if r not in found:
-            found[r] = _least(built, problem, r, best_step * layers / factor, time_limit, max_factor_size)
+            ceiling = best_step * layers / factor
+            found[r] = _least(built, problem, r, ceiling, time_limit, max_factor_size, compute)
         return found[r]
 
     plain = least(0.0, weights[0][0])
     bound = math.inf
     for k, (factor, r) in enumerate(weights):
         if factor * plain / layers >= bound:
+            continue
+        if factor * plain / layers * (1 - _ROUNDING) >= best_step:
+            # ``β(0)`` bounds ``B + r G`` too (``G >= 0``): it prunes this shape as the caller prunes (the
+            # bound less its rounding at the best step) and every later one (``F`` rises), so ``β(r)``'s
+            # solve would change no decision (405B: the full-recompute and refit bounds, one solve each)
+            bound = factor * plain / layers
             continue
         bound = min(bound, factor * least(r, factor) / layers)
         if bound < best_step:  # no prune: the rest only by what the plain bound says of them
@@ -206,8 +231,10 @@ def _least(
     ceiling: float,
     time_limit: float,
     max_factor_size: float,
+    compute: dict[int, np.ndarray] | None = None,
 ) -> float:
-    """A lower bound on ``B + gathers × G`` over the plans fitting ``problem``.
+    """A lower bound on ``B + gathers × G`` over the plans fitting ``problem`` (``compute``: as
+    :func:`layer_problem`'s).
 
     First without the budget, plus ``λ (memory − limit)`` (the Lagrangian of the budget: at most the
     objective on every fitting plan, so its optimum is a bound) for a few growing ``λ``, each one exact solve
@@ -215,7 +242,7 @@ def _least(
     parts outside the layers, which ``B`` leaves free).  Once the relaxed optimum fits with its peak, the
     budgeted optimum is within ``λ × (limit − its memory)`` of the bound: done.  Otherwise the budgeted
     solve runs with ``ceiling`` and stops at the first bound that reaches it."""  # fmt: skip
-    lower = layer_problem(built, problem, gathers)
+    lower = layer_problem(built, problem, gathers, compute)
     limit = problem.memory_limit
     if limit is None or lower.memory is None:
         return solve(dataclasses.replace(lower, peak=None), method="exact", time_limit=time_limit).lower_bound

@@ -44,7 +44,7 @@ from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError
 from autoshard.plans import NodePlan, Plan
 from autoshard.problem.build import BuiltProblem, build_problem
-from autoshard.problem.costs import CostOptions
+from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.extract import extract_plan
 from autoshard.problem.graph import NodeInfo
 from autoshard.search import solve
@@ -166,7 +166,9 @@ def map_plan(
             "mapping and running"
         )
     zigzag = plan.context_layout == "zigzag"  # run the plan's sequence layout
-    opts = CostOptions(training=plan.training, cp_layout="zigzag" if zigzag else "contiguous")
+    opts = CostOptions(
+        training=plan.training, cp_layout="zigzag" if zigzag else "contiguous", **_recompute(plan)
+    )  # the plan's recomputation runs too: its re-issued collectives are listed and counted
     built = build_problem(captured, cluster, opts)
     big_block, big_outside = _plan_sequences(plan)
     small_block, small_outside = _small_sequences(built)
@@ -216,6 +218,15 @@ def map_plan(
         notes=(f"mapped from a plan on mesh {plan.mesh_shape}",),
     )
     return MappedPlan(small, captured, tuple(exercised), len(allowed), tuple(unmapped))
+
+
+def _recompute(plan: Plan) -> dict[str, Any]:
+    """The copy's recomputation options: the plan's policy on both blocks, or on one of the two when the plan
+    recomputes only some of its blocks (``Plan.recompute_blocks``), so that both kinds of block run."""
+    if plan.recompute == "none" or plan.recompute_blocks == 0:
+        return {}
+    share = 1.0 if plan.recompute_blocks is None else 0.5
+    return {"recompute": Recompute(plan.recompute), "recompute_share": share}
 
 
 def verify_plan(
@@ -275,7 +286,14 @@ def verify_plan(
         f"{mapped.mapped} of {len(plan.nodes)} graph-node decisions carried over, {len(mapped.exercised)} of "
         f"them split or reduce something (listed below){_ring_note(plan, mesh)}"
     )
-    return dataclasses.replace(report, exercised=mapped.exercised, unmapped=mapped.unmapped, source=source)
+    from autoshard.runtime.verify_scope import not_run, plan_line
+
+    native = str(zoo.default_dtype(spec)).removeprefix("torch.") if spec in zoo.names() else None  # deployed
+    return dataclasses.replace(
+        report, exercised=mapped.exercised, unmapped=mapped.unmapped, source=source,
+        plan_line=f"{report.plan_line} (deployed: {plan_line(plan)})",
+        not_run=not_run(plan, mapped.plan, report.dtype, native),
+    )  # fmt: skip
 
 
 def _pin(built: BuiltProblem, allowed: dict[str, np.ndarray]) -> BuiltProblem:

@@ -42,6 +42,7 @@ __all__ = ["Difference", "VerifyReport", "difference", "report_of"]
 
 _TOLERANCE = {torch.float64: (1e-9, 1e-12), torch.float32: (2e-4, 1e-6)}  # (rtol, atol)
 _LOW_PRECISION = (2e-2, 1e-3)
+_PHASES = ("forward", "backward", "regather")  # of a step; FSDP's backward re-gathers: runtime/reshard.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,12 @@ class VerifyReport:
     ring_hops: dict[str, int] = dataclasses.field(default_factory=dict)
     # top-k (routing) choices pinned to the reference's, and how many would have flipped (runtime/verify_routes.py)
     routes: RoutePins | None = None
+    plan_line: str = ""  # the headline of the plan the ranks ran (runtime/verify_scope.py)
+    warnings: tuple[str, ...] = ()  # mesh axes on which most of the compute ran replicated
+    not_run: tuple[str, ...] = ()  # what the deployed plan does that this check did not run
+    also_ran: tuple[
+        str, ...
+    ] = ()  # recomputation, FSDP re-gathers: run beyond one plain forward and backward
 
     @property
     def distributed(self) -> bool:
@@ -116,8 +123,17 @@ class VerifyReport:
             f"in {self.seconds:.1f} s; {len(self.outputs)} outputs, {len(self.grads)} gradients compared"
         )
         lines = [head] + ([f"checks the {self.source}"] if self.source else [])
+        lines += [f"plan run: {self.plan_line}"] if self.plan_line else []
+        lines += list(self.warnings)
+        if (
+            self.warnings and not self.source
+        ):  # --model: planned here for this small mesh, not what you deploy
+            lines.append(
+                "  to check the splits you deploy: verify --plan PLAN.json (from autoshard search --out)"
+            )
         lines += ["largest differences:", *(f"  {d}" for d in self.worst())]
         lines.append(f"collectives per step: {_counts(self.emitted)} (plan: {_counts(self.planned)})")
+        lines += [f"  of which {a}" for a in self.also_ran]
         if self.ring_hops:  # had any rank sent other hops than the plan lists, ring_check would have raised
             lines.append(f"ring K/V hops per device and step: {_counts(self.ring_hops)} (as the plan lists)")
         if self.routes is not None:
@@ -132,9 +148,13 @@ class VerifyReport:
                 "no collective ran and nothing was split: this checks nothing distributed"
                 + ("" if self.allow_replicated else advice)
             )
-        if self.source:
+        if self.not_run:
+            lines.append(f"not run by this check ({len(self.not_run)}):")
+            lines += [f"  {n}" for n in self.not_run]
+        if self.source or self.exercised:
             lines.append(f"strategies exercised that split or reduce ({len(self.exercised)}):")
             lines += [f"  {e}" for e in self.exercised] or ["  none"]
+        if self.source:
             lines.append(f"not mapped ({len(self.unmapped)}):")
             lines += [f"  {u}" for u in self.unmapped] or ["  none"]
         return "\n".join(lines)
@@ -167,8 +187,8 @@ def report_of(
         ),
         grads=tuple(difference(f"grad {k}", grads.get(k), g, floor) for k, g in ref_grads.items()),
         ranks_agree=all(log == logs[0] for log in logs),
-        emitted=dict(Counter(f"{r.phase} {r.kind}" for r in logs[0] if r.phase in ("forward", "backward"))),
-        planned=dict(Counter(f"{c.phase} {c.kind}" for c in plan.collectives if c.phase != "regather")),
+        emitted=dict(Counter(f"{r.phase} {r.kind}" for r in logs[0] if r.phase in _PHASES)),
+        planned=dict(Counter(f"{c.phase} {c.kind}" for c in plan.collectives if c.phase in _PHASES)),
         seconds=time.perf_counter() - start,
         split=any(
             p.startswith("S(")

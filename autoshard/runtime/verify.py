@@ -52,6 +52,7 @@ from autoshard.runtime.launch import launch
 from autoshard.runtime.ring_check import check_ring_hops
 from autoshard.runtime.verdict import Difference, VerifyReport, report_of
 from autoshard.runtime.verify_routes import ReferenceRoute, RoutePins, pin_routes, record_routes, route_note
+from autoshard.runtime.verify_scope import also_ran, exercised, not_run, plan_line, replicated_warnings
 from autoshard.strategies import OpStrategy
 
 __all__ = ["Difference", "VerifyReport", "cluster_for", "main", "run_verify", "verify"]
@@ -129,7 +130,11 @@ def verify(
     ran = [r[:3] for r in results]  # outputs, gradients, collectives
     report = report_of(name or type(model).__name__, model, plan, (reference, ref_grads), ran, start, floor)
     pins = route_note(routes, [r[4] for r in results]) or unpinned  # top-k choices that would have flipped
-    return dataclasses.replace(report, allow_replicated=allow_replicated, ring_hops=ring, routes=pins)
+    return dataclasses.replace(  # what ran, and what of the plan did not (runtime/verify_scope.py)
+        report, allow_replicated=allow_replicated, ring_hops=ring, routes=pins, plan_line=plan_line(plan),
+        warnings=replicated_warnings(plan), not_run=not_run(plan, plan, report.dtype), exercised=exercised(plan),
+        also_ran=also_ran(plan),
+    )  # fmt: skip
 
 
 def _refuse_unreproduced(captured: Captured, plan: Plan, name: str) -> dict[str, OpStrategy]:
@@ -222,6 +227,10 @@ def _rank_work(job: _Job) -> tuple[Any, Any, list[Any], list[Any], dict[str, set
     module = parallelize(
         job.model, job.plan, job.args, job.kwargs, captured=job.captured, cluster=job.cluster, record=True
     )
+    if any(c.phase == "regather" for c in job.plan.collectives):  # FSDP frees gathered weights, as priced
+        from autoshard.runtime.reshard import reshard_after_forward
+
+        reshard_after_forward(module)
     info = parallel_info(module)
     mesh, coord = info.comm.mesh_shape, info.comm.coord
     flipped = pin_routes(module, job.routes, mesh, coord, info.comm.zigzag_axis)  # the reference's routing

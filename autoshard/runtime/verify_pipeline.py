@@ -251,6 +251,23 @@ def _key(c: Any) -> tuple[str, str, int, int]:
     return (c.phase, str(c.kind), c.mesh_axis, c.nbytes)
 
 
+def small_copy(plan: Plan) -> str:
+    """The advice for a pipelined plan too large to run here: commands that plan LLaMA-tiny with the plan's
+    stages and schedule, deep enough for its chunks (an interleaved schedule runs 2 or more per stage), on at
+    most 8 gloo ranks, and verify it."""
+    pipe = plan.pipeline
+    assert pipe is not None, "small_copy advises on pipelined plans"
+    if pipe.degree > 8:
+        return f"a pipeline of {pipe.degree} stages needs more than 8 gloo ranks: verify a copy with --pp 8 or fewer"
+    mesh = f"{pipe.degree}x2" if pipe.degree <= 4 else str(pipe.degree)
+    layers = max(2, len(pipe.stages))  # a layer per chunk at least
+    return (
+        f"plan a small copy with the same stages and schedule and verify that: autoshard search --profile cpu "
+        f"--model llama-tiny --layers {layers} --mesh {mesh} --pp {pipe.degree} --schedule {pipe.schedule} "
+        "--out small.json && autoshard verify --plan small.json"
+    )
+
+
 def verify_pipeline_plan(plan: Plan, spec: str, *, float64: bool = False) -> VerifyReport:
     """``verify --plan`` of a pipelined plan: the zoo model ``spec`` rebuilt at the plan's input shape with real
     weights and checked by :func:`verify_pipelined`.  Plans too large to run here are refused in one line."""
@@ -261,15 +278,16 @@ def verify_pipeline_plan(plan: Plan, spec: str, *, float64: bool = False) -> Ver
     if plan.num_devices > 8 or len(shape) != 2:
         raise AutoshardError(
             f"a pipelined plan is verified as deployed, one gloo rank per device and its own layers: this one "
-            f"needs {plan.num_devices} ranks for input {shape}; plan a small copy with the same --pp and "
-            "--schedule on at most 8 devices (e.g. --profile cpu --model llama-tiny --mesh 2x2) and verify that"
+            f"needs {plan.num_devices} ranks for input {shape}; {small_copy(plan)}"
         )
     torch.manual_seed(0)
-    case = zoo.build(spec, batch=int(shape[0]), seq=int(shape[1]))
+    layers = plan.source.get("layers")  # search --layers: the depth it was planned at
+    case = zoo.build(
+        spec, batch=int(shape[0]), seq=int(shape[1]), layers=None if layers is None else int(layers)
+    )
     if any(p.device.type == "meta" for p in case.model.parameters()):
         raise AutoshardError(
-            f"{spec} builds on the meta device: a pipelined plan is verified at its own size; plan a tiny "
-            "model (e.g. --profile cpu --model llama-tiny) with the same --pp and --schedule and verify that"
+            f"{spec} builds on the meta device: a pipelined plan is verified at its own size; {small_copy(plan)}"
         )
     model = case.model.to(torch.float64) if float64 else case.model
     return verify_pipelined(plan, model, case.args[0], name=spec)

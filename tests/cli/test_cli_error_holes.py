@@ -64,7 +64,7 @@ def _one_line(result, *words: str) -> None:
         (("frobnicate",), "invalid choice"),
         (
             ("search", "--profile", "a100x8", "--memory-limit", "500"),
-            "more than the 80 GiB of one a100x8 device",
+            "more than the 79.151 GiB of one a100x8 device",
         ),
         (("search", "--profile", "a100x8", "--memory-limit", "1e-9"), "below 1 MiB"),
         (

@@ -38,3 +38,22 @@ def test_verify_runs_a_pipelined_plan_as_deployed(tmp_path) -> None:
     # every parameter of both stages compared (the printed ones are the largest differences only)
     assert "not exercised" not in out and "21 gradients compared" in out.splitlines()[0]
     assert "stage 1 model.layers.*.self_attn.q_proj aten.linear.default" in out  # the stages' split decisions
+
+
+def test_the_advice_for_a_pipeline_too_large_to_run_here_runs(tmp_path) -> None:
+    """It said "plan a small copy with the same --pp and --schedule (e.g. --model llama-tiny --mesh 2x2)", which
+    for interleaved_zb failed: llama-tiny's 2 layers cannot make 2 stages x 2 chunks.  The advice is now two
+    commands, with --layers deep enough for the plan's chunks, and they run."""
+    big = str(tmp_path / "big.json")
+    search = ["search", "--profile", "cpu", "--model", "llama-tiny", "--layers", "4", "--nodes", "4",
+              "--mesh", "2x8", "--pp", "2", "--schedule", "interleaved_zb", "--no-baseline", "--out", big]  # fmt: skip
+    assert _run(search)[0] == 0
+    code, out, err = _run(["verify", "--plan", big])
+    assert code == 2 and "needs 16 ranks" in err, out + err
+    advice = err.split("verify that: ")[1].strip().replace("small.json", str(tmp_path / "small.json"))
+    plan_small, verify_small = (cmd.split()[1:] for cmd in advice.split(" && "))
+    assert "--schedule interleaved_zb" in advice and "--layers 4" in advice
+    assert _run(plan_small)[0] == 0
+    code, out, err = _run(verify_small)
+    assert code == 0 and "OK" in out.splitlines()[0], out + err
+    assert "4 stages, interleaved_zb" in out  # 2 ranks x 2 chunks of the 4 layers

@@ -16,7 +16,7 @@ import pytest
 
 import autoshard
 from autoshard.capture import capture
-from autoshard.pipeline.bound import gather_weight, layer_problem, schedule_factor, step_bound
+from autoshard.pipeline.bound import gather_weight, layer_compute, layer_problem, schedule_factor, step_bound
 from autoshard.pipeline.layers import boundary_bytes, part_costs, stage_memory_problem
 from autoshard.pipeline.schedules import Schedule, in_flight, p2p_time, torch_refuses, virtual_stage_options
 from autoshard.pipeline.stages import best_split
@@ -55,10 +55,15 @@ def test_layer_bound_is_below_every_priced_step(odd, policy: Recompute) -> None:
     lower = layer_problem(built, problem)
     layers, shapes = built.num_blocks, _shapes(built.num_blocks)
     assert layers == 5 and shapes
+    compute = layer_compute(built)  # priced once, shared by every weight (step_bound does so): the same costs
     weighted = {
-        r: layer_problem(built, problem, r)
+        r: layer_problem(built, problem, r, compute)
         for r in {gather_weight(s, v, DEGREE, layers, MICROBATCHES) for s, v in shapes}
     }
+    for shared in weighted.values():
+        assert all(
+            a.tobytes() == b.tobytes() for a, b in zip(shared.node_costs, lower.node_costs, strict=True)
+        )
     best = solve(problem, method="exact")
     rng = random.Random(len(policy.value))
     plans = [best]
@@ -93,6 +98,9 @@ def test_layer_bound_is_below_every_priced_step(odd, policy: Recompute) -> None:
         bound = step_bound(built, budgeted, shapes, DEGREE, float("inf"), 60.0, 1e7)
         fitting = [step for step, mem in steps if limit is None or mem <= limit]
         assert 0 < bound <= min(fitting) * (1 + 1e-9)
+        # a best step every bound reaches: the gathers' solves are skipped, the bound still holds and prunes
+        early = step_bound(built, budgeted, shapes, DEGREE, 1e-12, 60.0, 1e7)
+        assert 1e-12 <= early <= bound * (1 + 1e-9)
 
 
 def test_factor_prices_the_bubble() -> None:

@@ -25,6 +25,14 @@ LLAMA_MEGATRON = {
     **{f"*.{m}": COLUMN3 for m in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")},
     **{f"*.{m}": ROW3 for m in ("o_proj", "down_proj")},
 }
+# FSDP on LLaMA-tiny: the batch split, every projection and the LM head stored split (S(0)) and gathered
+LLAMA_FSDP = (
+    ("input_ids", ("S(0)",)),
+    ("*_proj", ((2, 1, 1), (1, 1))),
+    ("*_proj.weight", ("S(0)",)),
+    ("lm_head", ((2, 1, 1), (1, 1))),
+    ("lm_head.weight", ("S(0)",)),
+)
 # GPT-2's Conv1D runs addmm(bias, x (B*S, in), weight (in, out)): column splits weight dim 1 and the bias
 GPT2_MEGATRON = {
     "*.c_attn": ((2,), (1, 1), (1, 2)),

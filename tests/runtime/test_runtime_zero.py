@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import pytest
 import torch
-from runtime_cases import LLAMA_MEGATRON, model, plan
+from runtime_cases import LLAMA_FSDP, LLAMA_MEGATRON, model, plan
 
 from autoshard.codegen import full_state_dict, parallel_info, parallelize, shard_inputs
 from autoshard.runtime.launch import launch
@@ -144,19 +144,10 @@ def test_zero3_refuses_a_replicated_plan() -> None:
     assert all("plan FSDP" in msg and "\n" not in msg for msg in messages)
 
 
-FSDP = (
-    ("input_ids", ("S(0)",)),
-    ("*_proj", ((2, 1, 1), (1, 1))),
-    ("*_proj.weight", ("S(0)",)),
-    ("lm_head", ((2, 1, 1), (1, 1))),
-    ("lm_head.weight", ("S(0)",)),
-)
-
-
 def _train_fsdp() -> tuple[dict[str, torch.Tensor], dict[str, int], int]:
     from autoshard.runtime.reshard import reshard_after_forward
 
-    m, p = model("llama"), plan("llama", 2, None, FSDP)
+    m, p = model("llama"), plan("llama", 2, None, LLAMA_FSDP)
     module = parallelize(m.model, p, m.args, captured=m.captured, record=True)
     warnings.simplefilter("error", FutureWarning)  # this forked rank only: a deprecated collective fails it
     rewired = reshard_after_forward(module)
@@ -173,7 +164,7 @@ def _train_fsdp() -> tuple[dict[str, torch.Tensor], dict[str, int], int]:
 
 @pytest.mark.slow
 def test_zero3_fsdp_plan_reshards_after_forward_and_matches() -> None:
-    plan("llama", 2, None, FSDP)  # captured and planned here once: the forked ranks inherit both
+    plan("llama", 2, None, LLAMA_FSDP)  # captured and planned here once: the forked ranks inherit both
     ranks = launch(_train_fsdp, 2)
     reference = _reference()
     for state, counts, rewired in ranks:

@@ -255,3 +255,23 @@ def test_far_starting_line_changes_only_the_probes(monkeypatch: pytest.MonkeyPat
     far = sweep()
     assert near.bound == pytest.approx(far.bound, rel=1e-9, abs=1e-12)
     assert near.bound <= brute_force(p).objective * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", [3, 5])  # 13 and 16 nodes left at the small cap, 4 at the large one
+def test_relaxed_solves_fold_up_to_the_elimination_cap_with_the_same_minimum(seed: int) -> None:
+    """Each relaxed problem of the wide path folds degree-2 nodes up to the elimination's own cap
+    (search/wide.py): a minimiser of ``cost + lambda * memory`` of the same value whatever that cap, and as
+    the whole problem's exact elimination."""
+    from autoshard.search.wide import _relaxed_by_reduction
+
+    p = transformer_problem(seed % 2 + 1, 4 + seed, memory=True)
+    assert p.memory is not None
+    p = dataclasses.replace(p, memory_limit=float(min_memory_plan(p)[1]) * 1.5)
+    for lam in (0.0, 1e-3, 1e-1):
+        tied = tuple(c + lam * m for c, m in zip(p.node_costs, p.memory, strict=True))
+        whole = ExactSolver(pairwise_form(dataclasses.replace(p, node_costs=tied))).solve()[1]
+        found = [_relaxed_by_reduction(p, cap)(lam) for cap in (300.0, 1e8)]
+        assert found[1] is not None
+        for plan, value in [f for f in found if f is not None]:  # (300: may be too wide to eliminate)
+            assert close(value, whole, 1e-9)
+            assert close(evaluate(p, plan) + lam * memory_of(p, plan), whole, 1e-9)

@@ -57,6 +57,24 @@ def test_the_kernel_is_the_whole_table_to_the_bit(
         assert np.asarray(got).tobytes() == want.tobytes(), (keep, [f for f, _ in parts])
 
 
+def test_the_largest_domain_runs_last_and_the_table_keeps_its_order() -> None:
+    """A small domain sorted last (the 405B stage's 4-strategy node) is computed with the largest domain last
+    instead (:func:`~autoshard.search.minplus._inner_last`); the table comes back over ``keep`` in increasing
+    order, the same bits as the whole table."""
+    assert minplus._inner_last([1, 2, 3], [9, 5, 40, 2]) == [1, 3, 2]
+    assert minplus._inner_last([1, 2], [9, 5, 40]) == [1, 2]  # already last: unchanged
+    rng = np.random.default_rng(1)
+    sizes = [6, 5, 40, 2]
+    parts = [
+        ((1,), rng.random(5)),
+        ((0, 1, 3), rng.random((6, 5, 2)).round(2)),
+        ((1, 2), rng.random((5, 40))),
+    ]
+    for keep in ((0, 2, 3), (2, 3), (0, 3), (1, 2, 3), (3,)):
+        got = reduced(sizes, 1, parts, keep)
+        assert got.tobytes() == _whole(sizes, 1, parts, keep).tobytes(), keep
+
+
 def test_a_large_table_is_recalled_only_for_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another solver's bucket with the same parts (other arrays, same bytes) gets the kept table; one that
     differs anywhere, even where the key samples nothing, is computed afresh; the held bytes stay bounded."""
