@@ -71,6 +71,9 @@ def test_specs_hash_and_pickle_consistently() -> None:
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     c = pickle.loads(pickle.dumps(a))
     assert c == a and hash(c) == hash(a)
+    # equality answers by the cached hash first: unequal specs, other types and the spec itself
+    d = ShardingSpec.parse("(R, S(1))")
+    assert a != d and a != "(P, S(1))" and a == a and len({a, b, d}) == 2
 
 
 @pytest.mark.parametrize("text", ["(S(0), S(0))", "(S(1), P)", "(P, R)", "(R, P)", "(P, P)", "(R, S(1))"])

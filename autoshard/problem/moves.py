@@ -77,6 +77,10 @@ class StepCache:
         self.mesh_shape = cluster.mesh_shape
         self._ids: dict[ShardingSpec, int] = {} if specs is None else specs._ids
         self._specs: list[ShardingSpec] = [] if specs is None else specs._specs
+        # id(spec) -> (spec, its id): the builders intern the same spec objects ~10^5 times per plan, and a
+        # spec equal to a key but not that key object costs a comparison of torch's placements (~1-5 us);
+        # the spec is held, so its id() cannot be reused while it is a key here
+        self._by_object: dict[int, tuple[ShardingSpec, int]] = {} if specs is None else specs._by_object
         self._steps: dict[tuple, tuple[Step, ...] | None] = {}
         self._times: dict[tuple, float] = {}
         self.prices = PriceTable.for_cluster(cluster)  # whole edge matrices at once (the builder's hot path)
@@ -89,10 +93,14 @@ class StepCache:
         """A small integer naming ``spec`` (-1 for None)."""
         if spec is None:
             return -1
+        seen = self._by_object.get(id(spec))
+        if seen is not None and seen[0] is spec:
+            return seen[1]
         found = self._ids.get(spec)
         if found is None:
             found = self._ids[spec] = len(self._specs)
             self._specs.append(spec)
+        self._by_object[id(spec)] = (spec, found)
         return found
 
     def get(self, src: ShardingSpec, dst: ShardingSpec, shape: tuple[int, ...], itemsize: int):

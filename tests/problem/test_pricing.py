@@ -44,6 +44,23 @@ def test_table_equals_the_search_for_every_pair(
     assert same.all(), [(str(specs[i]), str(specs[j])) for i, j in zip(*np.nonzero(~same), strict=True)][:5]
 
 
+def test_intern_names_equal_specs_alike_whichever_object_asks() -> None:
+    """StepCache.intern answers a spec object it has met by identity: the same ids as by value, and a zigzag
+    cluster's cache sharing the ids (``specs=``) answers alike."""
+    from autoshard.problem.context import zigzag_cluster
+
+    cluster = autoshard.load_cluster("a100x8", mesh=(2, 2, 2))
+    specs = _all_specs(2, 3)[::5]
+    twins = [ShardingSpec.parse(str(s)) for s in specs]  # equal, other objects
+    cache = StepCache(cluster)
+    ids = [cache.intern(s) for s in specs]
+    assert ids == list(range(len(specs))) and [cache.intern(s) for s in twins] == ids
+    assert [cache.intern(s) for s in specs] == ids and cache.intern(None) == -1
+    zigzag = StepCache(zigzag_cluster(cluster, 2), specs=cache)
+    assert [zigzag.intern(s) for s in (*twins, *specs)] == ids * 2
+    assert all(cache.spec(k) is s for k, s in zip(ids, specs, strict=True))
+
+
 def test_shapes_that_order_the_same_sizes_share_one_graph_and_keep_their_prices() -> None:
     cluster = autoshard.load_cluster("a100x8", mesh=(2, 2, 2))
     specs: list[ShardingSpec | None] = [*_all_specs(3, 3)[::7], None]
