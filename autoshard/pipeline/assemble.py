@@ -323,7 +323,7 @@ def _worst_device_nodes(candidate: Candidate, intra: Plan) -> tuple[NodePlan, ..
         if info is not None and info.block is not None:
             share = layers / total
             # the recompute working set is held once, not per layer and microbatch (part_costs: ``working``)
-            working = working_set(built, chosen, row.name)
+            working = working_set(built, row.name, chosen[row.name])
             if working:
                 count = built.multiplicity[row.name]
                 memory = (row.memory_bytes - working) * share * flight + working * count / total * bool(

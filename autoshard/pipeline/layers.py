@@ -22,6 +22,10 @@ so a stage of ``k`` layers is priced as the intra-op planner prices a plan of th
 * memory: a tied parameter (GPT-2's embedding and head) counts in every part that reads it, as each stage
   holding a reader keeps a copy; the bytes of its local gradient, which the copies sum every step when the
   first and last stage differ (:attr:`StageCosts.tied_bytes`, :func:`tied_weights`);
+* memory no node owns (:mod:`autoshard.problem.extras`, at the plan's choice, :func:`held_extras`): one
+  layer's gathered FSDP weights, those of ``pre`` and of ``post``, each part's largest temporary, and one
+  layer's recompute working set (:func:`working_set`); :meth:`~autoshard.pipeline.stages.StageCosts.held`
+  puts on each device what it holds of them;
 * the precision recipe (``CostOptions.precision``): a tied gradient's bytes and the activations sent
   between stages (:func:`boundary_bytes`) are the recipe's (amp: fp32 gradients and residual stream).
 
@@ -185,20 +189,21 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         gather_depth=1 + opts.overlap.prefetch,
         temporary=temporary,
         # one layer's: a node standing for ``count`` of the ``n`` layers counts ``count / n`` of its own
-        working=math.fsum(working_set(built, chosen, v) * built.multiplicity[v] / n for v in built.variables),
+        working=math.fsum(
+            working_set(built, v, chosen[v]) * built.multiplicity[v] / n for v in built.variables
+        ),
     )
 
 
-def working_set(built: BuiltProblem, chosen: dict[str, OpStrategy], name: str) -> float:
-    """Bytes of a layer node's recompute working set: what re-running its layer in backward re-materialises
-    of its output, ``kept - dropped``, held once however many layers the node stands for
-    (:func:`~autoshard.problem.recompute.memory_total`); 0 outside the layers or without recomputation."""
+def working_set(built: BuiltProblem, name: str, strategy: OpStrategy) -> float:
+    """Bytes of a layer node's recompute working set under ``strategy``: what re-running its layer in
+    backward re-materialises of its output, ``kept - dropped``, held once however many layers the node stands
+    for (:func:`~autoshard.problem.recompute.memory_total`); 0 outside the layers or without recomputation."""
     info, opts = built.infos[name], built.options
     if built.keeps.get(name, True) or info.block is None or opts.recompute is Recompute.NONE:
         return 0.0
-    strat = chosen[built.template[name]]
-    kept = node_memory(info, strat, built.cluster, opts, True)
-    return kept - node_memory(info, strat, built.cluster, opts, False)
+    kept = node_memory(info, strategy, built.cluster, opts, True)
+    return kept - node_memory(info, strategy, built.cluster, opts, False)
 
 
 def held_extras(
