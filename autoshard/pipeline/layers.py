@@ -60,6 +60,7 @@ __all__ = [
     "held_extras",
     "part_costs",
     "part_names",
+    "rematerialised",
     "runtime_reserve",
     "stage_memory_problem",
     "tied_weights",
@@ -199,11 +200,17 @@ def working_set(built: BuiltProblem, name: str, strategy: OpStrategy) -> float:
     """Bytes of a layer node's recompute working set under ``strategy``: what re-running its layer in
     backward re-materialises of its output, ``kept - dropped``, held once however many layers the node stands
     for (:func:`~autoshard.problem.recompute.memory_total`); 0 outside the layers or without recomputation."""
-    info, opts = built.infos[name], built.options
-    if built.keeps.get(name, True) or info.block is None or opts.recompute is Recompute.NONE:
+    if not rematerialised(built, name):
         return 0.0
+    info, opts = built.infos[name], built.options
     kept = node_memory(info, strategy, built.cluster, opts, True)
     return kept - node_memory(info, strategy, built.cluster, opts, False)
+
+
+def rematerialised(built: BuiltProblem, name: str) -> bool:
+    """Whether backward re-runs node ``name`` to rebuild an output it did not keep (:func:`working_set`)."""
+    dropped = not built.keeps.get(name, True)
+    return dropped and built.infos[name].block is not None and built.options.recompute is not Recompute.NONE
 
 
 def held_extras(

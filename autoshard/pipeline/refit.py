@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from autoshard.errors import InfeasibleError
-from autoshard.pipeline.layers import part_names, runtime_reserve, working_set
+from autoshard.pipeline.layers import part_names, rematerialised, runtime_reserve, working_set
 from autoshard.pipeline.schedules import Schedule, in_flight
 from autoshard.pipeline.stages import StageSplit
 from autoshard.problem.build import BuiltProblem
@@ -124,8 +124,12 @@ def floor_problem(
         weight = copies * (1.0 if static else flight)
         strategies = built.strategies[name]
         own = np.array([node_memory(info, s, built.cluster, built.options, keeps) for s in strategies])
-        working = [working_set(built, name, s) * built.multiplicity[name] / layers for s in strategies]
-        memory.append(own * weight + np.array(working) + (runtime_reserve(built) if k == 0 else 0.0))
+        working = np.zeros(len(strategies))
+        if rematerialised(built, name):  # one layer's working set: a node for ``count`` layers, count / L
+            working = np.array(
+                [working_set(built, name, s) * built.multiplicity[name] / layers for s in strategies]
+            )
+        memory.append(own * weight + working + (runtime_reserve(built) if k == 0 else 0.0))
     memory += _gathered(built, holder)
     return dataclasses.replace(problem, memory=tuple(memory), peak=None, memory_limit=budget)
 
