@@ -17,12 +17,13 @@ import math
 import re
 
 from autoshard.pipeline.cuts import cut_collectives
-from autoshard.pipeline.layers import boundary_bytes, part_costs, part_names, tied_weights
+from autoshard.pipeline.layers import boundary_bytes, part_costs, part_names, tied_weights, working_set
 from autoshard.pipeline.schedules import chunk_sends, device_of_chunk, in_flight, p2p_time, tied_sync_time
 from autoshard.pipeline.search import Candidate
+from autoshard.pipeline.stages import StageSplit
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plans import Collective, NodePlan, PipelinePlan, PipelineStage, Plan
-from autoshard.report.labels import fmt_bytes, fmt_seconds, parse_label
+from autoshard.report.labels import fmt_seconds, parse_label
 from cost_models.overlap import SyncExposure
 
 __all__ = ["assemble", "widen_label"]
@@ -161,8 +162,8 @@ def assemble(
         memory_per_device=max(split.memory),
         microbatches=m,
         pipeline=pipeline,
-        notes=(*(_whole_axes(n) for n in intra.notes), note, reconcile, *_left_out(intra)),
-        memory_breakdown=_stage_breakdown(intra),
+        notes=(*(_whole_axes(n) for n in intra.notes), note, reconcile),
+        memory_breakdown=_stage_breakdown(intra, split),
         context_axis=None if intra.context_axis is None else intra.context_axis + 1,  # behind the 'pp' axis
         grad_buckets=(),  # stages sync once per step after the schedule (runtime/pipelining.py), unbucketed
         grad_sync=sync if intra.grad_sync is not None else None,  # the busiest rank's, as the step prices it
@@ -170,26 +171,18 @@ def assemble(
     return dataclasses.replace(plan, degrees=degrees_of(plan, pipeline_axis=0))
 
 
-_STAGE_HELD = ("runtime reserve",)  # what the stage DP's device memory holds beyond the node table
-
-
-def _stage_breakdown(intra: Plan) -> dict[str, float]:
-    """What ``memory_per_device`` (the stage DP's: reserve + parameter state + activations in flight,
-    :func:`~autoshard.pipeline.stages.price_split`) holds beyond the nodes: the reserve.  The intra-op plan's
-    gathered weights and largest temporary are not in it; listed beside it they made the report's
-    activations negative (new-user trial: 8B ``--pp 2 --memory-limit 20``, "activations -187.7 MiB")."""
-    return {k: v for k, v in intra.memory_breakdown.items() if k in _STAGE_HELD}
-
-
-def _left_out(intra: Plan) -> tuple[str, ...]:
-    """A note naming the intra-op plan's memory terms the stage memory leaves out, when any is above 0."""
-    out = [f"{k} {fmt_bytes(v)}" for k, v in intra.memory_breakdown.items() if k not in _STAGE_HELD and v > 0]
-    if not out:
-        return ()
-    return (
-        f"memory per device is the stage search's (reserve, parameter state, activations in flight): it "
-        f"leaves out the whole-model plan's {' and '.join(out)}",
-    )
+def _stage_breakdown(intra: Plan, split: StageSplit) -> dict[str, float]:
+    """What ``memory_per_device`` (the peak of the device of the highest,
+    :func:`~autoshard.pipeline.stages.price_split`) holds beyond the node table: the reserve, and that
+    device's gathered weights and largest temporary (not the whole-model plan's: listed beside the stage's
+    total they made the report's activations negative, new-user trial: 8B ``--pp 2 --memory-limit 20``,
+    "activations -187.7 MiB"; left out of it, the plan said 19.7 GiB of a 20 GiB budget and needed ~22)."""
+    worst = max(range(split.degree), key=lambda d: split.memory[d])
+    return {
+        "runtime reserve": intra.memory_breakdown.get("runtime reserve", 0.0),
+        "gathered weights": split.gathered[worst],
+        "largest temporary": split.temporary[worst],
+    }
 
 
 _AXES = re.compile(r"\b(axis|axes) (\d+(?:(?:, | and )\d+)*)")
@@ -319,12 +312,25 @@ def _worst_device_nodes(candidate: Candidate, intra: Plan) -> tuple[NodePlan, ..
             readers.setdefault(built.template[use.producer], set()).add(parts[use.consumer])
     holds = {"layer"} if layers else set()
     holds |= ({"pre"} if 0 in mine else set()) | ({"post"} if chunks - 1 in mine else set())
+    chosen = {
+        v: built.strategies[v][k]
+        for v, k in zip(built.variables, candidate.solution.choice[: len(built.variables)], strict=True)
+    }
     rows = []
     for row in intra.nodes:
         info = infos.get(row.name)
         static = info is not None and info.kind in ("parameter", "buffer", "constant")
         if info is not None and info.block is not None:
             share = layers / total
+            # the recompute working set is held once, not per layer and microbatch (part_costs: ``working``)
+            working = working_set(built, row.name, chosen[row.name])
+            if working:
+                count = built.multiplicity[row.name]
+                memory = (row.memory_bytes - working) * share * flight + working * count / total * bool(
+                    layers
+                )
+                rows.append(dataclasses.replace(row, strategy=widen_label(row.strategy), memory_bytes=memory))
+                continue
         elif info is not None and info.kind == "parameter":
             share = 1.0 if readers.get(row.name, {parts[row.name]}) & holds else 0.0
         else:  # ops and buffers outside the layers: on the device of the first / the last chunk

@@ -14,8 +14,9 @@ each shape has its own, tighter floors:
 
 - the mean device and the embedding's and the head's devices (``floor_problem`` with ``min_d f_d``);
 - the layers' harmonic floor (:func:`harmonic_flight`).  Device ``d`` holding ``k_d`` layers needs at least
-  ``R + k_d (s + f_d a)`` (``R`` the reserve, ``s`` and ``a`` one layer's parameter state and activations of
-  the plan; the parts outside the layers only add), so a cut that fits ``M`` has
+  ``R + k_d (s + f_d a)`` (``R`` the reserve and what a device holds beside for one layer, its gathered weights
+  and recompute working set; ``s`` and ``a`` one layer's parameter state and activations of the plan; the parts
+  outside the layers only add), so a cut that fits ``M`` has
   ``L = Σ_d k_d <= (M − R) Σ_d 1 / (s + f_d a)``.  With ``μ = s / p + a / H``, ``H = Σ_d 1 / f_d``, and
   Cauchy-Schwarz (``1 / (x + y) <= α² / x + β² / y`` for ``α + β = 1``; ``α = s / (p μ)``, ``β = a / (H μ)``),
   ``Σ_d 1 / (s + f_d a) <= p α² / s + H β² / a = 1 / μ``, hence ``M >= R + L s / p + L a / H``: the

@@ -22,6 +22,10 @@ so a stage of ``k`` layers is priced as the intra-op planner prices a plan of th
 * memory: a tied parameter (GPT-2's embedding and head) counts in every part that reads it, as each stage
   holding a reader keeps a copy; the bytes of its local gradient, which the copies sum every step when the
   first and last stage differ (:attr:`StageCosts.tied_bytes`, :func:`tied_weights`);
+* memory no node owns (:mod:`autoshard.problem.extras`, at the plan's choice, :func:`held_extras`): one
+  layer's gathered FSDP weights, those of ``pre`` and of ``post``, each part's largest temporary, and one
+  layer's recompute working set (:func:`working_set`); :meth:`~autoshard.pipeline.stages.StageCosts.held`
+  puts on each device what it holds of them;
 * the precision recipe (``CostOptions.precision``): a tied gradient's bytes and the activations sent
   between stages (:func:`boundary_bytes`) are the recipe's (amp: fp32 gradients and residual stream).
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -42,7 +47,7 @@ from autoshard.pipeline.stages import Part, StageCosts
 from autoshard.placement import Shard
 from autoshard.problem.autocast import autocast_scale
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.costs import node_compute, node_memory, optimizer_time
+from autoshard.problem.costs import Recompute, node_compute, node_memory, optimizer_time
 from autoshard.problem.extract import plan_collectives
 from autoshard.problem.ready import Backward, Unit, backward_units, unit_backward
 from autoshard.problem.zero_gathers import zero_gathers
@@ -52,11 +57,14 @@ from cost_models.overlap import SyncStream
 
 __all__ = [
     "boundary_bytes",
+    "held_extras",
     "part_costs",
     "part_names",
+    "rematerialised",
     "runtime_reserve",
     "stage_memory_problem",
     "tied_weights",
+    "working_set",
 ]
 
 _PRE, _LAYER, _POST = 0, 1, 2
@@ -161,6 +169,7 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
     sums[_LAYER]["backward"] += per_layer_back
     tables = _sync_tables(built, chosen, where, units, syncs, layer_bwd, n)
     pre, layer, post = (Part(**dict(s)) for s in sums)
+    gathered, temporary = held_extras(built, solution)
     tied = sum(nbytes for _, nbytes in tied_weights(built, solution))
     return StageCosts(
         layer,
@@ -177,6 +186,63 @@ def part_costs(built: BuiltProblem, solution: Solution) -> StageCosts:
         exposed_comm=(exposed[_LAYER] + per_layer + per_layer_back, exposed[_PRE], exposed[_POST]),
         exposed_once=(once[_PRE], once[_POST]),
         sync_seconds=(synced[_LAYER], synced[_PRE], synced[_POST]),
+        gathered=gathered,
+        gather_depth=1 + opts.overlap.prefetch,
+        temporary=temporary,
+        # one layer's: a node standing for ``count`` of the ``n`` layers counts ``count / n`` of its own
+        working=math.fsum(
+            working_set(built, v, chosen[v]) * built.multiplicity[v] / n for v in built.variables
+        ),
+    )
+
+
+def working_set(built: BuiltProblem, name: str, strategy: OpStrategy) -> float:
+    """Bytes of a layer node's recompute working set under ``strategy``: what re-running its layer in
+    backward re-materialises of its output, ``kept - dropped``, held once however many layers the node stands
+    for (:func:`~autoshard.problem.recompute.memory_total`); 0 outside the layers or without recomputation."""
+    if not rematerialised(built, name):
+        return 0.0
+    info, opts = built.infos[name], built.options
+    kept = node_memory(info, strategy, built.cluster, opts, True)
+    return kept - node_memory(info, strategy, built.cluster, opts, False)
+
+
+def rematerialised(built: BuiltProblem, name: str) -> bool:
+    """Whether backward re-runs node ``name`` to rebuild an output it did not keep (:func:`working_set`)."""
+    dropped = not built.keeps.get(name, True)
+    return dropped and built.infos[name].block is not None and built.options.recompute is not Recompute.NONE
+
+
+def held_extras(
+    built: BuiltProblem, solution: Solution
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """(gathered weights, largest temporary) of one layer, ``pre`` and ``post`` under ``solution``: the
+    builder's memory terms no node owns (:mod:`autoshard.problem.extras`) split by the part that runs them.
+    A gather belongs to its consumer's part; a layer's is one layer's (the stack's gathers over the distinct
+    layers holding them, the prefetch factor taken out: :attr:`StageCosts.gather_depth` puts it back), and
+    a weight outside the layers gathered for one counts whole in each layer (an upper bound)."""
+    extras = built.extras
+    if extras is None:
+        return (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)
+    where = _where(built)
+    index = dict(zip(built.variables, solution.choice[: len(built.variables)], strict=True))
+    gathered, stacked, blocks = [0.0, 0.0, 0.0], 0.0, set[int]()
+    for g in extras.gathers:
+        size = g.sizes[int(g.have[index[g.producer]]), int(g.want[index[g.consumer]])]
+        block = built.infos[g.producer].block
+        if block is not None:  # extras.py counts ``1 + prefetch`` layers' worth: StageCosts.held does
+            stacked, blocks = stacked + size, blocks | {block[0]}
+        else:
+            gathered[where[g.consumer]] += size
+    gathered[_LAYER] += stacked / max(1, len(blocks))
+    temporary = [0.0, 0.0, 0.0]
+    for name, t in zip(built.variables, extras.temporary, strict=False):
+        part = where[name]
+        temporary[part] = max(temporary[part], float(t[index[name]]))
+    return (gathered[_LAYER], gathered[_PRE], gathered[_POST]), (
+        temporary[_LAYER],
+        temporary[_PRE],
+        temporary[_POST],
     )
 
 

@@ -12,15 +12,22 @@ with 1F1B's first-stage microbatches in flight, plus gathered weights and the la
 refusal is not a lower bound: LLaMA-3-8B on 8 devices, ``--pp 4 --forbid tp``, was refused at 30 GiB as
 "every plan needs at least 38.74 GiB" while the plan found at 40 GiB (PP 4 ZB-V x CP 2) needs 27.2 GiB.  With
 this module it plans at 30 GiB (28.4 GiB, 1.717 s), and at 40 GiB finds 1.302 s where it found 1.784 s (no
-recomputation, whose surrogate had refused 40 GiB).
+recomputation, whose surrogate had refused 40 GiB).  Nor is it an upper bound of a device's peak, though the
+stage DP now counts the same terms (gathered weights, temporary, working set: pipeline/stages.py): it charges
+``L / p`` layers and 1F1B's ``min(m, p)`` microbatches in flight, where the DP may give a device more layers
+(uneven cuts: the 1T benchmark's stages run 1 to 3 layers) and GPipe or interleaved schedules more
+microbatches; so a plan it admits may fit no cut, one it refuses may fit, and this module (with its deferral,
+pipeline/walk.py) stays.
 
 The floor (:func:`floor_problem`): every cut puts each layer and each part outside the layers on some device,
 every device holds at least ``f`` microbatches of activations (``f``: the least
 :func:`~autoshard.pipeline.schedules.in_flight` over the devices and the shapes the DP may price), so the
 busiest device holds at least ``reserve + (static + f x activations) / degree`` -- the model's whole parameter
 state and per-microbatch activations as :func:`~autoshard.pipeline.layers.part_costs` counts them (a layer
-``L`` times, tied weights once).  The least of that over the plans (:func:`~autoshard.search.min_memory_plan`)
-is a lower bound on every plan of the candidate; above the budget, the refusal is sound and says that figure.
+``L`` times, tied weights once) -- plus what every device holds beside for the layer it runs at the least
+(one layer's gathered weights and recompute working set, :meth:`~autoshard.pipeline.stages.StageCosts.held`).
+The least of that over the plans (:func:`~autoshard.search.min_memory_plan`) is a lower bound on every plan of
+the candidate; above the budget, the refusal is sound and says that figure.
 
 Otherwise, plans are tried at the true budget before refusing: the floor's budgeted optimum, then the
 surrogate's least-memory plan and plans of the surrogate under budgets bisected between its least memory and
@@ -38,7 +45,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from autoshard.errors import InfeasibleError
-from autoshard.pipeline.layers import part_names, runtime_reserve
+from autoshard.pipeline.layers import part_names, rematerialised, runtime_reserve, working_set
 from autoshard.pipeline.schedules import Schedule, in_flight
 from autoshard.pipeline.stages import StageSplit
 from autoshard.problem.build import BuiltProblem
@@ -94,8 +101,10 @@ def floor_problem(
     degree`` (``copies``: the layers for a layer's node, 1 outside them); of the device holding the part
     ``holder`` (``"pre"`` or ``"post"``): that part and one layer, activations ``flight`` times; of the layers
     alone (``"layers"``, the harmonic floor of :mod:`autoshard.pipeline.floors`): a layer's node as for the
-    busiest device, others nothing.  The reserve once; gathered weights and the temporary dropped (the stage
-    DP does not count them)."""
+    busiest device, others nothing.  The reserve once, and once what every device holds beside, since each runs
+    a layer (:meth:`~autoshard.pipeline.stages.StageCosts.held`): one layer's gathered weights and recompute
+    working set (``holder`` ``"pre"`` / ``"post"``: that part's gathered weights too).  The largest temporary is
+    left out (a floor may leave out what it likes)."""
     problem = built.problem
     parts = part_names(built)
     readers: dict[str, set[str]] = {}
@@ -113,12 +122,37 @@ def floor_problem(
         else:
             copies = 1.0 if held & {holder, "layer"} else 0.0
         weight = copies * (1.0 if static else flight)
-        own = [node_memory(info, s, built.cluster, built.options, keeps) for s in built.strategies[name]]
-        memory.append(
-            np.asarray(own, dtype=np.float64) * weight + (runtime_reserve(built) if k == 0 else 0.0)
-        )
-    memory += [np.zeros(len(m)) for m in problem.memory[len(built.variables) :]] if problem.memory else []
+        strategies = built.strategies[name]
+        own = np.array([node_memory(info, s, built.cluster, built.options, keeps) for s in strategies])
+        working = np.zeros(len(strategies))
+        if rematerialised(built, name):  # one layer's working set: a node for ``count`` layers, count / L
+            working = np.array(
+                [working_set(built, name, s) * built.multiplicity[name] / layers for s in strategies]
+            )
+        memory.append(own * weight + working + (runtime_reserve(built) if k == 0 else 0.0))
+    memory += _gathered(built, holder)
     return dataclasses.replace(problem, memory=tuple(memory), peak=None, memory_limit=budget)
+
+
+def _gathered(built: BuiltProblem, holder: str | None) -> list[np.ndarray]:
+    """The floor's memory of the nodes after the variables: a gather node's bytes where the device of the
+    floor holds them at the least -- one layer's gathers (the builder's count ``1 + prefetch`` layers' of the
+    distinct layers holding them: :mod:`autoshard.problem.extras`), a weight outside the layers gathered for
+    one whole, and for ``holder`` ``"pre"`` / ``"post"`` that part's gathers; nothing elsewhere."""
+    problem, extras = built.problem, built.extras
+    trailing = [np.zeros(len(m)) for m in (problem.memory or ())[len(built.variables) :]]
+    if extras is None:
+        return trailing
+    parts, infos = part_names(built), built.infos
+    blocks = {b[0] for g in extras.gathers if (b := infos[g.producer].block) is not None}
+    depth = 1 + built.options.overlap.prefetch
+    for k, g in enumerate(extras.gathers):
+        if infos[g.producer].block is not None:
+            share = 1.0 / (depth * len(blocks))
+        else:
+            share = 1.0 if parts[g.consumer] in ("layer", holder) else 0.0
+        trailing[extras.offset + k - len(built.variables)] = g.memory * share
+    return trailing
 
 
 def least_memory(problem: SearchProblem) -> tuple[tuple[int, ...] | None, float]:
@@ -158,7 +192,8 @@ def refit(
     held = "1 microbatch's" if flight == 1 else f"{flight:g} microbatches'"
     share = (
         f"a 1/{degree} share of the model's parameter state and of {held} activations, the fewest any device "
-        "holds; and the stage of the embedding or of the head holds it and a layer"
+        "holds, with a layer's gathered weights and recompute working set; and the stage of the embedding or "
+        "of the head holds it and a layer"
     )
     if least > budget:
         raise StageMemoryError(

@@ -17,7 +17,11 @@ layers' share from :attr:`StageCosts.sync_exposed` by the layers its device hold
 :mod:`cost_models.overlap` hides it; the first and last chunk also the all-reduce of a weight tied between them,
 :attr:`StageCosts.tied_sync`), and its static memory its parts' sums (plus the runtime reserve once per
 device); its activation memory is its parts' per-microbatch activations times the microbatches its device
-holds in flight (:func:`~autoshard.pipeline.schedules.in_flight`).
+holds in flight (:func:`~autoshard.pipeline.schedules.in_flight`).  A device also holds, once, what no node
+owns (:meth:`StageCosts.held`, as :mod:`autoshard.problem.extras` prices the whole model's peak): the FSDP /
+ZeRO-3 weights gathered for the layers it runs (``1 + prefetch`` of them at a time) and for the parts
+before / after the layers it holds, the largest temporary of the parts it runs, and one layer's recompute
+working set.  So a device's memory is its peak, the figure the budget holds and the report prints.
 
 For ``v = 1`` the step time is ``Σ_d t_d + (m − 1) max_d t_d + max_d o_d`` (``t``: per microbatch, ``o``:
 once per step).  ``Σ_d t_d`` is the same for every cut (all layers and ``C − 1`` boundaries are paid once),
@@ -97,12 +101,30 @@ class StageCosts:
     exposed_once: tuple[float, float] = (0.0, 0.0)
     # per step, the gradient syncs of one layer / pre / post, hidden or not (the report's stage grad sync)
     sync_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # bytes a device holds beside its parts' sums (the memory no node owns, problem/extras.py), of one layer /
+    # pre / post: FSDP / ZeRO-3 gathered weights (a layer's held ``gather_depth`` layers at a time: 1 +
+    # prefetch) and the largest temporary; and one layer's recompute working set (its backward re-runs it)
+    gathered: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    gather_depth: int = 1
+    temporary: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    working: float = 0.0
 
     def exposed_sync(self, layers: int, pre: bool = False, post: bool = False) -> float:
         """Seconds of the gradient sync of ``layers`` layers (and of the part before / after them when the
         device holds it) that their backward does not hide (:func:`autoshard.problem.step.critical_path`)."""
         table = self.sync_parts.get((pre, post), self.sync_exposed)
         return table[layers] if layers < len(table) else 0.0
+
+    def held(self, layers: int, pre: bool = False, post: bool = False) -> tuple[float, float, float]:
+        """(gathered weights, largest temporary, working set) in bytes of a device holding ``layers``
+        layers and the part before / after them: at most ``gather_depth`` of its layers gathered at a time
+        (it gathers no layer it does not hold) beside every gathered weight of the parts it holds, as
+        :mod:`autoshard.problem.extras` counts the whole model; the largest temporary of the parts it runs."""
+        g_layer, g_pre, g_post = self.gathered
+        t_layer, t_pre, t_post = self.temporary
+        gathered = min(self.gather_depth, layers) * g_layer + g_pre * pre + g_post * post
+        temporary = max(t_layer if layers else 0.0, t_pre if pre else 0.0, t_post if post else 0.0)
+        return gathered, temporary, self.working if layers else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +141,10 @@ class StageSplit:
     forward: tuple[float, ...]  # per device, per microbatch
     backward: tuple[float, ...]
     once: tuple[float, ...]  # per device, per step
-    memory: tuple[float, ...]  # per device, bytes at its peak
+    memory: tuple[float, ...]  # per device, bytes at its peak: all of the below, reserve and parts' sums
     chunk_seconds: tuple[float, ...]  # per chunk, forward + backward of one microbatch
+    gathered: tuple[float, ...] = ()  # per device, bytes of gathered weights (StageCosts.held)
+    temporary: tuple[float, ...] = ()  # per device, the largest temporary
 
 
 def _chunk(
@@ -174,9 +198,15 @@ def price_split(
         p.once + costs.exposed_sync(k, d == first, d == last)
         for d, (p, k) in enumerate(zip(per_device, held, strict=True))
     ]
+    extras = [costs.held(k, d == first, d == last) for d, k in enumerate(held)]
     memory = [
-        costs.reserve + p.static + in_flight(schedule, d, degree, virtual, microbatches) * p.activation
-        for d, p in enumerate(per_device)
+        costs.reserve
+        + p.static
+        + in_flight(schedule, d, degree, virtual, microbatches) * p.activation
+        + gathered
+        + temporary
+        + working
+        for d, (p, (gathered, temporary, working)) in enumerate(zip(per_device, extras, strict=True))
     ]
     return StageSplit(
         bounds=tuple(bounds),
@@ -191,6 +221,8 @@ def price_split(
         once=tuple(once),
         memory=tuple(memory),
         chunk_seconds=tuple(p.forward + p.backward for p in parts),
+        gathered=tuple(g for g, _, _ in extras),
+        temporary=tuple(t for _, t, _ in extras),
     )
 
 
@@ -205,7 +237,11 @@ def _tables(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per chunk ``c``: time ``T[c, l', l]``, once ``O[c, l', l]`` and whether it fits ``F[c, l', l]``: within
     ``1 / v`` of the budget, or (``loose``) within what the device's other chunks leave at the least (one layer
-    each), which rules out no cut that fits (ZB-V's first device holds the embedding and the head)."""
+    each), which rules out no cut that fits (ZB-V's first device holds the embedding and the head).  A chunk's
+    memory counts the terms :meth:`StageCosts.held` gives a device holding just that chunk: no more than its
+    device holds (gathers and temporaries of a chunk are among its device's), and on ``v`` chunks together no
+    less (the device's are at most the chunks' sum): the ``1 / v`` filter passes no cut that would not fit, the
+    loose one rules out none that would; :func:`price_split` checks every cut on its devices."""
     n, chunks = costs.layers, degree * virtual
     k = np.arange(n + 1)[None, :] - np.arange(n + 1)[:, None]  # layers in [l', l)
     valid = k >= 1
@@ -223,6 +259,10 @@ def _tables(
         flight = in_flight(schedule, d, degree, virtual, microbatches)
         time = extra.forward + extra.backward + costs.gather_head + k * (lay.forward + lay.backward)
         memory = extra.static + k * lay.static + flight * (extra.activation + k * lay.activation)
+        # the terms held beside the sums by a device holding just this chunk (StageCosts.held)
+        layers = np.minimum(costs.gather_depth, np.maximum(k, 0)) * costs.gathered[0]
+        _, temporary, working = costs.held(1, *ends)
+        memory = memory + layers + costs.held(0, *ends)[0] + temporary + working
         others = (virtual - 1) * (lay.static + flight * lay.activation)  # the device's other chunks, at least
         room = limit - costs.reserve - others if loose else (limit - costs.reserve) / virtual
         ok = valid & (memory <= room)

@@ -51,10 +51,11 @@ def _figure(text: str) -> float:
 
 def test_a_budget_under_the_surrogates_figure_plans(case) -> None:
     """The plan found under a loose budget needs ~2.2 GiB; a budget just above it was refused (the stage
-    surrogate's least memory, 4.22 GiB, counts the embedding and the head on one stage): now it plans."""
+    surrogate's least memory, 4.22 GiB, counts the embedding and the head on one stage): now it plans.
+    (At 98% of it a full-recomputation plan fitted until a stage counted its recompute working set.)"""
     model, ids, cluster, loose = case
     assert loose.memory_per_device < 2300 * MIB
-    budget = 0.98 * loose.memory_per_device
+    budget = loose.memory_per_device
     tight = autoshard.plan(model, cluster, (ids,), memory_limit=budget, **PINS)
     assert tight.memory_per_device <= budget and tight.pipeline is not None
 
@@ -75,7 +76,7 @@ def test_the_refusals_figure_is_below_every_plans_memory(case) -> None:
         {"microbatches": 4},
     ):  # fmt: skip
         pins = {**PINS, **extra}
-        for share in (0.98, 1.5):
+        for share in (1.0, 1.5):  # at 0.98 the recomputing plans no longer fit (their working set counts)
             try:
                 p = autoshard.plan(
                     model, cluster, (ids,), memory_limit=share * loose.memory_per_device, **pins

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from autoshard.errors import InfeasibleError, PipelineError
-from autoshard.pipeline.assemble import _left_out, _stage_breakdown
+from autoshard.pipeline.assemble import _stage_breakdown
 from autoshard.pipeline.options import check_request
+from autoshard.pipeline.schedules import Schedule
+from autoshard.pipeline.stages import Part, StageCosts, price_split
 from autoshard.plans import Collective, PipelinePlan, PipelineStage, Plan
 from autoshard.report.diff import figures as diff_figures
 from autoshard.report.dot import to_dot as dot_text
@@ -89,17 +91,25 @@ def test_memory_parts_are_non_negative_and_sum_to_the_total() -> None:
         memory_parts(over)
 
 
-def test_a_stage_lists_only_the_memory_terms_its_total_holds() -> None:
-    """The stage search's device memory holds the reserve, not the whole-model plan's gathered weights and
-    largest temporary: those are named in a note instead (they made the activations -187.7 MiB)."""
+def test_a_stage_lists_the_memory_terms_of_its_busiest_device() -> None:
+    """The breakdown is the busiest device's: the reserve, the weights it gathers and its largest temporary,
+    not the whole-model plan's (listed beside the stage's total those made the activations -187.7 MiB; left
+    out, 8B ``--pp 2 --memory-limit 20`` said 19.7 GiB and needed ~22)."""
     intra = dataclasses.replace(
         cases.megatron_mlp(),
         memory_breakdown={"runtime reserve": 1e9, "gathered weights": 3 * 2**30, "largest temporary": 0.0},
     )
-    assert _stage_breakdown(intra) == {"runtime reserve": 1e9}
-    (note,) = _left_out(intra)
-    assert note.endswith("leaves out the whole-model plan's gathered weights 3.0 GiB")
-    assert _left_out(dataclasses.replace(intra, memory_breakdown={"runtime reserve": 1e9})) == ()
+    costs = StageCosts(
+        Part(static=100.0, activation=1.0), Part(), Part(), 4, 0.0, reserve=1e9,
+        gathered=(10.0, 100.0, 1000.0), gather_depth=2, temporary=(1.0, 2.0, 50.0), working=5.0,
+    )  # fmt: skip
+    split = price_split(costs, (0, 2, 4), Schedule.ONE_F_ONE_B, 2, 1, 2)
+    assert split.memory[1] == 1e9 + 200.0 + 2.0 * 1 + 2 * 10.0 + 1000.0 + 50.0 + 5.0  # the head's device
+    assert _stage_breakdown(intra, split) == {
+        "runtime reserve": 1e9,
+        "gathered weights": 1020.0,
+        "largest temporary": 50.0,
+    }
 
 
 def test_a_collective_of_a_root_op_names_the_op() -> None:
