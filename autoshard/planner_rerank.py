@@ -73,6 +73,7 @@ from autoshard.planner_candidates import (
     add_sync_exposed,
     beatable,
 )
+from autoshard.planner_dual import tighten
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
@@ -267,17 +268,24 @@ def rank_plan(
 
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
+    tight = (
+        lower  # the lower-bound problem with the sync the backward cannot hide (autoshard/planner_dual.py)
+    )
+    if unproven() and why is None:
+        bound, tight, bound_solution = tighten(
+            candidates, built, lower, bound_solution, solution, read, method, time_limit
+        )
     if unproven():  # more candidates short of the bound (autoshard/planner_candidates.py)
         add_sync_exposed(candidates, built, solution, read, method, time_limit)
     if unproven():
         prune, hints = why is None and not exhaustive, (bound_solution, solution)
-        add_restricted(candidates, built, lower, prune, hints, read, method, time_limit)
+        add_restricted(candidates, built, tight, prune, hints, read, method, time_limit)
     if unproven():
-        floor = lower if why is None and not exhaustive else None
+        floor = tight if why is None and not exhaustive else None
         _add_hand_plans(candidates, built, floor, read, method, time_limit)
     candidates += [(name, plan, None) for name, plan in others]
     for name, plan, choice in candidates:  # the relation the bound rests on, checked on every plan priced
-        below = evaluate(lower, choice) if choice else 0.0
+        below = max(evaluate(lower, choice), evaluate(tight, choice)) if choice else 0.0
         if why is None and below > _slack(plan.predicted_step_time):
             why = f"{name}: linear lower bound {below:.6g} s above its reported step"
     order = sorted(range(len(candidates)), key=lambda i: (candidates[i][1].predicted_step_time, i))
