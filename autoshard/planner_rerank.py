@@ -149,8 +149,12 @@ def by_step(
 
     The solver prunes (:class:`BoundExceeded`) when, under a binding budget, its unbudgeted optimum reaches
     ``ceiling`` (the best step so far); that optimum bounds the step only where nothing is unpaid.  So a
-    prune is confirmed by the lower-bound problem without the budget (a bound on every recomputation policy:
-    recomputation only adds cost); when that bound is below the ceiling, the problem is solved in full."""
+    prune is confirmed by the lower-bound problem without the budget; when that bound is below the ceiling,
+    the problem is solved in full.  What a prune proves: no plan of ``built``'s policy at its share beats the
+    ceiling.  Recomputation only adds cost, so under no recomputation that covers every policy and every
+    count of recomputed blocks; under selective or full recomputation of every block it does *not* cover
+    the plans recomputing ``k`` of ``N`` (fewer blocks re-run: less cost), which the planner hands to the
+    per-block search (:mod:`autoshard.planner_policy`)."""
     try:
         return layout(free, built, rebuild, method, time_limit, ceiling)
     except BoundExceeded:
