@@ -17,23 +17,27 @@ Why: the solver minimises a *linear* step model (node + edge costs), the report 
 * a sync outside the repeated layers is charged in full: the critical path hides it under the backward after
   it when its gradient is ready before the last unit's (an MLP's fc2, a transformer's head).
 
-So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`: the gathers beyond one copy, a
-move several consumers may share beyond 1/m, the syncs that may hide; and the memory tie-break) is a lower bound
-on every plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same solver) gives
-``B <= step(p)`` for every plan ``p`` of the problem. The candidates -- the solver's optimum and the lower-bound
-problem's optimum, then, while none of them reaches ``B``: the sync-exposed optimum (every repeated layer's
-gradient sync charged on every copy, an upper model of the step), per kind of parallelism the lower-bound and
-linear optima without it (the plans ``--forbid KIND`` ranks first; :mod:`autoshard.planner_candidates` says why
-these), and the hand plans everyone compares against (pure data parallel, FSDP on every axis), each the best
-completion under the same pins -- are priced by the critical path and the fastest is returned. When its step
-is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower reported step: the plan is proven optimal *by the
-reported step* (``step_optimal``). Otherwise the report says "optimal under the linear step model; step within X
-of the bound" -- never "optimal" alone. What is not enumerated (the plans between the best candidate and ``B``)
-is covered by that X.
+So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`: the gathers beyond one copy,
+a move several consumers may share beyond 1/m, the syncs that may hide; and the memory tie-break) is a lower
+bound on every plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same
+solver) gives ``B <= step(p)`` for every plan ``p`` of the problem. While no candidate reaches ``B``, ``B`` is
+raised by the gradient sync a backward cannot hide (:mod:`autoshard.planner_dual`: ``L + lam D``, ``lam`` by a
+concave dual of at most three solves, proven in :mod:`autoshard.problem.exposure`), and that raised problem is
+what prunes the candidates below. The candidates -- the solver's optimum, the lower-bound problem's optimum
+and that of each ``lam`` the dual tries, then, while none of them reaches ``B``: the sync-exposed optimum
+(every repeated layer's gradient sync charged on every copy, an upper model of the step), per kind of
+parallelism the lower-bound and linear optima without it (the plans ``--forbid KIND`` ranks first;
+:mod:`autoshard.planner_candidates` says why these), and the hand plans everyone compares against (pure data
+parallel, FSDP on every axis), each the best completion under the same pins -- are priced by the critical path
+and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower reported
+step: the plan is proven optimal *by the reported step* (``step_optimal``). Otherwise the report says "optimal
+under the linear step model; step within X of the bound" -- never "optimal" alone. What is not enumerated (the
+plans between the best candidate and ``B``) is covered by that X.
 
 Shortcut (why the ranking usually prices one or two plans, not four).  Every candidate is a plan of the
 same problem (the lower-bound optimum, and the hand plans, which are that problem with some strategies
-masked), so each has ``step >= L >= B`` (the ``below`` check verifies ``L <= step`` on every plan priced).
+masked), so each has ``step >= L >= B`` (the ``below`` check verifies ``L <= step`` on every plan priced,
+for the raised problem too).
 Once a candidate's step is within ``RANK_TOLERANCE`` of ``B``, no further candidate can be faster than it
 by more than that tolerance: neither the lower-bound optimum nor the hand plans are solved or read then.
 This holds inside a scope too (a recomputation policy, a binding budget): the scope restricts which plans
