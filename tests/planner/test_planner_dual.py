@@ -33,7 +33,7 @@ def test_the_tightened_bound_never_exceeds_a_plans_reported_step(model: str) -> 
     lower, terms = lower_bound_problem(built), exposure_terms(built)
     assert lower is not None and terms is not None
     raised = 0
-    for plan, choice in _plans(net, (x,), built, 3, seed=3):
+    for plan, choice in _plans(net, (x,), built, 5, seed=3):
         step = plan.predicted_step_time * (1 + 1e-9)
         for lam in (0.25, 0.5, 1.0):
             assert evaluate(tightened(lower, terms, lam), choice) <= step
