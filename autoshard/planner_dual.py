@@ -14,6 +14,10 @@ piecewise linear (a minimum of lines, one per plan, slope ``D_j(p)``).  It is ma
 is positive, ``lam = 1``; then, while the lines' crossing lies above ``g`` there, the crossing.  Each probe
 is one solve of ``L`` with more terms; at most :data:`MAX_PROBES`.
 
+Only where ``L`` was solved to optimality: the lines are exact optima there, and each probe costs about
+what that solve did.  A wide budgeted problem that the Lagrangian path leaves with a gap (the 405B-shaped
+LLaMA on 128 x 16 x 8, ``benchmarks/plan_scale.py``: tens of seconds a solve) keeps ``L``'s bound.
+
 The probes' optima are candidates too: they are the plans the bound says may be fastest when the sync that
 shows is paid, and one of them is often what a user would pin by hand.  The Megatron MLP (64 -> 256 -> 64,
 batch 512 on one a100x8 node): ``L``'s optimum (fc2's weight replicated, its sync taken as hidden under fc1's
@@ -65,8 +69,8 @@ def tighten(
     dominance removals each probe re-checks (only the speed)."""
     best = (optimum.lower_bound, lower, optimum)
     terms = exposure_terms(built)
-    if terms is None or not math.isfinite(optimum.lower_bound):
-        return best
+    if terms is None or not optimum.optimal or not math.isfinite(optimum.lower_bound):
+        return best  # nothing may hide, or ``lower`` was not solved to optimality (module docstring)
 
     def probe(lam: float) -> Solution | None:
         nonlocal best
