@@ -245,8 +245,11 @@ def _plan_captured(
             continue
         except BoundExceeded as e:
             if policy is policies[0]:
-                raise  # recomputation only adds time: no later policy beats this bound either
-            pruned = e  # this policy cannot beat the ceiling; a later one may still fit better
+                raise  # recomputation only adds time: no later policy, nor any count of one, beats it either
+            pruned = (
+                e  # this policy cannot beat the ceiling; a later one may still fit better, and so may its
+            )
+            uniform[policy] = (free, built, float("inf"))  # first k of N blocks (planner_policy docstring)
             continue
         if skip is not None:  # its first k of N blocks may still pay (mix_policies below)
             uniform[policy] = (free, built, float("inf"))
@@ -263,8 +266,9 @@ def _plan_captured(
             break  # recomputation only adds time: with the budget idle, keeping every activation is optimal
     if recompute == "auto" and training and not idle and len(uniform) > 1:
         t0 = time.perf_counter()
-        hints = (best[4].multiplier, best[4].dominated, best[0].predicted_step_time) if best else ()
-        mixed = search_counts(uniform, again, search, time_limit, *hints)  # a mixed plan kept if faster
+        hints = (best[4].multiplier, best[4].dominated) if best else (None, ())
+        step = min(best[0].predicted_step_time if best else float("inf"), ceiling)  # a plan kept below both
+        mixed = search_counts(uniform, again, search, time_limit, *hints, best_step=step)  # kept if faster
         timings["recompute_blocks"] = time.perf_counter() - t0
         if mixed is not None:
             solution_k, free, built, k = mixed

@@ -43,15 +43,13 @@ kind (it is the optimum of the subset too).  The trial's ranking: 0.21-0.24 -> 0
 priced where 2 were (``python -m benchmarks.rank_candidates``).  Nothing changes where the builder already charged every
 copy (gradient sync not overlapped) or no repeated parameter exists; then no sync-exposed problem is made.
 
-Not done: a tighter objective.  For N identical layers with per-layer sync ``s`` and backward ``c`` the
-critical path exposes at least ``s + (N - 1) max(0, s - c)`` (the stream's finish is at least the last
-layer's ready time plus every later sync, whatever the buckets), and ``max(0, x) >= lam x`` for ``lam`` in
-[0, 1]; so the lower-bound problem plus ``lam (N - 1)`` x (each repeated parameter edge's sync minus each
-block node's one-microbatch backward) is linear in the solver's arrays and still a lower bound.  On the
-trial it raises the bound from 134.97 to 136.3 ms at ``lam = 1/4`` (min over plans), its optimum at
-``lam = 1`` steps 157.90 ms.  Taking the best ``lam`` (a concave dual) would tighten the "within X" claim;
-it needs each block node's backward as an array and a proof over further runs and pipelines: left for
-the bound's owner.
+A tighter bound (:mod:`autoshard.planner_dual`, :mod:`autoshard.problem.exposure`).  For N identical
+layers with per-layer sync ``s`` and backward ``c`` the critical path exposes at least ``s + (N - 1) max(0,
+s - c)``, and ``max(0, x) >= lam x`` for ``lam`` in [0, 1]: the lower-bound problem plus ``lam`` x (the syncs
+from a unit on less the backward after it) is still a lower bound, for any unit and buckets, proven there.
+The ranking maximises it over ``lam`` before these candidates (a concave dual, three solves at most) and
+prices the optimum of each ``lam`` it tries; the bound it reaches is what :func:`beatable` prunes with.  On
+the trial it raises the bound from 134.97 to 137.24 ms; the plan stays TP 2 x CP 8 at 157.48 ms.
 
 Example::
 

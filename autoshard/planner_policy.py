@@ -23,6 +23,16 @@ Also here: the per-block search's call (:func:`search_counts`).  Only the unifor
 per-block search (:mod:`autoshard.problem.mix`) still runs for a policy skipped here, unless
 :func:`mix_cannot_win` bounds its every count the same way (the lower-bound problem's floor over the
 counts that may fit: :func:`mix_step_floor`).
+
+The same holds for a policy the mesh search's ceiling prunes (:func:`~autoshard.planner_rerank.by_step`):
+its bound is the lower-bound optimum at share 1, which is no bound on its counts.  On LLaMA-tiny of 8
+layers, data parallel pinned, under a budget halfway between keeping every activation and recomputing
+every block, full recomputation's unbudgeted bound is 7.21 ms and the lower-bound optimum of its first
+count that fits (4 of 8) 6.40 ms: a ceiling between them pruned full recomputation and, with it, counts that
+might beat it.  So the planner hands a pruned policy to the per-block search like a skipped one, and
+:func:`mix_cannot_win` bounds its counts against the lesser of the best step and the ceiling
+(``tests/planner/test_planner_policy_mix.py``).  No recomputation pruned (the first policy) proves every
+policy and count slower: recomputation only adds cost.
 """
 
 from __future__ import annotations

@@ -17,23 +17,27 @@ Why: the solver minimises a *linear* step model (node + edge costs), the report 
 * a sync outside the repeated layers is charged in full: the critical path hides it under the backward after
   it when its gradient is ready before the last unit's (an MLP's fc2, a transformer's head).
 
-So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`: the gathers beyond one copy, a
-move several consumers may share beyond 1/m, the syncs that may hide; and the memory tie-break) is a lower bound
-on every plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same solver) gives
-``B <= step(p)`` for every plan ``p`` of the problem. The candidates -- the solver's optimum and the lower-bound
-problem's optimum, then, while none of them reaches ``B``: the sync-exposed optimum (every repeated layer's
-gradient sync charged on every copy, an upper model of the step), per kind of parallelism the lower-bound and
-linear optima without it (the plans ``--forbid KIND`` ranks first; :mod:`autoshard.planner_candidates` says why
-these), and the hand plans everyone compares against (pure data parallel, FSDP on every axis), each the best
-completion under the same pins -- are priced by the critical path and the fastest is returned. When its step
-is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower reported step: the plan is proven optimal *by the
-reported step* (``step_optimal``). Otherwise the report says "optimal under the linear step model; step within X
-of the bound" -- never "optimal" alone. What is not enumerated (the plans between the best candidate and ``B``)
-is covered by that X.
+So the objective less what the step may not pay (:mod:`autoshard.problem.unpaid`: the gathers beyond one copy,
+a move several consumers may share beyond 1/m, the syncs that may hide; and the memory tie-break) is a lower
+bound on every plan's reported step. Solving that lower-bound problem exactly (the same arrays, the same
+solver) gives ``B <= step(p)`` for every plan ``p`` of the problem. While no candidate reaches ``B``, ``B`` is
+raised by the gradient sync a backward cannot hide (:mod:`autoshard.planner_dual`: ``L + lam D``, ``lam`` by a
+concave dual of at most three solves, proven in :mod:`autoshard.problem.exposure`), and that raised problem is
+what prunes the candidates below. The candidates -- the solver's optimum, the lower-bound problem's optimum
+and that of each ``lam`` the dual tries, then, while none of them reaches ``B``: the sync-exposed optimum
+(every repeated layer's gradient sync charged on every copy, an upper model of the step), per kind of
+parallelism the lower-bound and linear optima without it (the plans ``--forbid KIND`` ranks first;
+:mod:`autoshard.planner_candidates` says why these), and the hand plans everyone compares against (pure data
+parallel, FSDP on every axis), each the best completion under the same pins -- are priced by the critical path
+and the fastest is returned. When its step is within ``RANK_TOLERANCE`` of ``B``, no plan has a lower reported
+step: the plan is proven optimal *by the reported step* (``step_optimal``). Otherwise the report says "optimal
+under the linear step model; step within X of the bound" -- never "optimal" alone. What is not enumerated (the
+plans between the best candidate and ``B``) is covered by that X.
 
 Shortcut (why the ranking usually prices one or two plans, not four).  Every candidate is a plan of the
 same problem (the lower-bound optimum, and the hand plans, which are that problem with some strategies
-masked), so each has ``step >= L >= B`` (the ``below`` check verifies ``L <= step`` on every plan priced).
+masked), so each has ``step >= L >= B`` (the ``below`` check verifies ``L <= step`` on every plan priced,
+for the raised problem too).
 Once a candidate's step is within ``RANK_TOLERANCE`` of ``B``, no further candidate can be faster than it
 by more than that tolerance: neither the lower-bound optimum nor the hand plans are solved or read then.
 This holds inside a scope too (a recomputation policy, a binding budget): the scope restricts which plans
@@ -73,6 +77,7 @@ from autoshard.planner_candidates import (
     add_sync_exposed,
     beatable,
 )
+from autoshard.planner_dual import tighten
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, edge_matrix
 from autoshard.problem.costs import MEMORY_TIE_BREAK, Recompute
@@ -148,8 +153,12 @@ def by_step(
 
     The solver prunes (:class:`BoundExceeded`) when, under a binding budget, its unbudgeted optimum reaches
     ``ceiling`` (the best step so far); that optimum bounds the step only where nothing is unpaid.  So a
-    prune is confirmed by the lower-bound problem without the budget (a bound on every recomputation policy:
-    recomputation only adds cost); when that bound is below the ceiling, the problem is solved in full."""
+    prune is confirmed by the lower-bound problem without the budget; when that bound is below the ceiling,
+    the problem is solved in full.  What a prune proves: no plan of ``built``'s policy at its share beats the
+    ceiling.  Recomputation only adds cost, so under no recomputation that covers every policy and every
+    count of recomputed blocks; under selective or full recomputation of every block it does *not* cover
+    the plans recomputing ``k`` of ``N`` (fewer blocks re-run: less cost), which the planner hands to the
+    per-block search (:mod:`autoshard.planner_policy`)."""
     try:
         return layout(free, built, rebuild, method, time_limit, ceiling)
     except BoundExceeded:
@@ -267,17 +276,24 @@ def rank_plan(
 
     if unproven() and bound_solution.choice != solution.choice:
         candidates.append(("lower-bound optimum", read(built, bound_solution), bound_solution.choice))
+    tight = (
+        lower  # the lower-bound problem with the sync the backward cannot hide (autoshard/planner_dual.py)
+    )
+    if unproven() and why is None:
+        bound, tight, bound_solution = tighten(
+            candidates, built, lower, bound_solution, solution, read, method, time_limit
+        )
     if unproven():  # more candidates short of the bound (autoshard/planner_candidates.py)
         add_sync_exposed(candidates, built, solution, read, method, time_limit)
     if unproven():
         prune, hints = why is None and not exhaustive, (bound_solution, solution)
-        add_restricted(candidates, built, lower, prune, hints, read, method, time_limit)
+        add_restricted(candidates, built, tight, prune, hints, read, method, time_limit)
     if unproven():
-        floor = lower if why is None and not exhaustive else None
+        floor = tight if why is None and not exhaustive else None
         _add_hand_plans(candidates, built, floor, read, method, time_limit)
     candidates += [(name, plan, None) for name, plan in others]
     for name, plan, choice in candidates:  # the relation the bound rests on, checked on every plan priced
-        below = evaluate(lower, choice) if choice else 0.0
+        below = max(evaluate(lower, choice), evaluate(tight, choice)) if choice else 0.0
         if why is None and below > _slack(plan.predicted_step_time):
             why = f"{name}: linear lower bound {below:.6g} s above its reported step"
     order = sorted(range(len(candidates)), key=lambda i: (candidates[i][1].predicted_step_time, i))

@@ -53,12 +53,13 @@ from autoshard.capture import capture
 from autoshard.cluster import Cluster
 from autoshard.errors import AutoshardError, InfeasibleError
 from autoshard.placement import ShardingSpec
+from autoshard.planner_rerank import rank_plan
 from autoshard.plans import Plan
 from autoshard.problem.build import BuiltProblem, build_problem
 from autoshard.problem.costs import CostOptions, Recompute
 from autoshard.problem.extract import extract_plan
 from autoshard.problem.graph import NodeInfo
-from autoshard.search import solve
+from autoshard.search import Solution, solve
 
 __all__ = ["FAMILIES", "CasePlanner", "Family", "HandPlanError", "Role", "hand_masks", "plans_for_mesh"]
 
@@ -302,15 +303,27 @@ class CasePlanner:
                 error = e
                 continue
             notes = ("full recomputation",) if policy is Recompute.FULL else ()
-            return extract_plan(
-                dataclasses.replace(built, problem=problem),
-                solution,
-                model=self.model_name,
-                block_prefix=self.captured.blocks.prefix if self.captured.blocks else None,
-                output_order=_output_order(self.captured),
-                timings={},
-                notes=notes,
-                memory_limit=None if self.limit == float("inf") else self.limit,
+
+            def read(built: BuiltProblem, solution: Solution, notes: tuple[str, ...] = notes) -> Plan:
+                return extract_plan(
+                    built,
+                    solution,
+                    model=self.model_name,
+                    block_prefix=self.captured.blocks.prefix if self.captured.blocks else None,
+                    output_order=_output_order(self.captured),
+                    timings={},
+                    notes=notes,
+                    memory_limit=None if self.limit == float("inf") else self.limit,
+                )
+
+            pinned = dataclasses.replace(built, problem=problem)
+            found = read(pinned, solution)
+            # autoshard's own plan is ranked by the reported step as autoshard.plan ranks it; a hand plan is
+            # the linear optimum under its masks (the baseline a user who pins it gets)
+            return (
+                found
+                if roles is not None
+                else rank_plan(found, pinned, solution, read, time_limit=time_limit)
             )
         assert error is not None
         raise error

@@ -18,6 +18,15 @@ restricted candidates):
   proves optimal among plans without dp (its bound 7.52); ``--forbid cp`` 8.73, ``sp`` 10.11, ``tp`` 8.13.
 * LLaMA-3-70B on 16 x 8 x 8 (``python -m benchmarks.plan_phases 70``): proven, nothing more priced; rank
   0.51-0.54 CPU s before, 0.51-0.53 after.
+
+With the bound raised by the sync a backward cannot hide (autoshard/planner_dual.py: up to three more solves
+and their plans priced, only while unproven), 2026-11-25, load 3.7-4.7, main then this, back to back:
+
+* trial: default 157.48 ms either way, bound 134.97 -> 137.24 ms, rank 1.59 -> 3.43 CPU s; ``--forbid cp``
+  166.60 -> 163.27 ms, ``dp`` 166.57 -> 161.26, ``tp`` 211.06 -> 178.40, ``sp`` 191.88 (unchanged).
+* small: default 7.83 -> 7.67 ms (bound 6.95 -> 7.35), rank 1.15 -> 1.97 CPU s; ``--forbid cp`` 8.74 ->
+  8.62, ``tp`` 10.40 -> 9.95; ``dp`` 8.23 and ``sp`` 9.84 unchanged.
+* LLaMA-3-70B 16 x 8 x 8 and LLaMA-3-8B 2 x 4 x 8 (``plan_phases 70 8``): proven before the dual, unchanged.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ def test_column_row_on_a_small_mlp_reports_one_all_reduce_and_the_price(cli) -> 
     rows = [line.split() for line in r.out.splitlines() if line.lstrip().startswith(("fwd ", "bwd "))]
     assert [row[:2] for row in rows if row[0] == "fwd"] == [["fwd", "all_reduce"]]
     assert not any(row[1] == "all_gather" for row in rows)
-    # no extra cost since ZeRO-1's gathers are priced: Megatron's pins are the fastest plan the ranking knows
-    # (the free search's data parallel syncs show in its step; tests/planner/test_planner_pins.py)
+    # no extra cost: Megatron's pins are the free search's own plan, proven by its step
+    # (tests/planner/test_planner_pins.py)
     # priced against every mesh searched unpinned (--price-pins meshes), the best of which is this one's
     out = " ".join(r.out.split())
     assert "price of your annotations:" in out

@@ -71,12 +71,16 @@ def test_the_default_search_is_no_slower_than_any_forbid_and_than_before(
         best.nodes, best.predicted_step_time, s.step_bound,
     )  # fmt: skip
     assert len(full.solver.ranked) >= len(s.ranked)
-    # never slower than the ranking without them: the same candidates first, then more
+    # never slower than the ranking without them (nor the dual's probes, planner_dual.py): the same
+    # candidates first, then more; the dual's bound (7.45 ms) is above the lower-bound problem's (6.95 ms)
     monkeypatch.setattr(rerank, "add_sync_exposed", _no_more_candidates)
     monkeypatch.setattr(rerank, "add_restricted", _no_more_candidates)
+    monkeypatch.setattr(
+        rerank, "tighten", lambda c, b, lower, optimum, *_: (optimum.lower_bound, lower, optimum)
+    )
     before = rank_plan(found, built, solution, read, **kwargs)
     assert best.predicted_step_time < before.predicted_step_time  # 10.04 ms (CP 8 x DP 2) before
-    assert before.solver.step_bound == s.step_bound
+    assert before.solver.step_bound is not None and before.solver.step_bound < s.step_bound
     assert {r.split(": ")[0] for r in before.solver.ranked} <= {
         n for r in s.ranked for n in r.split(": ")[0].split(" = ")
     }

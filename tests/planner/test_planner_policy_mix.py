@@ -4,17 +4,23 @@ fit, and skipping leaves the search's answer unchanged wherever the rule applies
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from typing import Any
+
 import numpy as np
 import pytest
 
+import autoshard
+import autoshard.planner as planner
 from autoshard.errors import InfeasibleError
 from autoshard.planner_policy import _ends, mix_cannot_win, mix_step_floor
 from autoshard.planner_rerank import lower_bound_problem
 from autoshard.problem.build import BuiltProblem
 from autoshard.problem.costs import Recompute
 from autoshard.problem.mix import least_fitting, mix_policies, share_problem
-from autoshard.search import solve
-from tests.problem.test_memory_budget import LAYERS, _built
+from autoshard.search import BoundExceeded, solve
+from tests.problem.test_memory_budget import DATA_PARALLEL, LAYERS, _built, _case
 from tests.problem.test_memory_budget import _halfway as _limit  # nothing fits without recomputation
 
 
@@ -95,3 +101,50 @@ def test_only_the_last_policy_is_skipped_and_only_when_nothing_was_found_before_
     assert mix_policies(alone, _zero, solve) is not None  # full's counts alone would find a plan
     assert mix_policies(alone, _zero, solve, unwanted=unwanted) is None
     assert asked == [Recompute.FULL]
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.slow  # ~10 s on the shared 2-core machine: the budgeted builds, each policy solved under the budget
+def test_a_policy_the_ceiling_prunes_still_has_its_counts_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ceiling prunes a policy by its lower bound at share 1 (planner_rerank.by_step); fewer blocks
+    recomputed cost less, so that is no bound on the policy's k-of-N counts (here full recomputation's is
+    above the lower-bound optimum of a count that fits).  The planner hands such a policy to the per-block
+    search, which bounds its counts soundly (mix_cannot_win), instead of dropping them with it."""
+    zero, whole = _pair(Recompute.FULL)
+    lower = lower_bound_problem(whole)
+    assert lower is not None
+    pruned_at = solve(dataclasses.replace(lower, memory_limit=None)).lower_bound
+    counts = []
+    for k in range(least_fitting(zero.problem, whole.problem, LAYERS), LAYERS):  # up to the first that fits
+        count = lower_bound_problem(share_problem(zero, whole, k))
+        assert count is not None
+        with contextlib.suppress(InfeasibleError):
+            counts.append(solve(count).lower_bound)
+            break
+    assert counts and min(counts) < pruned_at  # the share-1 bound does not bound the counts
+
+    case, captured, cluster = _case()
+    seen: dict[str, Any] = {"pruned": []}
+
+    def by_step(*a: Any) -> Any:
+        try:
+            return planner.by_step.__wrapped__(*a)
+        except BoundExceeded:
+            seen["pruned"].append(a[2].options.recompute)
+            raise
+
+    def search_counts(uniform: Any, *a: Any, **k: Any) -> None:
+        seen["searched"] = set(uniform)
+        raise _Stop  # what follows (the counts' search, the ranking) is not what this test checks
+
+    by_step.__wrapped__ = planner.by_step  # type: ignore[attr-defined]
+    monkeypatch.setattr(planner, "by_step", by_step)
+    monkeypatch.setattr(planner, "search_counts", search_counts)
+    ceiling = min(counts) + 0.4 * (pruned_at - min(counts))  # a count may beat it, full's share 1 may not
+    with pytest.raises(_Stop):
+        autoshard.plan(case.model, cluster, case.args, case.kwargs, captured=captured,
+                       annotations=DATA_PARALLEL, memory_limit=_limit(), ceiling=ceiling)  # fmt: skip
+    assert seen["pruned"] == [Recompute.FULL] and Recompute.FULL in seen["searched"]
