@@ -37,7 +37,7 @@ def _counts(plan: Plan) -> str:
     if plan.pipeline is not None:
         return ""
     if any(note.startswith(COUNTS_NOTE) for note in plan.notes):
-        return "; the fastest of every microbatch count (see the note)"
+        return "; every other microbatch count planned or proven no faster (see the note)"
     count = plan.microbatches
     return (
         f"; among plans of {count} microbatch{'' if count == 1 else 'es'} per step (--microbatches auto, "
