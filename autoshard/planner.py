@@ -155,9 +155,9 @@ def plan(
             training=training, memory_limit=memory_limit, recompute=recompute, search=search, blocks=blocks,
             time_limit=time_limit, progress=progress, allow=allow, forbid=forbid, cp_layout=cp_layout,
             precision=precision)  # fmt: skip
-        plan_at = lambda m, c: at(microbatches=m, ceiling=c, captured=None if m else captured)  # noqa: E731
         with resumed_gc():  # each count's plan pauses the collector itself (gcpause.py)
-            return plan_counts(plan_at, batch_size(args, dict(example_kwargs or {})), ceiling)
+            return plan_counts(lambda m, c: at(microbatches=m, ceiling=c, captured=None if m else captured),
+                               batch_size(args, dict(example_kwargs or {})), ceiling)  # fmt: skip
     if staged or schedule != "auto":  # a schedule without stages is refused there (pipeline/options.py)
         return dataclasses.replace(whole_samples(functools.partial(
             _plan_pipelined, model, cluster, example_args, example_kwargs, annotations=annotations,
@@ -165,8 +165,7 @@ def plan(
             time_limit=time_limit, blocks=blocks, progress=progress, pipeline=pipeline, schedule=schedule,
             kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout, precision=recipe(precision),
             ceiling=ceiling), microbatches), precision=precision, source={"model": identity(model)})  # fmt: skip
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
+    timings, start = dict[str, float](), time.perf_counter()
     say = progress or (lambda stage: None)
     say("capture")
     kwargs = dict(example_kwargs or {})
@@ -375,14 +374,11 @@ def _plan_pipelined(
     if len(best.priced) > 1:
         notes.append("pipeline search priced: " + "; ".join(best.priced))
     if request.by_default and best.layout.degree > 1:
-        notes.append(
-            f"microbatches: {best.microbatches} by default (at least {MICROBATCHES_PER_STAGE} per stage, "
-            f"dividing the batch of {batch}); pin microbatches= (--microbatches) to choose"
-        )
+        notes.append(f"microbatches: {best.microbatches} by default (at least {MICROBATCHES_PER_STAGE} per stage, "
+                     f"dividing the batch of {batch}); pin microbatches= (--microbatches) to choose")  # fmt: skip
     if best.recompute is not Recompute.NONE and recompute == "auto":
-        notes.append(
-            f"activations do not fit without recomputation: planned with {best.recompute.value} recomputation"
-        )
+        notes.append(f"activations do not fit without recomputation: planned with {best.recompute.value} "
+                     "recomputation")  # fmt: skip
     intra = extract_plan(
         best.built,
         best.solution,
