@@ -19,12 +19,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ParamSpec, TypeVar
 
-__all__ = ["paused_gc"]
+__all__ = ["paused_gc", "resumed_gc"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -44,3 +45,18 @@ def paused_gc(fn: Callable[P, R]) -> Callable[P, R]:
             gc.enable()
 
     return wrapper
+
+
+@contextlib.contextmanager
+def resumed_gc() -> Iterator[None]:
+    """The collector on inside a paused call, for calls that each plan a whole model (so each pauses it for
+    itself): ``microbatches="auto"`` plans once per count.  With the collector off across a dozen such plans,
+    freeing the model afterwards crashed CPython (a segfault in ``PyObject_ClearWeakRefs`` on the module's
+    dealloc, seen with torch 2.x; the same plans made one by one, each paused alone, do not)."""
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        yield
+    finally:
+        if not was:
+            gc.disable()

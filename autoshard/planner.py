@@ -43,12 +43,13 @@ from autoshard.capture.blocks import find_repeated_blocks
 from autoshard.capture.experts import plan_fuses_experts
 from autoshard.cluster import Cluster, load_cluster
 from autoshard.errors import AnnotationError, AutoshardError, InfeasibleError, PipelineError
-from autoshard.gcpause import paused_gc
+from autoshard.gcpause import paused_gc, resumed_gc
 from autoshard.pipeline.assemble import assemble
 from autoshard.pipeline.options import MICROBATCHES_PER_STAGE, check_request, split_cut_pins, whole_samples
 from autoshard.pipeline.search import search_pipeline
 from autoshard.pipeline.summary import degrees_of
 from autoshard.plan_model import identity
+from autoshard.planner_counts import plan_counts
 from autoshard.planner_experts import plan_unfused
 from autoshard.planner_layout import search_layout
 from autoshard.planner_policy import cannot_win, search_counts
@@ -122,9 +123,9 @@ def plan(
         pipeline: pipeline stages: ``None`` (none), a degree, or ``"auto"`` (searched with everything else);
             stages are laid over the outermost mesh axis (see :mod:`autoshard.pipeline.options`).
         microbatches: microbatches per step (gradient accumulation, and the pipeline's microbatches): an
-            int dividing the global batch, or ``"auto"``; ``None`` (default): 1 without stages, and with
-            ``p`` stages the smallest divisor of the batch of at least ``2 p`` (a bubble under a third; the
-            plan's notes say so).
+            int dividing the global batch, or ``"auto"`` (without stages: every divisor of the batch, the
+            fastest kept, :mod:`autoshard.planner_counts`); ``None`` (default): 1 without stages, with ``p``
+            stages the smallest divisor of the batch of at least ``2 p`` (the plan's notes say so).
         schedule: ``"auto"`` or one of ``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``zb_v``,
             ``interleaved_zb``.  A ``"stage"`` annotation on a repeated layer starts a stage there.
         allow / forbid: kinds of parallelism the plan may use only / must not use (``"dp"``, ``"fsdp"``,
@@ -144,23 +145,29 @@ def plan(
         precision: the training recipe priced: ``"bf16"`` or ``"amp"`` (``Plan.precision``).
 
     Raises:
-        CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: all
-        :class:`AutoshardError`.
+        CaptureError, AnnotationError, InfeasibleError, ShardingError, PipelineError: AutoshardError's.
     """
     staged = pipeline is not None or microbatches not in (None, 1) or has_stage_pin(annotations)
+    args = example_args if isinstance(example_args, tuple) else (example_args,)
     check_stages(forbidden_kinds(allow, forbid), pipeline, has_stage_pin(annotations))  # pp forbidden
+    if microbatches == "auto" and pipeline is None and schedule == "auto" and not has_stage_pin(annotations):
+        at = functools.partial(plan, model, cluster, example_args, example_kwargs, annotations=annotations,
+            training=training, memory_limit=memory_limit, recompute=recompute, search=search, blocks=blocks,
+            time_limit=time_limit, progress=progress, allow=allow, forbid=forbid, cp_layout=cp_layout,
+            precision=precision)  # fmt: skip
+        with resumed_gc():  # each count's plan pauses the collector itself (gcpause.py)
+            return plan_counts(lambda m, c: at(microbatches=m, ceiling=c, captured=None if m else captured),
+                               batch_size(args, dict(example_kwargs or {})), ceiling)  # fmt: skip
     if staged or schedule != "auto":  # a schedule without stages is refused there (pipeline/options.py)
         return dataclasses.replace(whole_samples(functools.partial(
             _plan_pipelined, model, cluster, example_args, example_kwargs, annotations=annotations,
             training=training, memory_limit=memory_limit, recompute=recompute, search=search,
             time_limit=time_limit, blocks=blocks, progress=progress, pipeline=pipeline, schedule=schedule,
-            kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout, precision=recipe(precision)),
-        microbatches), precision=precision, source={"model": identity(model)})  # fmt: skip
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
+            kinds=forbidden_kinds(allow, forbid), cp_layout=cp_layout, precision=recipe(precision),
+            ceiling=ceiling), microbatches), precision=precision, source={"model": identity(model)})  # fmt: skip
+    timings, start = dict[str, float](), time.perf_counter()
     say = progress or (lambda stage: None)
     say("capture")
-    args = example_args if isinstance(example_args, tuple) else (example_args,)
     kwargs = dict(example_kwargs or {})
     kinds = forbidden_kinds(allow, forbid)
     captured = captured or capture(model, args, kwargs, blocks=blocks)
@@ -317,8 +324,10 @@ def _plan_pipelined(
     kinds: frozenset[str] = frozenset(),
     cp_layout: Literal["auto", "zigzag", "contiguous"] = "auto",
     precision: PrecisionPolicy | None = None,
+    ceiling: float = float("inf"),
 ) -> Plan:
-    """Stages and microbatches searched jointly with the intra-op plan (:mod:`autoshard.pipeline`)."""
+    """Stages and microbatches searched jointly with the intra-op plan (:mod:`autoshard.pipeline`); the
+    ceiling only bounds plans without stages (gradient accumulation: :mod:`autoshard.planner_counts`)."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     args = example_args if isinstance(example_args, tuple) else (example_args,)
@@ -358,21 +367,18 @@ def _plan_pipelined(
     best = search_pipeline(
         request, cluster, args, kwargs, batch=batch, layers=layers, capture_fn=capture_fn, build=build_stage,
         policies=policies, training=training, memory_limit=limit, method=search, time_limit=time_limit,
-        say=progress or (lambda stage: None),
+        say=progress or (lambda stage: None), ceiling=ceiling if request.degree == 1 else float("inf"),
     )  # fmt: skip
     timings["total"] = time.perf_counter() - start
     notes = list(best.captured.notes)
     if len(best.priced) > 1:
         notes.append("pipeline search priced: " + "; ".join(best.priced))
     if request.by_default and best.layout.degree > 1:
-        notes.append(
-            f"microbatches: {best.microbatches} by default (at least {MICROBATCHES_PER_STAGE} per stage, "
-            f"dividing the batch of {batch}); pin microbatches= (--microbatches) to choose"
-        )
+        notes.append(f"microbatches: {best.microbatches} by default (at least {MICROBATCHES_PER_STAGE} per stage, "
+                     f"dividing the batch of {batch}); pin microbatches= (--microbatches) to choose")  # fmt: skip
     if best.recompute is not Recompute.NONE and recompute == "auto":
-        notes.append(
-            f"activations do not fit without recomputation: planned with {best.recompute.value} recomputation"
-        )
+        notes.append(f"activations do not fit without recomputation: planned with {best.recompute.value} "
+                     "recomputation")  # fmt: skip
     intra = extract_plan(
         best.built,
         best.solution,
@@ -386,12 +392,9 @@ def _plan_pipelined(
     whole = load_cluster(
         cluster.profile, nodes=cluster.nodes, mesh=best.layout.mesh, axis_names=best.layout.axis_names
     ) if best.split is not None else cluster  # fmt: skip
-    record = {
-        **intra.cluster,
-        "mesh_shape": list(best.layout.mesh),
-        "axis_names": list(best.layout.axis_names),
-    }
-    record.update(nodes=cluster.nodes, devices=cluster.num_devices, description=whole.describe())
+    layout = {"mesh_shape": list(best.layout.mesh), "axis_names": list(best.layout.axis_names)}
+    record = {**intra.cluster, **layout, "nodes": cluster.nodes, "devices": cluster.num_devices}
+    record["description"] = whole.describe()
     plan = assemble(best, intra, prefix, record, first=repeated.first if repeated else 0)
     budget = limit if limit != float("inf") else None  # the stages' budget (the extract was not held to it)
     return dataclasses.replace(plan, input_shapes=global_shapes(plan, args, batch), memory_limit=budget)

@@ -35,7 +35,7 @@ from types import ModuleType
 from typing import Any, TextIO
 
 from autoshard.cli import diff, dot, explain, ops, profile, search, shapes, show, verify, whatif
-from autoshard.cli.args import CliError, OneLineParser, one_line, parse_choice
+from autoshard.cli.args import CliError, OneLineParser, flag_words, one_line, parse_choice
 from autoshard.cli.verify import VERIFY_MODULE
 from autoshard.errors import AutoshardError
 
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AutoshardError as e:
         if debug:  # the traceback, then the same line and exit code as without --debug
             traceback.print_exception(e, file=sys.stderr)
-        print(f"autoshard: error: {one_line(e)}", file=sys.stderr)
+        print(f"autoshard: error: {flag_words(one_line(e))}", file=sys.stderr)  # flags, not Python names
         return 2
     except KeyboardInterrupt:
         print("autoshard: interrupted", file=sys.stderr)

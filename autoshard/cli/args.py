@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import math
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -22,6 +23,7 @@ __all__ = [
     "check_memory_limit",
     "count_or_auto",
     "first_clause",
+    "flag_words",
     "mesh",
     "one_line",
     "parse_choice",
@@ -201,6 +203,22 @@ def _split_tuple(choice: str) -> tuple[tuple[int, ...], ...]:
 
 def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
+
+
+_FLAGS = {"pipeline": "--pp", "microbatches": "--microbatches", "schedule": "--schedule"}
+_PYTHON_OPTION = re.compile(r"\b(pipeline|microbatches|schedule)=('[^']*'|\w+|)")
+
+
+def flag_words(text: str) -> str:
+    """An error's Python option names as the command line's flags (new-user trial: ``--pp 3`` was answered
+    about ``pipeline=3``): ``pipeline=3`` -> ``--pp 3``, ``microbatches='auto'`` -> ``--microbatches auto``,
+    ``pipeline=None`` -> ``no --pp``, a bare ``microbatches=`` -> ``--microbatches``."""
+
+    def flag(match: re.Match[str]) -> str:
+        name, value = _FLAGS[match.group(1)], match.group(2).strip("'")
+        return f"no {name}" if value == "None" else f"{name} {value}" if value else name
+
+    return _PYTHON_OPTION.sub(flag, text)
 
 
 def first_clause(error: BaseException) -> str:

@@ -97,7 +97,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
         type=count_or_auto,
         default=None,
         metavar="N|auto",
-        help="microbatches per step (default: 1 without stages, else at least 2 per stage)",
+        help="microbatches per step (default: 1 without stages, else at least 2 per stage; auto: searched)",
     )
     s.add_argument(
         "--schedule",

@@ -126,16 +126,18 @@ def check_request(
                 f"pipeline={degree}: the model has no repeated layers, and stages are cut between them; "
                 "plan it without pipeline stages"
             )
-        fits = [d for d in divisors(outer or devices) if d <= max(1, layers)]
-        if devices % degree:
-            raise PipelineError(
-                f"pipeline={degree}: {degree} stages do not divide the {devices} devices; use one of {fits}"
-                + _both_limits(outer or devices, layers)
+        # stages hold whole nodes across nodes (pipeline/search.py layout), so more than one node limits them
+        fits = [
+            d for d in divisors(outer or devices) if d <= max(1, layers) and (nodes <= 1 or nodes % d == 0)
+        ]
+        if (outer or devices) % degree:  # new-user trial: "do not divide the 16 devices" when 4 and 8 do
+            why = (
+                f"the stages are laid along the outermost mesh axis, of size {outer}, which {degree} does not divide"
+                if outer
+                else f"{degree} stages do not divide the {devices} devices"
             )
-        if outer is not None and outer % degree:
             raise PipelineError(
-                f"pipeline={degree}: the stages are laid along the outermost mesh axis, of size {outer}, which "
-                f"{degree} does not divide; use one of {fits}"
+                f"pipeline={degree}: {why}; use one of {fits}" + _both_limits(outer or devices, layers)
             )
         if degree > max(1, layers):
             raise PipelineError(
@@ -166,7 +168,7 @@ def check_request(
     if degree == 1 and schedule != "auto" and not cuts:
         raise PipelineError(
             f"schedule={schedule!r} orders pipeline stages, and the plan has none (pipeline={pipeline!r}): "
-            "pass pipeline=N or 'auto' (--pp N|auto), or leave schedule='auto'"
+            "pass pipeline=N or pipeline='auto', or leave schedule='auto'"
         )
     return PipelineRequest(degree, count, schedules, tuple(sorted(set(cuts))), by_default)
 

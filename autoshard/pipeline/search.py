@@ -214,32 +214,23 @@ def search_pipeline(
     method: str,
     time_limit: float,
     say: Callable[[str], None],
+    ceiling: float = math.inf,
 ) -> Candidate:
-    """The least step time over every candidate; InfeasibleError when none fits."""
+    """The least step time over every candidate; InfeasibleError when none fits; BoundExceeded: none beats
+    ``ceiling`` (a step to beat), one was pruned by a bound."""
     captures: dict[int, Captured] = {}
-    walk: Walk[Candidate] = Walk()
+    walk: Walk[Candidate] = Walk(ceiling=ceiling)
     for degree, count in _candidates(request, cluster, batch, layers):
         where = layout(cluster, degree)
         size = batch // count
         if size not in captures:
             say("capture")
             captures[size] = capture_fn(*microbatch_args(args, kwargs, batch, size))
-        price = functools.partial(
-            _price_policy,
-            request,
-            where,
-            count,
-            captures[size],
-            training,
-            build,
-            memory_limit,
-            method,
-            time_limit,
-            len(policies) == 1,
-        )
+        price = functools.partial(_price_policy, request, where, count, captures[size], training, build,
+                                  memory_limit, method, time_limit, len(policies) == 1)  # fmt: skip
         walk = walk.candidate(price, policies, degree, count, say)
     if walk.best is None:
-        raise least_refusal(walk.errors, walk.floors)
+        raise walk.above() or least_refusal(walk.errors, walk.floors)
     return dataclasses.replace(walk.best, priced=tuple(walk.priced))
 
 
@@ -369,13 +360,12 @@ def _price(
 
 def _no_cut(request: PipelineRequest, degree: int) -> Candidate | None:
     """None (no cut fits), or PipelineError when the cuts are pinned."""
-    if request.cuts:
-        raise PipelineError(
-            f"{len(request.cuts)} pinned stage cuts fit no schedule of {degree} stages: pin "
-            f"{degree - 1} cuts (or {degree} x v - 1 with v chunks per device), or make sure the "
-            f"pinned stages fit in memory"
-        )
-    return None
+    if not request.cuts:
+        return None
+    raise PipelineError(
+        f"{len(request.cuts)} pinned stage cuts fit no schedule of {degree} stages: pin {degree - 1} cuts (or "
+        f"{degree} x v - 1 with v chunks per device), or make sure the pinned stages fit in memory"
+    )
 
 
 def compute_floor(built: BuiltProblem, degree: int) -> float:

@@ -70,6 +70,14 @@ class Walk(Generic[C]):
     errors: list[str] = dataclasses.field(default_factory=list)
     floors: list[StageMemoryError | None] = dataclasses.field(default_factory=list)  # per error
     priced: list[str] = dataclasses.field(default_factory=list)
+    ceiling: float = math.inf  # a step to beat from outside the search (a plan already found that fast)
+    bounds: list[float] = dataclasses.field(default_factory=list)  # what pruned candidates (proven)
+
+    def above(self) -> BoundExceeded | None:
+        """With no candidate found: the least bound that pruned one, when there is a ceiling to report by."""
+        if not (self.bounds and math.isfinite(self.ceiling)):
+            return None
+        return BoundExceeded(min(self.bounds), self.ceiling)
 
     def candidate(
         self,
@@ -82,7 +90,7 @@ class Walk(Generic[C]):
         """This state after the policies of ``degree`` stages and ``count`` microbatches."""
         label = f"pp {degree} × {count} microbatches"
         before = dataclasses.replace(
-            self, errors=[*self.errors], floors=[*self.floors], priced=[*self.priced]
+            self, errors=[*self.errors], floors=[*self.floors], priced=[*self.priced], bounds=[*self.bounds]
         )
         known: dict[Recompute, object] = {}
         fitted, deferred = self._policies(price, policies, label, self.best is None, known, say)
@@ -111,7 +119,7 @@ class Walk(Generic[C]):
         hint: tuple[int, ...] | None = None  # the last policy's plan warm-starts the next (same graph)
         for policy in policies:
             say("strategies" if policy is policies[0] else "recompute")
-            ceiling = math.inf if self.best is None else self.best.step_seconds
+            ceiling = self.ceiling if self.best is None else min(self.ceiling, self.best.step_seconds)
             fresh = hint is None and self.best is None
             try:
                 if fresh and policy in known:
@@ -145,7 +153,7 @@ class Walk(Generic[C]):
     def _finish(self, deferred: _Deferred, label: str, known: dict[Recompute, object]) -> bool:
         """Run (or prune) the deferred refit at the best step now; True when it found a plan (which the
         caller re-walks in order, so it is not offered here)."""
-        ceiling = math.inf if self.best is None else self.best.step_seconds
+        ceiling = self.ceiling if self.best is None else min(self.ceiling, self.best.step_seconds)
         errors_at, priced_at = deferred.at
         try:
             found = deferred.finish(ceiling)
@@ -166,6 +174,7 @@ class Walk(Generic[C]):
         self.floors.insert(at, error if isinstance(error, StageMemoryError) else None)
 
     def _pruned(self, label: str, policy: Recompute, e: BoundExceeded, at: int) -> None:
+        self.bounds.append(e.bound)
         line = (
             f"{label} ({policy.value} recompute): at least {e.bound:.5g} s (a proven lower bound), not solved"
         )

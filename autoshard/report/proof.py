@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from autoshard.planner_counts import COUNTS_NOTE
 from autoshard.planner_rerank import RANK_TOLERANCE
 from autoshard.plans import Plan
 from autoshard.report.labels import fmt_seconds
@@ -24,7 +25,27 @@ __all__ = ["proof_line"]
 
 
 def proof_line(plan: Plan) -> str:
-    """One line: which objective was proven optimal, and what that says of the reported step."""
+    """One line: which objective was proven optimal, what that says of the reported step, and over which
+    microbatch counts (:func:`_counts`)."""
+    return _claim(plan) + _counts(plan)
+
+
+def _counts(plan: Plan) -> str:
+    """The claim's scope in microbatch counts, for plans without stages: the claim is among plans with the
+    plan's count, unless ``microbatches="auto"`` searched them (new-user trial: "proven: optimal" on one
+    microbatch at 5.484 s, while 4 microbatches plan at 4.513 s)."""
+    if plan.pipeline is not None:
+        return ""
+    if any(note.startswith(COUNTS_NOTE) for note in plan.notes):
+        return "; every other microbatch count planned or proven no faster (see the note)"
+    count = plan.microbatches
+    return (
+        f"; among plans of {count} microbatch{'' if count == 1 else 'es'} per step (--microbatches auto, "
+        "microbatches='auto' in Python, searches the counts)"
+    )
+
+
+def _claim(plan: Plan) -> str:
     s = plan.solver
     linear = "the linear step model" if s.optimal else f"the linear step model to a gap of {s.gap:.2%}"
     if s.step_optimal and s.step_bound is not None:

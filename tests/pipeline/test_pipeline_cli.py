@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 
 import pytest
 
@@ -33,9 +34,10 @@ def test_search_with_stages_prints_the_headline_first(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (("--pp", "3"), ["pipeline=3", "do not divide the 16 devices"]),
-        (("--pp", "4"), ["pipeline=4", "more stages than", "2 repeated layers"]),
-        (("--microbatches", "3"), ["microbatches=3", "does not divide the global batch"]),
+        # the outermost axis (2 nodes) is the limit, not the 16 devices that 4 and 8 divide (new-user trial)
+        (("--mesh", "2x8", "--pp", "3"), ["--pp 3:", "outermost mesh axis, of size 2", "use one of [1, 2]"]),
+        (("--pp", "4"), ["--pp 4:", "more stages than", "2 repeated layers"]),
+        (("--microbatches", "3"), ["--microbatches 3 does not divide the global batch"]),
         (("--pp", "2", "--schedule", "zigzag"), ["'zigzag' is not a schedule", "gpipe, 1f1b"]),
         (("--annotate", "model.layers.1.mlp=stage", "--pp", "2"), ["cut inside a layer"]),
         # 2 layers cannot make 2 stages x 2 chunks: it read "no schedule and cut fits the memory" (new-user trial)
@@ -51,6 +53,7 @@ def test_bad_pipeline_values_exit_2_with_one_line(extra, words) -> None:
     assert code == 2 and not out
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err
+    assert not re.search(r"\b(pipeline|microbatches|schedule)=", lines[0])  # CLI flags, not Python names
     for word in words:
         assert word in lines[0]
 

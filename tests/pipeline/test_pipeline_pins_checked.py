@@ -37,7 +37,7 @@ def test_schedule_without_stages_is_one_line_exit_2() -> None:
         code = main([*argv, "--no-baseline"])
     assert code == 2 and not out.getvalue()
     lines = err.getvalue().strip().splitlines()
-    assert len(lines) == 1 and "schedule='1f1b'" in lines[0] and "--pp" in lines[0]
+    assert len(lines) == 1 and "--schedule 1f1b orders" in lines[0] and "pass --pp N or --pp auto" in lines[0]
 
 
 def test_schedule_without_stages_api() -> None:

@@ -181,10 +181,12 @@ def test_the_label_says_what_the_bound_covers() -> None:
         step_optimal=False, step_bound=None, bound_scope="no bound: why not"
     )
     unranked = "nothing of the reported (critical-path) step, which was not ranked; "
+    counts = "; among plans of 1 microbatch per step (--microbatches auto, microbatches='auto' in Python, "
+    counts += "searches the counts)"
     assert (
         line(step_optimal=False, step_bound=None, ranked=())
-        == unranked + "optimal under the linear step model only"
+        == unranked + "optimal under the linear step model only" + counts
     )
     assert line(optimal=False, step_optimal=False, step_bound=None, ranked=(), gap=0.1) == (
-        unranked + "solved under the linear step model to a gap of 10.00% only"
+        unranked + "solved under the linear step model to a gap of 10.00% only" + counts
     )
