@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 import torch
+from runtime_cases import LLAMA_FSDP as FSDP
 from runtime_cases import model, plan
-from test_runtime_zero import DP, FSDP, STEPS, _batches, _reference
+from test_runtime_zero import DP, STEPS, _batches, _reference
 
 import autoshard
 from autoshard.codegen import full_state_dict, parallel_info, parallelize, shard_inputs
