@@ -7,15 +7,16 @@ from pathlib import Path
 
 
 def _claim(text: str) -> str:
-    """The report's ``proven:`` paragraph as one line (the report wraps it)."""
+    """The report's ``proven:`` paragraph as one line (the report wraps it, also after a hyphen: "lower-" /
+    "bound" joins back without a space)."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("proven: "))
-    parts = [lines[start]]
+    claim = lines[start]
     for line in lines[start + 1 :]:
         if not line.startswith("  "):
             break
-        parts.append(line.strip())
-    return " ".join(parts)
+        claim += ("" if claim.endswith("-") and line.strip()[:1].isalpha() else " ") + line.strip()
+    return claim
 
 
 def test_report_show_explain_and_json_agree_on_what_was_proven(cli, mlp_files: dict[str, Path]) -> None:
