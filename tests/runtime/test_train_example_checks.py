@@ -181,16 +181,21 @@ def test_run_refuses_a_plan_for_another_world_before_any_rank_starts(plans, tmp_
 
 
 @pytest.mark.slow
-def test_plain_torchrun_names_our_line_as_the_root_cause(plans, tmp_path) -> None:
+def test_plain_torchrun_shows_our_line_in_its_failure_table(plans, tmp_path) -> None:
     """Under plain torchrun (2 gloo ranks) torch's own traceback and failure table follow any failed worker (a
-    worker cannot prevent that, ``autoshard.runtime.local_job``); the line comes first and is the root cause."""
+    worker cannot prevent that, ``autoshard.runtime.local_job``); our line comes before torch's table, and the
+    table names it as a worker's failure with exit code 2.  Which worker torch calls the root cause, and whether
+    its "Sending process ... closing signal" log line comes first, is a race: the agent stops the other rank
+    (exit -15) when the first exits, and timestamps failures to the second (seen under load 8-10)."""
     model = str(plans["tp-dp"].parent / "ckpt")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     done = _subprocess(
         [*torchrun, str(TRAIN), "run", "--plan", str(plans["tp-dp"]), "--model", model], tmp_path
     )
     line = f"train.py run: error: the plan {plans['tp-dp']} needs 4 ranks (mesh 2x2), torchrun started 2"
-    assert done.returncode == 1 and done.stderr.startswith(line)
-    root = done.stderr.split("Root Cause (first observed failure):", 1)[1]
-    assert "exitcode  : 2" in root and f"traceback : {line}" in root
+    assert done.returncode == 1 and line in done.stderr
+    before, table = done.stderr.split("Root Cause (first observed failure):", 1)
+    assert line in before.split("Traceback (most recent call last)", 1)[0]
+    failures = (before.split("Failures:", 1)[-1] + table).split("[")[1:]  # one record per failed worker
+    assert any("exitcode  : 2" in rec and f"traceback : {line}" in rec for rec in failures)
     assert list((tmp_path / "tmp").glob("torchelastic_*"))  # what the test above sees absent: ranks started
