@@ -68,8 +68,8 @@ import numpy as np
 
 from autoshard.errors import InfeasibleError
 from autoshard.plans import Plan
-from autoshard.problem.build import BuiltProblem, edge_matrix
-from autoshard.problem.unpaid import ordinary_uses, repeated_parameter
+from autoshard.problem.build import BuiltProblem
+from autoshard.problem.unpaid import one_sync, ordinary_uses, repeated_parameter
 from autoshard.search import BoundExceeded, Edge, SearchProblem, Solution, solve
 from autoshard.search.reduce import Certificates
 from autoshard.steering import kind_masks
@@ -112,15 +112,10 @@ def sync_exposed_problem(built: BuiltProblem) -> SearchProblem | None:
     if uses is None:
         return None
     edges, changed = list(built.problem.edges), False
-    forward_only = dataclasses.replace(opts, training=False)
     for use in uses:
         if not repeated_parameter(built, use):
             continue
-        tu, tv, which, pos = use.use
-        producer, src, dst = built.infos[tu], built.strategies[tu], built.strategies[tv]
-        one = edge_matrix(producer, which, src, dst, pos, opts, built.cache)  # forward moves + one sync
-        forward = edge_matrix(producer, which, src, dst, pos, forward_only, built.cache)
-        sync = np.where(np.isfinite(forward), one - forward, 0.0)  # no forward move: the edge is inf already
+        sync = one_sync(built, use)
         edge = edges[use.edge]
         edges[use.edge] = Edge(edge.u, edge.v, edge.cost + sync * (use.copies - 1))  # inf stays inf
         changed = True

@@ -51,9 +51,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoshard.problem.arrays import edge_matrix
 from autoshard.problem.ready import Backward, Unit, backward_units, unit_backward, unit_of
-from autoshard.problem.unpaid import ordinary_uses, repeated_parameter
+from autoshard.problem.unpaid import one_sync, ordinary_uses, repeated_parameter
 from autoshard.search import Edge, SearchProblem
 
 if TYPE_CHECKING:
@@ -124,12 +123,11 @@ def _sync_edges(
 ) -> tuple[dict[int, Edge], dict[int, list[int]]]:
     """Per parameter edge priced apart whose sync may hide: its one-copy sync, and the forward positions
     of the units each copy is ready at (a collapsed stack's copies: every layer's)."""
-    forward_only = dataclasses.replace(built.options, training=False)
     syncs: dict[int, Edge] = {}
     edges = built.problem.edges
     where: dict[int, list[int]] = {}
     for use in uses:
-        tu, tv, which, pos = use.use
+        tu = use.use[0]
         producer = built.infos[tu]
         if producer.kind != "parameter" or use.consumers != 1:
             continue
@@ -143,10 +141,7 @@ def _sync_edges(
             continue
         if not any(p > top for p in places):
             continue
-        src, dst = built.strategies[tu], built.strategies[tv]
-        one = edge_matrix(producer, which, src, dst, pos, built.options, built.cache)
-        forward = edge_matrix(producer, which, src, dst, pos, forward_only, built.cache)
-        sync = np.where(np.isfinite(one), one - forward, 0.0)
+        sync = one_sync(built, use)
         if sync.any():
             edge = edges[use.edge]
             syncs[use.edge], where[use.edge] = Edge(edge.u, edge.v, np.maximum(sync, 0.0)), places

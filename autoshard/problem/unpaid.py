@@ -25,11 +25,12 @@ use, and :func:`unpaid_edges` checks the edge it points at joins the same two so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autoshard.problem.arrays import edge_matrix
 from autoshard.problem.fanout import split_uses
 from autoshard.problem.ready import backward_units
 from autoshard.problem.recompute import rerun_share
@@ -117,6 +118,18 @@ def repeated_parameter(built: BuiltProblem, use: Use) -> bool:
     sync once, :func:`~autoshard.problem.arrays.edge_arrays`)."""
     producer = built.infos[use.use[0]]
     return use.copies > 1 and producer.kind == "parameter" and producer.block is not None
+
+
+def one_sync(built: BuiltProblem, use: Use) -> np.ndarray:
+    """One copy of ``use``'s gradient sync as a matrix over (producer, consumer) strategies: the training
+    edge less its forward moves (``training=False``); 0 where the edge has no forward move (inf already).
+    The sync-exposed problem (:mod:`autoshard.planner_candidates`) and the exposure bound
+    (:mod:`autoshard.problem.exposure`) both charge this."""
+    tu, tv, which, pos = use.use
+    producer, src, dst = built.infos[tu], built.strategies[tu], built.strategies[tv]
+    one = edge_matrix(producer, which, src, dst, pos, built.options, built.cache)
+    forward = edge_matrix(producer, which, src, dst, pos, replace(built.options, training=False), built.cache)
+    return np.where(np.isfinite(forward), one - forward, 0.0)
 
 
 def unpaid(matrix: np.ndarray, forward: np.ndarray | None, record: Unpaid) -> np.ndarray:
