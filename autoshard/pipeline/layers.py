@@ -47,9 +47,10 @@ from autoshard.pipeline.stages import Part, StageCosts
 from autoshard.placement import Shard
 from autoshard.problem.autocast import autocast_scale
 from autoshard.problem.build import BuiltProblem
-from autoshard.problem.costs import Recompute, node_compute, node_memory, optimizer_time
+from autoshard.problem.costs import node_compute, node_memory, optimizer_time
 from autoshard.problem.extract import plan_collectives
 from autoshard.problem.ready import Backward, Unit, backward_units, unit_backward
+from autoshard.problem.recompute import rebuilds
 from autoshard.problem.zero_gathers import zero_gathers
 from autoshard.search import SearchProblem, Solution
 from autoshard.strategies import OpStrategy
@@ -209,8 +210,7 @@ def working_set(built: BuiltProblem, name: str, strategy: OpStrategy) -> float:
 
 def rematerialised(built: BuiltProblem, name: str) -> bool:
     """Whether backward re-runs node ``name`` to rebuild an output it did not keep (:func:`working_set`)."""
-    dropped = not built.keeps.get(name, True)
-    return dropped and built.infos[name].block is not None and built.options.recompute is not Recompute.NONE
+    return rebuilds(built.infos[name], built.options, built.keeps.get(name, True))
 
 
 def held_extras(

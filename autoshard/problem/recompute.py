@@ -23,6 +23,7 @@ Bytes = float | np.ndarray  # one strategy's, or one per strategy of a node
 __all__ = [
     "memory_total",
     "node_memory_total",
+    "rebuilds",
     "recompute_blocks",
     "recomputed_layers",
     "regathered",
@@ -83,12 +84,18 @@ def memory_total(
     """:func:`node_memory_total` from ``node_memory`` with and without keeping the output: floats for one
     strategy or arrays over a node's strategies alike (the builder composes every policy from them)."""
     total = (kept if keeps else dropped) * count
-    if not keeps and info.block is not None and opts.recompute is not Recompute.NONE:
+    if rebuilds(info, opts, keeps):
         total = total + (kept - dropped) * count * (1.0 - opts.recompute_share)  # the blocks not recomputed
         # the working set: what re-running one block re-materialises, the output it did not keep (a
         # parameter's state is held whether or not the block recomputes: kept == dropped, nothing)
         total = total + (kept - dropped)
     return total
+
+
+def rebuilds(info: NodeInfo, opts: CostOptions, keeps: bool) -> bool:
+    """Whether backward re-runs a node to rebuild an output it did not keep: a block's node under
+    recomputation (its working set, ``kept - dropped``, counts once: :func:`memory_total`)."""
+    return not keeps and info.block is not None and opts.recompute is not Recompute.NONE
 
 
 def recompute_blocks(opts: CostOptions, num_blocks: int) -> int | None:
